@@ -1,0 +1,36 @@
+"""Protocols of the retrieval layer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from ragloop.state import Hit
+
+__all__ = ["Embedder", "Retriever"]
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns texts into float32 unit vectors of a fixed dimension."""
+
+    #: Stable name recorded in index manifests (a different name at load time is an error).
+    name: str
+    #: Vector dimension.
+    dim: int
+
+    async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Return an ``(len(texts), dim)`` float32 array of L2-normalised rows."""
+        ...
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    """Anything that answers a query with scored hits."""
+
+    async def search(self, query: str, k: int = 10) -> Sequence[Hit]:
+        """Return at most ``k`` hits, best first."""
+        ...

@@ -1,0 +1,186 @@
+"""The values that flow through a chat turn, and the turn state itself.
+
+Read this module top to bottom to follow a turn: the caller's :class:`Message` history and
+:class:`PageContext` → decide's :class:`Decision` → retrieval :class:`Hit` s (with provenance) →
+grader :class:`Verdict` s → numbered :class:`ContextBlock` s → the :data:`Outcome` and the streamed answer.
+
+Values are frozen attrs classes (tuples, not lists); :class:`TurnState` is the one mutable object a turn
+shares between nodes. Each of its fields says which node writes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+from attrs import field, frozen
+
+__all__ = [
+    "Chunk",
+    "ContextBlock",
+    "Decision",
+    "Hit",
+    "Label",
+    "Message",
+    "Outcome",
+    "PageContext",
+    "QueryStatus",
+    "Verdict",
+]
+
+#: How a turn ended up: answered from context, partly answered, nothing found, or no search needed.
+Outcome = Literal["context", "partial", "none", "direct"]
+#: A grader's verdict on one chunk for one query.
+Label = Literal["relevant", "partial", "irrelevant"]
+
+
+@frozen
+class Message:
+    """One earlier message of the conversation.
+
+    Attributes:
+        role: ``"user"`` or ``"assistant"``.
+        content: The message text.
+    """
+
+    role: Literal["user", "assistant"]
+    content: str
+
+
+@frozen
+class PageContext:
+    """Where the user is asking from; used to resolve "this project", "this page".
+
+    Attributes:
+        url: The page URL, if known.
+        title: The page title, if known.
+    """
+
+    url: str | None = None
+    title: str | None = None
+
+
+@frozen
+class Chunk:
+    """A piece of a document as stored in an index.
+
+    Attributes:
+        id: Stable content-hash id.
+        text: The cleaned chunk text.
+        source: Where it came from (path, URL or corpus id).
+        title: Document title.
+        title_path: Heading path inside the document (markdown), outermost first.
+        doc_id: Id of the document the chunk belongs to (BEIR corpus id, or the source path).
+    """
+
+    id: str
+    text: str
+    source: str = ""
+    title: str = ""
+    title_path: tuple[str, ...] = ()
+    doc_id: str = ""
+
+
+def _frozen_mapping(value: Mapping[str, float] | Mapping[str, int]) -> Mapping[str, float]:
+    return dict(value)
+
+
+@frozen
+class Hit:
+    """One retrieved chunk with its scores and provenance.
+
+    Attributes:
+        chunk: The chunk.
+        score: The retriever's score; higher is better (fused score for hybrid).
+        confidence: Normalised confidence in [0, 1] that the fast path and graders may threshold.
+        ranks: Rank (1-based) per retriever that produced it, e.g. ``{"bm25": 1, "dense": 3}``.
+        scores: Raw score per retriever.
+        queries: Every query of the turn that found this chunk (filled by the retrieve node's merge).
+        best_query: The query whose copy of this hit was kept (the best-scoring one).
+    """
+
+    chunk: Chunk
+    score: float
+    confidence: float = 0.0
+    ranks: Mapping[str, int] = field(factory=dict, converter=_frozen_mapping, eq=False, hash=False)
+    scores: Mapping[str, float] = field(factory=dict, converter=_frozen_mapping, eq=False, hash=False)
+    queries: tuple[str, ...] = ()
+    best_query: str = ""
+
+    @property
+    def id(self) -> str:
+        """The chunk id."""
+        return self.chunk.id
+
+    @property
+    def text(self) -> str:
+        """The chunk text."""
+        return self.chunk.text
+
+
+@frozen
+class Decision:
+    """What the decide step chose.
+
+    Exactly one of ``reply`` (answer directly, no search) or ``queries`` (search) is set.
+
+    Attributes:
+        queries: Standalone search queries, one per topic.
+        reply: A direct reply, for greetings, thanks and small talk.
+        reason: A short human-readable reason, for the decision record.
+    """
+
+    queries: tuple[str, ...] = ()
+    reply: str | None = None
+    reason: str = ""
+
+    @property
+    def direct(self) -> bool:
+        """True when no search is needed."""
+        return self.reply is not None
+
+
+@frozen
+class Verdict:
+    """A grader's judgment of one chunk for one query.
+
+    Attributes:
+        label: ``relevant``, ``partial`` or ``irrelevant``.
+        reason: Short reason.
+        score: Optional numeric relevance in [0, 1] (offline grader).
+        fail_open: True when the grader failed and the chunk was kept anyway.
+    """
+
+    label: Label
+    reason: str = ""
+    score: float | None = None
+    fail_open: bool = False
+
+    @property
+    def keep(self) -> bool:
+        """True when the chunk counts as context (relevant or partial)."""
+        return self.label != "irrelevant"
+
+
+@frozen
+class ContextBlock:
+    """A numbered block of context handed to the answerer; ``[n]`` citations point at ``n``.
+
+    Attributes:
+        n: 1-based block number.
+        text: The chunk text.
+        source: Where it came from.
+        title: Document title.
+        chunk_id: The chunk id.
+        query: The query it answers.
+    """
+
+    n: int
+    text: str
+    source: str = ""
+    title: str = ""
+    chunk_id: str = ""
+    query: str = ""
+
+
+QueryStatus = Literal["pending", "enough", "short", "failed", "no_context"]
