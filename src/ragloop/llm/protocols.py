@@ -20,9 +20,7 @@ __all__ = ["Answerer", "Decider", "Grader", "Rewriter"]
 class Decider(Protocol):
     """Decides whether a question needs a search, and with which standalone queries."""
 
-    async def decide(
-        self, question: str, history: Sequence[Message], page: PageContext
-    ) -> Decision:
+    async def decide(self, question: str, history: Sequence[Message], page: PageContext) -> Decision:
         """Return a direct reply, or one standalone query per topic of the question."""
         ...
 

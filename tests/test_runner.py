@@ -1,0 +1,494 @@
+"""Tests for the graph runner: validation, endings, trace, events, cancellation, properties."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+import structlog
+from attrs import define, field
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from ragloop import (
+    END,
+    Graph,
+    GraphError,
+    NodeFinished,
+    NodeStarted,
+    Progress,
+    RagloopError,
+    RouteError,
+    RunFinished,
+    emit,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+@define
+class Log:
+    """State for runner tests: the names of the nodes that ran."""
+
+    seen: list[str] = field(factory=list)
+
+
+@define
+class Fn:
+    """A node built from a function of the state."""
+
+    name: str
+    routes: tuple[str, ...]
+    fn: Callable[[Any], Any]
+
+    async def __call__(self, state: Log) -> str:
+        state.seen.append(self.name)
+        out = self.fn(state)
+        if hasattr(out, "__await__"):
+            out = await out
+        return str(out)
+
+
+def to(target: str) -> Callable[[Any], str]:
+    return lambda _state: target
+
+
+def boom(_state: Any) -> str:
+    raise ValueError("kaput")
+
+
+def linear() -> Graph:
+    return Graph(
+        {
+            "a": Fn("a", ("b",), to("b")),
+            "b": Fn("b", ("fin",), to("fin")),
+            "fin": Fn("fin", (END,), to(END)),
+        },
+        start="a",
+        finish="fin",
+    )
+
+
+class TestValidation:
+    def test_unknown_start_lists_known_names(self) -> None:
+        """An unknown start names the problem and the known nodes."""
+        with pytest.raises(GraphError, match=r"start node 'x' is not in the graph.*known nodes: a, fin"):
+            Graph({"a": Fn("a", (END,), to(END)), "fin": Fn("fin", (END,), to(END))}, start="x", finish="fin")
+
+    def test_unknown_route(self) -> None:
+        """A declared route to a missing node is rejected at construction."""
+        with pytest.raises(GraphError, match=r"unknown route 'grde' from node 'a'"):
+            Graph({"a": Fn("a", ("grde",), to(END))}, start="a", finish="a")
+
+    def test_node_without_routes(self) -> None:
+        """A node lacking a routes tuple is rejected with what it needs."""
+
+        async def bare(state: Any) -> str:
+            return END
+
+        with pytest.raises(GraphError, match="needs a __call__ and a `routes` tuple"):
+            Graph({"a": bare}, start="a", finish="a")  # type: ignore[dict-item]
+
+    def test_bad_max_steps(self) -> None:
+        """max_steps below one is a configuration error."""
+        with pytest.raises(GraphError, match="max_steps must be at least 1"):
+            Graph({"a": Fn("a", (END,), to(END))}, start="a", finish="a", max_steps=0)
+
+    def test_mermaid(self) -> None:
+        """The diagram lists the start and every declared route."""
+        assert linear().to_mermaid() == (
+            "flowchart TD\n    START([start]) --> a\n    a --> b\n    b --> fin\n    fin --> END([end])"
+        )
+
+
+class TestEndings:
+    async def test_end(self) -> None:
+        """A run that reaches END stops by 'end' with a full trace."""
+        result = await linear().run(Log())
+        assert result.stopped_by == "end"
+        assert result.path == ("a", "b", "fin")
+        assert [s.next for s in result.trace] == ["b", "fin", END]
+        assert all(s.error is None and not s.forced for s in result.trace)
+        assert set(result.timings) == {"a", "b", "fin"}
+        assert result.state.seen == ["a", "b", "fin"]
+
+    async def test_step_cap_runs_finish_once(self) -> None:
+        """A loop hitting the cap runs finish once and records step_cap."""
+        g = Graph(
+            {"a": Fn("a", ("a", "fin"), to("a")), "fin": Fn("fin", (END,), to(END))},
+            start="a",
+            finish="fin",
+            max_steps=4,
+        )
+        result = await g.run(Log())
+        assert result.stopped_by == "step_cap"
+        assert result.state.seen == ["a"] * 4 + ["fin"]
+        assert result.trace[-1].forced
+
+    async def test_deadline_cancels_node_and_runs_finish(self) -> None:
+        """A node sleeping past the deadline is cancelled; finish runs within its grace."""
+        cancelled = []
+
+        async def sleepy(_state: Any) -> str:
+            try:
+                await anyio.sleep(10)
+            except anyio.get_cancelled_exc_class():
+                cancelled.append(True)
+                raise
+            return "fin"
+
+        g = Graph(
+            {"a": Fn("a", ("fin",), sleepy), "fin": Fn("fin", (END,), to(END))}, start="a", finish="fin"
+        )
+        with anyio.fail_after(5):
+            result = await g.run(Log(), deadline_s=0.05)
+        assert result.stopped_by == "deadline"
+        assert cancelled == [True]
+        assert result.trace[0].error is not None and result.trace[0].error.startswith("deadline")
+        assert result.state.seen == ["a", "fin"]
+
+    async def test_error_is_recorded_and_logged(self) -> None:
+        """A raising node is recorded in trace and log; finish runs; the caller gets a result."""
+        g = Graph({"a": Fn("a", ("fin",), boom), "fin": Fn("fin", (END,), to(END))}, start="a", finish="fin")
+        with structlog.testing.capture_logs() as logs:
+            result = await g.run(Log())
+        assert result.stopped_by == "error"
+        assert result.trace[0].error == "ValueError: kaput"
+        assert isinstance(result.error, ValueError)
+        assert result.state.seen == ["a", "fin"]
+        failed = [e for e in logs if e["event"] == "node.failed"]
+        assert failed and failed[0]["node"] == "a"
+        finished = [e for e in logs if e["event"] == "turn.finished"]
+        assert finished[0]["stopped_by"] == "error" and finished[0]["path"] == ["a", "fin"]
+
+    async def test_raise_errors(self) -> None:
+        """raise_errors=True re-raises the node's error instead of finishing."""
+        g = Graph({"a": Fn("a", ("fin",), boom), "fin": Fn("fin", (END,), to(END))}, start="a", finish="fin")
+        with pytest.raises(ValueError, match="kaput"):
+            await g.run(Log(), raise_errors=True)
+
+    async def test_undeclared_route_is_route_error(self) -> None:
+        """Returning an undeclared name raises RouteError naming node, name and routes."""
+        g = Graph(
+            {"a": Fn("a", ("fin",), to("nope")), "fin": Fn("fin", (END,), to(END))}, start="a", finish="fin"
+        )
+        with pytest.raises(RouteError, match=r"node 'a' returned 'nope'.*its routes are: fin"):
+            await g.run(Log())
+
+    async def test_failing_finish_propagates(self) -> None:
+        """If finish itself fails after an error, that error propagates."""
+        g = Graph({"a": Fn("a", ("fin",), boom), "fin": Fn("fin", (END,), boom)}, start="a", finish="fin")
+        with pytest.raises(ValueError, match="kaput"):
+            await g.run(Log())
+
+    async def test_summarize_extends_turn_record(self) -> None:
+        """The summarize hook's fields land in the turn.finished event."""
+        g = Graph(
+            {"a": Fn("a", (END,), to(END))}, start="a", finish="a", summarize=lambda s: {"seen": len(s.seen)}
+        )
+        with structlog.testing.capture_logs() as logs:
+            await g.run(Log())
+        assert [e["seen"] for e in logs if e["event"] == "turn.finished"] == [1]
+
+    def test_run_sync(self) -> None:
+        """run_sync runs the graph without an event loop."""
+        assert linear().run_sync(Log()).path == ("a", "b", "fin")
+
+    async def test_run_sync_inside_loop_is_clear_error(self) -> None:
+        """run_sync inside a running loop says to await run() instead."""
+        with pytest.raises(RagloopError, match=r"await graph\.run"):
+            linear().run_sync(Log())
+
+
+class TestEvents:
+    async def test_stream_yields_typed_events_in_order(self) -> None:
+        """stream() yields start/finish per node, emitted events, and RunFinished last."""
+
+        async def talk(state: Log) -> str:
+            await emit(Progress(node="a", kind="note", message="hello"))
+            return "fin"
+
+        g = Graph({"a": Fn("a", ("fin",), talk), "fin": Fn("fin", (END,), to(END))}, start="a", finish="fin")
+        events = [e async for e in g.stream(Log())]
+        kinds = [type(e).__name__ for e in events]
+        assert kinds == [
+            "NodeStarted",
+            "Progress",
+            "NodeFinished",
+            "NodeStarted",
+            "NodeFinished",
+            "RunFinished",
+        ]
+        assert len({e.run_id for e in events}) == 1 and events[0].run_id
+        finished = events[2]
+        assert isinstance(finished, NodeFinished) and finished.next == "fin"
+        last = events[-1]
+        assert isinstance(last, RunFinished) and last.result.stopped_by == "end"
+
+    async def test_emit_outside_stream_is_noop(self) -> None:
+        """emit() outside a streamed run does nothing."""
+        await emit(Progress(node="x", kind="k", message="m"))
+
+    async def test_backpressure(self) -> None:
+        """A node emitting more than the buffer holds waits for the consumer."""
+        produced: list[int] = []
+
+        async def chatty(state: Log) -> str:
+            for i in range(50):
+                await emit(Progress(node="a", kind="n", message=str(i)))
+                produced.append(i)
+            return END
+
+        g = Graph({"a": Fn("a", (END,), chatty)}, start="a", finish="a")
+        async with contextlib.aclosing(g.stream(Log(), buffer=2)) as events:
+            async for event in events:
+                if isinstance(event, Progress):
+                    await anyio.sleep(0.01)
+                    assert len(produced) <= int(event.message) + 4
+                    if event.message == "5":
+                        break
+        assert len(produced) < 50
+
+
+class TestCancellation:
+    async def test_consumer_break_cancels_node_and_children(self) -> None:
+        """Breaking out of stream() cancels the running node and its child tasks."""
+        observed: list[str] = []
+        started = anyio.Event()
+
+        async def child(tag: str) -> None:
+            try:
+                await anyio.sleep(30)
+            finally:
+                observed.append(tag)
+
+        async def fan_out(state: Log) -> str:
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(child, "c1")
+                    tg.start_soon(child, "c2")
+                    started.set()
+                    await emit(Progress(node="a", kind="k", message="working"))
+                    await anyio.sleep(30)
+            finally:
+                observed.append("node")
+            return END
+
+        g = Graph({"a": Fn("a", (END,), fan_out)}, start="a", finish="a")
+        with anyio.fail_after(5):
+            async with contextlib.aclosing(g.stream(Log())) as events:
+                async for event in events:
+                    if isinstance(event, Progress):
+                        break
+        assert sorted(observed) == ["c1", "c2", "node"]
+
+    async def test_plain_break_cancels_run(self) -> None:
+        """A bare `break` out of `async for` (no aclose) still cancels the node and its children."""
+        observed: list[str] = []
+
+        async def child() -> None:
+            try:
+                await anyio.sleep(30)
+            finally:
+                observed.append("child")
+
+        async def fan_out(state: Log) -> str:
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(child)
+                    await emit(Progress(node="a", kind="k", message="working"))
+                    await anyio.sleep(30)
+            finally:
+                observed.append("node")
+            return END
+
+        g = Graph({"a": Fn("a", (END,), fan_out)}, start="a", finish="a")
+        with anyio.fail_after(5):
+            async for event in g.stream(Log()):
+                if isinstance(event, Progress):
+                    break
+            while len(observed) < 2:
+                await anyio.sleep(0.001)
+        assert sorted(observed) == ["child", "node"]
+
+    async def test_async_with_is_structured(self) -> None:
+        """`async with graph.stream(...)` cancels the run on exit and leaves no task behind."""
+        observed: list[str] = []
+
+        async def slow(state: Log) -> str:
+            await emit(Progress(node="a", kind="k", message="m"))
+            try:
+                await anyio.sleep(30)
+            finally:
+                observed.append("node")
+            return END
+
+        g = Graph({"a": Fn("a", (END,), slow)}, start="a", finish="a")
+        with anyio.fail_after(5):
+            async with g.stream(Log()) as events:
+                async for event in events:
+                    if isinstance(event, Progress):
+                        break
+        assert observed == ["node"]
+
+    async def test_stream_reraises_route_error(self) -> None:
+        """A RouteError inside a streamed run reaches the consumer."""
+        g = Graph(
+            {"a": Fn("a", ("fin",), to("nope")), "fin": Fn("fin", (END,), to(END))}, start="a", finish="fin"
+        )
+        with pytest.raises(RouteError):
+            async for _ in g.stream(Log()):
+                pass
+
+    async def test_cancelled_consumer_cancels_run(self) -> None:
+        """Cancelling the task that iterates the stream cancels the node."""
+        observed: list[str] = []
+
+        async def slow(state: Log) -> str:
+            try:
+                await anyio.sleep(30)
+            finally:
+                observed.append("node")
+            return END
+
+        g = Graph({"a": Fn("a", (END,), slow)}, start="a", finish="a")
+
+        async def consume() -> None:
+            async for _ in g.stream(Log()):
+                pass
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consume)
+                await anyio.sleep(0.05)
+                tg.cancel_scope.cancel()
+        assert observed == ["node"]
+
+
+# --- properties -----------------------------------------------------------------------------------------
+
+NAMES = ["n0", "n1", "n2", "n3", "n4"]
+
+
+@define
+class Script:
+    """What a generated node does on each visit: a route choice, a raise, or a long sleep."""
+
+    name: str
+    routes: tuple[str, ...]
+    actions: list[str]
+    visits: int = 0
+    saw: list[str] = field(factory=list)
+
+    async def __call__(self, state: Log) -> str:
+        action = self.actions[self.visits % len(self.actions)]
+        self.visits += 1
+        state.seen.append(self.name)
+        if action == "raise":
+            raise RuntimeError(f"{self.name} failed")
+        if action == "sleep":
+            await anyio.sleep(5)
+        return action if action in self.routes else self.routes[0]
+
+
+@st.composite
+def graphs(draw: st.DrawFn) -> tuple[dict[str, Script], str, str, int]:
+    n = draw(st.integers(2, 5))
+    names = NAMES[:n]
+    finish = names[-1]
+    nodes: dict[str, Script] = {}
+    for name in names:
+        routes = tuple(draw(st.lists(st.sampled_from([*names, END]), min_size=1, max_size=3, unique=True)))
+        pool = [*routes, "raise", "sleep"] if name != finish else [*routes]
+        actions = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=4))
+        nodes[name] = Script(name, routes, actions)
+    # the finish node must be able to end without error when forced
+    nodes[finish].actions = [a for a in nodes[finish].actions if a not in ("raise", "sleep")] or [END]
+    return nodes, names[0], finish, draw(st.integers(1, 8))
+
+
+@given(graphs())
+def test_runs_always_return_within_cap(spec: tuple[dict[str, Script], str, str, int]) -> None:
+    """Any graph returns; at most max_steps+1 nodes run; finish runs once on every non-end stop."""
+    nodes, start, finish, cap = spec
+    g = Graph(nodes, start=start, finish=finish, max_steps=cap, finish_grace_s=1.0)
+    state = Log()
+    result = anyio.run(lambda: g.run(state, deadline_s=0.05))
+    assert len(result.trace) <= cap + 1
+    assert [s.node for s in result.trace] == state.seen
+    forced = [s for s in result.trace if s.forced]
+    if result.stopped_by == "end":
+        assert not forced and result.trace[-1].next == END
+    else:
+        assert len(forced) == 1 and result.trace[-1].forced and result.trace[-1].node == finish
+    errors = [s for s in result.trace if s.error and not s.forced]
+    if result.stopped_by in ("end", "step_cap"):
+        assert not errors
+    elif result.stopped_by == "error":
+        assert errors == [result.trace[-2]] and "failed" in (errors[0].error or "")
+    for a, b in zip(result.trace, result.trace[1:], strict=False):
+        if not b.forced:
+            assert a.next == b.node
+
+
+class RunnerMachine(RuleBasedStateMachine):
+    """The runner against a reference model: a plain loop over route choices."""
+
+    @initialize(cap=st.integers(1, 6))
+    def setup(self, cap: int) -> None:
+        self.cap = cap
+        self.plan: dict[str, list[str]] = {name: [] for name in NAMES}
+
+    @rule(node=st.sampled_from(NAMES[:-1]), dest=st.sampled_from(NAMES))
+    def add_choice(self, node: str, dest: str) -> None:
+        self.plan[node].append(dest)
+
+    @rule(node=st.sampled_from(NAMES[:-1]))
+    def add_failure(self, node: str) -> None:
+        self.plan[node].append("raise")
+
+    def _model(self) -> tuple[list[str], str]:
+        visits = {n: 0 for n in NAMES}
+        path: list[str] = []
+        current = NAMES[0]
+        while True:
+            if current == NAMES[-1]:
+                return [*path, current], "end"
+            if len(path) >= self.cap:
+                return [*path, NAMES[-1]], "step_cap"
+            choices = self.plan[current] or [NAMES[-1]]
+            action = choices[visits[current] % len(choices)]
+            visits[current] += 1
+            path.append(current)
+            if action == "raise":
+                return [*path, NAMES[-1]], "error"
+            current = action
+
+    @invariant()
+    def agrees_with_model(self) -> None:
+        if not hasattr(self, "plan"):
+            return
+        nodes = {n: Script(n, (*NAMES, END), self.plan[n] or [NAMES[-1]]) for n in NAMES[:-1]} | {
+            NAMES[-1]: Script(NAMES[-1], (END,), [END])
+        }
+        g = Graph(nodes, start=NAMES[0], finish=NAMES[-1], max_steps=self.cap)
+        result = anyio.run(lambda: g.run(Log()))
+        path, stopped = self._model()
+        if path[-1] == NAMES[-1] and stopped == "end" and len(path) > self.cap:
+            stopped = "step_cap"
+        assert list(result.path) == path
+        assert result.stopped_by == stopped
+
+
+TestRunnerMachine = RunnerMachine.TestCase
+TestRunnerMachine.settings = settings(max_examples=40, stateful_step_count=12, deadline=None)
+
+
+def test_started_event_fields() -> None:
+    """NodeStarted carries step and node."""
+    e = NodeStarted(1, "a", run_id="r")
+    assert (e.step, e.node, e.run_id) == (1, "a", "r")
