@@ -158,7 +158,7 @@ TEMPLATES: dict[str, list[tuple[str, tuple[str, ...], str]]] = {
         (
             "Question about Business vs Enterprise pricing",
             ("We have {n} people and need SSO and an uptime SLA.", "Is Business enough or do we need Enterprise?"),
-            "Business includes SSO and a 99.9% SLA; Enterprise adds data residency and 99.95%. Customer chose Business.",
+            "Business includes SSO and a 99.9% SLA; Enterprise adds data residency and 99.95%. Chosen: Business.",
         ),
         (
             "Hit the 10 member limit on Free (E6002)",
@@ -251,7 +251,7 @@ TEMPLATES: dict[str, list[tuple[str, tuple[str, ...], str]]] = {
         (
             "Jira import: assignees missing",
             ("After importing from Jira most tasks are Unassigned.", "The names are in a note on each task."),
-            "People were not invited before the import; after inviting them the import was re-run and matched by email.",
+            "People were not invited before the import; after inviting them, a re-run matched by email.",
         ),
         (
             "Jira token rejected E4005",
