@@ -87,18 +87,20 @@ _TITLE_ATTR = re.compile(r"\btitle" + _ATTR_VALUE, re.I)
 _HTML_HEADING = re.compile(r"<h([1-6])\b[^>]*>(.*?)</h\1\s*>", re.S | re.I)
 _TAG = re.compile(r"</?([a-z][a-z0-9]*(?:-[a-z0-9-]+)?)(?:\s[^<>]*)?/?>", re.I)
 
-_BLOCK_TAGS = frozenset(  # noqa: SIM905 - a word list reads better than 70 quoted strings
+_BLOCK_TAGS_WORDS = (
     "address article aside blockquote body br caption dd details dialog div dl dt fieldset figcaption "
     "figure footer form h1 h2 h3 h4 h5 h6 header hr html li main nav ol p pre section summary table "
-    "tbody td tfoot th thead tr ul".split()
+    "tbody td tfoot th thead tr ul"
 )
-_INLINE_TAGS = frozenset(  # noqa: SIM905 - a word list reads better than 70 quoted strings
+_INLINE_TAGS_WORDS = (
     "a abbr acronym area audio b base bdi bdo big button canvas center cite code col colgroup data "
     "datalist del dfn em embed font i iframe img input ins kbd label legend link map mark menu meta "
     "meter noscript object optgroup option output param picture progress q rp rt ruby s samp script "
     "select slot small source span strike strong style sub sup textarea time title track tt u var video "
-    "wbr".split()
+    "wbr"
 )
+_BLOCK_TAGS = frozenset(_BLOCK_TAGS_WORDS.split())
+_INLINE_TAGS = frozenset(_INLINE_TAGS_WORDS.split())
 
 # --- markdown ------------------------------------------------------------------------------------------
 
