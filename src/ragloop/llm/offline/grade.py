@@ -1,0 +1,279 @@
+"""The offline grader: IDF-weighted key-term coverage, retrieval signals, and the identifier rule.
+
+How a verdict is reached, in order:
+
+1. **Identifier rule.** If the query names an exact id (ticket ``#1234``, error code, version) and the chunk
+   names only other ids of that kind, the chunk is ``irrelevant`` whatever else it says.
+2. **Coverage.** The query's key terms (stopwords dropped, stemmed, plus its identifiers) are looked up in the
+   chunk's title, heading path and text (truncated to ``max_chars``). Coverage is the IDF mass of the covered
+   terms over the IDF mass of all of them, so missing "sso" costs more than missing "setup".
+   ``coverage >= relevant_at`` → ``relevant``; ``>= partial_at`` → ``partial``; else ``irrelevant``.
+3. **Retrieval signal.** A strong retrieval signal (the hit's confidence, its dense cosine, or its BM25 score
+   relative to the query's IDF mass, whichever is highest, at or above ``strong_signal``) promotes the label
+   one step: a paraphrase the dense retriever is sure about is not thrown away for lack of shared words.
+
+Thresholds come from :meth:`OfflineGrader.calibrate` on the index (see there), or the defaults, which are what
+calibration gives on the development corpora (SciFact abstracts, FastAPI and Redis docs).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+
+from attrs import field, frozen
+
+from ragloop.llm.offline.ids import extract_ids, ids_conflict
+from ragloop.llm.offline.terms import CorpusStats, key_terms, stem, tokenize
+from ragloop.llm.usage import LLMCall, record_call
+from ragloop.state import Hit, Label, Verdict
+
+__all__ = ["Calibration", "Coverage", "OfflineGrader", "coverage"]
+
+
+@frozen
+class Coverage:
+    """How much of a query a text covers.
+
+    Attributes:
+        score: IDF-weighted share of the query's key terms found in the text, in [0, 1].
+        covered: Surface forms of the covered terms, most informative first.
+        missing: Surface forms of the missing terms, most informative first.
+    """
+
+    score: float
+    covered: tuple[str, ...]
+    missing: tuple[str, ...]
+
+
+def _text_stems(text: str) -> set[str]:
+    stems = {stem(t) for t in tokenize(text)}
+    for ids in extract_ids(text).values():
+        stems |= ids
+    return stems
+
+
+def coverage(query: str, text: str, stats: CorpusStats) -> Coverage:
+    """IDF-weighted coverage of ``query``'s key terms (and identifiers) by ``text``."""
+    terms = [(t.stem, t.surface) for t in key_terms(query)]
+    for ids in extract_ids(query).values():
+        terms.extend((i, i) for i in sorted(ids) if all(i != s for s, _ in terms))
+    if not terms:
+        return Coverage(0.0, (), ())
+    present = _text_stems(text)
+    weighted = sorted(((stats.idf(s), s, surface) for s, surface in terms), key=lambda x: (-x[0], x[1]))
+    total = sum(w for w, _, _ in weighted)
+    got = sum(w for w, s, _ in weighted if s in present)
+    return Coverage(
+        score=got / total if total > 0 else 0.0,
+        covered=tuple(surface for _, s, surface in weighted if s in present),
+        missing=tuple(surface for _, s, surface in weighted if s not in present),
+    )
+
+
+@frozen
+class Calibration:
+    """What :meth:`OfflineGrader.calibrate` measured, kept for the record.
+
+    Attributes:
+        pairs: Pseudo-queries used.
+        positive_median: Median coverage of a pseudo-query's own document (the rest of it).
+        hard_negative_median: Median coverage of another document sharing the query's rarest term.
+        random_negative_median: Median coverage of a random other document.
+        relevant_at: Chosen ``relevant`` threshold.
+        partial_at: Chosen ``partial`` threshold.
+    """
+
+    pairs: int
+    positive_median: float
+    hard_negative_median: float
+    random_negative_median: float
+    relevant_at: float
+    partial_at: float
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else 0.0
+
+
+def _youden(positives: Sequence[float], negatives: Sequence[float]) -> float:
+    """The threshold maximising TPR - FPR (Youden's J) between two score samples.
+
+    J is a step function of the threshold; the midpoint of its best step (between the highest score below it
+    and the lowest score in it) is returned, the decision-stump choice that generalises beyond the sample.
+    """
+    values = sorted(set(positives) | set(negatives))
+    best_k, best_j = 0, -1.0
+    for k, t in enumerate(values):
+        tpr = sum(p >= t for p in positives) / len(positives)
+        fpr = sum(n >= t for n in negatives) / len(negatives)
+        if tpr - fpr > best_j:
+            best_k, best_j = k, tpr - fpr
+    low = values[best_k - 1] if best_k > 0 else 0.0
+    return (low + values[best_k]) / 2
+
+
+def _signal(hit: Hit, query_idf_mass: float) -> float:
+    """The strongest retrieval signal of a hit, in [0, 1]."""
+    signals = [hit.confidence]
+    dense = hit.scores.get("dense")
+    if dense is not None:  # cosine of normalised embeddings: ~0.2 unrelated, ~0.7 same topic
+        signals.append((dense - 0.2) / 0.5)
+    bm25 = hit.scores.get("bm25")
+    if bm25 is not None and query_idf_mass > 0:  # ~1 per IDF unit when every term matches once
+        signals.append(bm25 / query_idf_mass)
+    return max(0.0, min(1.0, max(signals)))
+
+
+@frozen
+class OfflineGrader:
+    """Grades a chunk for a query without a model (see the module docstring for the rule).
+
+    Attributes:
+        stats: Corpus statistics of the index (IDF).
+        relevant_at: Coverage at or above which a chunk is ``relevant``.
+        partial_at: Coverage at or above which a chunk is ``partial``.
+        strong_signal: Retrieval signal at or above which the label is promoted one step.
+        max_chars: Chunk text budget; longer text is truncated before grading.
+        calibration: What calibration measured, when the thresholds came from :meth:`calibrate`.
+    """
+
+    stats: CorpusStats
+    relevant_at: float = 0.57
+    partial_at: float = 0.27
+    strong_signal: float = 0.85
+    max_chars: int = 2000
+    calibration: Calibration | None = field(default=None, eq=False)
+
+    @classmethod
+    def calibrate(
+        cls,
+        stats: CorpusStats,
+        texts: Sequence[str],
+        *,
+        sample: int = 300,
+        seed: int = 0,
+        query_terms: int = 5,
+        **kwargs: float | int,
+    ) -> OfflineGrader:
+        """A grader whose thresholds are calibrated on the index's own texts.
+
+        For up to ``sample`` texts (a seeded random sample), the first line or sentence (the title, for a
+        "title\\ntext" chunk) gives a pseudo-query of its ``query_terms`` highest-IDF key terms. Its coverage is
+        measured on the *rest* of the same text (a positive), on another text that shares the pseudo-query's
+        rarest term (a hard negative: same vocabulary, different document) and on a random text (a negative).
+        ``relevant_at`` is the Youden-optimal threshold between positives and hard negatives; ``partial_at`` sits
+        just above the 95th percentile of the random negatives (at most 5% of off-topic chunks kept). Both are
+        clamped (``relevant_at`` to [0.4, 0.75], ``partial_at`` to [0.15, ``relevant_at`` - 0.1]) so that a
+        corpus whose pseudo-queries are too easy cannot make a label unreachable. Texts are truncated to ``max_chars`` as in grading.
+
+        Args:
+            stats: Statistics over the same texts.
+            texts: The chunk texts (title first when there is one).
+            sample: Pseudo-queries to draw.
+            seed: Seed of the sample.
+            query_terms: Key terms per pseudo-query.
+            **kwargs: Other :class:`OfflineGrader` fields (``strong_signal``, ``max_chars``).
+        """
+        budget = int(kwargs.get("max_chars", 2000))
+        rng = random.Random(seed)
+        order = list(range(len(texts)))
+        rng.shuffle(order)
+        pos: list[float] = []
+        hard: list[float] = []
+        rand: list[float] = []
+        for i in order:
+            if len(pos) >= sample:
+                break
+            head, rest = _split_head(texts[i][:budget])
+            terms = sorted(key_terms(head), key=lambda t: -stats.idf(t.stem))[:query_terms]
+            if len(terms) < 2 or len(rest) < 40:
+                continue
+            query = " ".join(t.surface for t in terms)
+            other = next((d for t in terms if (d := _sharing_doc(stats, t.stem, exclude=i, rng=rng)) is not None), None)
+            j = rng.randrange(len(texts))
+            if other is None or j == i:
+                continue
+            pos.append(coverage(query, rest, stats).score)
+            hard.append(coverage(query, texts[other][:budget], stats).score)
+            rand.append(coverage(query, texts[j][:budget], stats).score)
+        if len(pos) < 10:
+            return cls(stats, **kwargs)  # type: ignore[arg-type]
+        # Clamped so that a corpus whose pseudo-queries are too easy (doc pages repeat their title in the body)
+        # cannot make a label unreachable: relevant_at in [0.4, 0.75], partial_at in [0.15, relevant_at - 0.1].
+        relevant_at = round(min(0.75, max(0.4, _youden(pos, hard))), 3)
+        off_topic = sorted(rand)[int(0.95 * (len(rand) - 1))]
+        partial_at = round(min(relevant_at - 0.1, max(0.15, off_topic + 0.01)), 3)
+        cal = Calibration(
+            pairs=len(pos),
+            positive_median=_median(pos),
+            hard_negative_median=_median(hard),
+            random_negative_median=_median(rand),
+            relevant_at=relevant_at,
+            partial_at=partial_at,
+        )
+        return cls(stats, relevant_at=relevant_at, partial_at=partial_at, calibration=cal, **kwargs)  # type: ignore[arg-type]
+
+    def judge(self, query: str, hit: Hit) -> Verdict:
+        """The verdict, synchronously (what :meth:`grade` awaits)."""
+        chunk = hit.chunk
+        text = "\n".join([chunk.title, *chunk.title_path, chunk.text[: self.max_chars]])
+        if ids_conflict(query, text):
+            wanted = extract_ids(query)
+            named = extract_ids(text)
+            kind = next(k for k in wanted if k in named and not (wanted[k] & named[k]))
+            return Verdict(
+                "irrelevant",
+                f"names {kind} {', '.join(sorted(named[kind]))}, not {', '.join(sorted(wanted[kind]))}",
+                score=0.0,
+            )
+        cov = coverage(query, text, self.stats)
+        n = len(cov.covered) + len(cov.missing)
+        label: Label
+        if cov.score >= self.relevant_at:
+            label = "relevant"
+        elif cov.score >= self.partial_at:
+            label = "partial"
+        else:
+            label = "irrelevant"
+        reason = f"covers {len(cov.covered)}/{n} key terms"
+        if cov.covered:
+            reason += ": " + ", ".join(cov.covered[:5])
+        if cov.missing:
+            reason += "; missing: " + ", ".join(cov.missing[:5])
+        idf_mass = sum(self.stats.idf(t.stem) for t in key_terms(query))
+        signal = _signal(hit, idf_mass)
+        if signal >= self.strong_signal and label != "relevant":
+            label = "partial" if label == "irrelevant" else "relevant"
+            reason += f"; promoted by retrieval signal {signal:.2f}"
+        return Verdict(label, reason, score=round(cov.score, 4))
+
+    async def grade(self, query: str, hit: Hit) -> Verdict:
+        """Grade ``hit`` for ``query`` (see the module docstring)."""
+        start = time.perf_counter()
+        verdict = self.judge(query, hit)
+        record_call(LLMCall(judge="grade", model="offline", seconds=time.perf_counter() - start))
+        return verdict
+
+
+def _split_head(text: str) -> tuple[str, str]:
+    """The first line (or sentence) of ``text`` and the rest."""
+    stripped = text.strip()
+    if "\n" in stripped:
+        head, rest = stripped.split("\n", 1)
+        if len(head) <= 200:
+            return head, rest
+    for i, ch in enumerate(stripped):
+        if ch in ".!?" and i + 1 < len(stripped) and stripped[i + 1].isspace():
+            return stripped[: i + 1], stripped[i + 1 :]
+    return stripped, ""
+
+
+def _sharing_doc(stats: CorpusStats, term: str, *, exclude: int, rng: random.Random) -> int | None:
+    tid = stats.vocab.get(term)
+    if tid is None:
+        return None
+    docs = [int(d) for d in stats.postings[tid] if int(d) != exclude]
+    return rng.choice(docs) if docs else None

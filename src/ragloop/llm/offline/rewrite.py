@@ -1,0 +1,92 @@
+"""The offline rewriter: a different-angle query from corpus statistics.
+
+Starting from the *original question*'s key terms (not the failed query, which may already have drifted), it
+drops every term already tried this turn and adds terms that the corpus associates with the question (pseudo-
+relevance feedback, :meth:`CorpusStats.associated`) and that were not tried either. Candidates are checked with
+:func:`~ragloop.llm.offline.novelty.is_near_duplicate` against every tried query; when no novel candidate
+exists it raises :class:`~ragloop.errors.JudgeError` instead of repeating itself, and the rewrite node stops.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+
+from attrs import frozen
+
+from ragloop.errors import JudgeError
+from ragloop.llm.offline.novelty import is_near_duplicate, normalised_terms
+from ragloop.llm.offline.terms import CorpusStats, key_terms
+from ragloop.llm.usage import LLMCall, record_call
+
+__all__ = ["OfflineRewriter"]
+
+
+@frozen
+class OfflineRewriter:
+    """Rewrites a failed query from a new angle using the corpus' term associations.
+
+    Attributes:
+        stats: Corpus statistics of the index.
+        max_terms: Most terms in a rewritten query.
+        expansion: Associated terms added per candidate.
+        threshold: Jaccard similarity at or above which a candidate counts as a near-duplicate.
+    """
+
+    stats: CorpusStats
+    max_terms: int = 6
+    expansion: int = 3
+    threshold: float = 0.6
+
+    def _candidates(self, question: str, tried_terms: frozenset[str]) -> Iterator[list[str]]:
+        """Stem lists to try, best first."""
+        by_idf = sorted(key_terms(question), key=lambda t: -self.stats.idf(t.stem))
+        q_stems = [t.stem for t in by_idf]
+        fresh = [s for s in q_stems if s not in tried_terms]
+        related = [
+            s
+            for s, _ in self.stats.associated(
+                q_stems, k=self.expansion * 4, exclude=tried_terms | set(q_stems)
+            )
+        ]
+        windows = [related[i : i + self.expansion] for i in range(0, len(related), self.expansion)] or [[]]
+        anchor = q_stems[:1]
+        for window in windows:
+            if fresh:
+                yield (fresh + window)[: self.max_terms]
+            yield (anchor + window)[: self.max_terms]  # the question's rarest term keeps the topic
+            yield window[: self.max_terms]
+
+    def rewrite_sync(self, question: str, failed_query: str, tried: Sequence[str]) -> str:
+        """The rewrite, synchronously (what :meth:`rewrite` awaits).
+
+        Raises:
+            JudgeError: No query that is new against ``tried`` (and ``failed_query``) can be built.
+        """
+        all_tried = [failed_query, *tried]
+        tried_terms = frozenset().union(*(normalised_terms(q) for q in all_tried))
+        own = {t.stem: t.surface for t in key_terms(question)}
+        for stems in self._candidates(question, tried_terms):
+            if not stems:
+                continue
+            query = " ".join(own.get(s) or self.stats.surface_of(s) for s in stems)
+            if not is_near_duplicate(query, all_tried, threshold=self.threshold):
+                return query
+        raise JudgeError(
+            f"no new angle for {question!r}: every candidate repeats a tried query "
+            f"({len(all_tried)} tried); stop rewriting and answer with what was found"
+        )
+
+    async def rewrite(self, question: str, failed_query: str, tried: Sequence[str]) -> str:
+        """A new query built from ``question`` that repeats none of ``tried`` (see the module docstring)."""
+        start = time.perf_counter()
+        error: str | None = None
+        try:
+            return self.rewrite_sync(question, failed_query, tried)
+        except JudgeError as exc:
+            error = f"JudgeError: {exc}"
+            raise
+        finally:
+            record_call(
+                LLMCall(judge="rewrite", model="offline", seconds=time.perf_counter() - start, error=error)
+            )
