@@ -136,41 +136,10 @@ def parse_ticket_ids(text: str) -> tuple[str, ...]:
 
 _SELECT = "SELECT id, status, priority, product_area, summary, body, created, updated, customer, resolution"
 _STOPWORDS = frozenset(
-    [
-        "about",
-        "after",
-        "again",
-        "also",
-        "been",
-        "before",
-        "does",
-        "from",
-        "have",
-        "into",
-        "that",
-        "their",
-        "them",
-        "then",
-        "there",
-        "these",
-        "this",
-        "those",
-        "ticket",
-        "tickets",
-        "issue",
-        "what",
-        "when",
-        "where",
-        "which",
-        "while",
-        "with",
-        "without",
-        "would",
-        "could",
-        "should",
-        "your",
-        "ours",
-    ]
+    (  # noqa: SIM905 - a word list reads better as one string
+        "about after again also been before does from have into that their them then there these this those "
+        "ticket tickets issue what when where which while with without would could should your ours"
+    ).split()
 )
 
 
