@@ -13,18 +13,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-from attrs import field, frozen
+from attrs import define, field, frozen
 
 __all__ = [
     "Chunk",
+    "Citation",
     "ContextBlock",
     "Decision",
+    "Graded",
     "Hit",
     "Label",
     "Message",
     "Outcome",
     "PageContext",
+    "QueryState",
     "QueryStatus",
+    "TurnState",
     "Verdict",
 ]
 
@@ -183,4 +187,119 @@ class ContextBlock:
     query: str = ""
 
 
-QueryStatus = Literal["pending", "enough", "short", "failed", "no_context"]
+QueryStatus = Literal["pending", "enough", "short", "failed", "rewritten", "no_context"]
+
+
+@define
+class QueryState:
+    """One search query of the turn and what happened to it.
+
+    Attributes:
+        text: The query text.
+        root: The decide query this one descends from (itself for decide's queries).
+        attempt: 0 for decide's query, n for its n-th rewrite.
+        status: ``pending`` → ``enough`` / ``short`` / ``failed``; ``no_context`` once rewrites ran out.
+        hits: Hits this query found (after the merge), best first.
+        error: Why retrieval failed, if it did.
+        live_tried: True once the live sources were asked for this query.
+    """
+
+    text: str
+    root: str
+    attempt: int = 0
+    status: QueryStatus = "pending"
+    hits: list[Hit] = field(factory=list)
+    error: str | None = None
+    live_tried: bool = False
+
+    @property
+    def best_score(self) -> float | None:
+        """Best retrieval score among this query's hits."""
+        return max((h.score for h in self.hits), default=None)
+
+
+@frozen
+class Graded:
+    """A hit with the verdict of one query's grading.
+
+    Attributes:
+        query: The query it was graded against.
+        hit: The hit.
+        verdict: The grader's verdict (``fail_open`` when the grader failed).
+    """
+
+    query: str
+    hit: Hit
+    verdict: Verdict
+
+
+@frozen
+class Citation:
+    """A ``[n]`` reference in the answer, resolved to its source.
+
+    Attributes:
+        n: The block number cited.
+        source: Where the block came from.
+        title: Its title.
+        chunk_id: Its chunk id.
+    """
+
+    n: int
+    source: str
+    title: str
+    chunk_id: str
+
+
+@define
+class TurnState:
+    """The shared state of one chat turn; each field names the node that writes it.
+
+    Attributes:
+        question: The user's question (caller).
+        history: Earlier messages of the conversation (caller).
+        page: Page the user asks from (caller).
+        decision: decide's choice (decide).
+        queries: Every query of the turn, by text, in the order they were made (decide, rewrite).
+        pending: Queries the next retrieve must run (decide, rewrite; retrieve clears it).
+        hits: The merged, deduplicated hits of the latest retrieve (retrieve).
+        shown: Chunk ids already retrieved this turn; the thrash guard (retrieve).
+        fast_path: True when retrieve skipped grading (retrieve).
+        graded: Every graded hit, per query (grade, live).
+        fail_open: ``(query, chunk_id, reason)`` for each grader failure that kept a chunk (grade).
+        live: What the live sources did: triggers, records, mismatches, errors (live).
+        rewrites: ``{"from", "to", "accepted", "reason"}`` per rewrite attempt (rewrite).
+        outcome: How the turn ended up (answer).
+        missing: Queries left unanswered, for a partial or none outcome (answer).
+        blocks: The numbered context handed to the answerer (answer).
+        answer: The full reply text (answer).
+        citations: The ``[n]`` references of the reply, resolved (answer).
+        errors: ``node: error`` notes of failures nodes absorbed (any node).
+    """
+
+    question: str
+    history: tuple[Message, ...] = ()
+    page: PageContext = field(factory=PageContext)
+    decision: Decision | None = None
+    queries: dict[str, QueryState] = field(factory=dict)
+    pending: list[str] = field(factory=list)
+    hits: list[Hit] = field(factory=list)
+    shown: set[str] = field(factory=set)
+    fast_path: bool = False
+    graded: list[Graded] = field(factory=list)
+    fail_open: list[tuple[str, str, str]] = field(factory=list)
+    live: list[dict[str, object]] = field(factory=list)
+    rewrites: list[dict[str, object]] = field(factory=list)
+    outcome: Outcome | None = None
+    missing: tuple[str, ...] = ()
+    blocks: tuple[ContextBlock, ...] = ()
+    answer: str = ""
+    citations: tuple[Citation, ...] = ()
+    errors: list[str] = field(factory=list)
+
+    def roots(self) -> list[str]:
+        """decide's queries, in order."""
+        return [q.text for q in self.queries.values() if q.attempt == 0]
+
+    def lineage(self, root: str) -> list[QueryState]:
+        """A root query and its rewrites, in order."""
+        return [q for q in self.queries.values() if q.root == root]

@@ -1,0 +1,105 @@
+"""live: ask live sources (ticket system, catalogue, …) for the short queries that carry their signal."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import anyio
+import structlog
+from attrs import define, field
+
+from ragloop.events import Progress
+from ragloop.llm.offline.ids import id_matches
+from ragloop.nodes.grade import route_after_grading
+from ragloop.retrievers.live import LiveRecord, LiveSource
+from ragloop.runner import emit
+from ragloop.state import Chunk, Graded, Hit, TurnState, Verdict
+
+__all__ = ["Live", "record_hit", "split_matches"]
+
+log = structlog.get_logger("ragloop.nodes.live")
+
+
+def split_matches(requested: Sequence[str], records: Sequence[LiveRecord]) -> tuple[list[LiveRecord], list[LiveRecord]]:
+    """Split records into those whose id exactly matches a requested id and the mismatches (#1233 for #1234)."""
+    accepted: list[LiveRecord] = []
+    rejected: list[LiveRecord] = []
+    for record in records:
+        (accepted if any(id_matches(r, record.id) for r in requested) else rejected).append(record)
+    return accepted, rejected
+
+
+def record_hit(record: LiveRecord, query: str) -> Hit:
+    """A live record as a hit, so the answer node can cite it like any chunk."""
+    chunk = Chunk(
+        id=f"{record.source}:{record.id}",
+        text=record.text,
+        source=record.url or f"{record.source}:{record.id}",
+        title=record.title,
+        doc_id=f"{record.source}:{record.id}",
+    )
+    return Hit(chunk, score=1.0, confidence=1.0, queries=(query,), best_query=query)
+
+
+@define
+class Live:
+    """Runs live sources for short queries whose text carries their signal; rejects id mismatches.
+
+    Attributes:
+        sources: The live sources.
+        max_attempts: Rewrites allowed per decide query (for routing afterwards).
+        timeout_s: Time limit per lookup; a slow or failing source is recorded and the turn goes on.
+    """
+
+    sources: Sequence[LiveSource] = ()
+    max_attempts: int = 2
+    timeout_s: float = 5.0
+    routes: tuple[str, ...] = field(default=("rewrite", "answer"), init=False)
+
+    async def __call__(self, state: TurnState) -> str:
+        jobs = [
+            (q, source, source.signals(q.text))
+            for q in state.queries.values()
+            if q.status in ("short", "failed") and not q.live_tried
+            for source in self.sources
+        ]
+        jobs = [(q, s, ids) for q, s, ids in jobs if ids]
+
+        async def one(q_text: str, source: LiveSource, ids: tuple[str, ...]) -> None:
+            entry: dict[str, object] = {"query": q_text, "source": source.name, "ids": list(ids)}
+            try:
+                with anyio.fail_after(self.timeout_s):
+                    records = list(await source.lookup(q_text, ids))
+            except Exception as exc:  # a down source must not sink the turn
+                entry["error"] = f"{type(exc).__name__}: {exc}"
+                log.warning("live.failed", source=source.name, error=entry["error"])
+                state.live.append(entry)
+                return
+            accepted, rejected = split_matches(ids, records)
+            entry["accepted"] = [r.id for r in accepted]
+            entry["mismatches"] = [r.id for r in rejected]
+            state.live.append(entry)
+            if rejected:
+                log.info("live.mismatch", source=source.name, requested=list(ids), got=[r.id for r in rejected])
+            query = state.queries[q_text]
+            for record in accepted:
+                hit = record_hit(record, q_text)
+                query.hits.append(hit)
+                verdict = Verdict("relevant", reason=f"{source.name}: exact id {record.id}", score=1.0)
+                state.graded.append(Graded(q_text, hit, verdict))
+            if accepted:
+                query.status = "enough"
+
+        async with anyio.create_task_group() as tg:
+            for q, source, ids in jobs:
+                q.live_tried = True
+                tg.start_soon(one, q.text, source, ids)
+        await emit(
+            Progress(
+                node="live",
+                kind="live",
+                message=f"asked {len(jobs)} live source(s)",
+                data={"lookups": [e for e in state.live]},
+            )
+        )
+        return route_after_grading(state, self.sources, self.max_attempts, live_done=True)

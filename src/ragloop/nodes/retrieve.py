@@ -1,0 +1,150 @@
+"""retrieve: run every pending query concurrently, merge the hits, take the fast path when it is safe."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+
+import anyio
+import attrs
+import structlog
+from attrs import define, field
+
+from ragloop.events import Progress
+from ragloop.retrievers.base import Retriever
+from ragloop.runner import emit
+from ragloop.state import Graded, Hit, TurnState, Verdict
+
+__all__ = ["Retrieve", "content_key", "merge_budget", "merge_hits"]
+
+log = structlog.get_logger("ragloop.nodes.retrieve")
+_SPACE = re.compile(r"\W+", re.UNICODE)
+
+
+def content_key(text: str) -> str:
+    """The normalised content two copies of one chunk share: case-folded words, single-spaced."""
+    return _SPACE.sub(" ", text.casefold()).strip()
+
+
+def merge_budget(n_queries: int, *, per_query: int, total: int) -> int:
+    """How many merged hits to keep: a query's share, growing with the square root of the query count.
+
+    One query keeps ``per_query``; more queries keep more, but sub-linearly and never above ``total``, so a
+    many-topic question cannot flood the answer's context.
+    """
+    if n_queries <= 0:
+        return 0
+    return min(total, max(per_query, round(per_query * n_queries**0.5)))
+
+
+def merge_hits(results: Mapping[str, Sequence[Hit]], *, budget: int) -> list[Hit]:
+    """Merge per-query hits: deduplicate by content, keep the best copy, sort, cap by ``budget``.
+
+    Pure and order-independent. Each kept hit lists every query that found any copy of it
+    (``queries``, sorted) and the query whose copy won (``best_query``; ties broken by query text, then
+    chunk id). The cap interleaves queries by rank, so every query keeps its best hits before any query
+    gets a second one; the result is then sorted by score (ties by chunk id).
+    """
+    best: dict[str, tuple[Hit, str]] = {}
+    finders: dict[str, set[str]] = {}
+    rank_of: dict[str, tuple[int, str]] = {}
+    for query in sorted(results):
+        for rank, hit in enumerate(sorted(results[query], key=lambda h: (-h.score, h.id))):
+            key = content_key(hit.text)
+            finders.setdefault(key, set()).add(query)
+            current = best.get(key)
+            if current is None or (-hit.score, query, hit.id) < (-current[0].score, current[1], current[0].id):
+                best[key] = (hit, query)
+            if key not in rank_of or (rank, query) < rank_of[key]:
+                rank_of[key] = (rank, query)
+    ordered = sorted(best, key=lambda k: (rank_of[k], -best[k][0].score, best[k][0].id))
+    kept = ordered[: max(budget, 0)]
+    merged = [attrs.evolve(best[k][0], queries=tuple(sorted(finders[k])), best_query=best[k][1]) for k in kept]
+    return sorted(merged, key=lambda h: (-h.score, h.id))
+
+
+@define
+class Retrieve:
+    """Runs the pending queries concurrently and merges their hits.
+
+    Attributes:
+        retriever: Where to search.
+        k: Hits per query.
+        per_query_budget: Merged hits kept for one query (see :func:`merge_budget`).
+        total_budget: Most merged hits kept, however many queries.
+        timeout_s: Time limit per query; a slow query is recorded as failed, the others go on.
+        max_concurrency: Queries searched at once.
+        fast_path_confidence: One query whose hits all reach this confidence skips grading.
+    """
+
+    retriever: Retriever
+    k: int = 8
+    per_query_budget: int = 6
+    total_budget: int = 12
+    timeout_s: float = 5.0
+    max_concurrency: int = 8
+    fast_path_confidence: float = 0.75
+    routes: tuple[str, ...] = field(default=("grade", "answer"), init=False)
+
+    async def __call__(self, state: TurnState) -> str:
+        pending = [q for q in state.pending if q in state.queries]
+        state.pending = []
+        await emit(Progress(node="retrieve", kind="search", message="searching…", data={"queries": pending}))
+        started = time.perf_counter()
+        results: dict[str, list[Hit]] = {}
+        limiter = anyio.CapacityLimiter(max(1, self.max_concurrency))
+
+        async def one(query: str) -> None:
+            async with limiter:
+                try:
+                    with anyio.fail_after(self.timeout_s):
+                        found = list(await self.retriever.search(query, self.k))
+                except TimeoutError:
+                    state.queries[query].error = f"timed out after {self.timeout_s}s"
+                except Exception as exc:  # one failing query never cancels its siblings
+                    state.queries[query].error = f"{type(exc).__name__}: {exc}"
+                else:
+                    results[query] = [h for h in found if h.id not in state.shown]
+            if state.queries[query].error:
+                state.queries[query].status = "failed"
+                log.warning("query.failed", query=query, error=state.queries[query].error)
+
+        async with anyio.create_task_group() as tg:
+            for query in pending:
+                tg.start_soon(one, query)
+
+        budget = merge_budget(len(results), per_query=self.per_query_budget, total=self.total_budget)
+        merged = merge_hits(results, budget=budget)
+        state.hits = merged
+        state.shown.update(h.id for h in merged)
+        for query in results:
+            state.queries[query].hits = [h for h in merged if query in h.queries]
+        seconds = time.perf_counter() - started
+        await emit(
+            Progress(
+                node="retrieve",
+                kind="retrieved",
+                message=f"found {len(merged)} passages in {seconds:.2f}s",
+                data={
+                    "hits": {q: len(state.queries[q].hits) for q in pending},
+                    "failed": [q for q in pending if state.queries[q].status == "failed"],
+                },
+            )
+        )
+        if self._fast_path(state, pending):
+            query = state.queries[pending[0]]
+            query.status = "enough"
+            state.fast_path = True
+            state.graded.extend(
+                Graded(query.text, h, Verdict("relevant", reason="fast path: high-confidence hit", score=h.confidence))
+                for h in query.hits
+            )
+            return "answer"
+        return "grade"
+
+    def _fast_path(self, state: TurnState, pending: list[str]) -> bool:
+        if len(pending) != 1 or state.graded or len(state.queries) != 1:
+            return False
+        hits = state.queries[pending[0]].hits
+        return bool(hits) and all(h.confidence >= self.fast_path_confidence for h in hits)
