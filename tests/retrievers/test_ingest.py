@@ -1,0 +1,379 @@
+"""Tests for ingestion: cleaning, chunking, loaders and the whole pipeline."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from ragloop.errors import ConfigError, InputError
+from ragloop.retrievers.chunking import chunk_id
+from ragloop.retrievers.ingest import (
+    Document,
+    IngestResult,
+    Skip,
+    chunk_document,
+    clean_text,
+    ingest_path,
+    load_beir,
+    load_folder,
+    split_front_matter,
+)
+from tests.strategies import markdown_documents, markup_text, words
+
+DATA = Path(__file__).parents[2] / ".." / "shared" / "data"
+
+
+def md(text: str, *, doc_id: str = "doc.md", title: str = "Doc") -> Document:
+    return Document(id=doc_id, title=title, text=text, source=doc_id, fmt="markdown")
+
+
+def in_order(needles: list[str], haystack: list[str]) -> bool:
+    """Whether ``needles`` is a subsequence of ``haystack``."""
+    it = iter(haystack)
+    return all(any(n == h for h in it) for n in needles)
+
+
+class TestCleanText:
+    def test_script_and_style_removed_with_their_content(self) -> None:
+        """<script> and <style> elements vanish with everything inside them."""
+        out = clean_text("Before <script>var x = 1;</script><style>p { color: red }</style> after", "html")
+        assert out == "Before after"
+
+    def test_html_comment_removed(self) -> None:
+        """HTML comments are dropped."""
+        assert clean_text("keep <!-- secret\nnote --> this", "markdown") == "keep this"
+
+    def test_tags_stripped_text_kept_and_headings_become_lines(self) -> None:
+        """Tags go, their text stays; <h2> becomes a markdown heading line; <p> breaks paragraphs."""
+        out = clean_text("<h2>Setup</h2><p>Run <b>make</b>.</p><p>Done.</p>", "html")
+        assert out == "## Setup\n\nRun make.\n\nDone."
+
+    def test_placeholders_that_are_not_html_survive_in_markdown(self) -> None:
+        """<key> and <node-id> in command docs are not HTML elements and are kept."""
+        assert clean_text("Use GET <key> on <node-id>", "markdown") == "Use GET <key> on <node-id>"
+
+    def test_base64_blob_dropped(self) -> None:
+        """A long mixed-case base64 run is removed; a long lower-case hex digest is not."""
+        blob = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+        digest = "a" * 30 + "0123456789abcdef" * 2
+        assert clean_text(f"payload {blob} end", "text") == "payload end"
+        assert clean_text(f"sha {digest}", "text") == f"sha {digest}"
+
+    def test_data_uri_dropped(self) -> None:
+        """data: URIs are removed, and so is an image that only carried one."""
+        out = clean_text('Logo <img src="data:image/png;base64,QUJDRA=="> here data:text/plain,hi!', "markdown")
+        assert out == "Logo here"
+
+    def test_data_colon_in_prose_is_not_a_uri(self) -> None:
+        """'data: something' in prose is not a data URI."""
+        assert clean_text("send data: a JSON body", "markdown") == "send data: a JSON body"
+
+    def test_hugo_shortcodes_keep_inner_text(self) -> None:
+        """Hugo shortcode delimiters go, the human text they wrap stays."""
+        out = clean_text('{{% alert title="Note" %}}Keys expire.{{% /alert %}} {{< highlight bash >}}', "markdown")
+        assert out == "Keys expire."
+
+    def test_jinja_and_mkdocs_directives_dropped(self) -> None:
+        """{{ … }}, {% … %}, {# … #}, {* include *} and { #anchor } are removed."""
+        text = "# Intro { #intro }\n\n{% if x %}Hello {{ user.name }}{# note #}{% endif %}\n\n{* ../src/a.py hl[1] *}"
+        assert clean_text(text, "markdown") == "# Intro\n\nHello"
+
+    def test_wordpress_shortcodes_resolved(self) -> None:
+        """[name …]inner[/name] keeps inner; attribute-only and self-closing shortcodes are dropped."""
+        text = '[note type="x"]Read this[/note] [gallery ids="1,2"] [embed url="u" /] done'
+        assert clean_text(text, "markdown") == "Read this done"
+
+    def test_admonition_markers_dropped_titles_kept(self) -> None:
+        """mkdocs '/// note | Title' keeps its title; bare markers and tab labels go."""
+        text = "/// note | Technical Details\n\nBody.\n\n///\n\n//// tab | Python 3.10+\n\nCode.\n\n////"
+        assert clean_text(text, "markdown") == "Technical Details\n\nBody.\n\nCode."
+
+    def test_logo_image_dropped_informative_alt_kept(self) -> None:
+        """Short-alt or logo images vanish; informative alt text is kept as plain text."""
+        text = "![logo](l.png) ![Swagger UI](s.png) ![A company logo for us](c.png) ![Latency by pipeline size](p.png)"
+        assert clean_text(text, "markdown") == "Latency by pipeline size"
+
+    def test_captioned_figure_kept(self) -> None:
+        """An image with a caption keeps alt text and caption, however short the alt."""
+        html_figure = '<figure><img src="c.png" alt="Cat"><figcaption>Figure 1: a <b>cat</b></figcaption></figure>'
+        assert clean_text(html_figure, "html") == "Cat\nFigure 1: a cat"
+        assert clean_text('![NUMA](n.gif "NUMA nodes versus latency")', "markdown") == "NUMA NUMA nodes versus latency"
+        wp = '[caption id="a1"]<img src="x.png" alt="Map"> The city centre[/caption]'
+        assert clean_text(wp, "markdown") == "Map\nThe city centre"
+
+    def test_links_keep_text(self) -> None:
+        """Markdown links keep their text (code and nested brackets included), not the URL."""
+        text = "See [the `Depends` docs](https://x.y/deps) by [@bot[bot]](https://github.com/apps/bot)."
+        assert clean_text(text, "markdown") == "See the `Depends` docs by @bot[bot]."
+
+    def test_entities_decoded(self) -> None:
+        """HTML entities are decoded."""
+        assert clean_text("Tom &amp; Jerry &lt;3 &#233;t&eacute;", "html") == "Tom & Jerry <3 été"
+
+    def test_whitespace_normalised_paragraphs_and_headings_kept(self) -> None:
+        """Runs of spaces collapse, blank-line runs become one, heading lines and breaks survive."""
+        text = "\ufeff  # Title  \r\n\r\n\r\n\r\nword\t\t word\u00a0end  \n\n\n\n## Next ##\nline"
+        assert clean_text(text, "markdown") == "# Title\n\nword word end\n\n## Next\nline"
+
+    def test_code_blocks_are_literal(self) -> None:
+        """Fenced code keeps its tags, braces and indentation; inline code keeps its tags."""
+        text = 'Use `<div>` here.\n\n```python\ndef f():\n    return "<b>{{ x }}</b>"\n```'
+        assert clean_text(text, "markdown") == text
+
+    def test_terminal_transcripts_lose_their_colour_markup(self) -> None:
+        """HTML colouring inside a console fence is removed."""
+        text = '```console\n<span style="color:red">INFO</span> started &lt;pid&gt;\n```'
+        assert clean_text(text, "markdown") == "```console\nINFO started <pid>\n```"
+
+    def test_unknown_format_rejected(self) -> None:
+        """An unknown fmt raises ValueError naming the valid ones."""
+        with pytest.raises(ValueError, match="markdown"):
+            clean_text("x", "pdf")
+
+    @given(markup_text, st.sampled_from(["markdown", "text", "html", "beir"]))
+    @example("&amp;lt;b&amp;gt;x", "text")
+    @example("<b>/// tip", "markdown")
+    @example("{<b>{ x }</b>}", "html")
+    @example("<b>```</b>\n<script>x</script>", "markdown")
+    def test_idempotent(self, text: str, fmt: str) -> None:
+        """Cleaning a cleaned text changes nothing."""
+        once = clean_text(text, fmt)
+        assert clean_text(once, fmt) == once
+
+    @given(st.text(), st.sampled_from(["markdown", "text", "html", "beir"]))
+    def test_arbitrary_text_never_raises_and_is_encodable(self, text: str, fmt: str) -> None:
+        """Any string, lone surrogates and control characters included, cleans to encodable UTF-8."""
+        out = clean_text(text, fmt)
+        out.encode("utf-8")
+        assert out == out.strip()
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", out)
+
+    @given(st.lists(words, min_size=1, max_size=20), st.sampled_from(["markdown", "text", "html", "beir"]))
+    def test_plain_words_survive(self, ws: list[str], fmt: str) -> None:
+        """Meaningful text without markup comes out with every word, in order."""
+        assert clean_text(" ".join(ws), fmt).split() == ws
+
+
+class TestFrontMatter:
+    def test_title_taken_and_block_dropped(self) -> None:
+        """A YAML block at the top is removed and its title returned unquoted."""
+        title, body = split_front_matter('---\ntitle: "Redis ACL"\nweight: 3\ntags:\n  - a\n---\n# Body\n')
+        assert (title, body) == ("Redis ACL", "# Body\n")
+
+    def test_horizontal_rule_is_not_front_matter(self) -> None:
+        """A document opening with a rule and prose is left whole."""
+        text = "---\nThis is prose, not YAML.\n---\nMore."
+        assert split_front_matter(text) == ("", text)
+
+
+class TestChunkDocument:
+    def test_sections_carry_title_paths(self) -> None:
+        """Each chunk carries its heading path, outermost first; a bare heading joins the next section."""
+        doc = md("Intro words.\n\n# Guide\n\nAbout it.\n\n## Install\n\n### Linux\n\nRun apt.\n\n## Use\n\nCall it.")
+        chunks = chunk_document(doc)
+        assert [(c.title_path, c.text) for c in chunks] == [
+            ((), "Intro words."),
+            (("Guide",), "# Guide\n\nAbout it."),
+            (("Guide", "Install", "Linux"), "## Install\n\n### Linux\n\nRun apt."),
+            (("Guide", "Use"), "## Use\n\nCall it."),
+        ]
+        assert {c.doc_id for c in chunks} == {"doc.md"} and {c.title for c in chunks} == {"Doc"}
+
+    def test_hash_lines_in_code_are_not_headings(self) -> None:
+        """'# comment' inside a fenced block does not start a section."""
+        chunks = chunk_document(md("# Top\n\n```\n# not a heading\n```\n\ntext"))
+        assert [c.title_path for c in chunks] == [("Top",)]
+
+    def test_long_section_bounded_with_overlap_at_word_starts(self) -> None:
+        """A long section splits into pieces ≤ max_chars that overlap and start and end on whole words."""
+        sentences = [f"Sentence number {i} talks about topic {i % 7} at length." for i in range(60)]
+        doc = md("# Long\n\n" + " ".join(sentences))
+        chunks = chunk_document(doc, max_chars=300, overlap=60)
+        assert len(chunks) > 5
+        vocabulary = set(doc.text.split())
+        assert all(len(c.text) <= 300 for c in chunks)
+        for a, b in itertools.pairwise(chunks):
+            assert a.text.split()[0] in vocabulary and a.text.split()[-1] in vocabulary
+            assert b.text.split()[0] in a.text.split()[-12:]  # b starts inside a's tail: the overlap
+        assert all(c.title_path == ("Long",) for c in chunks)
+
+    def test_sentence_boundaries_preferred(self) -> None:
+        """When a section must be split, pieces end at a sentence end rather than mid-sentence."""
+        text = " ".join(["Alpha beta gamma delta epsilon."] * 30)
+        chunks = chunk_document(md(text), max_chars=200, overlap=0)
+        assert all(c.text.endswith(".") for c in chunks)
+
+    def test_word_longer_than_max_is_cut(self) -> None:
+        """A single word longer than max_chars is the only thing ever cut mid-word."""
+        chunks = chunk_document(md("short " + "x" * 250 + " tail"), max_chars=100, overlap=20)
+        assert [len(c.text) for c in chunks] == [5, 100, 100, 55]
+
+    def test_ids_are_stable_content_hashes(self) -> None:
+        """Ids depend only on the normalised chunk text, not on the document."""
+        a = chunk_document(md("Same words here.", doc_id="a.md"))
+        b = chunk_document(md("Same   words\nhere.", doc_id="b.md"))
+        assert a[0].id == b[0].id == chunk_id("Same words here.")
+        assert chunk_id("Other words.") != a[0].id
+
+    def test_short_beir_document_is_one_chunk(self) -> None:
+        """A BEIR document within max_chars stays whole, keeps its title and _id."""
+        doc = Document(id="d1", title="T", text="# A\n\nx\n\n# B\n\ny", source="c#d1", fmt="beir")
+        (chunk,) = chunk_document(doc)
+        assert (chunk.text, chunk.title, chunk.doc_id, chunk.title_path) == ("# A\n\nx\n\n# B\n\ny", "T", "d1", ())
+
+    def test_bad_limits_rejected(self) -> None:
+        """overlap must be below max_chars."""
+        with pytest.raises(ConfigError, match="overlap"):
+            chunk_document(md("x"), max_chars=100, overlap=100)
+
+    @given(
+        st.one_of(markdown_documents, markup_text),
+        st.integers(20, 400),
+        st.integers(0, 100),
+        st.sampled_from(["markdown", "text", "html", "beir"]),
+    )
+    def test_never_empty_never_too_long_never_loses_words(
+        self, text: str, max_chars: int, overlap: int, fmt: str
+    ) -> None:
+        """Chunks are non-empty, within max_chars, slices of the cleaned text, and keep every word in order."""
+        overlap = min(overlap, max_chars - 1)
+        doc = Document(id="d", title="t", text=text, source="s", fmt=fmt)
+        cleaned = clean_text(text, fmt)
+        chunks = chunk_document(doc, max_chars=max_chars, overlap=overlap)
+        assert bool(chunks) == bool(cleaned)
+        for c in chunks:
+            assert c.text and c.text == c.text.strip() and len(c.text) <= max_chars
+            assert c.text in cleaned
+        chunk_words = [w for c in chunks for w in c.text.split()]
+        if not any(len(w) > max_chars for w in cleaned.split()):
+            assert in_order(cleaned.split(), chunk_words)
+
+    @given(markdown_documents)
+    def test_without_overlap_chunks_tile_the_text(self, text: str) -> None:
+        """With overlap=0 the chunks' words are exactly the cleaned words: nothing lost, nothing repeated."""
+        chunks = chunk_document(md(text), max_chars=120, overlap=0)
+        assert [w for c in chunks for w in c.text.split()] == clean_text(text, "markdown").split()
+
+
+class TestLoadFolder:
+    def test_reads_supported_files_sorted_skipping_hidden(self, tmp_path: Path) -> None:
+        """Supported files are read recursively in path order; hidden dirs and other suffixes are ignored."""
+        (tmp_path / "b").mkdir()
+        (tmp_path / ".git").mkdir()
+        (tmp_path / "b" / "z.md").write_text("---\ntitle: Zed\n---\n# Heading\n\nbody", encoding="utf-8")
+        (tmp_path / "a.txt").write_text("plain", encoding="utf-8")
+        (tmp_path / "c.html").write_text("<title>Page</title><p>hi</p>", encoding="utf-8")
+        (tmp_path / ".git" / "x.md").write_text("hidden", encoding="utf-8")
+        (tmp_path / "image.png").write_bytes(b"\x89PNG")
+        docs = list(load_folder(tmp_path))
+        assert [(d.id, d.title, d.fmt) for d in docs if isinstance(d, Document)] == [
+            ("a.txt", "a", "text"),
+            ("b/z.md", "Zed", "markdown"),
+            ("c.html", "Page", "html"),
+        ]
+        assert docs[1].text == "# Heading\n\nbody"  # type: ignore[union-attr]
+
+    def test_non_utf8_and_binary_files_skipped_with_reason(self, tmp_path: Path) -> None:
+        """A Latin-1 file and a binary file come back as Skips naming the file and the problem."""
+        (tmp_path / "latin.md").write_bytes("café".encode("latin-1"))
+        (tmp_path / "blob.txt").write_bytes(b"ab\x00cd")
+        items = list(load_folder(tmp_path))
+        assert all(isinstance(i, Skip) for i in items)
+        reasons = {Path(i.path).name: i.reason for i in items if isinstance(i, Skip)}
+        assert "not UTF-8" in reasons["latin.md"] and "0xe9" in reasons["latin.md"]
+        assert "binary" in reasons["blob.txt"]
+
+
+def write_corpus(path: Path, lines: list[str]) -> None:
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+class TestLoadBeir:
+    def test_gz_corpus_with_malformed_lines_reported_by_number(self, tmp_path: Path) -> None:
+        """Good lines become documents; bad ones are reported with their line numbers."""
+        write_corpus(
+            tmp_path / "corpus.jsonl.gz",
+            [
+                json.dumps({"_id": "d1", "title": "One { #one }", "text": "First."}),
+                "{not json",
+                json.dumps({"_id": "d2", "text": 5}),
+                json.dumps({"_id": 3, "text": "---\ntitle: Three\n---\nThird."}),
+            ],
+        )
+        skips: list[tuple[str, str]] = []
+        docs = list(load_beir(tmp_path, on_skip=lambda where, why: skips.append((where, why))))
+        assert [(d.id, d.title, d.text, d.fmt) for d in docs] == [
+            ("d1", "One", "First.", "beir"),
+            ("3", "Three", "Third.", "beir"),
+        ]
+        assert [where.rsplit(":", 1)[1] for where, _ in skips] == ["2", "3"]
+        assert "not valid JSON" in skips[0][1] and "'text' is int" in skips[1][1]
+
+    def test_truncated_gz_reported_not_raised(self, tmp_path: Path) -> None:
+        """A cut-off gzip file yields the lines before the cut and reports the rest."""
+        write_corpus(tmp_path / "full.gz", [json.dumps({"_id": str(i), "text": f"doc {i} " * 50}) for i in range(200)])
+        data = (tmp_path / "full.gz").read_bytes()
+        (tmp_path / "corpus.jsonl.gz").write_bytes(data[: len(data) // 2])
+        skips: list[tuple[str, str]] = []
+        docs = list(load_beir(tmp_path / "corpus.jsonl.gz", on_skip=lambda w, r: skips.append((w, r))))
+        assert 0 < len(docs) < 200 and len(skips) == 1 and "truncated" in skips[0][1]
+
+
+class TestIngestPath:
+    def test_folder_ingested_deduplicated_with_progress(self, tmp_path: Path) -> None:
+        """Identical chunks are stored once; empty and non-UTF-8 files are skipped; progress is reported."""
+        (tmp_path / "a.md").write_text("# A\n\nShared paragraph.\n\n# B\n\nOnly in a.", encoding="utf-8")
+        (tmp_path / "b.md").write_text("# A\n\nShared paragraph.", encoding="utf-8")
+        (tmp_path / "empty.html").write_text("<script>x()</script><img src='logo.png' alt='logo'>", encoding="utf-8")
+        (tmp_path / "bad.txt").write_bytes(b"\xff\xfe\x00x")
+        calls: list[tuple[int, int]] = []
+        result = ingest_path(tmp_path, progress=lambda done, total: calls.append((done, total)))
+        assert isinstance(result, IngestResult)
+        assert [c.text for c in result.chunks] == ["# A\n\nShared paragraph.", "# B\n\nOnly in a."]
+        assert result.files == 2 and result.seconds >= 0
+        assert [(Path(p).name, "UTF-16" in r or "empty" in r) for p, r in result.skipped] == [
+            ("bad.txt", True),
+            ("empty.html", True),
+        ]
+        assert calls == [(1, 3), (2, 3), (3, 3)]
+
+    def test_beir_file_and_folder_detected(self, tmp_path: Path) -> None:
+        """A folder with corpus.jsonl and the file itself are both read as BEIR."""
+        (tmp_path / "corpus.jsonl").write_text(
+            json.dumps({"_id": "x", "title": "X", "text": "Hello there."}) + "\n", encoding="utf-8"
+        )
+        for target in (tmp_path, tmp_path / "corpus.jsonl"):
+            (chunk,) = ingest_path(target).chunks
+            assert (chunk.doc_id, chunk.title, chunk.text) == ("x", "X", "Hello there.")
+
+    def test_missing_path_says_what_to_pass(self, tmp_path: Path) -> None:
+        """A missing path raises InputError explaining what to pass."""
+        with pytest.raises(InputError, match=r"no such file or folder.*corpus\.jsonl"):
+            ingest_path(tmp_path / "nope")
+
+    def test_folder_without_documents_rejected(self, tmp_path: Path) -> None:
+        """A folder with no supported files is an InputError, not an empty index."""
+        (tmp_path / "x.pdf").write_bytes(b"%PDF")
+        with pytest.raises(InputError, match=r"\.md"):
+            ingest_path(tmp_path)
+
+    @pytest.mark.parametrize("name", ["fastapi-docs", "redis-docs"])
+    def test_real_docs_corpus_is_clean(self, name: str) -> None:
+        """On the shared docs corpora no shortcode, template or HTML residue is left outside code."""
+        if not (DATA / name / "corpus.jsonl.gz").exists():
+            pytest.skip(f"shared data {name} not present")
+        result = ingest_path(DATA / name)
+        assert result.files > 100 and len(result.chunks) > 1000
+        residue = re.compile(r"\{\{|\{%|\{\*|<(?:script|style|img|div|span)\b|\]\(http|\{ #")
+        for chunk in result.chunks:
+            prose = re.sub(r"```.*?(```|\Z)|`[^`\n]*`", "", chunk.text, flags=re.S)
+            assert not residue.search(prose), (chunk.doc_id, prose[:200])
+        assert sum(1 for c in result.chunks if c.title_path) > len(result.chunks) // 2
