@@ -393,11 +393,12 @@ def ingest_path(
             skipped.append((doc.source, "empty after cleaning (only markup, images, shortcodes or whitespace)"))
         if progress is not None:
             progress(done, len(docs))
-    for where, why in skipped:
-        _log.info("ingest.skipped", path=where, reason=why)
-    return IngestResult(
+    result = IngestResult(
         chunks=tuple(by_id.values()),
         files=files,
         skipped=tuple(skipped),
         seconds=time.perf_counter() - started,
     )
+    # One record per run; the skips themselves are in the result for the caller to show.
+    _log.debug("ingest.done", files=files, chunks=len(result.chunks), skipped=len(skipped), seconds=result.seconds)
+    return result
