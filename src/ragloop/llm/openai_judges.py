@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import openai
 from attrs import define, field, frozen
@@ -45,6 +45,7 @@ __all__ = [
     "parse_verdict",
 ]
 
+_T = TypeVar("_T")
 _LABELS: tuple[Label, ...] = ("relevant", "partial", "irrelevant")
 
 
@@ -131,16 +132,16 @@ class _Chat:
     timeout_s: float
     temperature: float | None
 
-    async def complete(self, judge: str, messages: list[dict[str, Any]], **params: Any) -> ChatCompletion:
+    async def complete(
+        self, judge: str, messages: list[dict[str, Any]], parse: Callable[[ChatCompletion], _T], **params: Any
+    ) -> _T:
+        """One metered call; ``parse`` runs inside the meter, so output errors count as failed calls."""
         if self.temperature is not None:
             params.setdefault("temperature", self.temperature)
         with _Meter(judge, self.model) as meter:
             try:
                 completion: ChatCompletion = await _create(self.client)(
-                    model=self.model,
-                    messages=messages,
-                    timeout=self.timeout_s,
-                    **params,
+                    model=self.model, messages=messages, timeout=self.timeout_s, **params
                 )
             except openai.APIError as exc:
                 raise _wrap(exc, judge=judge, model=self.model, timeout_s=self.timeout_s, client=self.client) from exc
@@ -150,7 +151,7 @@ class _Chat:
                     f"{judge}: model {self.model!r} returned no choices (empty 'choices'); "
                     "the server may have filtered the output"
                 )
-            return completion
+            return parse(completion)
 
 
 def _chat(client: openai.AsyncOpenAI, model: str, timeout_s: float, temperature: float | None) -> _Chat:
@@ -242,13 +243,17 @@ class OpenAIDecider:
         }
         chat = _chat(self.client, self.model, self.timeout_s, self.temperature)
         if self.stream:
-            content, calls = await _streamed_message(chat, "decide", messages, params)
-        else:
-            message = (await chat.complete("decide", messages, **params)).choices[0].message
-            content = message.content or ""
-            calls = [
-                (c.function.name, c.function.arguments) for c in (message.tool_calls or ()) if c.type == "function"
-            ]
+            with _Meter("decide", self.model) as meter:
+                content, calls = await _streamed_message(chat, "decide", messages, params, meter)
+                return self._decision(content, calls)
+        return await chat.complete("decide", messages, self._parse_completion, **params)
+
+    def _parse_completion(self, completion: ChatCompletion) -> Decision:
+        message = completion.choices[0].message
+        calls = [(c.function.name, c.function.arguments) for c in (message.tool_calls or ()) if c.type == "function"]
+        return self._decision(message.content or "", calls)
+
+    def _decision(self, content: str, calls: Sequence[tuple[str, str]]) -> Decision:
         if calls:
             queries = parse_search_calls(calls)
             return Decision(queries=queries, reason=f"model called search {len(calls)}x")
@@ -258,13 +263,13 @@ class OpenAIDecider:
 
 
 async def _streamed_message(
-    chat: _Chat, judge: str, messages: list[dict[str, Any]], params: dict[str, Any]
+    chat: _Chat, judge: str, messages: list[dict[str, Any]], params: dict[str, Any], meter: _Meter
 ) -> tuple[str, list[tuple[str, str]]]:
     """Run a streamed completion; return its text and its tool calls assembled from deltas by index."""
     text: list[str] = []
     names: dict[int, str] = {}
     arguments: dict[int, list[str]] = {}
-    async for chunk in _stream_chunks(chat, judge, messages, params):
+    async for chunk in _stream_chunks(chat, judge, messages, params, meter):
         for choice in chunk.choices:
             delta = choice.delta
             if delta.content:
@@ -279,41 +284,40 @@ async def _streamed_message(
 
 
 async def _stream_chunks(
-    chat: _Chat, judge: str, messages: list[dict[str, Any]], params: dict[str, Any]
+    chat: _Chat, judge: str, messages: list[dict[str, Any]], params: dict[str, Any], meter: _Meter
 ) -> AsyncGenerator[Any, None]:
-    """Yield the chunks of a streamed completion; raise a JudgeError if it breaks or never finishes."""
+    """Yield a streamed completion's chunks, usage to ``meter``; raise a JudgeError if it breaks or never ends."""
     if chat.temperature is not None:
         params.setdefault("temperature", chat.temperature)
-    with _Meter(judge, chat.model) as meter:
-        finished = False
-        try:
-            response = await _create(chat.client)(
-                model=chat.model,
-                messages=messages,
-                stream=True,
-                stream_options={"include_usage": True},
-                timeout=chat.timeout_s,
-                **params,
-            )
-            async with response:
-                async for chunk in response:
-                    if chunk.usage is not None:
-                        meter.usage(chunk.usage)
-                    if any(choice.finish_reason for choice in chunk.choices):
-                        finished = True
-                    yield chunk
-        except openai.APIError as exc:
-            raise _wrap(exc, judge=judge, model=chat.model, timeout_s=chat.timeout_s, client=chat.client) from exc
-        except ValueError as exc:  # json.JSONDecodeError from a malformed SSE chunk
-            raise JudgeOutputError(
-                f"{judge}: model {chat.model!r} sent a malformed stream chunk ({exc}); the server or a proxy "
-                "broke the SSE stream"
-            ) from exc
-        if not finished:
-            raise JudgeError(
-                f"{judge}: the stream from model {chat.model!r} ended before the model finished (no "
-                "finish_reason); the connection was cut"
-            )
+    finished = False
+    try:
+        response = await _create(chat.client)(
+            model=chat.model,
+            messages=messages,
+            stream=True,
+            stream_options={"include_usage": True},
+            timeout=chat.timeout_s,
+            **params,
+        )
+        async with response:
+            async for chunk in response:
+                if chunk.usage is not None:
+                    meter.usage(chunk.usage)
+                if any(choice.finish_reason for choice in chunk.choices):
+                    finished = True
+                yield chunk
+    except openai.APIError as exc:
+        raise _wrap(exc, judge=judge, model=chat.model, timeout_s=chat.timeout_s, client=chat.client) from exc
+    except ValueError as exc:  # json.JSONDecodeError from a malformed SSE chunk
+        raise JudgeOutputError(
+            f"{judge}: model {chat.model!r} sent a malformed stream chunk ({exc}); the server or a proxy "
+            "broke the SSE stream"
+        ) from exc
+    if not finished:
+        raise JudgeError(
+            f"{judge}: the stream from model {chat.model!r} ended before the model finished (no "
+            "finish_reason); the connection was cut"
+        )
 
 
 # -- grade ----------------------------------------------------------------------------------------------
@@ -399,22 +403,25 @@ class OpenAIGrader:
             {"role": "user", "content": prompts.grade_user_prompt(query, prompts.fence_blocks([block], nonce))},
         ]
         chat = _chat(self.client, self.model, self.timeout_s, self.temperature)
-        completion = None
         if self._json_schema:
             try:
-                completion = await chat.complete("grade", messages, response_format=dict(prompts.GRADE_RESPONSE_FORMAT))
+                return await chat.complete(
+                    "grade", messages, _verdict_of, response_format=dict(prompts.GRADE_RESPONSE_FORMAT)
+                )
             except JudgeError as exc:
                 cause = exc.__cause__
                 if not (isinstance(cause, openai.APIStatusError) and _json_schema_unsupported(cause)):
                     raise
                 self._json_schema = False
-        if completion is None:
-            completion = await chat.complete("grade", messages, response_format={"type": "json_object"})
-        message = completion.choices[0].message
-        if message.content is None:
-            refusal = getattr(message, "refusal", None)
-            raise JudgeOutputError(f"grader returned no content{f' (refusal: {refusal!r})' if refusal else ''}")
-        return parse_verdict(message.content)
+        return await chat.complete("grade", messages, _verdict_of, response_format={"type": "json_object"})
+
+
+def _verdict_of(completion: ChatCompletion) -> Verdict:
+    message = completion.choices[0].message
+    if message.content is None:
+        refusal = getattr(message, "refusal", None)
+        raise JudgeOutputError(f"grader reply has no content{f' (refusal: {refusal!r})' if refusal else ''}")
+    return parse_verdict(message.content)
 
 
 # -- rewrite --------------------------------------------------------------------------------------------
@@ -430,7 +437,7 @@ def clean_query(text: str) -> str:
     """The first non-blank line of a model reply, without list bullets, ``Query:`` labels or quotes."""
     line = next((ln for ln in text.splitlines() if ln.strip()), "")
     line = _LABEL_PREFIX.sub("", line).strip()
-    line = re.sub(r"^(?:[-*•]\s+|\d+[.)]\s+)", "", line)
+    line = re.sub(r"^(?:[-*•]\s+|\d+[.)]\s+)", "", line).rstrip(". ")
     while len(line) >= 2 and line[0] in _QUOTES and line[-1] in _QUOTES:
         line = line[1:-1].strip()
     return line.strip(_QUOTES + " ").rstrip(".")
@@ -466,11 +473,13 @@ class OpenAIRewriter:
             {"role": "user", "content": prompts.rewrite_user_prompt(question, failed_query, tried_all)},
         ]
         chat = _chat(self.client, self.model, self.timeout_s, self.temperature)
-        completion = await chat.complete("rewrite", messages)
+        return await chat.complete("rewrite", messages, lambda c: self._query(c, tried_all))
+
+    def _query(self, completion: ChatCompletion, tried: Sequence[str]) -> str:
         query = clean_query(completion.choices[0].message.content or "")
         if not query:
             raise JudgeOutputError(f"rewriter: model {self.model!r} returned an empty query")
-        if _normal(query) in {_normal(q) for q in tried_all}:
+        if _normal(query) in {_normal(q) for q in tried}:
             raise JudgeOutputError(f"rewriter: model {self.model!r} repeated an already tried query {query!r}")
         return query
 
@@ -525,14 +534,15 @@ class OpenAIAnswerer:
             {"role": "user", "content": prompts.answer_user_prompt(question, blocks, outcome, missing, nonce)},
         ]
         chat = _chat(self.client, self.model, self.timeout_s, self.temperature)
-        chunks = _stream_chunks(chat, "answer", messages, {})
-        try:
-            async for chunk in chunks:
-                for choice in chunk.choices:
-                    if choice.delta.content:
-                        yield choice.delta.content
-        finally:
-            await chunks.aclose()
+        with _Meter("answer", self.model) as meter:
+            chunks = _stream_chunks(chat, "answer", messages, {}, meter)
+            try:
+                async for chunk in chunks:
+                    for choice in chunk.choices:
+                        if choice.delta.content:
+                            yield choice.delta.content
+            finally:
+                await chunks.aclose()
 
 
 # -- bundle ---------------------------------------------------------------------------------------------
