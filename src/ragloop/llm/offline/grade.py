@@ -167,7 +167,8 @@ class OfflineGrader:
         ``relevant_at`` is the Youden-optimal threshold between positives and hard negatives; ``partial_at`` sits
         just above the 95th percentile of the random negatives (at most 5% of off-topic chunks kept). Both are
         clamped (``relevant_at`` to [0.4, 0.75], ``partial_at`` to [0.15, ``relevant_at`` - 0.1]) so that a
-        corpus whose pseudo-queries are too easy cannot make a label unreachable. Texts are truncated to ``max_chars`` as in grading.
+        corpus whose pseudo-queries are too easy cannot make a label unreachable. Texts are truncated to
+        ``max_chars`` as in grading.
 
         Args:
             stats: Statistics over the same texts.

@@ -62,7 +62,7 @@ def extract_ids(text: str) -> dict[IdKind, frozenset[str]]:
     for m in _ERROR.finditer(text):
         branch, value = _first_group(m)
         if branch == 0:
-            if not m.group(0)[0] == "E":  # "e1234" in prose is rarely a code; only the capital form
+            if m.group(0)[0] != "E":  # "e1234" in prose is rarely a code; only the capital form
                 continue
             found.setdefault("error", set()).add(value.upper())
         elif branch == 1:

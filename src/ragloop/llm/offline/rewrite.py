@@ -44,10 +44,7 @@ class OfflineRewriter:
         q_stems = [t.stem for t in by_idf]
         fresh = [s for s in q_stems if s not in tried_terms]
         related = [
-            s
-            for s, _ in self.stats.associated(
-                q_stems, k=self.expansion * 4, exclude=tried_terms | set(q_stems)
-            )
+            s for s, _ in self.stats.associated(q_stems, k=self.expansion * 4, exclude=tried_terms | set(q_stems))
         ]
         windows = [related[i : i + self.expansion] for i in range(0, len(related), self.expansion)] or [[]]
         anchor = q_stems[:1]
@@ -87,6 +84,4 @@ class OfflineRewriter:
             error = f"JudgeError: {exc}"
             raise
         finally:
-            record_call(
-                LLMCall(judge="rewrite", model="offline", seconds=time.perf_counter() - start, error=error)
-            )
+            record_call(LLMCall(judge="rewrite", model="offline", seconds=time.perf_counter() - start, error=error))

@@ -27,6 +27,7 @@ __all__ = [
     "STOPWORDS",
     "CorpusStats",
     "KeyTerm",
+    "content_words",
     "key_terms",
     "merge_glossary",
     "mine_glossary",
@@ -51,7 +52,7 @@ STOPWORDS: frozenset[str] = frozenset(
     used using ve very via want wants was wasn way we were weren what whats when where whether which while who
     whom whose why will with within without won would wouldn yes yet you your yours yourself yourselves
     tell know explain show give find help thanks thank hi hello hey d m o y ok okay
-    """.split()
+    """.split()  # noqa: SIM905 - a word block reads better than 170 quoted strings
 )
 
 _SUFFIXES = ("ational", "ization", "fulness", "iveness", "ations", "ingly", "ation", "ments", "ment", "ness",
@@ -117,6 +118,21 @@ def key_terms(text: str) -> list[KeyTerm]:
         if s and s not in seen and s not in STOPWORDS:
             seen.add(s)
             out.append(KeyTerm(s, token))
+    return out
+
+
+def content_words(text: str) -> list[str]:
+    """The content words of ``text`` as written (case kept), stopwords and repeats (by stem) dropped."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for token in _TOKEN_RE.findall(text):
+        low = token.lower()
+        if low in STOPWORDS or (len(low) == 1 and low.isalpha()):
+            continue
+        s = stem(low)
+        if s not in seen and s not in STOPWORDS:
+            seen.add(s)
+            out.append(token)
     return out
 
 

@@ -1,0 +1,185 @@
+"""The offline answerer: extractive, cited, and honest about what it did not find.
+
+For ``context`` and ``partial`` outcomes it splits the numbered blocks into sentences, scores each by the
+IDF-weighted coverage of the question's (and the block's query's) key terms, and picks the best few by maximal
+marginal relevance (MMR: relevance minus similarity to sentences already picked) within a length budget. Each
+sentence carries its block's ``[n]``. Blocks that cover too little of the question (a different topic) are not
+cited at all. Sentences that read like instructions to the assistant ("ignore previous instructions…") are never
+picked: block text is data, not commands. Citation-like markers inside block text are removed so that every
+``[n]`` in the answer points at a block that was given.
+
+``partial`` answers what it can and then lists what was not found (``missing``); ``none`` says nothing relevant
+was found and suggests rephrasing, without guessing; ``direct`` streams the decider's reply.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import AsyncIterator, Sequence
+
+from attrs import frozen
+
+from ragloop.llm.offline.terms import CorpusStats, key_terms, stem, tokenize
+from ragloop.llm.usage import LLMCall, record_call
+from ragloop.state import ContextBlock, Message, Outcome
+
+__all__ = ["INJECTION", "OfflineAnswerer", "split_sentences"]
+
+#: Sentences that address the assistant rather than inform the reader; never quoted.
+INJECTION = re.compile(
+    r"\b(?:ignore|disregard|forget|override)\b.{0,40}\b(?:instructions?|prompts?|rules|context|above|previous)\b"
+    r"|\byou are now\b|\bsystem prompt\b|\bas an ai\b|\bact as\b|\bjailbreak\b"
+    r"|\b(?:respond|reply|answer|say)\s+(?:only\s+)?(?:with|that)\b"
+    r"|\bnew instructions?\b|\bdo not (?:tell|mention) the user\b",
+    re.IGNORECASE | re.DOTALL,
+)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|\n\s*\n|\n(?=\s*(?:[-*+]\s|\d+\.\s|#))")
+_CITATION = re.compile(r"\s*\[\s*\d+(?:\s*[,;-]\s*\d+)*\s*\]")
+_TOKEN = re.compile(r"\S+\s*")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences (and list items, headings) of ``text``, whitespace-collapsed, empty ones dropped."""
+    out = []
+    for part in _SENTENCE_END.split(text):
+        sentence = " ".join(part.split()).lstrip("#*->+ ").strip()
+        if sentence:
+            out.append(sentence)
+    return out
+
+
+@frozen
+class _Sentence:
+    block: int
+    position: int
+    text: str
+    terms: frozenset[str]
+    relevance: float
+
+
+def _jaccard(a: frozenset[str], b: frozenset[str]) -> float:
+    return len(a & b) / len(a | b) if a | b else 0.0
+
+
+@frozen
+class OfflineAnswerer:
+    """Writes an extractive, cited answer without a model.
+
+    Attributes:
+        stats: Corpus statistics for IDF weights; without them the blocks themselves give the weights.
+        max_sentences: Most sentences quoted.
+        max_chars: Length budget of the quoted sentences.
+        min_block_coverage: A block covering less of the question than this is ignored (other topic).
+        min_sentence_coverage: A sentence covering less than this is never quoted.
+        diversity: MMR trade-off; 1.0 ranks by relevance only, lower values penalise repetition more.
+    """
+
+    stats: CorpusStats | None = None
+    max_sentences: int = 4
+    max_chars: int = 900
+    min_block_coverage: float = 0.2
+    min_sentence_coverage: float = 0.15
+    diversity: float = 0.7
+
+    def _idf(self, blocks: Sequence[ContextBlock]) -> dict[str, float] | CorpusStats:
+        if self.stats is not None:
+            return self.stats
+        n = len(blocks)
+        df: dict[str, int] = {}
+        for b in blocks:
+            for s in {stem(t) for t in tokenize(b.text)}:
+                df[s] = df.get(s, 0) + 1
+        return {s: math.log(1.0 + (n - d + 0.5) / (d + 0.5)) for s, d in df.items()}
+
+    def compose(
+        self,
+        question: str,
+        blocks: Sequence[ContextBlock],
+        outcome: Outcome,
+        *,
+        missing: Sequence[str] = (),
+        direct_reply: str | None = None,
+    ) -> str:
+        """The whole reply as one string (what :meth:`answer` streams)."""
+        if outcome == "direct":
+            return direct_reply or "Hello! Ask me anything about this knowledge base."
+        picked = self.select(question, blocks) if outcome in ("context", "partial") else []
+        if not picked:
+            return (
+                "I couldn't find anything relevant to that in the knowledge base, so I won't guess. "
+                "Try rephrasing, or add a detail such as a product name, a feature or an error message."
+            )
+        body = " ".join(f"{s.text} [{s.block}]" for s in picked)
+        gaps = [m for m in missing if m.strip()]
+        if outcome == "partial" and gaps:
+            body += "\n\nI couldn't find information about: " + "; ".join(gaps) + "."
+        elif outcome == "partial":
+            body += "\n\nThe knowledge base only partly covers this question."
+        return body
+
+    def select(self, question: str, blocks: Sequence[ContextBlock]) -> list[_Sentence]:
+        """The sentences to quote, in block and reading order."""
+        weights = self._idf(blocks)
+
+        def idf(s: str) -> float:
+            if isinstance(weights, CorpusStats):
+                return weights.idf(s)
+            return weights.get(s, max(weights.values(), default=1.0))
+
+        q_terms = {t.stem for t in key_terms(question)}
+        pool: list[_Sentence] = []
+        for block in blocks:
+            wanted = q_terms | {t.stem for t in key_terms(block.query)}
+            total = sum(idf(t) for t in wanted)
+            if total <= 0:
+                continue
+            block_stems = {stem(t) for t in tokenize(block.text)}
+            if sum(idf(t) for t in wanted & block_stems) / total < self.min_block_coverage:
+                continue  # a block about another topic is not cited
+            for pos, raw in enumerate(split_sentences(block.text)):
+                if INJECTION.search(raw):
+                    continue
+                text = _CITATION.sub("", raw).strip()
+                terms = frozenset(stem(t) for t in tokenize(text))
+                rel = sum(idf(t) for t in wanted & terms) / total
+                if len(terms) >= 3 and rel >= self.min_sentence_coverage:
+                    pool.append(_Sentence(block.n, pos, text, terms, rel))
+        chosen: list[_Sentence] = []
+        used = 0
+        while pool and len(chosen) < self.max_sentences:
+            best = max(
+                pool,
+                key=lambda s: (
+                    self.diversity * s.relevance
+                    - (1 - self.diversity) * max((_jaccard(s.terms, c.terms) for c in chosen), default=0.0),
+                    -s.block,
+                    -s.position,
+                ),
+            )
+            pool.remove(best)
+            if chosen and max(_jaccard(best.terms, c.terms) for c in chosen) > 0.8:
+                continue  # a near-copy of a quoted sentence (the same passage in two blocks)
+            if chosen and used + len(best.text) > self.max_chars:
+                continue
+            chosen.append(best)
+            used += len(best.text)
+        return sorted(chosen, key=lambda s: (s.block, s.position))
+
+    async def answer(
+        self,
+        question: str,
+        blocks: Sequence[ContextBlock],
+        outcome: Outcome,
+        *,
+        missing: Sequence[str] = (),
+        direct_reply: str | None = None,
+        history: Sequence[Message] = (),
+    ) -> AsyncIterator[str]:
+        """Stream the reply word by word (each token keeps its trailing whitespace)."""
+        start = time.perf_counter()
+        text = self.compose(question, blocks, outcome, missing=missing, direct_reply=direct_reply)
+        record_call(LLMCall(judge="answer", model="offline", seconds=time.perf_counter() - start))
+        for m in _TOKEN.finditer(text):
+            yield m.group(0)

@@ -1,0 +1,334 @@
+"""The offline decider: small talk, multi-topic splitting, pronoun resolution, abbreviation expansion.
+
+Steps, in order:
+
+1. **Small talk.** The question is cut at punctuation; segments that are greetings, thanks, goodbyes, "how are
+   you", "who are you" or short acknowledgements are small talk. If nothing else is left, the decision is a
+   friendly direct reply (no search). Otherwise the small talk is dropped and the rest is searched: "hi, how do I
+   reset my password?" searches for the password.
+2. **Splitting.** The rest is split into topics: at question marks, at "and also", at "and" + a question word
+   ("How do I X and how do I Y?"), and inside comparisons ("compare A and B", "A vs B", "difference between A
+   and B", lists "A, B and C"). Shared context is copied into every part: text before "compare", a trailing
+   prepositional phrase ("… in the admin console"), a shared plural head ("the pro and enterprise *plans*") or
+   a shared leading head ("the *pricing of* pro and enterprise").
+3. **Pronouns.** "this page / project / product …" is resolved from the page title or URL slug
+   (``…/products/widgets/sso`` → "widgets sso"); a bare "it / this / that / they" from the previous part of the
+   same question, else the last user turn's key terms, else the page. Expletive "it" ("is it possible …") is left.
+4. **Abbreviations.** Glossary abbreviations are expanded in place and kept ("SSO (single sign-on)"); a long
+   form gets its abbreviation added. The glossary is the configured one over the one mined from the corpus.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Literal
+from urllib.parse import unquote, urlparse
+
+from attrs import field, frozen
+
+from ragloop.llm.offline.novelty import normalised_terms
+from ragloop.llm.offline.terms import CorpusStats, content_words, key_terms, merge_glossary, stem
+from ragloop.llm.usage import LLMCall, record_call
+from ragloop.state import Decision, Message, PageContext
+
+__all__ = ["REPLIES", "OfflineDecider", "page_subject", "small_talk_kind", "split_topics"]
+
+SmallTalk = Literal["greeting", "thanks", "bye", "wellbeing", "identity", "ack"]
+
+_SMALL_TALK_PATTERNS: list[tuple[SmallTalk, str]] = [
+    (
+        "thanks",
+        r"(?:many |thanks? |thank you |cheers |ok |okay |great |perfect )*(?:thanks?|thank you|thx|ty|"
+        r"cheers|much appreciated|appreciate it)(?: (?:a lot|so much|very much|again|for (?:the|your|all"
+        r" the) help|for helping|a ton|mate|man|buddy))*",
+    ),
+    (
+        "bye",
+        r"(?:ok |okay |well )?(?:bye|goodbye|good bye|bye bye|see you|see ya|cya|talk later|later|"
+        r"have a (?:good|nice|great) (?:day|one|evening|weekend)|that'?s all|that is all|nothing else"
+        r"|good night)(?: (?:then|now|for now|everyone|all))*",
+    ),
+    (
+        "wellbeing",
+        r"(?:hi |hello |hey )?(?:how (?:are|r) (?:you|u)(?: doing)?(?: today)?|how'?s it going|"
+        r"how is it going|what'?s up|whats up|sup|how do you do)",
+    ),
+    (
+        "identity",
+        r"(?:who|what) are you|are you (?:a )?(?:bot|human|robot|real person|ai)|what can you do|"
+        r"what do you do|how can you help(?: me)?|what(?: is|'s) your name|what are you for",
+    ),
+    (
+        "greeting",
+        r"(?:hi|hello|hey|hiya|howdy|yo|greetings|good (?:morning|afternoon|evening|day))"
+        r"(?: (?:there|all|everyone|team|folks|bot|friend))*",
+    ),
+    (
+        "ack",
+        r"(?:ok|okay|k|cool|great|nice|perfect|awesome|got it|sounds good|understood|i see|alright|"
+        r"all right|sure|yes|no|yep|nope|fine|good|makes sense|that helps|that helped|that works|"
+        r"ok great|ok cool|excellent|wonderful|lol|haha)",
+    ),
+]
+_SMALL_TALK: tuple[tuple[SmallTalk, re.Pattern[str]], ...] = tuple(
+    (kind, re.compile(pattern)) for kind, pattern in _SMALL_TALK_PATTERNS
+)
+
+#: The direct reply per kind of small talk.
+REPLIES: Mapping[str, str] = {
+    "greeting": "Hi! What can I help you with?",
+    "thanks": "You're welcome! Is there anything else I can help with?",
+    "bye": "Goodbye! Come back any time you have a question.",
+    "wellbeing": "I'm doing well, thanks for asking! What can I help you with?",
+    "identity": (
+        "I'm an assistant that answers questions from this knowledge base. Ask me about a feature, a setting "
+        "or an error message, and I'll search the documentation and cite what I find."
+    ),
+    "ack": "Glad that helps. Anything else?",
+    "unclear": "Could you tell me a little more about what you're looking for?",
+}
+_PRIORITY: tuple[SmallTalk, ...] = ("thanks", "bye", "identity", "wellbeing", "greeting", "ack")
+
+_SEGMENT = re.compile(r"([.!?,;:\n]+)")
+_LEADING_FILLER = re.compile(
+    r"^\s*(?:(?:hi|hello|hey|hiya|ok|okay|so|well|um|uh|thanks|thank you|also|and|but|then|plus|now)\b[\s,!.:;-]*)+",
+    re.IGNORECASE,
+)
+_QUESTION_WORD = r"(?:how|what|why|when|where|which|who|whom|whose|can|could|do|does|did|is|are|should|would|will)"
+_CLAUSE_SPLIT = re.compile(
+    r"\?+|;|\n+|\s*,?\s+and also\s+|\s*,?\s+as well as how\s+|\s*,?\s+and\s+(?=" + _QUESTION_WORD + r"\b)",
+    re.IGNORECASE,
+)
+_COMPARE = re.compile(
+    r"^(?P<pre>.*?)\b(?:compare|comparing|comparison (?:of|between)|differences? (?:between|of|in))\s+(?P<body>.+)$",
+    re.IGNORECASE | re.DOTALL,
+)
+_VERSUS = re.compile(r"\s+(?:vs\.?|versus)\s+", re.IGNORECASE)
+_CONJUNCT = re.compile(r"\s*,\s*(?:and\s+|or\s+)?|\s+(?:and|or|with|to|against)\s+", re.IGNORECASE)
+_SHARED_SUFFIX = re.compile(r"\s+((?:in|on|for|within|under|across|during|when using)\s+\S.*)$", re.IGNORECASE)
+_SHARED_PREFIX = re.compile(r"^(.*\S\s+(?:of|for|in|on))\s+(\S.*)$", re.IGNORECASE)
+
+_PAGE_REF = re.compile(
+    r"\b(?:this|that|the current|the same)\s+(?:project|page|product|feature|article|doc|docs|document|"
+    r"documentation|tool|service|app|site|section|guide|library|package|module|plan|setting|option)\b",
+    re.IGNORECASE,
+)
+_PRONOUN = re.compile(r"\b(?:it|its|this|that|these|those|they|them)\b", re.IGNORECASE)
+_EXPLETIVE = re.compile(
+    r"\b(?:is it|it is|it's|it was|was it|does it (?:matter|make sense))\s+(?:possible|necessary|ok|okay|safe|"
+    r"true|better|best|recommended|required|normal|easy|hard|worth|allowed|a good idea|free)\b"
+    r"|\bit (?:takes|seems|looks like|depends)\b",
+    re.IGNORECASE,
+)
+# "that" as a relative pronoun or conjunction ("the key that expires", "ensure that …") is not a reference; only
+# "this/that/these/those" at the end of a clause or before a verb-ish word are resolved.
+_DEMONSTRATIVE_REF = re.compile(
+    r"\b(?:this|that|these|those)\b(?=\s*$|\s+(?:is|are|was|were|does|do|work|works|mean|means|cost|costs|"
+    r"happen|happens|support|supports|require|requires)\b)",
+    re.IGNORECASE,
+)
+_GENERIC_WORDS = (
+    "docs doc documentation en en-us latest stable current products product help articles article kb guide "
+    "guides www index html htm page pages p v1 v2 v3 api reference manual wiki blog support home main"
+)
+_GENERIC_SEGMENTS = frozenset(_GENERIC_WORDS.split())
+
+
+def small_talk_kind(segment: str) -> SmallTalk | None:
+    """The kind of small talk ``segment`` is, or ``None`` when it carries a request."""
+    norm = " ".join(re.sub(r"[^\w' ]+", " ", segment.lower().replace("’", "'")).split())
+    if not norm:
+        return None
+    for kind, pattern in _SMALL_TALK:
+        if pattern.fullmatch(norm):
+            return kind
+    return None
+
+
+def _strip_small_talk(question: str) -> tuple[str, list[SmallTalk]]:
+    """The question without its small-talk segments, and the kinds removed."""
+    parts = _SEGMENT.split(question)
+    kept: list[str] = []
+    kinds: list[SmallTalk] = []
+    for i in range(0, len(parts), 2):
+        text, sep = parts[i], parts[i + 1] if i + 1 < len(parts) else ""
+        kind = small_talk_kind(text)
+        if kind is not None:
+            kinds.append(kind)
+            continue
+        kept.append(text + sep)
+    rest = "".join(kept)
+    return _LEADING_FILLER.sub("", rest).strip(" \t\n,;:.!"), kinds
+
+
+def page_subject(page: PageContext) -> str:
+    """What the page is about, in a few words: its title, else the meaningful tail of its URL path."""
+    if page.title:
+        title = re.split(r"\s+[|–—-]\s+", page.title.strip())[0]  # "SSO setup | Widgets Docs" -> "SSO setup"
+        terms = key_terms(title)
+        if terms:
+            return " ".join(t.surface for t in terms[:5])
+    if page.url:
+        parsed = urlparse(page.url)
+        words: list[str] = []
+        for seg in unquote(parsed.path).split("/"):
+            seg = re.sub(r"\.(?:html?|md|php|aspx?)$", "", seg.lower())
+            if not seg or seg in _GENERIC_SEGMENTS or re.fullmatch(r"v?\d+(?:\.\d+)*", seg):
+                continue
+            words.extend(w for w in re.split(r"[-_+.]+", seg) if w)
+        return " ".join(words[-4:])
+    return ""
+
+
+def _surface(text: str, limit: int = 5, stats: CorpusStats | None = None) -> str:
+    """The key words of ``text`` as written, in order; with ``stats``, the ``limit`` most informative ones."""
+    words = content_words(text)
+    if stats is not None and len(words) > limit:
+        ranked = sorted(range(len(words)), key=lambda i: -stats.idf(stem(words[i].lower())))[:limit]
+        words = [words[i] for i in sorted(ranked)]
+    return " ".join(words[:limit])
+
+
+def _share_context(conjuncts: list[str]) -> list[str]:
+    """Copy what coordinated parts share into each part (see the module docstring)."""
+    parts = [c.strip(" ,.;:") for c in conjuncts if c.strip(" ,.;:")]
+    if len(parts) < 2:
+        return parts
+    suffix = ""
+    m = _SHARED_SUFFIX.search(parts[-1])
+    if m and key_terms(parts[-1][: m.start()]):
+        suffix, parts[-1] = m.group(1), parts[-1][: m.start()]
+    sizes = [len(key_terms(p)) for p in parts]
+    last_words = parts[-1].split()
+    head = last_words[-1] if last_words else ""
+    plural = re.fullmatch(r"[a-z]{3,}[^s]s", head, re.IGNORECASE) is not None
+    if sizes[-1] >= 2 and plural and all(s == 1 for s in sizes[:-1]):
+        parts = [*(f"{p} {head}" for p in parts[:-1]), parts[-1]]  # "pro and enterprise plans"
+    m = _SHARED_PREFIX.match(parts[0])
+    if m and key_terms(m.group(1)) and key_terms(m.group(2)) and all(s == 1 for s in sizes[1:]):
+        lead = m.group(1)
+        parts = [parts[0], *(f"{lead} {p}" for p in parts[1:])]  # "the pricing of pro and enterprise"
+    return [re.sub(r"^(?:the|a|an)\s+", "", f"{p} {suffix}".strip(), flags=re.IGNORECASE) for p in parts]
+
+
+def split_topics(text: str) -> list[str]:
+    """One standalone phrase per topic of ``text`` (no pronoun resolution, no glossary)."""
+    topics: list[str] = []
+    for clause in _CLAUSE_SPLIT.split(text):
+        clause = _LEADING_FILLER.sub("", clause or "").strip(" \t\n,;:.!?")
+        if not clause:
+            continue
+        m = _COMPARE.match(clause)
+        if m:
+            pre = _surface(m.group("pre"))
+            body = re.sub(r"^(?:the\s+)?(?:between|of)\s+", "", m.group("body").strip(), flags=re.IGNORECASE)
+            parts = _share_context(_CONJUNCT.split(body))
+            if len(parts) >= 2:
+                topics.extend(f"{pre} {p}".strip() for p in parts)
+                continue
+        if _VERSUS.search(clause):
+            parts = _share_context(_VERSUS.split(clause))
+            if len(parts) >= 2:
+                topics.extend(parts)
+                continue
+        topics.append(clause)
+    return [t for t in topics if key_terms(t) or _PRONOUN.search(t)]
+
+
+def _expand_abbreviations(query: str, glossary: Mapping[str, str]) -> str:
+    """ "SSO" → "SSO (single sign-on)"; "single sign-on" → "single sign-on (SSO)"; once per abbreviation."""
+    for abbrev, long in glossary.items():
+        if not abbrev or not long:
+            continue
+        short = re.compile(r"(?<![\w-])" + re.escape(abbrev) + r"(?![\w-])")
+        longform = re.compile(r"(?<!\w)" + re.escape(long) + r"(?!\w)", re.IGNORECASE)
+        has_long = longform.search(query)
+        m = short.search(query)
+        if m and not has_long:
+            query = f"{query[: m.end()]} ({long}){query[m.end() :]}"
+        elif has_long and not m:
+            query = f"{query[: has_long.end()]} ({abbrev}){query[has_long.end() :]}"
+    return query
+
+
+@frozen
+class OfflineDecider:
+    """Decides without a model: small talk, topic splitting, pronouns, abbreviations (see the module docstring).
+
+    Attributes:
+        stats: Corpus statistics; their mined glossary is used under the configured one.
+        glossary: Abbreviation → long form, e.g. ``{"SSO": "single sign-on"}``; wins over mined entries.
+        max_queries: Most standalone queries per question (extra topics are dropped, last first).
+    """
+
+    stats: CorpusStats | None = None
+    glossary: Mapping[str, str] = field(factory=dict)
+    max_queries: int = 4
+
+    @property
+    def terms_glossary(self) -> dict[str, str]:
+        """The glossary in effect: configured entries over mined ones."""
+        mined = self.stats.glossary if self.stats is not None else {}
+        return merge_glossary(mined, self.glossary)
+
+    def _subject(self, index: int, previous: list[str], history: Sequence[Message], page: PageContext) -> str:
+        if index > 0 and previous:
+            return _surface(previous[-1], limit=3, stats=self.stats)
+        for message in reversed(history):
+            if message.role == "user" and key_terms(message.content):
+                return _surface(message.content, limit=3, stats=self.stats)
+        return page_subject(page)
+
+    def _resolve(self, topic: str, subject: str, page_subj: str) -> str:
+        if page_subj:
+            topic = _PAGE_REF.sub(page_subj, topic)
+        if not subject or _EXPLETIVE.search(topic):
+            return topic
+        topic = re.sub(r"\b(?:it|its|they|them)\b", subject, topic, flags=re.IGNORECASE)
+        return _DEMONSTRATIVE_REF.sub(subject, topic)
+
+    def decide_sync(self, question: str, history: Sequence[Message], page: PageContext) -> Decision:
+        """The decision, synchronously (what :meth:`decide` awaits)."""
+        rest, kinds = _strip_small_talk(question)
+        if not key_terms(rest) and not _PRONOUN.search(rest):
+            if kinds:
+                kind = next(k for k in _PRIORITY if k in kinds)
+                return Decision(reply=REPLIES[kind], reason=f"small talk: {kind}")
+            return Decision(reply=REPLIES["unclear"], reason="nothing to search for")
+        glossary = self.terms_glossary
+        page_subj = page_subject(page)
+        queries: list[str] = []
+        seen: set[frozenset[str]] = set()
+        notes: list[str] = []
+        topics: list[str] = []  # resolved, before expansion: what a later pronoun refers to
+        for i, topic in enumerate(split_topics(rest)):
+            resolved = self._resolve(topic, self._subject(i, topics, history, page), page_subj)
+            if resolved != topic:
+                notes.append(f"resolved {topic!r} -> {resolved!r}")
+            query = " ".join(_expand_abbreviations(resolved, glossary).split())
+            key = normalised_terms(query)
+            if key and key not in seen:
+                seen.add(key)
+                topics.append(resolved)
+                queries.append(query)
+        if not queries:
+            return Decision(reply=REPLIES["unclear"], reason="nothing to search for")
+        dropped = len(queries) - self.max_queries
+        queries = queries[: self.max_queries]
+        reason = f"{len(queries)} topic{'s' if len(queries) > 1 else ''}"
+        if kinds:
+            reason += f"; dropped small talk ({', '.join(kinds)})"
+        if dropped > 0:
+            reason += f"; dropped {dropped} topic(s) over max_queries={self.max_queries}"
+        if notes:
+            reason += "; " + "; ".join(notes)
+        return Decision(queries=tuple(queries), reason=reason)
+
+    async def decide(self, question: str, history: Sequence[Message], page: PageContext) -> Decision:
+        """A direct reply for small talk, else one standalone query per topic."""
+        start = time.perf_counter()
+        decision = self.decide_sync(question, history, page)
+        record_call(LLMCall(judge="decide", model="offline", seconds=time.perf_counter() - start))
+        return decision
