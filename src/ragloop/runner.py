@@ -9,6 +9,7 @@ error it runs the graph's ``finish`` node once and says why in :attr:`RunResult.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import math
 import time
@@ -132,6 +133,8 @@ class Graph:
         max_steps: Most nodes run before the finish node is forced.
         finish_grace_s: Time the finish node gets after the deadline has passed.
         summarize: Optional ``state → dict`` merged into the ``turn.finished`` log event.
+        context: Optional ``state → context manager`` entered around every run, in the task that runs
+            the nodes (e.g. to install per-turn context variables).
 
     Raises:
         GraphError: An unknown start, finish or route name, or a node without ``routes``.
@@ -146,6 +149,7 @@ class Graph:
         max_steps: int = 12,
         finish_grace_s: float = 5.0,
         summarize: Callable[[Any], Mapping[str, Any]] | None = None,
+        context: Callable[[Any], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> None:
         known = ", ".join(sorted(nodes)) or "(none)"
         problems = [
@@ -174,6 +178,7 @@ class Graph:
         self.start, self.finish, self.max_steps = start, finish, max_steps
         self.finish_grace_s = finish_grace_s
         self.summarize = summarize
+        self.context = context
 
     def to_mermaid(self) -> str:
         """The graph as a Mermaid flowchart, from the declared routes."""
@@ -205,8 +210,9 @@ class Graph:
         run_id = uuid.uuid4().hex[:16]
         log = structlog.get_logger("ragloop").bind(run_id=run_id)
         token = _sink.set((run_id, on_event) if on_event is not None else None)
+        around = self.context(state) if self.context is not None else contextlib.nullcontext()
         try:
-            with structlog.contextvars.bound_contextvars(run_id=run_id):
+            with around, structlog.contextvars.bound_contextvars(run_id=run_id):
                 result = await self._execute(state, run_id, log, deadline_s, raise_errors, on_event)
         finally:
             _sink.reset(token)

@@ -15,6 +15,8 @@ from typing import Literal
 
 from attrs import define, field, frozen
 
+from ragloop.llm.usage import UsageMeter
+
 __all__ = [
     "Chunk",
     "Citation",
@@ -274,6 +276,7 @@ class TurnState:
         answer: The full reply text (answer).
         citations: The ``[n]`` references of the reply, resolved (answer).
         errors: ``node: error`` notes of failures nodes absorbed (any node).
+        usage: The judge calls of the turn (every judge, through :func:`ragloop.llm.usage.record_call`).
     """
 
     question: str
@@ -295,6 +298,7 @@ class TurnState:
     answer: str = ""
     citations: tuple[Citation, ...] = ()
     errors: list[str] = field(factory=list)
+    usage: UsageMeter = field(factory=UsageMeter)
 
     def roots(self) -> list[str]:
         """decide's queries, in order."""

@@ -72,7 +72,8 @@ class Grade:
         grader: The judge.
         live_sources: Live sources, to know whether a short query should go to ``live``.
         max_attempts: Rewrites allowed per decide query (must match the rewrite node's).
-        min_relevant: Relevant hits a query needs to count as answered (a partial counts half).
+        min_relevant: Relevant hits a query needs to count as answered; partial hits are kept as context
+            but never make a query ``enough`` on their own.
         timeout_s: Time limit per grade; past it the chunk is kept (fail-open).
         max_concurrency: Grades run at once.
     """
@@ -80,7 +81,7 @@ class Grade:
     grader: Grader
     live_sources: Sequence[LiveSource] = ()
     max_attempts: int = 2
-    min_relevant: float = 1.0
+    min_relevant: int = 1
     timeout_s: float = 10.0
     max_concurrency: int = 16
     routes: tuple[str, ...] = field(default=("live", "rewrite", "answer"), init=False)
@@ -96,12 +97,8 @@ class Grade:
         if any(g.verdict.fail_open for g in graded):
             log.warning("grade.fail_open", count=sum(g.verdict.fail_open for g in graded))
         for q in current:
-            weight = sum(
-                1.0 if g.verdict.label == "relevant" else 0.5 if g.verdict.label == "partial" else 0.0
-                for g in graded
-                if g.query == q.text
-            )
-            q.status = "enough" if weight >= self.min_relevant else "short"
+            relevant = sum(1 for g in graded if g.query == q.text and g.verdict.label == "relevant")
+            q.status = "enough" if relevant >= self.min_relevant else "short"
         await emit(
             Progress(
                 node="grade",

@@ -13,7 +13,7 @@ import attrs
 from attrs import frozen
 
 from ragloop.llm.protocols import Answerer, Decider, Grader, Rewriter
-from ragloop.llm.usage import current_meter
+from ragloop.llm.usage import metering
 from ragloop.nodes.answer import Answer
 from ragloop.nodes.decide import Decide
 from ragloop.nodes.grade import Grade
@@ -97,7 +97,14 @@ def default_nodes(
 
 def build_graph(nodes: Mapping[str, Node], settings: TurnSettings = TurnSettings()) -> Graph:
     """The default chat-turn graph over ``nodes`` (see :func:`default_nodes`)."""
-    return Graph(nodes, start="decide", finish="answer", max_steps=settings.max_steps, summarize=turn_summary)
+    return Graph(
+        nodes,
+        start="decide",
+        finish="answer",
+        max_steps=settings.max_steps,
+        summarize=turn_summary,
+        context=lambda state: metering(state.usage),
+    )
 
 
 @frozen
@@ -151,8 +158,7 @@ class TurnRecord:
 
 def turn_summary(state: TurnState) -> dict[str, Any]:
     """The turn's record fields that come from the state and the usage meter (everything but the trace)."""
-    meter = current_meter()
-    calls = meter.calls if meter is not None else []
+    calls = state.usage.calls
     prompt = sum(c.prompt_tokens for c in calls)
     completion = sum(c.completion_tokens for c in calls)
     decision = state.decision
@@ -200,7 +206,7 @@ def turn_summary(state: TurnState) -> dict[str, Any]:
 
 
 def turn_record(result: RunResult) -> TurnRecord:
-    """The decision record of a finished turn (call inside the turn's metering block)."""
+    """The decision record of a finished turn."""
     summary = turn_summary(result.state)
     errors = list(summary.pop("errors"))
     errors += [f"{s.node}: {s.error}" for s in result.trace if s.error]

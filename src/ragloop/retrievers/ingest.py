@@ -225,7 +225,8 @@ def read_document(path: Path, root: Path) -> Document | Skip:
         )
     doc_id = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
     title, text = _title_and_body(raw, fmt)
-    return Document(id=doc_id, title=title or path.stem, text=text, source=str(path), fmt=fmt)
+    # The source is the path under the ingested folder, so an index reads the same on every machine.
+    return Document(id=doc_id, title=title or path.stem, text=text, source=doc_id, fmt=fmt)
 
 
 def _title_and_body(raw: str, fmt: str) -> tuple[str, str]:

@@ -1,0 +1,377 @@
+"""The public chat API: one object that answers questions over a knowledge index.
+
+::
+
+    rag = ChatRAG.from_index("kb-index/")                 # offline judges: no model, no network
+    reply = await rag.ask("Compare plan pricing and SSO setup", page_url="https://…/docs/sso")
+    reply.text, reply.citations, reply.outcome, reply.record
+
+    async for event in rag.stream("How do I rotate an API key?"):   # progress events + tokens, for SSE
+        ...
+
+With ``llm=openai.AsyncOpenAI(...)`` the same graph uses OpenAI-compatible judges, with the offline decider
+and answerer as fallbacks, so a failing model still yields an answer.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import unicodedata
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attrs import frozen
+
+from ragloop.errors import ConfigError, InputError
+from ragloop.events import Event, RunFinished
+from ragloop.llm.protocols import Answerer, Decider, Grader, Rewriter
+from ragloop.nodes.graph import TurnRecord, TurnSettings, build_graph, default_nodes, turn_record
+from ragloop.retrievers.base import Embedder, Retriever
+from ragloop.retrievers.live import LiveSource
+from ragloop.state import Citation, ContextBlock, Message, Outcome, PageContext, TurnState
+
+if TYPE_CHECKING:
+    import openai
+
+    from ragloop.retrievers.index import KnowledgeIndex
+
+__all__ = ["ChatRAG", "Reply", "ReplyReady", "validate_question"]
+
+#: Longest question accepted by default (characters).
+MAX_QUESTION_CHARS = 8_000
+_MAX_URL_CHARS = 2_048
+
+
+@frozen
+class Reply:
+    """The answer to one question.
+
+    Attributes:
+        text: The reply, with ``[n]`` citations.
+        outcome: ``context``, ``partial``, ``none`` or ``direct``.
+        citations: The ``[n]`` markers of the text, resolved to their sources.
+        blocks: The numbered context the answer was written from.
+        missing: Parts of the question that found no context.
+        record: The per-turn decision record.
+    """
+
+    text: str
+    outcome: Outcome
+    citations: tuple[Citation, ...]
+    blocks: tuple[ContextBlock, ...]
+    missing: tuple[str, ...]
+    record: TurnRecord
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON shape printed by ``ragloop ask --json``."""
+        return {
+            "text": self.text,
+            "outcome": self.outcome,
+            "citations": [{"n": c.n, "source": c.source, "title": c.title} for c in self.citations],
+            "missing": list(self.missing),
+            "record": self.record.as_dict(),
+        }
+
+
+@frozen
+class ReplyReady(Event):
+    """Last event of :meth:`ChatRAG.stream`: the finished reply.
+
+    Attributes:
+        reply: The reply.
+    """
+
+    reply: Reply
+
+
+def _clean_text(text: str) -> str:
+    # Lone surrogates cannot be encoded or sent anywhere: replace them; control characters become spaces.
+    text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return "".join(" " if unicodedata.category(ch) == "Cc" and ch not in "\n\t" else ch for ch in text)
+
+
+def validate_question(question: object, *, max_chars: int = MAX_QUESTION_CHARS) -> str:
+    """The question, cleaned; :class:`InputError` if it is not usable.
+
+    Nothing is truncated: an over-long question is an error that says the limit.
+    """
+    if not isinstance(question, str):
+        raise InputError(f"question must be a string, got {type(question).__name__}")
+    if len(question) > max_chars:
+        raise InputError(
+            f"question is {len(question):,} characters; the limit is {max_chars:,}. "
+            "Shorten it, or pass a larger max_question_chars to ChatRAG."
+        )
+    cleaned = " ".join(_clean_text(question).split())
+    if not cleaned:
+        raise InputError("question is empty; pass the user's message, e.g. rag.ask('How do I reset 2FA?')")
+    return cleaned
+
+
+def _history(history: object) -> tuple[Message, ...]:
+    if history is None:
+        return ()
+    if isinstance(history, str | bytes) or not isinstance(history, Sequence):
+        raise InputError(
+            f"history must be a list of messages like {{'role': 'user', 'content': '…'}}, got {type(history).__name__}"
+        )
+    out = []
+    for i, item in enumerate(history):
+        if isinstance(item, Message):
+            out.append(item)
+            continue
+        if isinstance(item, Mapping):
+            role, content = item.get("role"), item.get("content")
+            if role in ("user", "assistant") and isinstance(content, str):
+                out.append(Message(role, _clean_text(content)))
+                continue
+        raise InputError(
+            f"history[{i}] must be a Message or a dict with role 'user'/'assistant' and string content, "
+            f"got {item!r:.80}"
+        )
+    return tuple(out)
+
+
+def _page(url: object, title: object) -> PageContext:
+    for name, value in (("page_url", url), ("page_title", title)):
+        if value is not None and not isinstance(value, str):
+            raise InputError(f"{name} must be a string or None, got {type(value).__name__}")
+        if isinstance(value, str) and len(value) > _MAX_URL_CHARS:
+            raise InputError(f"{name} is {len(value):,} characters; the limit is {_MAX_URL_CHARS:,}")
+    return PageContext(
+        url=_clean_text(url).strip() or None if isinstance(url, str) else None,
+        title=_clean_text(title).strip() or None if isinstance(title, str) else None,
+    )
+
+
+class ChatRAG:
+    """Answers chat questions with the default agentic-RAG turn.
+
+    Args:
+        retriever: Where to search.
+        decider: Decide judge.
+        grader: Grade judge.
+        rewriter: Rewrite judge.
+        answerer: Answer judge.
+        live_sources: Live sources for the live node.
+        settings: Turn settings.
+        embedder: Optional embedder, for semantic near-duplicate checks of rewrites.
+        fallback_decider: Used when ``decider`` fails (e.g. offline behind an LLM).
+        fallback_answerer: Used when ``answerer`` fails before its first token.
+        max_question_chars: Longest question accepted.
+    """
+
+    def __init__(
+        self,
+        *,
+        retriever: Retriever,
+        decider: Decider,
+        grader: Grader,
+        rewriter: Rewriter,
+        answerer: Answerer,
+        live_sources: Sequence[LiveSource] = (),
+        settings: TurnSettings = TurnSettings(),
+        embedder: Embedder | None = None,
+        fallback_decider: Decider | None = None,
+        fallback_answerer: Answerer | None = None,
+        max_question_chars: int = MAX_QUESTION_CHARS,
+    ) -> None:
+        self.settings = settings
+        self.live_sources = tuple(live_sources)
+        self.max_question_chars = max_question_chars
+        self.nodes = default_nodes(
+            retriever=retriever,
+            decider=decider,
+            grader=grader,
+            rewriter=rewriter,
+            answerer=answerer,
+            live_sources=self.live_sources,
+            settings=settings,
+            embedder=embedder,
+            fallback_decider=fallback_decider,
+            fallback_answerer=fallback_answerer,
+        )
+        self.graph = build_graph(self.nodes, settings)
+        #: True when every judge is offline (no model calls).
+        self.offline = False
+
+    @classmethod
+    def from_index(
+        cls,
+        index: str | os.PathLike[str] | KnowledgeIndex,
+        llm: openai.AsyncOpenAI | None = None,
+        *,
+        fast_model: str | None = None,
+        answer_model: str | None = None,
+        mode: str = "hybrid",
+        live_sources: Sequence[LiveSource] = (),
+        settings: TurnSettings = TurnSettings(),
+        glossary: Mapping[str, str] | None = None,
+        timeout_s: float = 20.0,
+        embedder: Embedder | None = None,
+    ) -> ChatRAG:
+        """A chat over an index directory (or a loaded :class:`~ragloop.retrievers.index.KnowledgeIndex`).
+
+        Args:
+            index: Index directory written by ``ragloop index``, or an index object.
+            llm: An ``openai.AsyncOpenAI`` client; ``None`` runs the offline judges (no model, no network).
+            fast_model: Model for decide, grade and rewrite (required with ``llm``).
+            answer_model: Model for the answer (default: ``fast_model``).
+            mode: Retrieval mode: ``hybrid``, ``bm25`` or ``dense``.
+            live_sources: Live sources (e.g. :class:`~ragloop.retrievers.live.SQLiteTicketSource`).
+            settings: Turn settings.
+            glossary: Extra abbreviations (``{"SSO": "single sign-on"}``), over those mined from the index.
+            timeout_s: Per-call timeout of the LLM judges.
+            embedder: Query embedder; by default the one the index was built with.
+        """
+        from ragloop.llm.offline import OfflineAnswerer, OfflineDecider, OfflineGrader, OfflineRewriter
+        from ragloop.llm.offline.terms import CorpusStats
+        from ragloop.retrievers.index import KnowledgeIndex
+
+        idx = index if isinstance(index, KnowledgeIndex) else KnowledgeIndex.load(index, embedder)
+        texts = [c.text for c in idx.chunks]
+        stats = CorpusStats.from_texts(texts)
+        offline_decider = OfflineDecider(stats, glossary=dict(glossary or {}), max_queries=settings.max_queries)
+        offline_answerer = OfflineAnswerer(stats)
+        common: dict[str, Any] = dict(
+            retriever=idx.retriever(mode),  # type: ignore[arg-type]
+            live_sources=live_sources,
+            settings=settings,
+            embedder=idx.embedder,
+        )
+        if llm is None:
+            rag = cls(
+                decider=offline_decider,
+                grader=OfflineGrader.calibrate(stats, texts),
+                rewriter=OfflineRewriter(stats),
+                answerer=offline_answerer,
+                **common,
+            )
+            rag.offline = True
+            return rag
+        if not fast_model:
+            raise ConfigError("pass fast_model (and optionally answer_model) together with an llm client")
+        from ragloop.llm.openai_judges import OpenAIJudges
+
+        judges = OpenAIJudges.create(
+            llm,
+            fast_model=fast_model,
+            answer_model=answer_model or fast_model,
+            timeout_s=timeout_s,
+            glossary=offline_decider.terms_glossary,
+        )
+        return cls(
+            decider=judges.decider,
+            grader=judges.grader,
+            rewriter=judges.rewriter,
+            answerer=judges.answerer,
+            fallback_decider=offline_decider,
+            fallback_answerer=offline_answerer,
+            **common,
+        )
+
+    @classmethod
+    def sample(
+        cls, llm: openai.AsyncOpenAI | None = None, *, cache_dir: str | os.PathLike[str] | None = None, **kwargs: Any
+    ) -> ChatRAG:
+        """A chat over the bundled sample knowledge base and its live ticket source.
+
+        The sample index is built on first use and cached in ``cache_dir`` (default ``~/.cache/ragloop``).
+        Other keyword arguments go to :meth:`from_index`.
+        """
+        from ragloop.retrievers.live import SQLiteTicketSource
+        from ragloop.sample import sample_index
+
+        index = sample_index(Path(cache_dir) if cache_dir is not None else None)
+        kwargs.setdefault("live_sources", (SQLiteTicketSource(),))
+        return cls.from_index(index, llm, **kwargs)
+
+    def new_state(
+        self,
+        question: object,
+        *,
+        history: object = None,
+        page_url: object = None,
+        page_title: object = None,
+    ) -> TurnState:
+        """The validated state a turn starts from (raises :class:`InputError` on unusable input)."""
+        return TurnState(
+            question=validate_question(question, max_chars=self.max_question_chars),
+            history=_history(history),
+            page=_page(page_url, page_title),
+        )
+
+    def _deadline(self, deadline_s: float | None) -> float | None:
+        value = self.settings.deadline_s if deadline_s is None else deadline_s
+        if value is not None and (not isinstance(value, int | float) or not math.isfinite(value) or value <= 0):
+            raise InputError(f"deadline_s must be a positive number of seconds, got {value!r}")
+        return value
+
+    async def ask(
+        self,
+        question: str,
+        *,
+        history: Sequence[Message | Mapping[str, str]] | None = None,
+        page_url: str | None = None,
+        page_title: str | None = None,
+        deadline_s: float | None = None,
+    ) -> Reply:
+        """Answer one question.
+
+        Args:
+            question: The user's message.
+            history: Earlier messages (``Message`` or ``{"role", "content"}`` dicts), oldest first.
+            page_url: URL of the page the user asks from (resolves "this page/project").
+            page_title: Its title.
+            deadline_s: Time limit for the turn (default: ``settings.deadline_s``).
+
+        Raises:
+            InputError: The question, history or page context is unusable; the message says why.
+        """
+        state = self.new_state(question, history=history, page_url=page_url, page_title=page_title)
+        result = await self.graph.run(state, deadline_s=self._deadline(deadline_s))
+        return _reply(result.state, turn_record(result))
+
+    async def stream(
+        self,
+        question: str,
+        *,
+        history: Sequence[Message | Mapping[str, str]] | None = None,
+        page_url: str | None = None,
+        page_title: str | None = None,
+        deadline_s: float | None = None,
+    ) -> AsyncIterator[Event]:
+        """Answer one question as a stream of events: progress, answer tokens, then :class:`ReplyReady`.
+
+        Stopping the iteration (``break``, ``aclose()``, cancellation, a client that disconnects) cancels
+        the turn's in-flight work.
+        """
+        state = self.new_state(question, history=history, page_url=page_url, page_title=page_title)
+        events = self.graph.stream(state, deadline_s=self._deadline(deadline_s))
+        try:
+            async for event in events:
+                if isinstance(event, RunFinished):
+                    yield event
+                    yield ReplyReady(_reply(event.result.state, turn_record(event.result)), run_id=event.run_id)
+                else:
+                    yield event
+        finally:
+            await events.aclose()
+
+    async def aclose(self) -> None:
+        """Close the live sources' connections."""
+        for source in self.live_sources:
+            await source.aclose()
+
+
+def _reply(state: TurnState, record: TurnRecord) -> Reply:
+    return Reply(
+        text=state.answer,
+        outcome=state.outcome or "none",
+        citations=state.citations,
+        blocks=state.blocks,
+        missing=state.missing,
+        record=record,
+    )

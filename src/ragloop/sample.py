@@ -1,0 +1,70 @@
+"""The bundled sample knowledge base: help-center pages of the fictional "Lumen" product, and its tickets.
+
+:func:`sample_index` builds the index on first use and caches it; later calls load the cached copy. The cache
+key covers the pages' content and the embedder, so editing a page or installing the ``[embed]`` extra makes
+a fresh index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
+
+if TYPE_CHECKING:
+    from ragloop.retrievers.base import Embedder
+    from ragloop.retrievers.index import KnowledgeIndex
+
+__all__ = ["default_cache_dir", "sample_index", "sample_kb_path", "sample_questions_path"]
+
+log = structlog.get_logger("ragloop.sample")
+_DATA = Path(__file__).parent / "data"
+
+
+def sample_kb_path() -> Path:
+    """Folder of the sample knowledge base's markdown pages."""
+    return _DATA / "sample_kb"
+
+
+def sample_questions_path() -> Path:
+    """JSON lines of sample questions with their expected sources (for tests and benchmarks)."""
+    return _DATA / "sample_questions.jsonl"
+
+
+def default_cache_dir() -> Path:
+    """``~/.cache/ragloop``."""
+    return Path.home() / ".cache" / "ragloop"
+
+
+def _content_key(embedder: Embedder) -> str:
+    digest = hashlib.sha256(f"{embedder.name}:{embedder.dim}".encode())
+    for page in sorted(sample_kb_path().rglob("*.md")):
+        digest.update(page.name.encode())
+        digest.update(page.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def sample_index(cache_dir: Path | None = None, *, embedder: Embedder | None = None) -> KnowledgeIndex:
+    """The sample knowledge base's index, built on first use and cached under ``cache_dir``."""
+    from ragloop.errors import IndexError_
+    from ragloop.retrievers.embed import default_embedder
+    from ragloop.retrievers.index import KnowledgeIndex
+    from ragloop.retrievers.ingest import ingest_path
+
+    emb = embedder or default_embedder()
+    target = (cache_dir or default_cache_dir()) / f"sample-{_content_key(emb)}"
+    if target.exists():
+        try:
+            return KnowledgeIndex.load(target, emb)
+        except IndexError_ as exc:
+            log.warning("sample_index.rebuild", path=str(target), reason=str(exc))
+    result = ingest_path(sample_kb_path())
+    index = KnowledgeIndex.build(result.chunks, emb)
+    try:
+        index.save(target)
+    except OSError as exc:  # a read-only home still answers; it just rebuilds next time
+        log.warning("sample_index.not_cached", path=str(target), error=str(exc))
+    log.info("sample_index.built", chunks=len(result.chunks), path=str(target), seconds=round(result.seconds, 3))
+    return index
