@@ -144,9 +144,7 @@ def _arguments(args: Mapping[str, Any] | str) -> str:
     return args if isinstance(args, str) else json.dumps(dict(args))
 
 
-def reply(
-    text: str, *, usage: tuple[int, int] | None = None, finish_reason: str = "stop"
-) -> ScriptedResponse:
+def reply(text: str, *, usage: tuple[int, int] | None = None, finish_reason: str = "stop") -> ScriptedResponse:
     """A non-streamed chat completion whose message content is ``text``."""
     body = {"choices": [{"index": 0, "message": _message(text), "finish_reason": finish_reason}]}
     return ScriptedResponse(body=body, usage=usage, kind="reply")
@@ -190,9 +188,7 @@ def error(
     return ScriptedResponse(status=status, body=body, headers=headers, kind=f"error_{status}")
 
 
-def rate_limited(
-    retry_after: float = 0.01, message: str = "Rate limit reached (scripted)"
-) -> ScriptedResponse:
+def rate_limited(retry_after: float = 0.01, message: str = "Rate limit reached (scripted)") -> ScriptedResponse:
     """A 429 with a ``retry-after`` header; the SDK waits that long and retries."""
     return error(429, message, retry_after=retry_after, error_type="rate_limit_exceeded", code="rate_limit")
 
@@ -250,9 +246,7 @@ def stream(
         done=done and not cut,
         cut=cut,
         usage=usage,
-        latency=Latency(first_token_delay_s, token_delay_s)
-        if (first_token_delay_s or token_delay_s)
-        else None,
+        latency=Latency(first_token_delay_s, token_delay_s) if (first_token_delay_s or token_delay_s) else None,
         kind="stream",
     )
 
@@ -477,18 +471,14 @@ class ScriptedOpenAIServer:
     def base_url(self) -> str:
         """The API root to hand to a client, e.g. ``http://127.0.0.1:53211/v1``."""
         if self._httpd is None:
-            raise RuntimeError(
-                "ScriptedOpenAIServer is not running; use it as a context manager or call start()"
-            )
+            raise RuntimeError("ScriptedOpenAIServer is not running; use it as a context manager or call start()")
         return f"http://127.0.0.1:{self._httpd.server_port}/v1"
 
     def client(self, *, max_retries: int = 0, timeout_s: float = 5.0) -> openai.AsyncOpenAI:
         """A new ``openai.AsyncOpenAI`` pointed at this server (close it: ``async with server.client():``)."""
         import openai
 
-        return openai.AsyncOpenAI(
-            base_url=self.base_url, api_key="test", max_retries=max_retries, timeout=timeout_s
-        )
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key="test", max_retries=max_retries, timeout=timeout_s)
 
     def enqueue(self, *responses: ScriptedResponse) -> None:
         """Append responses to the chat script."""
@@ -526,6 +516,19 @@ class ScriptedOpenAIServer:
                 raise TimeoutError(f"scripted server not idle after {timeout_s}s: {stats}")
             await anyio.sleep(0.01)
 
+    async def wait_for_requests(self, count: int, timeout_s: float = 5.0) -> list[RecordedRequest]:
+        """Wait until at least ``count`` requests have arrived (e.g. before cancelling a client mid-call).
+
+        Raises:
+            TimeoutError: if fewer arrived within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        while len(self.requests) < count:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"scripted server got {len(self.requests)} of {count} requests in {timeout_s}s")
+            await anyio.sleep(0.005)
+        return list(self.requests)
+
     def vector(self, text: str) -> list[float]:
         """The embedding the server returns for ``text``."""
         if self.embed is not None:
@@ -535,10 +538,7 @@ class ScriptedOpenAIServer:
         while len(digest) < 4 * self.embedding_dim:
             digest += hashlib.blake2b(f"{self.seed}:{counter}:{text}".encode(), digest_size=64).digest()
             counter += 1
-        raw = [
-            (v / 2**31) - 1.0
-            for v in struct.unpack(f"<{self.embedding_dim}I", digest[: 4 * self.embedding_dim])
-        ]
+        raw = [(v / 2**31) - 1.0 for v in struct.unpack(f"<{self.embedding_dim}I", digest[: 4 * self.embedding_dim])]
         norm = math.sqrt(sum(x * x for x in raw)) or 1.0
         return [x / norm for x in raw]
 
@@ -707,9 +707,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             latency = self._latency(response)
             usage = self._usage(request, response, completion)
             if latency.first_token_s or latency.per_token_s:
-                self._wait(
-                    latency.first_token_s + latency.per_token_s * max(0, usage["completion_tokens"] - 1)
-                )
+                self._wait(latency.first_token_s + latency.per_token_s * max(0, usage["completion_tokens"] - 1))
             body = {**self._envelope(request, "chat.completion"), **body, "usage": usage}
         self._send_json(response.status, body, response.headers)
 
@@ -746,9 +744,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     # -- writing ------------------------------------------------------------------------------------------
 
-    def _send_json(
-        self, status: int, body: Mapping[str, Any], headers: Iterable[tuple[str, str]] = ()
-    ) -> None:
+    def _send_json(self, status: int, body: Mapping[str, Any], headers: Iterable[tuple[str, str]] = ()) -> None:
         self._send_raw(status, json.dumps(body).encode(), headers)
 
     def _send_raw(self, status: int, payload: bytes, headers: Iterable[tuple[str, str]] = ()) -> None:
