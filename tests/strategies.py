@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-__all__ = ["fence_attack_text", "markdown_documents", "markup_fragments", "markup_text", "words"]
+__all__ = [
+    "OFFLINE_CORPUS",
+    "error_numbers",
+    "fence_attack_text",
+    "markdown_documents",
+    "markup_fragments",
+    "markup_text",
+    "ticket_numbers",
+    "topic_words",
+    "topics",
+    "versions",
+    "words",
+]
 
 #: Lower-case ASCII words, a building block for queries and documents.
 words = st.text(alphabet="abcdefghijklmnopqrstuvwxyz", min_size=1, max_size=10)
@@ -149,5 +161,70 @@ _FENCE_FRAGMENTS = (
 fence_attack_text = st.lists(st.one_of(st.sampled_from(_FENCE_FRAGMENTS), st.text(max_size=8)), max_size=24).map(
     "".join
 )
+
+# --- judges: offline ---------------------------------------------------------------------------------
+
+_SPECIAL = (  # words that steer splitting, pronouns or small talk in the offline decider
+    "and or vs versus compare comparing comparison difference differences between with to against also plus "
+    "it its this that these those they them in on for of within under across during when well "
+    "hey hiya howdy greetings cool great nice perfect awesome sure fine good later bye goodbye cya thx "
+    "cheers lol haha yep nope alright excellent wonderful understood"
+)
+_SPECIAL_WORDS = frozenset(_SPECIAL.split())
+
+#: Topic words for the offline decider: lower-case, no stopwords, no words that steer splitting or pronouns.
+topic_words = st.text(alphabet="abcdefghijklmnopqrstuvwxyz", min_size=3, max_size=10).filter(
+    lambda w: w not in _SPECIAL_WORDS and w not in _stopwords()
+)
+
+#: A topic: one to three topic words.
+topics = st.lists(topic_words, min_size=1, max_size=3, unique=True).map(" ".join)
+
+#: Ticket numbers, error-code numbers and version tuples for the identifier rule.
+ticket_numbers = st.integers(min_value=1, max_value=10**9)
+error_numbers = st.integers(min_value=100, max_value=999_999)
+versions = st.lists(st.integers(min_value=0, max_value=99), min_size=3, max_size=4).map(
+    lambda parts: ".".join(map(str, parts))
+)
+
+#: A small help-center corpus for the offline judges (fictional product "Widgets").
+OFFLINE_CORPUS: tuple[str, ...] = (
+    "Single sign-on (SSO) setup\nWidgets supports single sign-on through SAML 2.0. Configure SSO in the admin "
+    "console under Security. Okta, Azure AD and Google Workspace are supported identity providers.",
+    "Configuring Okta for SSO\nCreate a SAML app in Okta, copy the metadata URL into Widgets, and assign users. "
+    "Okta group claims map to Widgets roles.",
+    "SCIM provisioning\nSCIM (System for Cross-domain Identity Management) keeps users in sync. Enable SCIM in the "
+    "admin console after SSO works; deprovisioned users lose access within minutes.",
+    "Plans and pricing\nWidgets has three plans: Free, Pro at 12 dollars per user per month, and Enterprise with "
+    "custom pricing. SSO and audit logs are included in Enterprise.",
+    "Resetting your password\nTo reset your password, click Forgot password on the sign-in page and follow the "
+    "link in the email. Reset links expire after one hour.",
+    "Changing your email address\nOpen Profile settings, choose Email, and confirm the new address from the "
+    "verification email.",
+    "Audit logs\nAudit logs record every admin action. Export audit logs as CSV from the Security page; logs are "
+    "kept for one year on Enterprise.",
+    "Webhooks\nWebhooks send an HTTP POST to your endpoint when an event happens. Each webhook request is signed "
+    "with your webhook secret; verify the signature before trusting the payload.",
+    "API keys\nCreate API keys in Developer settings. Keys inherit the permissions of the user who created them. "
+    "Rotate keys every 90 days.",
+    "Exporting data\nAdmins can export all workspace data as a ZIP archive from Settings. Large exports are "
+    "emailed when ready.",
+    "Error E1234: token expired\nE1234 means the session token expired. Sign in again; if it persists, clear "
+    "cookies. Known issue in ticket #1233 was fixed in v2.3.1.",
+    "Error E2001: rate limited\nE2001 means too many requests. Back off and retry after the time in the "
+    "Retry-After header.",
+    "Release notes v2.3.1\nVersion 2.3.1 fixes token refresh (ticket #1233) and speeds up exports.",
+    "Release notes v2.4.0\nVersion 2.4.0 adds SCIM group push and webhook retries.",
+    "Billing and invoices\nInvoices are emailed monthly. Update your payment method under Billing. Annual billing "
+    "gets two months free.",
+    "Team roles\nRoles are Owner, Admin, Member and Guest. Only owners can change billing; admins manage users.",
+)
+
+
+def _stopwords() -> frozenset[str]:
+    from ragloop.llm.offline.terms import STOPWORDS
+
+    return STOPWORDS
+
 
 # --- nodes ----------------------------------------------------------------------------------------------

@@ -167,9 +167,8 @@ def page_subject(page: PageContext) -> str:
     """What the page is about, in a few words: its title, else the meaningful tail of its URL path."""
     if page.title:
         title = re.split(r"\s+[|–—-]\s+", page.title.strip())[0]  # "SSO setup | Widgets Docs" -> "SSO setup"
-        terms = key_terms(title)
-        if terms:
-            return " ".join(t.surface for t in terms[:5])
+        if key_terms(title):
+            return _surface(title)
     if page.url:
         parsed = urlparse(page.url)
         words: list[str] = []
@@ -203,7 +202,10 @@ def _share_context(conjuncts: list[str]) -> list[str]:
     sizes = [len(key_terms(p)) for p in parts]
     last_words = parts[-1].split()
     head = last_words[-1] if last_words else ""
-    plural = re.fullmatch(r"[a-z]{3,}[^s]s", head, re.IGNORECASE) is not None
+    # "plans", "APIs" are plural heads; "status", "analysis", "access" are not.
+    plural = re.fullmatch(r"[a-z]{3,}s", head, re.IGNORECASE) is not None and (
+        head[:-1].isupper() or not head.lower().endswith(("ss", "us", "is"))
+    )
     if sizes[-1] >= 2 and plural and all(s == 1 for s in sizes[:-1]):
         parts = [*(f"{p} {head}" for p in parts[:-1]), parts[-1]]  # "pro and enterprise plans"
     m = _SHARED_PREFIX.match(parts[0])

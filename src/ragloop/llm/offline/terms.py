@@ -347,8 +347,8 @@ class CorpusStats:
         probabilities, so a term scores high when it occurs in many feedback documents but is rare overall
         (a PMI with the query's documents). Only documents with at least half the best document's query IDF
         mass give feedback. Stems in ``exclude``, stopwords, the query's own stems, terms seen in fewer than
-        ``min_support`` feedback documents and terms in more than ``max_df`` of all documents (the corpus'
-        boilerplate: "methods", "results") are skipped.
+        ``min_support`` feedback documents, terms without a letter, and terms in more than ``max_df`` of all
+        documents (and more than ten: the corpus' boilerplate, "methods", "results") are skipped.
         """
         import numpy as np
 
@@ -375,14 +375,14 @@ class CorpusStats:
                 continue
             p_r = counts[tid] / size
             p_c = self.df[tid] / self.n_docs
-            if p_r <= p_c or p_c > max_df:
+            if p_r <= p_c or self.df[tid] > max(max_df * self.n_docs, 10):
                 continue
             scored.append((float(p_r * math.log(p_r / p_c)), tid))
         scored.sort(key=lambda x: (-x[0], x[1]))
         out: list[tuple[str, float]] = []
         for weight, tid in scored:
             s = self.terms[tid]
-            if s in STOPWORDS or s.isdigit() or len(s) < 2:
+            if s in STOPWORDS or len(s) < 2 or not any(c.isalpha() for c in s):
                 continue
             out.append((s, weight))
             if len(out) == k:

@@ -1,0 +1,181 @@
+"""Tests for ragloop.llm.offline.decide: small talk, splitting, pronouns, abbreviations."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ragloop.llm.offline.decide import OfflineDecider, page_subject, small_talk_kind, split_topics
+from ragloop.llm.offline.novelty import normalised_terms
+from ragloop.llm.offline.terms import CorpusStats
+from ragloop.llm.usage import UsageMeter, metering
+from ragloop.state import Message, PageContext
+from tests.strategies import OFFLINE_CORPUS, topics
+
+GLOSSARY = {"SSO": "single sign-on", "SCIM": "System for Cross-domain Identity Management"}
+NO_PAGE = PageContext()
+
+
+def queries(question: str, *, history: tuple[Message, ...] = (), page: PageContext = NO_PAGE) -> tuple[str, ...]:
+    decision = OfflineDecider(glossary=GLOSSARY).decide_sync(question, history, page)
+    assert decision.reply is None, decision
+    return decision.queries
+
+
+class TestSmallTalk:
+    @pytest.mark.parametrize(
+        ("question", "kind"),
+        [
+            ("hi", "greeting"),
+            ("Hello there!", "greeting"),
+            ("Good morning", "greeting"),
+            ("thanks!", "thanks"),
+            ("Thank you so much for the help", "thanks"),
+            ("got it, thanks", "thanks"),
+            ("bye", "bye"),
+            ("How are you?", "wellbeing"),
+            ("who are you?", "identity"),
+            ("What can you do?", "identity"),
+            ("ok", "ack"),
+            ("sounds good", "ack"),
+        ],
+    )
+    def test_direct_reply(self, question: str, kind: str) -> None:
+        """Greetings, thanks, goodbyes, 'how are you', 'who are you' and acknowledgements get a reply, no search."""
+        decision = OfflineDecider().decide_sync(question, (), NO_PAGE)
+        assert decision.direct and decision.queries == ()
+        assert decision.reason == f"small talk: {kind}"
+
+    def test_greeting_with_a_question_searches(self) -> None:
+        """'hi, how do I reset my password?' searches for the password question."""
+        decision = OfflineDecider().decide_sync("hi, how do I reset my password?", (), NO_PAGE)
+        assert not decision.direct
+        assert decision.queries == ("how do I reset my password",)
+
+    def test_nothing_to_search(self) -> None:
+        """A question with no content words asks for more detail instead of searching."""
+        decision = OfflineDecider().decide_sync("???", (), NO_PAGE)
+        assert decision.direct and "more" in (decision.reply or "")
+
+    def test_request_is_not_small_talk(self) -> None:
+        """A segment with a request is not small talk."""
+        assert small_talk_kind("thanks for the export feature") is None
+        assert small_talk_kind("hello world example") is None
+
+
+class TestSplitting:
+    def test_compare_a_and_b(self) -> None:
+        """'Compare plan pricing and SSO setup' becomes one query per topic, abbreviation expanded."""
+        assert queries("Compare plan pricing and SSO setup") == ("plan pricing", "SSO (single sign-on) setup")
+
+    def test_shared_plural_head(self) -> None:
+        """'the pro and enterprise plans' shares 'plans' with 'pro'."""
+        assert queries("What is the difference between the pro and enterprise plans?") == (
+            "pro plans",
+            "enterprise plans",
+        )
+
+    def test_shared_leading_head(self) -> None:
+        """'the pricing of pro and enterprise' shares 'pricing of' with 'enterprise'."""
+        assert queries("compare the pricing of pro and enterprise") == ("pricing of pro", "pricing of enterprise")
+
+    def test_shared_trailing_context(self) -> None:
+        """A trailing 'in the admin console' belongs to every compared topic."""
+        got = queries("Compare SSO and SCIM in the admin console")
+        assert len(got) == 2 and all(q.endswith("in the admin console") for q in got)
+
+    def test_versus_and_lists(self) -> None:
+        """'A vs B' and 'A, B and C' split into one query per item."""
+        assert queries("REST vs GraphQL APIs") == ("REST APIs", "GraphQL APIs")
+        assert queries("Can you compare REST, GraphQL and gRPC?") == ("REST", "GraphQL", "gRPC")
+
+    def test_coordinated_questions(self) -> None:
+        """'How do I X and how do I Y?', several question marks and 'and also' split."""
+        assert len(queries("How do I configure SSO and how do I set up SCIM?")) == 2
+        assert queries("What are webhooks? How are API keys rotated?") == (
+            "What are webhooks",
+            "How are API keys rotated",
+        )
+        assert queries("How do I reset my password and also change my email?") == (
+            "How do I reset my password",
+            "change my email",
+        )
+
+    def test_plain_and_is_not_split(self) -> None:
+        """An 'and' inside one topic ('terms and conditions') keeps one query."""
+        assert queries("Where are the terms and conditions?") == ("Where are the terms and conditions",)
+
+    def test_cap_and_dedup(self) -> None:
+        """Repeated topics collapse and the number of queries is capped."""
+        decider = OfflineDecider(max_queries=2)
+        decision = decider.decide_sync("compare sso, saml, okta, scim and sso", (), NO_PAGE)
+        assert decision.queries == ("sso", "saml")
+        assert "max_queries=2" in decision.reason
+
+    @given(topics, topics, st.sampled_from(["compare {a} and {b}", "{a} vs {b}", "what is {a}? what is {b}?",
+                                           "difference between {a} and {b}", "how do i {a} and how do i {b}",
+                                           "{a} and also {b}"]))
+    def test_never_loses_a_topics_terms(self, a: str, b: str, template: str) -> None:
+        """Every key term of each topic appears in some query, and no query mixes in terms from nowhere."""
+        question = template.format(a=a, b=b)
+        got = OfflineDecider().decide_sync(question, (), NO_PAGE).queries
+        found = frozenset().union(*(normalised_terms(q) for q in got))
+        assert normalised_terms(a) <= found
+        assert normalised_terms(b) <= found
+        assert found <= normalised_terms(a) | normalised_terms(b) | normalised_terms(question)
+
+    @given(st.text(max_size=80))
+    def test_split_never_crashes(self, text: str) -> None:
+        """Any text splits into a list of strings."""
+        assert all(isinstance(t, str) for t in split_topics(text))
+
+
+class TestPronouns:
+    def test_this_project_from_url_slug(self) -> None:
+        """'this project' becomes the meaningful tail of the page URL."""
+        page = PageContext(url="https://docs.example.com/products/widgets/sso")
+        assert page_subject(page) == "widgets sso"
+        assert queries("How do I install this project?", page=page) == ("How do I install widgets sso",)
+
+    def test_page_title_wins_over_url(self) -> None:
+        """A page title (without its site suffix) describes the page better than the URL."""
+        assert page_subject(PageContext(url="https://x.io/a/b", title="Audit logs | Widgets Help")) == "Audit logs"
+
+    def test_it_from_history(self) -> None:
+        """A bare 'it' takes the last user turn's key terms."""
+        history = (Message("user", "Tell me about webhooks"), Message("assistant", "Webhooks send events."))
+        assert queries("How do I secure it?", history=history) == ("How do I secure webhooks",)
+
+    def test_it_from_the_previous_topic(self) -> None:
+        """'What is SSO? How do I enable it?' resolves 'it' to SSO, then expands it."""
+        assert queries("What is SSO? How do I enable it?") == (
+            "What is SSO (single sign-on)",
+            "How do I enable SSO (single sign-on)",
+        )
+
+    def test_expletive_it_is_left(self) -> None:
+        """'Is it possible …' does not refer to anything."""
+        history = (Message("user", "webhooks"),)
+        assert queries("Is it possible to export data?", history=history) == ("Is it possible to export data",)
+
+
+class TestAbbreviations:
+    def test_long_form_gains_abbreviation(self) -> None:
+        """A long form in the question gets its abbreviation added."""
+        assert queries("how do I set up single sign-on") == ("how do I set up single sign-on (SSO)",)
+
+    def test_mined_from_corpus(self) -> None:
+        """With corpus statistics, abbreviations the corpus defines are expanded without configuration."""
+        decider = OfflineDecider(stats=CorpusStats.from_texts(OFFLINE_CORPUS))
+        decision = decider.decide_sync("Is SCIM supported?", (), NO_PAGE)
+        assert decision.queries == ("Is SCIM (system for cross-domain identity management) supported",)
+
+
+@pytest.mark.anyio
+async def test_decide_records_an_offline_call() -> None:
+    """decide() returns the decision and records one offline 'decide' call on the turn's meter."""
+    with metering(UsageMeter()) as meter:
+        decision = await OfflineDecider().decide("thanks", (), NO_PAGE)
+    assert decision.direct
+    assert [(c.judge, c.model) for c in meter.calls] == [("decide", "offline")]
