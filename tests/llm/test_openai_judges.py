@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 
+import anyio
 import openai
 import pytest
 from attrs import evolve
@@ -501,6 +502,19 @@ class TestFaults:
         await no_retry_client.close()
         stats = await server.wait_idle()
         assert stats.requests_aborted == 1
+
+    async def test_cancelled_call_closes_its_connection(
+        self, server: ScriptedOpenAIServer, client: openai.AsyncOpenAI
+    ) -> None:
+        """Cancelling a judge mid-call closes its connection at once; the call is recorded as failed."""
+        server.enqueue(reply("late").delayed(5.0))
+        meter = UsageMeter()
+        with metering(meter), anyio.move_on_after(0.2) as scope:
+            await OpenAIDecider(client, "fast").decide("q", (), PAGE)
+        assert scope.cancelled_caught
+        stats = await server.wait_idle()  # the client is still open: cancellation alone closed the connection
+        assert stats.requests_aborted == 1 and stats.open_connections == 0
+        assert meter.calls[0].error is not None
 
     async def test_unreachable_server_raises_judge_error(self) -> None:
         """A server that is gone gives a JudgeError about the connection."""
