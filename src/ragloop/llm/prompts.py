@@ -29,6 +29,7 @@ __all__ = [
     "FENCE_CLOSE",
     "FENCE_OPEN",
     "GRADE_RESPONSE_FORMAT",
+    "LT_LIKE",
     "SEARCH_TOOL",
     "answer_system_prompt",
     "answer_user_prompt",
