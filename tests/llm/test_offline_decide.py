@@ -113,9 +113,20 @@ class TestSplitting:
         assert decision.queries == ("sso", "saml")
         assert "max_queries=2" in decision.reason
 
-    @given(topics, topics, st.sampled_from(["compare {a} and {b}", "{a} vs {b}", "what is {a}? what is {b}?",
-                                           "difference between {a} and {b}", "how do i {a} and how do i {b}",
-                                           "{a} and also {b}"]))
+    @given(
+        topics,
+        topics,
+        st.sampled_from(
+            [
+                "compare {a} and {b}",
+                "{a} vs {b}",
+                "what is {a}? what is {b}?",
+                "difference between {a} and {b}",
+                "how do i {a} and how do i {b}",
+                "{a} and also {b}",
+            ]
+        ),
+    )
     def test_never_loses_a_topics_terms(self, a: str, b: str, template: str) -> None:
         """Every key term of each topic appears in some query, and no query mixes in terms from nowhere."""
         question = template.format(a=a, b=b)

@@ -47,7 +47,9 @@ class OfflineRewriter:
             s for s, _ in self.stats.associated(q_stems, k=self.expansion * 4, exclude=tried_terms | set(q_stems))
         ]
         windows = [related[i : i + self.expansion] for i in range(0, len(related), self.expansion)] or [[]]
-        anchor = q_stems[:1]
+        # The anchor keeps the topic: the question's rarest term that the corpus contains (a term it lacks
+        # cannot find anything).
+        anchor = [s for s in q_stems if self.stats.doc_freq(s) > 0][:1] or q_stems[:1]
         for window in windows:
             if fresh:
                 yield (fresh + window)[: self.max_terms]

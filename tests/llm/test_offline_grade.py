@@ -1,0 +1,114 @@
+"""Tests for ragloop.llm.offline.grade: coverage, retrieval signals, the id rule, calibration."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+
+from ragloop.llm.offline.grade import OfflineGrader, coverage
+from ragloop.llm.offline.terms import CorpusStats
+from ragloop.llm.usage import UsageMeter, metering
+from ragloop.state import Chunk, Hit
+from tests.strategies import OFFLINE_CORPUS, ticket_numbers
+
+STATS = CorpusStats.from_texts(OFFLINE_CORPUS)
+
+
+def hit(text: str, *, title: str = "", confidence: float = 0.0, scores: dict[str, float] | None = None) -> Hit:
+    return Hit(Chunk(id="c", text=text, title=title), score=1.0, confidence=confidence, scores=scores or {})
+
+
+class TestCoverage:
+    def test_idf_weighted(self) -> None:
+        """Missing a rare term costs more than missing a common one."""
+        assert STATS.doc_freq("okta") < STATS.doc_freq("sso")
+        rare_missing = coverage("sso okta", "about sso", STATS)
+        common_missing = coverage("sso okta", "about okta", STATS)
+        assert 0 < rare_missing.score < 0.5 < common_missing.score < 1
+        assert rare_missing.missing == ("okta",)
+
+    def test_stemmed_and_identifiers(self) -> None:
+        """Inflections match, and an id in 'ticket 1234' form matches '#1234' in the text."""
+        assert coverage("configuring webhooks", "Configure a webhook", STATS).score == 1.0
+        assert "#1234" in coverage("ticket 1234 status", "#1234 is closed", STATS).covered
+
+
+class TestOfflineGrader:
+    def test_relevant_partial_irrelevant(self) -> None:
+        """Full coverage is relevant, half is partial, none is irrelevant, each with a reason."""
+        grader = OfflineGrader(STATS)
+        full = grader.judge("okta sso configuration", hit("Configure SSO with Okta in the console."))
+        half = grader.judge("okta saml metadata", hit("Okta group claims map to roles."))
+        none = grader.judge("okta sso setup", hit("Invoices are emailed monthly."))
+        assert (full.label, half.label, none.label) == ("relevant", "partial", "irrelevant")
+        assert full.reason.startswith("covers 3/3 key terms")
+        assert none.reason == "covers 0/3 key terms; missing: setup, okta, sso"
+
+    def test_title_counts(self) -> None:
+        """The chunk title and heading path count as chunk text."""
+        verdict = OfflineGrader(STATS).judge("audit logs export", hit("Export as CSV.", title="Audit logs"))
+        assert verdict.label == "relevant"
+
+    def test_truncation(self) -> None:
+        """Text past the budget is not seen."""
+        grader = OfflineGrader(STATS, max_chars=20)
+        assert grader.judge("webhook signature", hit("x" * 30 + " webhook signature")).label == "irrelevant"
+
+    def test_strong_signal_promotes(self) -> None:
+        """A very confident retrieval (or dense cosine) promotes the label one step, and says so."""
+        grader = OfflineGrader(STATS)
+        plain = grader.judge("log in with company account", hit("Widgets supports SAML."))
+        promoted = grader.judge("log in with company account", hit("Widgets supports SAML.", confidence=0.95))
+        dense = grader.judge("log in with company account", hit("Widgets supports SAML.", scores={"dense": 0.9}))
+        assert plain.label == "irrelevant"
+        assert promoted.label == dense.label == "partial"
+        assert "promoted by retrieval signal" in promoted.reason
+
+    def test_identifier_rule_beats_coverage_and_signal(self) -> None:
+        """A chunk naming another ticket is irrelevant even with full coverage and top confidence."""
+        verdict = OfflineGrader(STATS).judge(
+            "ticket #1234 token expired", hit("Ticket #1233: token expired", confidence=1.0)
+        )
+        assert verdict.label == "irrelevant"
+        assert verdict.reason == "names ticket #1233, not #1234"
+
+    @given(ticket_numbers, ticket_numbers)
+    def test_never_accepts_another_id(self, wanted: int, other: int) -> None:
+        """Whatever the numbers, a chunk about a different ticket is never kept."""
+        verdict = OfflineGrader(STATS).judge(
+            f"status of ticket #{wanted}", hit(f"Ticket #{other} status: closed", confidence=1.0)
+        )
+        assert verdict.keep == (wanted == other)
+
+    @pytest.mark.anyio
+    async def test_grade_records_call(self) -> None:
+        """grade() gives the same verdict as judge() and records an offline 'grade' call."""
+        grader = OfflineGrader(STATS)
+        h = hit("Rotate API keys every 90 days.")
+        with metering(UsageMeter()) as meter:
+            verdict = await grader.grade("rotate api keys", h)
+        assert verdict == grader.judge("rotate api keys", h)
+        assert [(c.judge, c.model) for c in meter.calls] == [("grade", "offline")]
+
+
+class TestCalibrate:
+    def test_thresholds_between_distributions(self) -> None:
+        """Calibration separates a text's own body from random texts and keeps thresholds ordered and bounded."""
+        texts = [f"{t}\nMore words about {t.split()[0].lower()} appear in the body here." for t in OFFLINE_CORPUS]
+        grader = OfflineGrader.calibrate(CorpusStats.from_texts(texts), texts, sample=50)
+        cal = grader.calibration
+        assert cal is not None and cal.pairs >= 10
+        assert cal.positive_median > cal.random_negative_median
+        assert 0.15 <= grader.partial_at <= grader.relevant_at - 0.1
+        assert 0.4 <= grader.relevant_at <= 0.75
+        assert (grader.relevant_at, grader.partial_at) == (cal.relevant_at, cal.partial_at)
+
+    def test_too_few_texts_keeps_defaults(self) -> None:
+        """With too few usable texts calibration keeps the defaults and records nothing."""
+        grader = OfflineGrader.calibrate(STATS, ["short"], max_chars=500)
+        assert grader.calibration is None
+        assert (grader.relevant_at, grader.partial_at, grader.max_chars) == (
+            OfflineGrader(STATS).relevant_at,
+            OfflineGrader(STATS).partial_at,
+            500,
+        )
