@@ -22,8 +22,29 @@ from ragloop.errors import (
 from ragloop.events import Event, NodeFinished, NodeStarted, Progress, RunFinished, Token
 from ragloop.runner import END, Graph, Node, RunResult, Step, emit
 
+# The chat-turn API pulls in numpy, the judges and the retrievers: load it on first use.
+_LAZY = {
+    "ChatRAG": "ragloop.chat",
+    "Reply": "ragloop.chat",
+    "ReplyReady": "ragloop.chat",
+    "TurnRecord": "ragloop.nodes.graph",
+    "TurnSettings": "ragloop.nodes.graph",
+    "TurnState": "ragloop.state",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ragloop' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
 __all__ = [
     "END",
+    "ChatRAG",
     "ConfigError",
     "Event",
     "Graph",
@@ -39,12 +60,17 @@ __all__ = [
     "NodeStarted",
     "Progress",
     "RagloopError",
+    "Reply",
+    "ReplyReady",
     "RetrievalError",
     "RouteError",
     "RunFinished",
     "RunResult",
     "Step",
     "Token",
+    "TurnRecord",
+    "TurnSettings",
+    "TurnState",
     "emit",
 ]
 

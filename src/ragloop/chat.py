@@ -87,9 +87,15 @@ class ReplyReady(Event):
 
 
 def _clean_text(text: str) -> str:
-    # Lone surrogates cannot be encoded or sent anywhere: replace them; control characters become spaces.
-    text = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-    return "".join(" " if unicodedata.category(ch) == "Cc" and ch not in "\n\t" else ch for ch in text)
+    # Lone surrogates cannot be encoded or sent anywhere: each becomes U+FFFD; control characters become spaces.
+    return "".join(
+        "\ufffd"
+        if 0xD800 <= ord(ch) <= 0xDFFF
+        else " "
+        if ch not in "\n\t" and unicodedata.category(ch) == "Cc"
+        else ch
+        for ch in text
+    )
 
 
 def validate_question(question: object, *, max_chars: int = MAX_QUESTION_CHARS) -> str:

@@ -1,4 +1,4 @@
-"""The ``ragloop`` command: ``index``, ``search`` and ``eval``.
+"""The ``ragloop`` command: ``ask``, ``chat`` (in :mod:`ragloop.cli_chat`), ``index``, ``search`` and ``eval``.
 
 Each subcommand is a pair of functions, ``_add_<name>(sub)`` (its arguments) and ``_cmd_<name>(args)``
 (what it does, returning the exit status), registered in :data:`_COMMANDS`. Heavy modules are imported
@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ragloop.cli_chat import add_ask, add_chat
 from ragloop.errors import RagloopError
 
 if TYPE_CHECKING:
@@ -215,7 +216,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 # --- main ---------------------------------------------------------------------------------------------
 
-_COMMANDS: tuple[Callable[[Any], None], ...] = (_add_index, _add_search, _add_eval)
+_COMMANDS: tuple[Callable[[Any], None], ...] = (add_ask, add_chat, _add_index, _add_search, _add_eval)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -231,6 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``ragloop`` command; returns the exit status (2 for a ragloop error, with one line on stderr)."""
     parser = build_parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
+    configured = _configure_logging()
     try:
         status: int = args.func(args)
     except RagloopError as exc:
@@ -239,7 +241,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        if configured:
+            import structlog
+
+            structlog.reset_defaults()
     return status
+
+
+def _configure_logging() -> bool:
+    """Send structlog warnings and worse to stderr (stdout carries results), unless the host configured it.
+
+    Returns True when this call configured structlog (``main`` resets it afterwards, so that calling
+    ``main`` in-process leaves no global state behind).
+    """
+    import logging
+
+    import structlog
+
+    if structlog.is_configured():
+        return False
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+    return True
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -153,7 +153,7 @@ class TurnRecord:
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        return attrs.asdict(self, retain_collection_types=False)
+        return attrs.asdict(self)
 
 
 def turn_summary(state: TurnState) -> dict[str, Any]:

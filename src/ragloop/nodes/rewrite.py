@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import anyio
-import numpy as np
 import structlog
 from attrs import define, field
 
@@ -93,6 +92,8 @@ class Rewrite:
         return "retrieve" if state.pending else "answer"
 
     async def _semantic_repeat(self, candidate: str, tried: Sequence[str]) -> str | None:
+        import numpy as np
+
         assert self.embedder is not None
         vectors = await self.embedder.embed([candidate, *tried])
         cosines = np.asarray(vectors[1:]) @ np.asarray(vectors[0])

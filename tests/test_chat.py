@@ -1,0 +1,139 @@
+"""The public chat API over the bundled sample knowledge base, offline (no model, no network)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ragloop.chat import ChatRAG, ReplyReady, validate_question
+from ragloop.errors import InputError
+from ragloop.events import Progress, Token
+from ragloop.retrievers.live import SQLiteTicketSource
+from ragloop.sample import sample_index, sample_questions_path
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="session")
+def sample_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One sample index (default embedder) for the whole session."""
+    path = tmp_path_factory.mktemp("ragloop-cache")
+    sample_index(path)
+    return path
+
+
+@pytest.fixture
+def rag(sample_cache: Path) -> ChatRAG:
+    return ChatRAG.sample(cache_dir=sample_cache)
+
+
+class TestValidation:
+    def test_empty_and_whitespace(self) -> None:
+        """An empty or whitespace question is a clear error."""
+        for q in ("", "   \n\t "):
+            with pytest.raises(InputError, match="question is empty"):
+                validate_question(q)
+
+    def test_too_long_is_an_error_not_a_truncation(self) -> None:
+        """A 100 KB question is refused with the limit in the message."""
+        with pytest.raises(InputError, match=r"102,400 characters; the limit is 8,000"):
+            validate_question("a" * 102_400)
+
+    def test_control_chars_and_surrogates_cleaned(self) -> None:
+        """Control characters and lone surrogates are replaced, nothing else is lost."""
+        assert validate_question("reset\x00 my\x07 password \ud800 now") == "reset my password \ufffd now"
+
+    def test_not_a_string(self) -> None:
+        """A non-string question names its type."""
+        with pytest.raises(InputError, match="must be a string, got int"):
+            validate_question(42)
+
+    async def test_history_and_page_shapes(self, rag: ChatRAG) -> None:
+        """Wrong history or page types are clear errors naming the position."""
+        with pytest.raises(InputError, match=r"history\[1\] must be a Message"):
+            rag.new_state("hi", history=[{"role": "user", "content": "a"}, {"who": "me"}])
+        with pytest.raises(InputError, match="history must be a list"):
+            rag.new_state("hi", history="user: hi")
+        with pytest.raises(InputError, match="page_url must be a string"):
+            rag.new_state("hi", page_url=3)
+        with pytest.raises(InputError, match="deadline_s must be a positive number"):
+            await rag.ask("hi", deadline_s=-1)
+
+    async def test_junk_url_is_harmless(self, rag: ChatRAG) -> None:
+        """A junk page URL still yields an answer."""
+        reply = await rag.ask("How long are deleted tasks kept in the trash?", page_url="::::not a url/%%%")
+        assert reply.outcome == "context"
+
+
+class TestSampleTurns:
+    async def test_greeting_takes_no_search(self, rag: ChatRAG) -> None:
+        """A greeting is answered directly, without retrieval."""
+        reply = await rag.ask("Hello!")
+        assert reply.outcome == "direct" and reply.record.path == ("decide", "answer")
+        assert reply.text and not reply.citations
+
+    async def test_single_topic_cites_the_right_page(self, rag: ChatRAG) -> None:
+        """A single-topic question is answered from its page, with a resolved citation."""
+        reply = await rag.ask("How many times does Lumen retry a failed webhook delivery?")
+        assert reply.outcome == "context"
+        assert "8 times" in reply.text
+        assert any(c.source == "webhooks.md" for c in reply.citations)
+        assert all(f"[{c.n}]" in reply.text for c in reply.citations)
+
+    async def test_two_topics_two_queries(self, rag: ChatRAG) -> None:
+        """A two-topic question searches twice and cites both pages."""
+        reply = await rag.ask("How do I export my workspace data and how long is the audit log kept?")
+        assert len(reply.record.decision["queries"]) == 2
+        sources = {c.source for c in reply.citations}
+        assert {"data-export.md", "audit-log.md"} <= sources
+
+    async def test_ticket_goes_live_and_rejects_neighbours(self, sample_cache: Path) -> None:
+        """A ticket question reaches the live source; neighbouring tickets with other ids are rejected."""
+        source = SQLiteTicketSource(related=True)
+        rag = ChatRAG.sample(cache_dir=sample_cache, live_sources=(source,))
+        reply = await rag.ask("What is the status of ticket #1234?")
+        await rag.aclose()
+        assert "live" in reply.record.path
+        lookup = reply.record.live[0]
+        assert lookup["accepted"] == ["1234"] and lookup["mismatches"] and "1234" not in lookup["mismatches"]
+        assert any(c.source.endswith("/tickets/1234") for c in reply.citations)
+        assert not any(c.source.endswith(f"/tickets/{m}") for m in lookup["mismatches"] for c in reply.citations)
+
+    async def test_record_is_json_ready(self, rag: ChatRAG) -> None:
+        """The decision record serialises to JSON with the documented keys."""
+        reply = await rag.ask("What does error E1002 mean?")
+        data = json.loads(json.dumps(reply.as_dict()))
+        for key in (
+            "path",
+            "queries",
+            "fast_path",
+            "grades",
+            "fail_open",
+            "live",
+            "rewrites",
+            "stopped_by",
+            "llm_calls",
+            "tokens",
+            "outcome",
+        ):
+            assert key in data["record"]
+        assert data["record"]["llm_calls"] == 0 and data["outcome"] == "context"
+
+    async def test_stream_events(self, rag: ChatRAG) -> None:
+        """stream() yields progress, tokens that add up to the reply, and ReplyReady last."""
+        events = [e async for e in rag.stream("What is the maximum size of a CSV import file?")]
+        assert any(isinstance(e, Progress) and e.kind == "retrieved" for e in events)
+        last = events[-1]
+        assert isinstance(last, ReplyReady)
+        tokens = "".join(e.text for e in events if isinstance(e, Token))
+        assert tokens.strip() and last.reply.text.startswith(tokens.strip()[:40])
+
+    async def test_every_sample_question_ends_with_an_outcome(self, rag: ChatRAG) -> None:
+        """Every bundled sample question gets an answer and one of the four outcomes."""
+        for line in sample_questions_path().read_text().splitlines():
+            q = json.loads(line)
+            reply = await rag.ask(q["question"], page_url=q.get("page_url"))
+            assert reply.outcome in ("context", "partial", "none", "direct")
+            assert reply.text and reply.record.stopped_by == "end"
