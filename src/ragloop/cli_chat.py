@@ -163,7 +163,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 except InputError as exc:
                     print(f"\n(error: {exc})", file=sys.stderr)
                     continue
-                history += [{"role": "user", "content": line}, {"role": "assistant", "content": reply.text}]
+                history.extend(({"role": "user", "content": line}, {"role": "assistant", "content": reply.text}))
         finally:
             await rag.aclose()
             if client is not None:
