@@ -100,9 +100,11 @@ class BM25Index:
             raise ConfigError(f"{len(chunk_ids)} ids for {len(texts)} texts")
         model = bm25s.BM25(k1=self.k1, b=self.b, method="lucene")
         corpus = [self.tokenizer(t) for t in texts]
-        if corpus:
+        # bm25s divides by the mean length: a corpus without a single term is kept as "empty".
+        has_terms = any(corpus)
+        if has_terms:
             model.index(corpus, show_progress=False)
-        self._bm25 = model if corpus else None
+        self._bm25 = model if has_terms else None
         self.chunk_ids = list(chunk_ids)
         self._term_max = self._compute_term_max()
 
@@ -126,7 +128,7 @@ class BM25Index:
     def scores(self, query: str) -> tuple[npt.NDArray[np.float32], float]:
         """BM25 score of every chunk for ``query`` and the query's best possible score (0 if none)."""
         if self._bm25 is None:
-            return np.zeros(0, dtype=np.float32), 0.0
+            return np.zeros(len(self.chunk_ids), dtype=np.float32), 0.0
         ids, n_tokens = self._term_ids(query)
         if not ids:
             return np.zeros(len(self.chunk_ids), dtype=np.float32), 0.0

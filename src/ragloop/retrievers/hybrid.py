@@ -34,13 +34,68 @@ from ragloop.retrievers.bm25 import BM25Retriever
 from ragloop.retrievers.dense import DenseRetriever, cosine_confidence
 from ragloop.state import Chunk, Hit
 
-__all__ = ["HybridRetriever", "rrf_fuse"]
+__all__ = ["HybridRetriever", "rrf_fuse", "rrf_rank"]
 
 
 def _check_weights(weights: Mapping[str, float]) -> None:
     bad = {n: w for n, w in weights.items() if not w >= 0}
     if bad:
         raise ConfigError(f"fusion weights must be >= 0, got {bad}")
+
+
+def rrf_rank(
+    rankings: Mapping[str, Sequence[tuple[str, float, float]]],
+    weights: Mapping[str, float] | None = None,
+    k: int = 60,
+) -> list[tuple[str, float, dict[str, int], dict[str, float], float]]:
+    """The id-level core of :func:`rrf_fuse` (pure, no Hit objects).
+
+    Args:
+        rankings: Retriever name → ``(chunk_id, score, confidence)`` rows, best first.
+        weights: Retriever name → weight (default 1.0).
+        k: The RRF constant.
+
+    Returns:
+        ``(chunk_id, fused score, ranks, scores, confidence)`` for every distinct id, by fused score
+        (ties by id).
+    """
+    if k < 0:
+        raise ConfigError(f"the RRF constant k must be >= 0, got {k}")
+    weights = dict(weights or {})
+    _check_weights(weights)
+    names = sorted(rankings)  # a fixed order makes float sums independent of the mapping's order
+    w = {n: float(weights.get(n, 1.0)) for n in names}
+    total_w = sum(w.values())
+    ranks: dict[str, dict[str, int]] = {}
+    scores: dict[str, dict[str, float]] = {}
+    fused: dict[str, float] = {}
+    conf: dict[str, float] = {}
+    for name in names:
+        wn = w[name]
+        for pos, (cid, score, c) in enumerate(rankings[name], start=1):
+            r = ranks.get(cid)
+            if r is None:
+                r = ranks[cid] = {}
+                scores[cid] = {}
+                fused[cid] = 0.0
+                conf[cid] = 0.0
+            elif name in r:
+                continue  # repeated within one list: its first (best) position counts
+            r[name] = pos
+            scores[cid][name] = score
+            fused[cid] += wn / (k + pos)
+            conf[cid] += wn * c
+    order = sorted(fused, key=lambda cid: (-fused[cid], cid))
+    return [
+        (
+            cid,
+            fused[cid],
+            ranks[cid],
+            scores[cid],
+            min(1.0, max(0.0, conf[cid] / total_w)) if total_w > 0 else 0.0,
+        )
+        for cid in order
+    ]
 
 
 def rrf_fuse(
@@ -59,50 +114,30 @@ def rrf_fuse(
     Returns:
         Every distinct chunk once, by fused score (ties by chunk id). ``ranks``/``scores`` hold the
         1-based position and the score in each list that contained it; ``confidence`` is the
-        weight-averaged confidence over all retrievers, 0 for those that missed the chunk.
+        weight-averaged confidence over all retrievers, 0 for those that missed the chunk; ``queries``
+        is the sorted union of the input hits' queries.
 
     Raises:
         ConfigError: a negative weight or ``k < 0``.
     """
-    if k < 0:
-        raise ConfigError(f"the RRF constant k must be >= 0, got {k}")
-    weights = dict(weights or {})
-    _check_weights(weights)
-    names = sorted(results)
-    w = {n: float(weights.get(n, 1.0)) for n in names}
-    total_w = sum(w.values())
     chunks: dict[str, Chunk] = {}
-    ranks: dict[str, dict[str, int]] = {}
-    scores: dict[str, dict[str, float]] = {}
-    conf: dict[str, float] = {}
-    fused: dict[str, float] = {}
     queries: dict[str, set[str]] = {}
-    for name in names:
-        seen: set[str] = set()
-        for pos, hit in enumerate(results[name], start=1):
-            cid = hit.id
-            if cid in seen:
-                continue
-            seen.add(cid)
-            chunks.setdefault(cid, hit.chunk)
-            ranks.setdefault(cid, {})[name] = pos
-            scores.setdefault(cid, {})[name] = hit.score
-            fused[cid] = fused.get(cid, 0.0) + w[name] / (k + pos)
-            conf[cid] = conf.get(cid, 0.0) + w[name] * hit.confidence
-            queries.setdefault(cid, set()).update(hit.queries)
-    out = [
+    for name in sorted(results):
+        for hit in results[name]:
+            chunks.setdefault(hit.id, hit.chunk)
+            queries.setdefault(hit.id, set()).update(hit.queries)
+    rankings = {n: [(h.id, h.score, h.confidence) for h in hits] for n, hits in results.items()}
+    return [
         Hit(
             chunk=chunks[cid],
-            score=fused[cid],
-            confidence=min(1.0, max(0.0, conf[cid] / total_w)) if total_w > 0 else 0.0,
-            ranks=ranks[cid],
-            scores=scores[cid],
+            score=score,
+            confidence=conf,
+            ranks=ranks,
+            scores=scores,
             queries=tuple(sorted(queries[cid])),
         )
-        for cid in fused
+        for cid, score, ranks, scores, conf in rrf_rank(rankings, weights, k)
     ]
-    out.sort(key=lambda h: (-h.score, h.id))
-    return out
 
 
 class HybridRetriever:
@@ -123,7 +158,7 @@ class HybridRetriever:
         *,
         weights: Mapping[str, float] | None = None,
         rrf_k: int = 60,
-        depth: int = 100,
+        depth: int = 50,
     ) -> None:
         self.bm25 = bm25
         self.dense = dense
@@ -131,62 +166,50 @@ class HybridRetriever:
         _check_weights(self.weights)
         self.rrf_k = rrf_k
         self.depth = depth
-        pos = {cid: i for i, cid in enumerate(bm25.index.chunk_ids)}
-        self._bm25_pos = pos
+        self._bm25_pos = {cid: i for i, cid in enumerate(bm25.index.chunk_ids)}
 
-    def _bm25_side(self, query: str, depth: int) -> tuple[list[Hit], npt.NDArray[np.float32], float]:
+    def _lexical(self, query: str, depth: int) -> tuple[list[tuple[str, float, float]], npt.NDArray[np.float32], float]:
         all_scores, best = self.bm25.index.scores(query)
-        hits = self.bm25.to_hits(self.bm25.index.top(all_scores, best, depth))
-        return hits, all_scores, best
+        return self.bm25.index.top(all_scores, best, depth), all_scores, best
 
     async def search(self, query: str, k: int = 10) -> list[Hit]:
         """Return at most ``k`` fused hits, best first, each with both retrievers' provenance."""
         depth = max(k, self.depth)
-        got: dict[str, object] = {}
+        lexical: tuple[list[tuple[str, float, float]], npt.NDArray[np.float32], float] | None = None
+        semantic: list[tuple[str, float]] = []
+        vec = np.zeros(0, dtype=np.float32)
 
-        async def lexical() -> None:
-            got["bm25"] = await anyio.to_thread.run_sync(self._bm25_side, query, depth)
+        async def run_lexical() -> None:
+            nonlocal lexical
+            lexical = await anyio.to_thread.run_sync(self._lexical, query, depth)
 
-        async def semantic() -> None:
+        async def run_semantic() -> None:
+            nonlocal semantic, vec
             vec = await self.dense.embed_query(query)
-            got["vec"] = vec
-            got["dense"] = await self.dense.search_vector(vec, depth)
+            semantic = (await anyio.to_thread.run_sync(self.dense.index.search_sync, vec, depth))[0]
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(lexical)
-            tg.start_soon(semantic)
-        bm25_hits, all_scores, best = got["bm25"]  # type: ignore[misc]
-        dense_hits: list[Hit] = got["dense"]  # type: ignore[assignment]
-        vec: npt.NDArray[np.float32] = got["vec"]  # type: ignore[assignment]
-        fused = rrf_fuse({self.bm25.name: bm25_hits, self.dense.name: dense_hits}, self.weights, self.rrf_k)[:k]
-        return self._with_confidence(fused, vec, all_scores, best)
-
-    def _with_confidence(
-        self,
-        hits: list[Hit],
-        vec: npt.NDArray[np.float32],
-        all_scores: npt.NDArray[np.float32],
-        best: float,
-    ) -> list[Hit]:
-        if not hits:
-            return hits
-        cosines = self.dense.index.vectors([h.id for h in hits]) @ vec
+            tg.start_soon(run_lexical)
+            tg.start_soon(run_semantic)
+        assert lexical is not None
+        bm25_rows, all_scores, best = lexical
+        # Confidence is filled in below from exact values, so the rows carry 0 here.
+        rankings = {
+            self.bm25.name: [(cid, score, 0.0) for cid, score, _ in bm25_rows],
+            self.dense.name: [(cid, cos, 0.0) for cid, cos in semantic],
+        }
+        top = rrf_rank(rankings, self.weights, self.rrf_k)[:k]
+        if not top:
+            return []
+        cosines = self.dense.index.vectors([row[0] for row in top]) @ vec
         wb = self.weights.get(self.bm25.name, 1.0)
         wd = self.weights.get(self.dense.name, 1.0)
-        out = []
-        for hit, cos in zip(hits, cosines.tolist(), strict=True):
-            i = self._bm25_pos.get(hit.id)
+        chunks = self.bm25.chunks
+        hits = []
+        for (cid, score, ranks, scores, _), cos in zip(top, cosines.tolist(), strict=True):
+            i = self._bm25_pos.get(cid)
             cb = min(1.0, float(all_scores[i]) / best) if best > 0 and i is not None else 0.0
             cd = cosine_confidence(cos, self.dense.low, self.dense.high)
             conf = (wb * cb + wd * cd) / (wb + wd) if wb + wd > 0 else 0.0
-            out.append(
-                Hit(
-                    chunk=hit.chunk,
-                    score=hit.score,
-                    confidence=conf,
-                    ranks=hit.ranks,
-                    scores=hit.scores,
-                    queries=hit.queries,
-                )
-            )
-        return out
+            hits.append(Hit(chunk=chunks[cid], score=score, confidence=conf, ranks=ranks, scores=scores))
+        return hits

@@ -1,0 +1,50 @@
+"""Tests for ragloop.cli (index, search, eval)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ragloop.cli import main
+from tests.retrievers.test_evaluate import _beir
+
+
+def _docs(root: Path) -> Path:
+    root.mkdir()
+    (root / "reset.md").write_text("# Account\n\n## Reset password\n\nOpen settings and click reset password.\n")
+    (root / "ship.txt").write_text("Shipping to Europe takes five to seven business days.\n")
+    (root / "logo.png").write_bytes(b"\x89PNG")
+    return root
+
+
+class TestCLI:
+    def test_index_then_search(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """`index` prints a summary; `search --json` returns the matching chunk with provenance."""
+        out = tmp_path / "kb"
+        assert main(["index", str(_docs(tmp_path / "docs")), "--out", str(out), "--embedder", "hash"]) == 0
+        summary = capsys.readouterr().out
+        assert "indexed 2 files" in summary and "hash-512" in summary
+        assert main(["search", str(out), "reset my password", "--json", "-k", "1"]) == 0
+        (line,) = capsys.readouterr().out.splitlines()
+        hit = json.loads(line)
+        assert hit["title_path"][-1] == "Reset password" and set(hit["ranks"]) <= {"bm25", "dense"}
+
+    def test_eval_json(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """`eval --json` prints one JSON object with the metric keys."""
+        assert main(["eval", "--beir", str(_beir(tmp_path)), "--mode", "bm25", "--json"]) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert got["ndcg@10"] == 1.0 and got["queries"] == 3
+
+    def test_eval_table(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """Without --json, eval prints a table row per metric."""
+        assert main(["eval", "--beir", str(_beir(tmp_path)), "--mode", "bm25"]) == 0
+        text = capsys.readouterr().out
+        assert "ndcg@10" in text and "latency_ms_p95" in text
+
+    def test_errors_are_one_line(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """A ragloop error exits 2 with one line on stderr and no traceback."""
+        assert main(["search", str(tmp_path / "missing"), "q"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "ragloop index" in err and "Traceback" not in err

