@@ -136,6 +136,14 @@ class TestSplitting:
         assert normalised_terms(b) <= found
         assert found <= normalised_terms(a) | normalised_terms(b) | normalised_terms(question)
 
+    @given(st.text(max_size=80), st.lists(st.text(max_size=30), max_size=2), st.text(max_size=40))
+    def test_decide_never_crashes(self, question: str, turns: list[str], url: str) -> None:
+        """Any unicode question, history and URL give exactly one of a reply or queries within the cap."""
+        history = tuple(Message("user", t) for t in turns)
+        decision = OfflineDecider(glossary=GLOSSARY).decide_sync(question, history, PageContext(url=url))
+        assert (decision.reply is None) == bool(decision.queries)
+        assert len(decision.queries) <= 4
+
     @given(st.text(max_size=80))
     def test_split_never_crashes(self, text: str) -> None:
         """Any text splits into a list of strings."""
@@ -148,6 +156,10 @@ class TestPronouns:
         page = PageContext(url="https://docs.example.com/products/widgets/sso")
         assert page_subject(page) == "widgets sso"
         assert queries("How do I install this project?", page=page) == ("How do I install widgets sso",)
+
+    def test_malformed_url_still_gives_a_subject(self) -> None:
+        """A URL urllib cannot parse still yields its path tail, never an error."""
+        assert page_subject(PageContext(url="http://[bad/products/audit-logs")) == "audit logs"
 
     def test_page_title_wins_over_url(self) -> None:
         """A page title (without its site suffix) describes the page better than the URL."""

@@ -170,9 +170,12 @@ def page_subject(page: PageContext) -> str:
         if key_terms(title):
             return _surface(title)
     if page.url:
-        parsed = urlparse(page.url)
+        try:
+            path = urlparse(page.url).path
+        except ValueError:  # "http://[bad" - a malformed URL still has a usable tail
+            path = re.sub(r"^[a-z][\w+.-]*://[^/]*", "", page.url, flags=re.IGNORECASE).split("?", 1)[0]
         words: list[str] = []
-        for seg in unquote(parsed.path).split("/"):
+        for seg in unquote(path).split("/"):
             seg = re.sub(r"\.(?:html?|md|php|aspx?)$", "", seg.lower())
             if not seg or seg in _GENERIC_SEGMENTS or re.fullmatch(r"v?\d+(?:\.\d+)*", seg):
                 continue

@@ -47,14 +47,30 @@ class OfflineRewriter:
             s for s, _ in self.stats.associated(q_stems, k=self.expansion * 4, exclude=tried_terms | set(q_stems))
         ]
         windows = [related[i : i + self.expansion] for i in range(0, len(related), self.expansion)] or [[]]
-        # The anchor keeps the topic: the question's rarest term that the corpus contains (a term it lacks
-        # cannot find anything).
-        anchor = [s for s in q_stems if self.stats.doc_freq(s) > 0][:1] or q_stems[:1]
+        anchor = self._anchor(q_stems)
         for window in windows:
             if fresh:
                 yield (fresh + window)[: self.max_terms]
             yield (anchor + window)[: self.max_terms]  # the question's rarest term keeps the topic
             yield window[: self.max_terms]
+
+    def _anchor(self, stems: list[str]) -> list[str]:
+        """The question term that keeps the topic: rare, and central to the question.
+
+        Each term the corpus contains scores ``idf(t) · (1 + Σ_u P(u | t))`` over the question's other terms
+        ``u`` (document co-occurrence), so "ambulatory" beats a rarer but incidental "inaccurate" in "ambulatory
+        blood pressure monitoring is inaccurate". A term the corpus lacks cannot find anything and is skipped.
+        """
+        known = [s for s in stems if self.stats.doc_freq(s) > 0]
+        if not known:
+            return stems[:1]
+
+        def score(t: str) -> float:
+            df = self.stats.doc_freq(t)
+            central = sum(self.stats.cooccurrence(t, u) / df for u in known if u != t)
+            return self.stats.idf(t) * (1.0 + central)
+
+        return [max(known, key=score)]
 
     def rewrite_sync(self, question: str, failed_query: str, tried: Sequence[str]) -> str:
         """The rewrite, synchronously (what :meth:`rewrite` awaits).
