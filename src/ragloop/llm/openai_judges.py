@@ -145,6 +145,11 @@ class _Chat:
                 )
             except openai.APIError as exc:
                 raise _wrap(exc, judge=judge, model=self.model, timeout_s=self.timeout_s, client=self.client) from exc
+            except ValueError as exc:  # json.JSONDecodeError: a 200 whose body is not JSON (proxy, broken server)
+                raise JudgeOutputError(
+                    f"{judge}: model {self.model!r} answered with a body that is not JSON ({exc}); "
+                    "the server or a proxy broke the response"
+                ) from exc
             meter.usage(completion.usage)
             if not completion.choices:
                 raise JudgeOutputError(
