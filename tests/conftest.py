@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-settings.register_profile(
-    "default", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+settings.register_profile("default", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("soak", max_examples=1000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
@@ -19,3 +18,13 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 def anyio_backend() -> str:
     """Run async tests on asyncio (the backend chat services use)."""
     return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def sample_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache folder holding the sample knowledge base's index (default embedder), built once per session."""
+    from ragloop.sample import sample_index
+
+    path = tmp_path_factory.mktemp("ragloop-cache")
+    sample_index(path)
+    return path

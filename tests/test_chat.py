@@ -11,17 +11,9 @@ from ragloop.chat import ChatRAG, ReplyReady, validate_question
 from ragloop.errors import InputError
 from ragloop.events import Progress, Token
 from ragloop.retrievers.live import SQLiteTicketSource
-from ragloop.sample import sample_index, sample_questions_path
+from ragloop.sample import sample_questions_path
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="session")
-def sample_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One sample index (default embedder) for the whole session."""
-    path = tmp_path_factory.mktemp("ragloop-cache")
-    sample_index(path)
-    return path
 
 
 @pytest.fixture
