@@ -1,0 +1,24 @@
+"""Reliability-suite fixtures: the figures collector (written to ``$RAGLOOP_FIGURES`` as JSON when set)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.reliability._support import FIGURES
+
+
+@pytest.fixture(scope="session", autouse=True)
+def reliability_figures() -> Iterator[None]:
+    """Collect the suite's figures (turns, faults per kind, cancellations …) and write them at the end."""
+    started = time.perf_counter()
+    yield
+    FIGURES["suite_seconds"] = round(time.perf_counter() - started, 2)
+    target = os.environ.get("RAGLOOP_FIGURES")
+    if target:
+        Path(target).write_text(json.dumps(FIGURES, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
