@@ -1,0 +1,60 @@
+"""The README's main-job command keeps working (run as a subprocess, offline)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_commands() -> list[str]:
+    """The two set-up commands of the README's first code block."""
+    block = re.search(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert block is not None
+    return [line for line in block.group(1).splitlines() if line and not line.startswith("#")]
+
+
+def test_readme_has_two_commands_and_ci_runs_the_test_one() -> None:
+    """The first screen has exactly two commands; .ci/run runs the second one."""
+    commands = readme_commands()
+    assert len(commands) == 2
+    assert commands[1] in (ROOT / ".ci" / "run").read_text()
+
+
+def test_main_job_command_answers_offline(sample_cache: Path) -> None:
+    """The README's `ragloop ask …` answers from the sample KB with no API key and no network."""
+    ask = readme_commands()[0].split("&& ")[-1]
+    argv = shlex.split(ask)
+    assert argv[0].endswith("ragloop") and argv[1] == "ask"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "RAGLOOP_"))}
+    env["HF_HUB_OFFLINE"] = "1"
+    cmd = [sys.executable, "-m", "ragloop.cli", *argv[1:], "--cache-dir", str(sample_cache), "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "running offline" in done.stderr
+    out = json.loads(done.stdout)
+    assert out["outcome"] in ("context", "partial") and out["citations"]
+    assert {"sso-saml.md"} & {c["source"] for c in out["citations"]}
+    assert out["record"]["llm_calls"] == 0
+
+
+def test_cli_error_is_one_line(tmp_path: Path) -> None:
+    """A bad index directory is one clear line on stderr and exit status 2, not a traceback."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "ragloop.cli",
+        "ask",
+        "hello there, how do I export?",
+        "--index",
+        str(tmp_path / "nope"),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and "error:" in done.stderr
