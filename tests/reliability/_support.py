@@ -5,13 +5,23 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 
+import anyio
+from attrs import define, field
+
+from ragloop.chat import ChatRAG
+from ragloop.llm.offline import OfflineAnswerer, OfflineDecider, OfflineGrader, OfflineRewriter
+from ragloop.llm.offline.terms import CorpusStats
+from ragloop.nodes.graph import TurnSettings
+from ragloop.retrievers.base import Retriever
 from ragloop.retrievers.embed import HashEmbedder
 from ragloop.retrievers.index import KnowledgeIndex
-from ragloop.state import Chunk
+from ragloop.retrievers.live import LiveSource
+from ragloop.state import Chunk, Hit
 
-__all__ = ["FIGURES", "SOAK", "count", "TOPICS", "scale", "small_chunks", "small_index", "turn_tasks"]
+__all__ = ["FIGURES", "SOAK", "FaultyRetriever", "count", "offline_rag", "TOPICS", "scale", "small_chunks", "small_index", "turn_tasks"]
 
 #: ``RAGLOOP_SOAK=1`` runs the larger variants (more turns, kills, examples); never on by default.
 SOAK = os.environ.get("RAGLOOP_SOAK", "") not in ("", "0")
@@ -71,3 +81,59 @@ def turn_tasks(exclude: set[asyncio.Task[object]]) -> Iterator[asyncio.Task[obje
     for task in asyncio.all_tasks():
         if task is not current and task not in exclude and not task.done():
             yield task
+
+
+def offline_rag(
+    index: KnowledgeIndex | None = None,
+    *,
+    retriever: Retriever | None = None,
+    live_sources: Sequence[LiveSource] = (),
+    settings: TurnSettings = TurnSettings(),
+) -> ChatRAG:
+    """A ChatRAG with the offline judges over ``index`` (default :func:`small_index`), optionally another retriever."""
+    idx = index if index is not None else small_index()
+    texts = [c.text for c in idx.chunks]
+    stats = CorpusStats.from_texts(texts)
+    return ChatRAG(
+        retriever=retriever if retriever is not None else idx.retriever("hybrid"),
+        decider=OfflineDecider(stats, max_queries=settings.max_queries),
+        grader=OfflineGrader.calibrate(stats, texts),
+        rewriter=OfflineRewriter(stats),
+        answerer=OfflineAnswerer(stats),
+        live_sources=live_sources,
+        settings=settings,
+    )
+
+
+@define
+class FaultyRetriever:
+    """Wraps a retriever: queries containing a word of ``raise_on`` raise, of ``hang_on`` hang until cancelled.
+
+    Attributes:
+        inner: The real retriever.
+        raise_on: Lower-case words whose queries raise ``OSError``.
+        hang_on: Lower-case words whose queries never return.
+        started: Queries whose search started.
+        cancelled: Monotonic times at which hanging searches saw their cancellation.
+    """
+
+    inner: Retriever
+    raise_on: frozenset[str] = frozenset()
+    hang_on: frozenset[str] = frozenset()
+    started: list[str] = field(factory=list)
+    cancelled: list[float] = field(factory=list)
+    hanging: anyio.Event = field(factory=anyio.Event)
+
+    async def search(self, query: str, k: int = 10) -> Sequence[Hit]:
+        """Search, raise or hang, by the words of ``query``."""
+        self.started.append(query)
+        words = set(query.lower().split())
+        if words & self.raise_on:
+            raise OSError(f"index shard for {query!r} is unavailable")
+        if words & self.hang_on:
+            self.hanging.set()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self.cancelled.append(time.monotonic())
+        return await self.inner.search(query, k)

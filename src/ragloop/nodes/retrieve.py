@@ -64,6 +64,13 @@ def merge_hits(results: Mapping[str, Sequence[Hit]], *, budget: int) -> list[Hit
     return sorted(merged, key=lambda h: (-h.score, h.id))
 
 
+def _describe(exc: BaseException) -> str:
+    """``"Type: message"`` of the error itself, not of the task group wrapping it (hybrid search runs two tasks)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
+
+
 @define
 class Retrieve:
     """Runs the pending queries concurrently and merges their hits.
@@ -103,7 +110,7 @@ class Retrieve:
                 except TimeoutError:
                     state.queries[query].error = f"timed out after {self.timeout_s}s"
                 except Exception as exc:  # one failing query never cancels its siblings
-                    state.queries[query].error = f"{type(exc).__name__}: {exc}"
+                    state.queries[query].error = _describe(exc)
                 else:
                     results[query] = [h for h in found if h.id not in state.shown]
             if state.queries[query].error:
