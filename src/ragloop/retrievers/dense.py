@@ -177,7 +177,7 @@ class DenseIndex:
         want = min(k + len(self._tombstones), self._index.ntotal)
         params = None
         if self._hnsw:
-            params = faiss.SearchParametersHNSW(efSearch=max(self.ef_search, want))
+            params = faiss.SearchParametersHNSW(efSearch=max(self.ef_search, want))  # type: ignore[attr-defined]
         scores, ids = self._index.search(q, want, params=params)
         out: list[list[tuple[str, float]]] = []
         for srow, irow in zip(scores, ids, strict=True):
@@ -231,7 +231,7 @@ class DenseIndex:
         """
         try:
             meta = json.loads((directory / "dense.json").read_text(encoding="utf-8"))
-            raw = faiss.read_index(str(directory / "dense.faiss"))
+            raw: Any = faiss.read_index(str(directory / "dense.faiss"))
         except (OSError, ValueError, RuntimeError) as exc:
             raise IndexError_(
                 f"cannot read the dense index in {directory}: {exc}; rebuild it with `ragloop index`"
@@ -289,8 +289,8 @@ class DenseRetriever:
 
     async def embed_query(self, query: str) -> npt.NDArray[np.float32]:
         """The query's unit vector."""
-        vec = await self.embedder.embed([query])
-        return np.asarray(vec, dtype=np.float32)[0]
+        vecs = np.asarray(await self.embedder.embed([query]), dtype=np.float32)
+        return np.ascontiguousarray(vecs[0], dtype=np.float32)
 
     async def search_vector(self, vector: npt.NDArray[np.float32], k: int = 10) -> list[Hit]:
         """Search with an already embedded query."""

