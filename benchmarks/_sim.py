@@ -25,6 +25,8 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import anyio
+
 #: Simulated model latency per judge, in seconds: decide, grade, rewrite; answer: first token, then per token.
 BASE_LATENCY = {"decide": 0.200, "grade": 0.150, "rewrite": 0.180, "answer_first": 0.300, "answer_token": 0.010}
 #: The latencies in use (:func:`set_scale` multiplies them, e.g. for quick smoke runs).
@@ -168,6 +170,89 @@ def _serve() -> None:
     with ScriptedOpenAIServer(matcher=matcher) as server:
         print(server.base_url, flush=True)
         sys.stdin.read()
+
+
+# -- chats
+
+
+def build_chat(url: str, index: Any, settings: Any, max_connections: int | None = None) -> tuple[Any, Any]:
+    """``ChatRAG.from_index(index, llm)``'s wiring, with every external call wrapped in a timing span."""
+    import openai
+
+    from ragloop.chat import ChatRAG
+    from ragloop.llm.offline import OfflineAnswerer, OfflineDecider
+    from ragloop.llm.offline.terms import CorpusStats
+    from ragloop.llm.openai_judges import OpenAIJudges
+    from ragloop.retrievers.live import SQLiteTicketSource
+
+    stats = CorpusStats.from_texts([c.text for c in index.chunks])
+    offline_decider = OfflineDecider(stats, max_queries=settings.max_queries)
+    http_client = None
+    if max_connections is not None:
+        import httpx2 as httpx  # the HTTP library the openai SDK speaks through
+
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        http_client = openai.DefaultAsyncHttpxClient(limits=limits)
+    client = openai.AsyncOpenAI(base_url=url, api_key="bench", max_retries=0, timeout=60.0, http_client=http_client)
+    judges = OpenAIJudges.create(
+        client, fast_model="sim-fast", answer_model="sim-answer", glossary=offline_decider.terms_glossary
+    )
+    rag = ChatRAG(
+        retriever=Timed(index.retriever("hybrid"), "search"),
+        decider=Timed(judges.decider, "decide"),
+        grader=Timed(judges.grader, "grade"),
+        rewriter=Timed(judges.rewriter, "rewrite"),
+        answerer=Timed(judges.answerer, "answer"),
+        live_sources=(Timed(SQLiteTicketSource(), "live"),),
+        settings=settings,
+        embedder=Timed(index.embedder, "embed"),
+        fallback_decider=offline_decider,
+        fallback_answerer=OfflineAnswerer(stats),
+    )
+    return rag, client
+
+
+class Sleepy:
+    """An offline judge that first waits its simulated model latency: a model deployment without the SDK."""
+
+    def __init__(self, inner: Any, kind: str) -> None:
+        self._inner, self._kind = inner, kind
+
+    async def decide(self, *args: Any, **kw: Any) -> Any:
+        await anyio.sleep(LATENCY["decide"])
+        return await self._inner.decide(*args, **kw)
+
+    async def grade(self, *args: Any, **kw: Any) -> Any:
+        await anyio.sleep(LATENCY["grade"])
+        return await self._inner.grade(*args, **kw)
+
+    async def rewrite(self, *args: Any, **kw: Any) -> Any:
+        await anyio.sleep(LATENCY["rewrite"])
+        return await self._inner.rewrite(*args, **kw)
+
+    async def answer(self, *args: Any, **kw: Any) -> AsyncIterator[str]:
+        await anyio.sleep(LATENCY["answer_first"])
+        text = "".join([tok async for tok in self._inner.answer(*args, **kw)]) or _answer_text()
+        for i in range(0, len(text), ANSWER_CHUNK):
+            if i:
+                await anyio.sleep(LATENCY["answer_token"])
+            yield text[i : i + ANSWER_CHUNK]
+
+
+def build_sleepy_chat(index: Any, settings: Any) -> Any:
+    """``ChatRAG.from_index(index)`` (offline judges), each judge first sleeping its simulated latency."""
+    from ragloop.chat import ChatRAG
+
+    rag = ChatRAG.from_index(index, settings=settings)
+    for name, attr, kind in (
+        ("decide", "decider", "decide"),
+        ("grade", "grader", "grade"),
+        ("rewrite", "rewriter", "rewrite"),
+        ("answer", "answerer", "answer"),
+    ):
+        node = rag.nodes[name]
+        setattr(node, attr, Sleepy(getattr(node, attr), kind))
+    return rag
 
 
 # -- timing spans ---------------------------------------------------------------------------------------

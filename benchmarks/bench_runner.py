@@ -8,18 +8,29 @@ What it measures, in one process run, side by side:
   the fixed cost of a run (run id, logger binding, result, ``turn.finished`` log event).
 * **bare**: the same two shapes as a plain ``while`` loop over a dict of async functions — the floor.
 * **import**: ``python -c "import ragloop"`` wall time in a fresh interpreter (median of ``--imports``).
+* **peers**: when importable, the same two shapes on LangGraph (``StateGraph``, async nodes; the loop ends
+  through a conditional edge on a step counter in the state) and PocketFlow (``AsyncNode`` / ``AsyncFlow``;
+  the loop ends when ``post_async`` returns no action), in the same rounds, and their import time. Install
+  them into a separate virtual environment, never the project's::
+
+      python3 -m venv /tmp/peers-venv
+      /tmp/peers-venv/bin/pip install -e . -r benchmarks/requirements-peers.txt
+      /tmp/peers-venv/bin/python benchmarks/bench_runner.py
+
+  LangGraph's loop runs ``--peer-transitions`` steps (default 2,000), as it is ~100× slower per step.
 
 Each figure is the median over ``--repeats`` rounds (the spread is min–max); rounds interleave ragloop
 and the bare loop so machine noise hits both alike. structlog is configured to drop events below WARNING
 so the log line of each run is not what is measured (the library never configures logging itself).
 It asserts nothing; it prints a table and writes JSON to ``benchmarks/results/bench_runner.json``.
 
-Usage: ``python benchmarks/bench_runner.py [--transitions 10000] [--invokes 2000] [--repeats 7]``
+Usage: ``python benchmarks/bench_runner.py [--transitions 10000] [--invokes 2000] [--repeats 7] [--no-peers]``
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import statistics
@@ -111,6 +122,115 @@ def import_ms(repeats: int) -> list[float]:
     return [x - statistics.median(base) for x in out]
 
 
+# -- peers (optional) -----------------------------------------------------------------------------------
+
+
+def _langgraph_graph(n_nodes: int, loop: bool, cap: int) -> Any:
+    from typing import TypedDict
+
+    from langgraph.graph import END as LG_END
+    from langgraph.graph import StateGraph
+
+    class S(TypedDict):
+        n: int
+
+    async def step(state: S) -> dict[str, int]:
+        return {"n": state["n"] + 1}
+
+    names = [chr(ord("a") + i) for i in range(n_nodes)]
+    g = StateGraph(S)
+    for name in names:
+        g.add_node(name, step)
+    g.set_entry_point(names[0])
+    for a, b in itertools.pairwise(names):
+        g.add_edge(a, b)
+    if loop:
+        g.add_conditional_edges(names[-1], lambda s: LG_END if s["n"] >= cap else names[0])
+    else:
+        g.add_edge(names[-1], LG_END)
+    return g.compile()
+
+
+async def time_langgraph(transitions: int, invokes: int) -> tuple[float, float]:
+    loop = _langgraph_graph(3, True, transitions)
+    t = time.perf_counter()
+    out = await loop.ainvoke({"n": 0}, {"recursion_limit": transitions + 10})
+    loop_us = (time.perf_counter() - t) / out["n"] * 1e6
+    linear = _langgraph_graph(5, False, 0)
+    t = time.perf_counter()
+    for _ in range(invokes):
+        await linear.ainvoke({"n": 0})
+    return loop_us, (time.perf_counter() - t) / invokes * 1e6
+
+
+def _pocketflow_flow(n_nodes: int, loop: bool, cap: int) -> Any:
+    from pocketflow import AsyncFlow, AsyncNode
+
+    class Step(AsyncNode):  # type: ignore[misc]
+        async def post_async(self, shared: dict[str, int], prep_res: Any, exec_res: Any) -> str | None:
+            shared["n"] += 1
+            if loop and self.params.get("last") is not None and shared["n"] >= cap:
+                return "stop"
+            return None
+
+    nodes = [Step() for _ in range(n_nodes)]
+    for a, b in itertools.pairwise(nodes):
+        a >> b
+    if loop:
+        nodes[-1] >> nodes[0]
+    flow = AsyncFlow(start=nodes[0])
+    flow.set_params({"last": None})
+    last = nodes[-1]
+    original = last.set_params
+    last.set_params = lambda p: original({**p, "last": True})  # type: ignore[method-assign]
+    return flow
+
+
+async def time_pocketflow(transitions: int, invokes: int) -> tuple[float, float]:
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Flow ends")
+    loop = _pocketflow_flow(3, True, transitions)
+    shared = {"n": 0}
+    t = time.perf_counter()
+    await loop.run_async(shared)
+    loop_us = (time.perf_counter() - t) / shared["n"] * 1e6
+    linear = _pocketflow_flow(5, False, 0)
+    t = time.perf_counter()
+    for _ in range(invokes):
+        await linear.run_async({"n": 0})
+    return loop_us, (time.perf_counter() - t) / invokes * 1e6
+
+
+PEERS: dict[str, tuple[str, Callable[[int, int], Awaitable[tuple[float, float]]]]] = {
+    "langgraph": ("langgraph.graph", time_langgraph),
+    "pocketflow": ("pocketflow", time_pocketflow),
+}
+
+
+def available_peers() -> dict[str, str]:
+    """Peer name → installed version, for the peers that import."""
+    import importlib.metadata
+    import importlib.util
+
+    found = {}
+    for name, (module, _) in PEERS.items():
+        if importlib.util.find_spec(module.split(".")[0]) is not None:
+            found[name] = importlib.metadata.version(name)
+    return found
+
+
+def peer_import_ms(module: str, repeats: int) -> list[float]:
+    base = [_run_ms([sys.executable, "-c", "pass"]) for _ in range(repeats)]
+    return [_run_ms([sys.executable, "-c", f"import {module}"]) - statistics.median(base) for _ in range(repeats)]
+
+
+def _run_ms(cmd: list[str]) -> float:
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    return (time.perf_counter() - t) * 1e3
+
+
 def summary(xs: list[float]) -> dict[str, float]:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
@@ -121,7 +241,11 @@ def main() -> None:
     parser.add_argument("--invokes", type=int, default=2_000)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--imports", type=int, default=7)
+    parser.add_argument("--peer-transitions", type=int, default=2_000, help="loop steps for LangGraph")
+    parser.add_argument("--no-peers", action="store_true", help="skip LangGraph and PocketFlow even if installed")
+    parser.add_argument("--out", default=str(RESULTS / "bench_runner.json"))
     args = parser.parse_args()
+    peers = {} if args.no_peers else available_peers()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
     rows: dict[str, dict[str, list[float]]] = {
@@ -135,6 +259,12 @@ def main() -> None:
         r, b = anyio.run(time_linear, args.invokes)
         rows["linear"]["ragloop"].append(r)
         rows["linear"]["bare"].append(b)
+        for name in peers:
+            steps = args.peer_transitions if name == "langgraph" else args.transitions
+            invokes = max(1, args.invokes // 10) if name == "langgraph" else args.invokes
+            lo, li = anyio.run(PEERS[name][1], steps, invokes)
+            rows["loop"].setdefault(name, []).append(lo)
+            rows["linear"].setdefault(name, []).append(li)
     imp = import_ms(args.imports)
 
     report: dict[str, Any] = {"python": sys.version.split()[0], "args": vars(args)}
@@ -143,16 +273,25 @@ def main() -> None:
         r, b = summary(rows[shape]["ragloop"]), summary(rows[shape]["bare"])
         ratio = r["median"] / b["median"]
         report[shape] = {"ragloop_us": r, "bare_us": b, "ratio": ratio}
-        print(
-            f"{label:<34}{r['median']:>12.2f}{b['median']:>10.2f}{ratio:>7.1f}x   {r['min']:.2f}–{r['max']:.2f}"
-        )
+        print(f"{label:<34}{r['median']:>12.2f}{b['median']:>10.2f}{ratio:>7.1f}x   {r['min']:.2f}–{r['max']:.2f}")
+        for name in peers:
+            pm = summary(rows[shape][name])
+            report[shape][f"{name}_us"] = pm
+            print(
+                f"{'  ' + name + ' ' + peers[name]:<34}{pm['median']:>12.2f}{'':>10}"
+                f"{pm['median'] / r['median']:>7.1f}x ragloop   {pm['min']:.2f}–{pm['max']:.2f}"
+            )
     im = summary(imp)
     report["import_ms"] = im
-    print(
-        f"{'import ragloop (ms, fresh process)':<34}{im['median']:>12.1f}{'':>18}   {im['min']:.1f}–{im['max']:.1f}"
-    )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_runner.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(f"{'import ragloop (ms, fresh process)':<34}{im['median']:>12.1f}{'':>18}   {im['min']:.1f}–{im['max']:.1f}")
+    report["peers"] = peers
+    for name in peers:
+        pim = summary(peer_import_ms(PEERS[name][0], args.imports))
+        report[f"import_{name}_ms"] = pim
+        label = f"import {PEERS[name][0]} (ms)"
+        print(f"{label:<34}{pim['median']:>12.1f}{'':>18}   {pim['min']:.1f}–{pim['max']:.1f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
 
 
 if __name__ == "__main__":

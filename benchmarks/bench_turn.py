@@ -73,36 +73,6 @@ SCENARIOS = {
 }
 
 
-def build_chat(url: str, index: Any, settings: TurnSettings) -> tuple[ChatRAG, Any]:
-    """``ChatRAG.from_index(index, llm)``'s wiring, with every external call wrapped in a timing span."""
-    import openai
-
-    from ragloop.llm.offline import OfflineAnswerer, OfflineDecider
-    from ragloop.llm.offline.terms import CorpusStats
-    from ragloop.llm.openai_judges import OpenAIJudges
-    from ragloop.retrievers.live import SQLiteTicketSource
-
-    stats = CorpusStats.from_texts([c.text for c in index.chunks])
-    offline_decider = OfflineDecider(stats, max_queries=settings.max_queries)
-    client = openai.AsyncOpenAI(base_url=url, api_key="bench", max_retries=0, timeout=60.0)
-    judges = OpenAIJudges.create(
-        client, fast_model="sim-fast", answer_model="sim-answer", glossary=offline_decider.terms_glossary
-    )
-    rag = ChatRAG(
-        retriever=_sim.Timed(index.retriever("hybrid"), "search"),
-        decider=_sim.Timed(judges.decider, "decide"),
-        grader=_sim.Timed(judges.grader, "grade"),
-        rewriter=_sim.Timed(judges.rewriter, "rewrite"),
-        answerer=_sim.Timed(judges.answerer, "answer"),
-        live_sources=(_sim.Timed(SQLiteTicketSource(), "live"),),
-        settings=settings,
-        embedder=_sim.Timed(index.embedder, "embed"),
-        fallback_decider=offline_decider,
-        fallback_answerer=OfflineAnswerer(stats),
-    )
-    return rag, client
-
-
 async def one_turn(rag: ChatRAG, question: str) -> dict[str, Any]:
     """Run one streamed turn and measure it."""
     spans: list[tuple[str, float, float]] = []
@@ -185,8 +155,8 @@ def summarise(turns: list[dict[str, Any]]) -> dict[str, Any]:
 async def run_all(url: str, index: Any, turns: int) -> tuple[dict[str, list[dict[str, Any]]], float]:
     settings = TurnSettings()
     fast_settings = TurnSettings(fast_path_confidence=await fast_threshold(index, settings))
-    default_rag, c1 = build_chat(url, index, settings)
-    fast_rag, c2 = build_chat(url, index, fast_settings)
+    default_rag, c1 = _sim.build_chat(url, index, settings)
+    fast_rag, c2 = _sim.build_chat(url, index, fast_settings)
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in SCENARIOS}
     try:
         for round_ in range(turns + 1):
