@@ -33,7 +33,7 @@ from ragloop.llm.offline.terms import CorpusStats, content_words, key_terms, mer
 from ragloop.llm.usage import LLMCall, record_call
 from ragloop.state import Decision, Message, PageContext
 
-__all__ = ["REPLIES", "OfflineDecider", "page_subject", "small_talk_kind", "split_topics"]
+__all__ = ["REPLIES", "Glossary", "OfflineDecider", "page_subject", "small_talk_kind", "split_topics"]
 
 SmallTalk = Literal["greeting", "thanks", "bye", "wellbeing", "identity", "ack"]
 
@@ -242,20 +242,44 @@ def split_topics(text: str) -> list[str]:
     return [t for t in topics if key_terms(t) or _PRONOUN.search(t)]
 
 
-def _expand_abbreviations(query: str, glossary: Mapping[str, str]) -> str:
-    """ "SSO" → "SSO (single sign-on)"; "single sign-on" → "single sign-on (SSO)"; once per abbreviation."""
-    for abbrev, long in glossary.items():
-        if not abbrev or not long:
-            continue
-        short = re.compile(r"(?<![\w-])" + re.escape(abbrev) + r"(?![\w-])")
-        longform = re.compile(r"(?<!\w)" + re.escape(long) + r"(?!\w)", re.IGNORECASE)
-        has_long = longform.search(query)
-        m = short.search(query)
-        if m and not has_long:
-            query = f"{query[: m.end()]} ({long}){query[m.end() :]}"
-        elif has_long and not m:
-            query = f"{query[: has_long.end()]} ({abbrev}){query[has_long.end() :]}"
-    return query
+_WORD = re.compile(r"[\w&]+")
+
+
+@frozen
+class Glossary:
+    """A glossary indexed for expansion: abbreviation lookup by token, long forms by their first word.
+
+    Attributes:
+        entries: Abbreviation → long form.
+    """
+
+    entries: Mapping[str, str]
+    _by_first_word: Mapping[str, tuple[tuple[str, str], ...]] = field(init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        index: dict[str, list[tuple[str, str]]] = {}
+        for abbrev, long in self.entries.items():
+            words = _WORD.findall(long.lower())
+            if abbrev and words:
+                index.setdefault(words[0], []).append((abbrev, long))
+        object.__setattr__(self, "_by_first_word", {k: tuple(v) for k, v in index.items()})
+
+    def expand(self, query: str) -> str:
+        """ "SSO" → "SSO (single sign-on)"; "single sign-on" → "single sign-on (SSO)"; once per abbreviation."""
+        tokens = _WORD.findall(query)
+        candidates = {(t, self.entries[t]) for t in tokens if self.entries.get(t)}
+        for t in tokens:
+            candidates.update(self._by_first_word.get(t.lower(), ()))
+        for abbrev, long in sorted(candidates):
+            short = re.compile(r"(?<![\w-])" + re.escape(abbrev) + r"(?![\w-])")
+            longform = re.compile(r"(?<!\w)" + re.escape(long) + r"(?!\w)", re.IGNORECASE)
+            has_long = longform.search(query)
+            m = short.search(query)
+            if m and not has_long:
+                query = f"{query[: m.end()]} ({long}){query[m.end() :]}"
+            elif has_long and not m:
+                query = f"{query[: has_long.end()]} ({abbrev}){query[has_long.end() :]}"
+        return query
 
 
 @frozen
@@ -271,12 +295,16 @@ class OfflineDecider:
     stats: CorpusStats | None = None
     glossary: Mapping[str, str] = field(factory=dict)
     max_queries: int = 4
+    _glossary: Glossary = field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        mined = self.stats.glossary if self.stats is not None else {}
+        object.__setattr__(self, "_glossary", Glossary(merge_glossary(mined, self.glossary)))
 
     @property
-    def terms_glossary(self) -> dict[str, str]:
+    def terms_glossary(self) -> Mapping[str, str]:
         """The glossary in effect: configured entries over mined ones."""
-        mined = self.stats.glossary if self.stats is not None else {}
-        return merge_glossary(mined, self.glossary)
+        return self._glossary.entries
 
     def _subject(self, index: int, previous: list[str], history: Sequence[Message], page: PageContext) -> str:
         if index > 0 and previous:
@@ -302,7 +330,6 @@ class OfflineDecider:
                 kind = next(k for k in _PRIORITY if k in kinds)
                 return Decision(reply=REPLIES[kind], reason=f"small talk: {kind}")
             return Decision(reply=REPLIES["unclear"], reason="nothing to search for")
-        glossary = self.terms_glossary
         page_subj = page_subject(page)
         queries: list[str] = []
         seen: set[frozenset[str]] = set()
@@ -312,7 +339,7 @@ class OfflineDecider:
             resolved = self._resolve(topic, self._subject(i, topics, history, page), page_subj)
             if resolved != topic:
                 notes.append(f"resolved {topic!r} -> {resolved!r}")
-            query = " ".join(_expand_abbreviations(resolved, glossary).split())
+            query = " ".join(self._glossary.expand(resolved).split())
             key = normalised_terms(query)
             if key and key not in seen:
                 seen.add(key)
