@@ -161,6 +161,11 @@ class TestPronouns:
         """A URL urllib cannot parse still yields its path tail, never an error."""
         assert page_subject(PageContext(url="http://[bad/products/audit-logs")) == "audit logs"
 
+    def test_backslashes_in_the_page_are_text(self) -> None:
+        """A backslash in the page URL is substituted literally (found by the fuzz test)."""
+        page = PageContext(url="https://x.io/docs/paths\\1")
+        assert queries("How do I use this page?", page=page) == ("How do I use paths\\1",)
+
     def test_page_title_wins_over_url(self) -> None:
         """A page title (without its site suffix) describes the page better than the URL."""
         assert page_subject(PageContext(url="https://x.io/a/b", title="Audit logs | Widgets Help")) == "Audit logs"

@@ -315,12 +315,13 @@ class OfflineDecider:
         return page_subject(page)
 
     def _resolve(self, topic: str, subject: str, page_subj: str) -> str:
+        # Replacements are functions so a backslash in a URL or title is text, not a group reference.
         if page_subj:
-            topic = _PAGE_REF.sub(page_subj, topic)
+            topic = _PAGE_REF.sub(lambda _: page_subj, topic)
         if not subject or _EXPLETIVE.search(topic):
             return topic
-        topic = re.sub(r"\b(?:it|its|they|them)\b", subject, topic, flags=re.IGNORECASE)
-        return _DEMONSTRATIVE_REF.sub(subject, topic)
+        topic = re.sub(r"\b(?:it|its|they|them)\b", lambda _: subject, topic, flags=re.IGNORECASE)
+        return _DEMONSTRATIVE_REF.sub(lambda _: subject, topic)
 
     def decide_sync(self, question: str, history: Sequence[Message], page: PageContext) -> Decision:
         """The decision, synchronously (what :meth:`decide` awaits)."""

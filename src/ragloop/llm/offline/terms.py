@@ -252,29 +252,33 @@ class CorpusStats:
         import numpy as np
 
         vocab: dict[str, int] = {}
-        surfaces: list[Counter[str]] = []
+        tid_of: dict[str, int] = {}  # token -> term id, -1 for a stopword or a one-letter token
+        token_df: Counter[str] = Counter()
         doc_terms: list[np.ndarray] = []
         kept_texts: list[str] = []
-        stems: dict[str, str | None] = {}  # token -> stem, or None for a stopword/one-letter token
         for text in texts:
             if mine_abbreviations:
                 kept_texts.append(text)
-            ids: set[int] = set()
-            for token in set(tokenize(text)):
-                s = stems.get(token, "")
-                if s == "":
-                    s = stems[token] = (
-                        None if token in STOPWORDS or (len(token) == 1 and token.isalpha()) else stem(token)
-                    )
-                if s is None:
+            tokens = set(tokenize(text))
+            token_df.update(tokens)  # C loop; surfaces are picked from these counts at the end
+            for token in tokens.difference(tid_of):  # only tokens never seen before: few after a while
+                if token in STOPWORDS or (len(token) == 1 and token.isalpha()):
+                    tid_of[token] = -1
                     continue
-                tid = vocab.get(s)
-                if tid is None:
-                    tid = vocab[s] = len(vocab)
-                    surfaces.append(Counter())
-                surfaces[tid][token] += 1
-                ids.add(tid)
+                s = stem(token)
+                if s in STOPWORDS:
+                    tid_of[token] = -1
+                    continue
+                tid_of[token] = vocab.setdefault(s, len(vocab))
+            ids = {tid_of[t] for t in tokens}
+            ids.discard(-1)
             doc_terms.append(np.fromiter(sorted(ids), dtype=np.int32, count=len(ids)))
+        surface = [""] * len(vocab)
+        best = [0] * len(vocab)
+        for token, count in token_df.items():
+            tid = tid_of[token]
+            if tid >= 0 and (count > best[tid] or (count == best[tid] and token < surface[tid])):
+                surface[tid], best[tid] = token, count
         n_docs = len(doc_terms)
         if doc_terms:
             flat = np.concatenate(doc_terms)
@@ -292,7 +296,7 @@ class CorpusStats:
             vocab=vocab,
             terms=list(vocab),
             df=df,
-            surface=[c.most_common(1)[0][0] for c in surfaces],
+            surface=surface,
             doc_terms=doc_terms,
             postings=postings,
             glossary=glossary,
