@@ -100,6 +100,13 @@ def _cmd_index(args: argparse.Namespace) -> int:
         result = ingest_path(args.path, max_chars=args.max_chars, overlap=args.overlap, progress=reading)
     finally:
         reading.close()
+    if not result.chunks:
+        # Writing an empty index would replace a good one at --out with one that never finds anything.
+        reasons = "; ".join(f"{where}: {why}" for where, why in result.skipped[:3])
+        raise RagloopError(
+            f"nothing to index in {args.path}: all {len(result.skipped)} file(s) or document(s) were skipped "
+            f"({reasons}); {args.out} was left unchanged"
+        )
     embedding = _Progress(f"embedding ({embedder.name})")
     try:
         index = KnowledgeIndex.build(result.chunks, embedder, progress=embedding)

@@ -162,7 +162,7 @@ def chaos_rag(chaos: Chaos) -> ChatRAG:
     texts = [c.text for c in index.chunks]
     stats = CorpusStats.from_texts(texts)
     ticket = LiveRecord("tickets", "4242", "Ticket #4242: export stuck", "Ticket #4242: export stuck. Status: open.")
-    settings = TurnSettings(retrieve_timeout_s=1.0, deadline_s=10.0)
+    settings = TurnSettings(k=4, per_query_budget=4, retrieve_timeout_s=1.0, deadline_s=10.0)
     decider = OfflineDecider(stats, max_queries=settings.max_queries)
     answerer = OfflineAnswerer(stats)
     return ChatRAG(
@@ -208,7 +208,7 @@ def check_reply(question: str, reply: Reply, run_ids: set[str], *, offline: bool
 
 async def test_offline_turns_under_load_with_faults() -> None:
     """1,000 turns, 100 at once, random faults: every turn answers, no cross-talk, no leaked tasks, flat memory."""
-    turns, concurrency, warmup, traced = scale(1000, 10_000), 100, 100, 60
+    turns, concurrency, warmup, traced = scale(1000, 10_000), 100, 100, 50
     chaos = Chaos(random.Random(SEED))
     rag = chaos_rag(chaos)
     plan = [QUESTIONS[i % len(QUESTIONS)][0] for i in range(turns + 2 * traced)]
