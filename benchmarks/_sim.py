@@ -232,7 +232,8 @@ class Sleepy:
 
     async def answer(self, *args: Any, **kw: Any) -> AsyncIterator[str]:
         await anyio.sleep(LATENCY["answer_first"])
-        text = "".join([tok async for tok in self._inner.answer(*args, **kw)]) or _answer_text()
+        # The offline answer's text, cut to the simulated answer's 60 tokens so both set-ups stream alike.
+        text = ("".join([tok async for tok in self._inner.answer(*args, **kw)]) or _answer_text())[: 60 * ANSWER_CHUNK]
         for i in range(0, len(text), ANSWER_CHUNK):
             if i:
                 await anyio.sleep(LATENCY["answer_token"])

@@ -131,7 +131,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "bench_concurrency.json"))
     parser.add_argument("--json", action="store_true", help="print the JSON report instead of the table")
     args = parser.parse_args()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     _sim.set_scale(args.scale)
 
     from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder

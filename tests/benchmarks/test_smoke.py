@@ -1,0 +1,104 @@
+"""Smoke runs of the benchmark scripts with tiny sizes: they still run and print the documented JSON shape.
+
+Nothing here looks at a timing value; speed is what the scripts measure, not what the tests assert.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+BENCH = ROOT / "benchmarks"
+DATA = ROOT / ".." / "shared" / "data"
+
+
+def run_json(script: str, *args: str) -> Any:
+    """Run ``benchmarks/<script>`` with ``args`` and parse the one JSON object it prints."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder for the hash-embedder sample index, shared by the scripts that build it."""
+    return tmp_path_factory.mktemp("bench-cache")
+
+
+class TestBenchTurn:
+    def test_reports_every_scenario(self, cache: Path, tmp_path: Path) -> None:
+        """bench_turn reports per-node times, TTFT, calls, tokens and the overhead split for every scenario."""
+        out = tmp_path / "turn.json"
+        report = run_json(
+            "bench_turn.py", "--turns", "1", "--scale", "0.01", "--embedder", "hash",
+            "--cache-dir", str(cache), "--out", str(out), "--json",
+            "--scenarios", "greeting", "single", "single-fast", "rewrite", "ticket", "fanout-2",
+        )  # fmt: skip
+        assert set(report["scenarios"]) == {"greeting", "single", "single-fast", "rewrite", "ticket", "fanout-2"}
+        assert report["scenarios"]["greeting"]["path"] == ["decide", "answer"]
+        assert report["scenarios"]["single-fast"]["fast_path"] is True
+        assert "rewrite" in report["scenarios"]["rewrite"]["path"]
+        assert "live" in report["scenarios"]["ticket"]["path"]
+        for s in report["scenarios"].values():
+            assert {"total_ms", "ttft_ms", "nodes_ms", "llm_calls", "tokens", "orchestration_ms"} <= set(s)
+            assert s["llm_calls"] >= 1
+        assert [row["topics"] for row in report["grade_fanout"]] == [2]
+        assert report["fast_path_saves_llm_calls"] > 0
+        assert json.loads(out.read_text()) == report
+
+
+class TestBenchConcurrency:
+    def test_reports_each_level_for_both_setups(self, cache: Path, tmp_path: Path) -> None:
+        """bench_concurrency reports throughput, percentiles and memory per level, for SDK and sleeping judges."""
+        report = run_json(
+            "bench_concurrency.py", "--levels", "1", "3", "--scale", "0.01", "--embedder", "hash",
+            "--cache-dir", str(cache), "--out", str(tmp_path / "c.json"), "--json",
+        )  # fmt: skip
+        assert set(report["results"]) == {"sleep", "sdk"}
+        for rows in report["results"].values():
+            assert [r["turns"] for r in rows] == [1, 3]
+            for r in rows:
+                assert {"throughput_per_s", "p50_ms", "p95_ms", "peak_rss_mib", "cpu_ms_per_turn"} <= set(r)
+                assert r["paths"] == ["decide→retrieve→grade→answer"]
+
+
+class TestBenchQuality:
+    @pytest.mark.skipif(not (DATA / "hotpotqa-dev200").is_dir(), reason="shared HotpotQA data not present")
+    def test_prints_the_documented_shape(self, tmp_path: Path) -> None:
+        """bench_quality --json prints {single_shot, agentic}, each with exactly the six documented keys."""
+        report = run_json(
+            "bench_quality.py", "--beir", str(DATA / "hotpotqa-dev200"), "--split", "dev", "--embedder", "hash",
+            "--limit", "4", "--cache", str(tmp_path), "--out", str(tmp_path / "q.json"), "--json",
+        )  # fmt: skip
+        keys = {"recall@2", "recall@5", "recall@10", "ndcg@10", "retrieval_calls_per_question", "seconds_per_question"}
+        assert set(report) == {"single_shot", "agentic"}
+        for arm in report.values():
+            assert set(arm) == keys
+            assert all(0.0 <= arm[k] <= 1.0 for k in ("recall@2", "recall@5", "recall@10", "ndcg@10"))
+        assert report["single_shot"]["retrieval_calls_per_question"] == 1.0
+        assert report["agentic"]["retrieval_calls_per_question"] >= 1.0
+
+
+class TestBenchRunner:
+    def test_writes_both_shapes(self, tmp_path: Path) -> None:
+        """bench_runner measures the loop and the linear graph against the bare loop and writes its JSON."""
+        out = tmp_path / "runner.json"
+        done = subprocess.run(
+            [sys.executable, str(BENCH / "bench_runner.py"), "--transitions", "300", "--invokes", "20",
+             "--repeats", "1", "--imports", "1", "--no-peers", "--out", str(out)],
+            capture_output=True, text=True, timeout=120, cwd=ROOT,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        report = json.loads(out.read_text())
+        for shape in ("loop", "linear"):
+            assert {"ragloop_us", "bare_us", "ratio"} <= set(report[shape])
+        assert report["peers"] == {}
+        assert "per transition" in done.stdout
