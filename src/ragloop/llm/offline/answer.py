@@ -32,7 +32,9 @@ INJECTION = re.compile(
     r"\b(?:ignore|disregard|forget|override)\b.{0,40}\b(?:instructions?|prompts?|rules|context|above|previous)\b"
     r"|\byou are now\b|\bsystem prompt\b|\bas an ai\b|\bact as\b|\bjailbreak\b"
     r"|\b(?:respond|reply|answer|say)\s+(?:only\s+)?(?:with|that)\b"
-    r"|\bnew instructions?\b|\bdo not (?:tell|mention) the user\b",
+    r"|\bnew instructions?\b|\bdo not (?:tell|mention) the user\b"
+    # Imitated tool calls: an assistant's function-call JSON, or a request to call a tool.
+    r"|[\"']?(?:tool_calls|function_call)[\"']?\s*:|\bcall (?:the |a )?\w+ (?:tool|function)\b",
     re.IGNORECASE | re.DOTALL,
 )
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|\n\s*\n|\n(?=\s*(?:[-*+]\s|\d+\.\s|#))")
