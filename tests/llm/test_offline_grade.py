@@ -112,3 +112,17 @@ class TestCalibrate:
             OfflineGrader(STATS).partial_at,
             500,
         )
+
+
+def test_chunk_not_naming_the_requested_id_is_at_most_partial() -> None:
+    """A generic page about tickets is background for "status of ticket #1234", never a full answer."""
+    from ragloop.fakes import make_hit
+    from ragloop.llm.offline.grade import OfflineGrader
+    from ragloop.llm.offline.terms import CorpusStats
+
+    texts = ["You can check the status of any ticket under My tickets.", "Ticket #1234 status: open, SSO error."]
+    grader = OfflineGrader(CorpusStats.from_texts(texts))
+    generic = grader.judge("status of ticket #1234", make_hit(texts[0], confidence=1.0))
+    exact = grader.judge("status of ticket #1234", make_hit(texts[1]))
+    assert generic.label == "partial" and "does not name #1234" in generic.reason
+    assert exact.label == "relevant"

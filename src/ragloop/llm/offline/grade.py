@@ -11,6 +11,8 @@ How a verdict is reached, in order:
 3. **Retrieval signal.** A strong retrieval signal (the hit's confidence, its dense cosine, or its BM25 score
    relative to the query's IDF mass, whichever is highest, at or above ``strong_signal``) promotes the label
    one step: a paraphrase the dense retriever is sure about is not thrown away for lack of shared words.
+4. **Exact ids must be named.** A chunk that does not name an id the query asks about is at most
+   ``partial``: a generic page about tickets does not answer "status of ticket #1234" (the live node does).
 
 Thresholds come from :meth:`OfflineGrader.calibrate` on the index (see there), or the defaults:
 ``relevant_at=0.57`` is what calibration gives on SciFact abstracts (0.565); ``partial_at=0.27`` sits between
@@ -251,6 +253,12 @@ class OfflineGrader:
         if signal >= self.strong_signal and label != "relevant":
             label = "partial" if label == "irrelevant" else "relevant"
             reason += f"; promoted by retrieval signal {signal:.2f}"
+        absent = _absent_ids(query, text)
+        if absent and label == "relevant":
+            # A query about one exact id (ticket #1234, E1002) is answered only by text naming that id;
+            # a generic page about tickets or errors is background at best.
+            label = "partial"
+            reason += f"; does not name {', '.join(absent)}"
         return Verdict(label, reason, score=round(cov.score, 4))
 
     async def grade(self, query: str, hit: Hit) -> Verdict:
@@ -259,6 +267,12 @@ class OfflineGrader:
         verdict = self.judge(query, hit)
         record_call(LLMCall(judge="grade", model="offline", seconds=time.perf_counter() - start))
         return verdict
+
+
+def _absent_ids(query: str, text: str) -> list[str]:
+    """The exact ids the query asks about that the text does not name (any kind)."""
+    named = extract_ids(text)
+    return sorted(i for kind, ids in extract_ids(query).items() for i in ids - named.get(kind, frozenset()))
 
 
 def _split_head(text: str) -> tuple[str, str]:
