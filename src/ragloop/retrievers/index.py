@@ -16,10 +16,12 @@ checksum and refuses an index built with a different embedder.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
 import shutil
+import sys
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -78,6 +80,18 @@ def _fsync_tree(root: Path) -> None:
             finally:
                 os.close(fd)
         _fsync_dir(Path(dirpath))
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where that is unavailable."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # pragma: no cover - libc without renameat2 (glibc < 2.28, musl)
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return bool(renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -308,7 +322,13 @@ class KnowledgeIndex:
             }
             (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
             _fsync_tree(tmp)
-            if target.exists():
+            if target.exists() and _exchange(tmp, target):
+                # One atomic step: a crash leaves either the old index or the new one at ``target``.
+                _fsync_dir(parent)
+                shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the previous index
+            elif target.exists():
+                # No atomic exchange here (not Linux, or the filesystem refuses it): two renames, and load()
+                # explains the leftover if a crash falls between them.
                 old = parent / f".{target.name}.old-{uuid.uuid4().hex[:12]}"
                 os.rename(target, old)
                 os.rename(tmp, target)
