@@ -207,3 +207,22 @@ async def test_decide_records_an_offline_call() -> None:
         decision = await OfflineDecider().decide("thanks", (), NO_PAGE)
     assert decision.direct
     assert [(c.judge, c.model) for c in meter.calls] == [("decide", "offline")]
+
+
+def test_thanks_with_trailing_praise_is_small_talk() -> None:
+    """ "Thanks, that helped a lot." is answered directly, not searched."""
+    from ragloop.llm.offline import OfflineDecider
+    from ragloop.state import PageContext
+
+    decision = OfflineDecider().decide_sync("Thanks, that helped a lot.", (), PageContext())
+    assert decision.reply is not None and not decision.queries
+
+
+def test_phrasal_verb_pronoun_resolved_from_page() -> None:
+    """ "set this up" / "turn this off" take their subject from the page URL."""
+    from ragloop.llm.offline import OfflineDecider
+    from ragloop.state import PageContext
+
+    page = PageContext(url="https://help.lumen.example/scim-provisioning")
+    decision = OfflineDecider().decide_sync("How do I set this up?", (), page)
+    assert decision.queries == ("How do I set scim provisioning up",)

@@ -83,3 +83,11 @@ class TestOfflineRewriter:
         assert [c.judge for c in meter.calls] == ["rewrite", "rewrite"]
         assert meter.calls[0].error is None
         assert meter.calls[1].error is not None and "no new angle" in meter.calls[1].error
+
+
+def test_unknown_name_or_id_gives_up_instead_of_drifting() -> None:
+    """A name or id the index never mentions cannot be found by rewriting: say so, don't drift."""
+    rewriter = OfflineRewriter(STATS)
+    for question in ("Does it integrate with Salesforce?", "What is the status of ticket #987654?"):
+        with pytest.raises(JudgeError, match="occur nowhere in the index"):
+            rewriter.rewrite_sync(question, question, [question])

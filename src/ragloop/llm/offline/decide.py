@@ -69,7 +69,7 @@ _SMALL_TALK_PATTERNS: list[tuple[SmallTalk, str]] = [
         "ack",
         r"(?:ok|okay|k|cool|great|nice|perfect|awesome|got it|sounds good|understood|i see|alright|"
         r"all right|sure|yes|no|yep|nope|fine|good|makes sense|that helps|that helped|that works|"
-        r"ok great|ok cool|excellent|wonderful|lol|haha)",
+        r"ok great|ok cool|excellent|wonderful|lol|haha)(?: (?:a lot|so much|a ton|thanks|thank you|again))*",
     ),
 ]
 _SMALL_TALK: tuple[tuple[SmallTalk, re.Pattern[str]], ...] = tuple(
@@ -126,7 +126,7 @@ _EXPLETIVE = re.compile(
 # "this/that/these/those" at the end of a clause or before a verb-ish word are resolved.
 _DEMONSTRATIVE_REF = re.compile(
     r"\b(?:this|that|these|those)\b(?=\s*$|\s+(?:is|are|was|were|does|do|work|works|mean|means|cost|costs|"
-    r"happen|happens|support|supports|require|requires)\b)",
+    r"happen|happens|support|supports|require|requires|up|out|off|on|back|working|enabled|disabled)\b)",
     re.IGNORECASE,
 )
 _GENERIC_WORDS = (

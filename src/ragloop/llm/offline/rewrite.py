@@ -5,10 +5,20 @@ drops every term already tried this turn and adds terms that the corpus associat
 relevance feedback, :meth:`CorpusStats.associated`) and that were not tried either. Candidates are checked with
 :func:`~ragloop.llm.offline.novelty.is_near_duplicate` against every tried query; when no novel candidate
 exists it raises :class:`~ragloop.errors.JudgeError` instead of repeating itself, and the rewrite node stops.
+
+Two rules keep rewrites honest:
+
+* A name or identifier of the question that the index does not contain at all ("Salesforce", "Australia",
+  a ticket id no page names) cannot be found by any rewrite built from corpus statistics; the rewriter says so
+  (``JudgeError``) instead of drifting to a query about something else, and the turn answers with what it has.
+  (Unknown ordinary words — "problems", "failing" — are dropped as usual: they are incidental.)
+* Identifiers of the question (``E1002``, ``v3.2.0``) are kept in every rewrite: without them the grader would
+  judge generic pages against a query that no longer asks about the id.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator, Sequence
 
@@ -16,7 +26,7 @@ from attrs import frozen
 
 from ragloop.errors import JudgeError
 from ragloop.llm.offline.novelty import is_near_duplicate, normalised_terms
-from ragloop.llm.offline.terms import CorpusStats, key_terms
+from ragloop.llm.offline.terms import CorpusStats, key_terms, stem
 from ragloop.llm.usage import LLMCall, record_call
 
 __all__ = ["OfflineRewriter"]
@@ -79,10 +89,22 @@ class OfflineRewriter:
             JudgeError: No query that is new against ``tried`` (and ``failed_query``) can be built.
         """
         all_tried = [failed_query, *tried]
-        tried_terms = frozenset().union(*(normalised_terms(q) for q in all_tried))
-        own = {t.stem: t.surface for t in key_terms(question)}
-        for stems in self._candidates(question, tried_terms):
-            if not stems:
+        terms = key_terms(question)
+        names = _names(question)
+        unknown = [
+            t.surface for t in terms if self.stats.doc_freq(t.stem) == 0 and (_is_id(t.stem) or t.stem in names)
+        ]
+        if unknown:
+            raise JudgeError(
+                f"no new angle for {question!r}: {', '.join(unknown)} occur nowhere in the index, "
+                "so no rewrite can find them; answer with what was found"
+            )
+        ids = [t.stem for t in terms if _is_id(t.stem)]
+        tried_terms = frozenset().union(*(normalised_terms(q) for q in all_tried)) - set(ids)
+        own = {t.stem: t.surface for t in terms}
+        for candidate in self._candidates(question, tried_terms):
+            stems = ids + [s for s in candidate if s not in ids]
+            if not [s for s in stems if s not in ids]:
                 continue
             query = " ".join(own.get(s) or self.stats.surface_of(s) for s in stems)
             if not is_near_duplicate(query, all_tried, threshold=self.threshold):
@@ -103,3 +125,17 @@ class OfflineRewriter:
             raise
         finally:
             record_call(LLMCall(judge="rewrite", model="offline", seconds=time.perf_counter() - start, error=error))
+
+
+def _is_id(stem: str) -> bool:
+    """True for identifier tokens (``#1234``, ``e1002``, ``v3.2.0``): they carry digits."""
+    return any(ch.isdigit() for ch in stem)
+
+
+def _names(question: str) -> set[str]:
+    """Stems of the capitalised words that do not start a sentence: the names a question is about."""
+    out: set[str] = set()
+    for sentence in re.split(r"(?<=[.!?])\s+", question):
+        words = re.findall(r"[^\W\d_][\w'-]*", sentence)
+        out.update(stem(w.lower()) for w in words[1:] if w[0].isupper())
+    return out
