@@ -38,7 +38,7 @@ def main() -> int:
     # Import the heavy modules once, before forking, so every child starts its run at once.
     import ragloop.cli
     import ragloop.retrievers.index
-    import ragloop.retrievers.ingest  # noqa: F401
+    import ragloop.retrievers.ingest
 
     for k in points:
         out = os.path.join(trials, f"trial-{k}", "kb")
@@ -47,9 +47,9 @@ def main() -> int:
         if pid == 0:  # child
             os.close(read)
             state = {"n": 0, "kill_at": k}
-            os.mkdir = _hooked("mkdir", os.mkdir, state)  # type: ignore[assignment]
-            os.fsync = _hooked("fsync", os.fsync, state)  # type: ignore[assignment]
-            os.rename = _hooked("rename", os.rename, state)  # type: ignore[assignment]
+            os.mkdir = _hooked("mkdir", os.mkdir, state)
+            os.fsync = _hooked("fsync", os.fsync, state)
+            os.rename = _hooked("rename", os.rename, state)
             shutil.rmtree = _hooked("rmtree", shutil.rmtree, state)  # type: ignore[assignment]
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)

@@ -86,7 +86,7 @@ FAULTS = (
 
 
 @attrs.define
-class turn_matcher:  # noqa: N801 - used like a function
+class turn_matcher:
     """A matcher serving ``fault`` to every request of the judges in ``faulty``, good answers to the rest.
 
     Attributes:

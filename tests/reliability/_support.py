@@ -21,7 +21,18 @@ from ragloop.retrievers.index import KnowledgeIndex
 from ragloop.retrievers.live import LiveSource
 from ragloop.state import Chunk, Hit
 
-__all__ = ["FIGURES", "SOAK", "FaultyRetriever", "count", "offline_rag", "TOPICS", "scale", "small_chunks", "small_index", "turn_tasks"]
+__all__ = [
+    "FIGURES",
+    "SOAK",
+    "TOPICS",
+    "FaultyRetriever",
+    "count",
+    "offline_rag",
+    "scale",
+    "small_chunks",
+    "small_index",
+    "turn_tasks",
+]
 
 #: ``RAGLOOP_SOAK=1`` runs the larger variants (more turns, kills, examples); never on by default.
 SOAK = os.environ.get("RAGLOOP_SOAK", "") not in ("", "0")
@@ -136,4 +147,4 @@ class FaultyRetriever:
                 await anyio.sleep_forever()
             finally:
                 self.cancelled.append(time.monotonic())
-        return await self.inner.search(query, k)
+        return list(await self.inner.search(query, k))

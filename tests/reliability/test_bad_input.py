@@ -29,7 +29,7 @@ def rag() -> ChatRAG:
 
 @pytest.fixture
 def saved_index(tmp_path: Path) -> Path:
-    return small_index().save(tmp_path / "kb")
+    return Path(small_index().save(tmp_path / "kb"))
 
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -133,7 +133,7 @@ class TestHistoryAndPage:
         with pytest.raises(InputError, match="page_url is 5,000 characters"):
             await rag.ask(GOOD, page_url="h" * 5_000)
         with pytest.raises(InputError, match="page_title must be a string"):
-            await rag.ask(GOOD, page_title=["x"])  # type: ignore[arg-type]
+            await rag.ask(GOOD, page_title=["x"])
         count("bad_input_cases", 2)
 
 
@@ -147,7 +147,7 @@ class TestIndexDirectory:
     def test_directory_without_manifest(self, tmp_path: Path) -> None:
         """A folder that is not an index says it has no manifest."""
         (tmp_path / "notes.txt").write_text("hi")
-        with pytest.raises(RagloopError, match="has no manifest.json"):
+        with pytest.raises(RagloopError, match=r"has no manifest\.json"):
             ChatRAG.from_index(tmp_path)
         count("bad_input_cases")
 
@@ -158,7 +158,7 @@ class TestIndexDirectory:
         data = bytearray(path.read_bytes())
         data[len(data) // 2] ^= 0xFF
         path.write_bytes(bytes(data))
-        with pytest.raises(RagloopError, match="checksum|unreadable") as info:
+        with pytest.raises(RagloopError, match=r"checksum|unreadable") as info:
             ChatRAG.from_index(saved_index)
         assert target in str(info.value) or "manifest" in str(info.value)
         count("bad_input_cases")

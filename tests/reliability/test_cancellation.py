@@ -101,7 +101,7 @@ async def disconnect(
                 break
         await until_in_flight()
         t0 = time.monotonic()
-        await events.aclose()  # type: ignore[attr-defined]
+        await events.aclose()
         return time.monotonic() - t0, baseline
 
     with anyio.CancelScope() as outer:

@@ -34,7 +34,8 @@ def write_docs(folder: Path, version: str, n: int) -> Path:
     folder.mkdir(parents=True)
     for i in range(n):
         (folder / f"page-{i:03d}.md").write_text(
-            f"# Page {i} ({version})\n\nRelease {version} page {i}: webhooks retry {i} times; exports take {i} minutes.\n"
+            f"# Page {i} ({version})\n\n"
+            f"Release {version} page {i}: webhooks retry {i} times; exports take {i} minutes.\n"
         )
     return folder
 
@@ -71,7 +72,14 @@ def fresh_trial(root: Path, name: str, pristine: Path) -> Path:
 
 def run_driver(new_docs: Path, trials: Path, points: list[int]) -> list[dict[str, object]]:
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.reliability._kill_driver", str(new_docs), str(trials), ",".join(map(str, points))],
+        [
+            sys.executable,
+            "-m",
+            "tests.reliability._kill_driver",
+            str(new_docs),
+            str(trials),
+            ",".join(map(str, points)),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -82,7 +90,9 @@ def run_driver(new_docs: Path, trials: Path, points: list[int]) -> list[dict[str
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
-def test_kill_at_filesystem_steps(corpora: tuple[Path, Path, Path, frozenset[str], frozenset[str]], tmp_path: Path) -> None:
+def test_kill_at_filesystem_steps(
+    corpora: tuple[Path, Path, Path, frozenset[str], frozenset[str]], tmp_path: Path
+) -> None:
     """SIGKILL at (seeded) filesystem steps of a run: the index loads as the old one or the new one, every time."""
     pristine, _, new_docs, old, new = corpora
     fresh_trial(tmp_path, "trial-0", pristine)
@@ -92,7 +102,9 @@ def test_kill_at_filesystem_steps(corpora: tuple[Path, Path, Path, frozenset[str
     assert classify(tmp_path / "trial-0" / "kb", old, new) == "new"
     renames = _rename_steps(steps)
     rng = random.Random(SEED)
-    points = list(range(1, steps + 1)) if SOAK else sorted({*renames, *rng.sample(range(1, steps + 1), k=min(4, steps))})
+    points = (
+        list(range(1, steps + 1)) if SOAK else sorted({*renames, *rng.sample(range(1, steps + 1), k=min(4, steps))})
+    )
     for k in points:
         fresh_trial(tmp_path, f"trial-{k}", pristine)
     results = run_driver(new_docs, tmp_path, points)

@@ -54,7 +54,7 @@ def llm_rag(client: object) -> ChatRAG:
     """The small index with OpenAI judges (offline fallbacks) and a short per-call timeout."""
     return ChatRAG.from_index(
         small_index(),
-        client,  # type: ignore[arg-type]
+        client,
         fast_model="fast",
         answer_model="big",
         timeout_s=TIMEOUT_S,
@@ -151,12 +151,12 @@ async def test_rate_limit_retry_after_is_honoured() -> None:
     def first_decide_limited(request: object) -> object:
         from tests.reliability._llm import good_response
 
-        if judge_of(request) == "decide" and not served:  # type: ignore[arg-type]
+        if judge_of(request) == "decide" and not served:
             served.append(time.monotonic())
             return rate_limited(retry_after=retry_after)
-        return good_response(request)  # type: ignore[arg-type]
+        return good_response(request)
 
-    async with ScriptedOpenAIServer(matcher=first_decide_limited) as server:  # type: ignore[arg-type]
+    async with ScriptedOpenAIServer(matcher=first_decide_limited) as server:
         async with server.client(max_retries=2) as client:
             reply, _ = await ask_within_deadline(llm_rag(client))
         decides = [r for r in server.chat_requests if judge_of(r) == "decide"]

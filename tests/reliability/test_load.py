@@ -32,7 +32,7 @@ from ragloop.retrievers.live import LiveRecord
 from ragloop.state import ContextBlock, Decision, Hit, Message, Outcome, PageContext, Verdict
 from ragloop.testing import RecordedRequest, ScriptedOpenAIServer, ScriptedResponse
 from tests.reliability._llm import FAULTS, TIMEOUT_S, fault_for, good_response, judge_of
-from tests.reliability._support import FIGURES, TOPICS, count, scale, small_index, turn_tasks
+from tests.reliability._support import FIGURES, count, scale, small_index, turn_tasks
 
 pytestmark = pytest.mark.anyio
 
@@ -143,17 +143,25 @@ class ChaosAnswerer:
 
 
 @define
-class ChaosLive(FakeLiveSource):
+class ChaosLive:
     """The fake ticket source, down at random."""
 
-    chaos: Chaos | None = None
+    inner: FakeLiveSource
+    chaos: Chaos
+    name: str = "tickets"
+
+    def signals(self, query: str) -> tuple[str, ...]:
+        """Ticket ids in ``query``."""
+        return tuple(self.inner.signals(query))
 
     async def lookup(self, query: str, ids: Sequence[str]) -> Sequence[LiveRecord]:
         """Look up, or fail like a dead connection."""
-        assert self.chaos is not None
         if self.chaos.roll("live"):
             raise ConnectionError("chaos: ticket system down")
-        return await super().lookup(query, ids)
+        return list(await self.inner.lookup(query, ids))
+
+    async def aclose(self) -> None:
+        """Nothing to close."""
 
 
 def chaos_rag(chaos: Chaos) -> ChatRAG:
@@ -171,7 +179,7 @@ def chaos_rag(chaos: Chaos) -> ChatRAG:
         grader=ChaosGrader(OfflineGrader.calibrate(stats, texts), chaos),
         rewriter=OfflineRewriter(stats),
         answerer=ChaosAnswerer(answerer, chaos),
-        live_sources=(ChaosLive({"4242": ticket}, chaos=chaos),),
+        live_sources=(ChaosLive(FakeLiveSource({"4242": ticket}), chaos),),
         settings=settings,
         fallback_decider=decider,
         fallback_answerer=answerer,
