@@ -129,3 +129,8 @@ class TestSampleTurns:
             reply = await rag.ask(q["question"], page_url=q.get("page_url"))
             assert reply.outcome in ("context", "partial", "none", "direct")
             assert reply.text and reply.record.stopped_by == "end"
+
+
+def test_terminal_escapes_are_dropped_whole() -> None:
+    """Pasted ANSI colour codes vanish instead of becoming search terms like '[31m'."""
+    assert validate_question("\x1b[31mreset\x1b[0m my password") == "reset my password"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import unicodedata
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -86,8 +87,13 @@ class ReplyReady(Event):
     reply: Reply
 
 
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+
+
 def _clean_text(text: str) -> str:
-    # Lone surrogates cannot be encoded or sent anywhere: each becomes U+FFFD; control characters become spaces.
+    # Terminal escape sequences are pasted noise, not words: drop them whole. Lone surrogates cannot be
+    # encoded or sent anywhere: each becomes U+FFFD. Other control characters become spaces.
+    text = _ANSI.sub("", text)
     return "".join(
         "\ufffd"
         if 0xD800 <= ord(ch) <= 0xDFFF

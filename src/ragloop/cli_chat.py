@@ -69,19 +69,21 @@ def _build(args: argparse.Namespace) -> tuple[ChatRAG, Any]:
     from ragloop.retrievers.live import SQLiteTicketSource
 
     client, fast, answer = _llm()
-    if client is None:
-        print("ragloop: running offline (no model configured): extractive answers from the index", file=sys.stderr)
-    else:
-        print(f"ragloop: using model {fast} (answers: {answer}) at {client.base_url}", file=sys.stderr)
     live: tuple[Any, ...] = ()
     if not args.no_live and (args.tickets or not args.index):
         live = (SQLiteTicketSource(args.tickets) if args.tickets else SQLiteTicketSource(),)
     kwargs: dict[str, Any] = {"fast_model": fast, "answer_model": answer, "mode": args.mode, "live_sources": live}
     if args.index:
-        return ChatRAG.from_index(args.index, client, **kwargs), client
-    if not (args.cache_dir and os.path.isdir(args.cache_dir)):
-        print("ragloop: loading the sample knowledge base (built on first use)…", file=sys.stderr)
-    return ChatRAG.sample(client, cache_dir=args.cache_dir, **kwargs), client
+        rag = ChatRAG.from_index(args.index, client, **kwargs)
+    else:
+        if not (args.cache_dir and os.path.isdir(args.cache_dir)):
+            print("ragloop: loading the sample knowledge base (built on first use)…", file=sys.stderr)
+        rag = ChatRAG.sample(client, cache_dir=args.cache_dir, **kwargs)
+    if client is None:
+        print("ragloop: running offline (no model configured): extractive answers from the index", file=sys.stderr)
+    else:
+        print(f"ragloop: using model {fast} (answers: {answer}) at {client.base_url}", file=sys.stderr)
+    return rag, client
 
 
 def _print_sources(reply: Reply) -> None:

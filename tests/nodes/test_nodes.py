@@ -503,3 +503,14 @@ async def test_tokens_stream_through_runner() -> None:
     g = graph_of()
     tokens = [e.text async for e in g.stream(TurnState(question="x")) if isinstance(e, Token)]  # type: ignore[attr-defined]
     assert "".join(tokens).startswith("context:")
+
+
+async def test_any_decider_exception_falls_back() -> None:
+    """A custom decider raising a non-judge error still falls back to searching the question."""
+
+    def broken(q: str) -> Decision:
+        raise KeyError("bug in a custom decider")
+
+    state = TurnState(question="refund policy")
+    assert await Decide(FakeDecider(broken))(state) == "retrieve"
+    assert "KeyError" in state.errors[0]

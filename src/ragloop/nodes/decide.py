@@ -5,7 +5,6 @@ from __future__ import annotations
 import structlog
 from attrs import define, field
 
-from ragloop.errors import JudgeError
 from ragloop.events import Progress
 from ragloop.llm.protocols import Decider
 from ragloop.nodes.retrieve import content_key
@@ -70,7 +69,7 @@ class Decide:
                 continue
             try:
                 return await judge.decide(state.question, state.history, state.page)
-            except JudgeError as exc:
+            except Exception as exc:  # any decider failure falls back; the turn must still answer
                 state.errors.append(f"decide: {type(exc).__name__}: {exc}")
                 log.warning("decide.failed", error=str(exc))
         # Both judges failed: searching the question as asked is the honest default.
