@@ -11,8 +11,12 @@ Two judge set-ups, measured in the same run, level by level:
 - ``sdk``: the OpenAI judges through the real ``openai`` client against the scripted server in a child
   process (``_sim.py``: decide 200 ms, grade 150 ms, rewrite 180 ms, answer 300 ms + 60 × 10 ms) — what a
   deployment pays, SDK and HTTP included; one ``AsyncOpenAI`` client shared by all turns, as in a server;
-- ``sleep``: the offline judges, each first sleeping the same simulated latency — ragloop alone (runner,
-  nodes, offline judges, retrieval), no HTTP.
+- ``runner``: the runner alone — a 4-node graph (decide → retrieve → grade → answer) whose nodes only sleep
+  the same simulated latencies (retrieve: none; answer: first token + 60 tokens) — what a run costs with no
+  judge, retriever or HTTP at all;
+- ``sleep``: the offline decider, grader and rewriter, each first sleeping the same simulated latency, and
+  the simulated 60-token answer streamed in process — ragloop alone (runner, nodes, offline judges,
+  retrieval), no HTTP.
 
 Retrieval is real (hybrid over the bundled sample knowledge base). The default embedder is the hash
 embedder: a MiniLM query embedding costs ~30–80 ms of CPU on the shared 2-core machine, which alone would
@@ -32,6 +36,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -54,6 +59,44 @@ def rss_bytes() -> int:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
         return 0
+
+
+class SleepNode:
+    """A node that sleeps a fixed time (or a first delay then one per token) and routes on."""
+
+    def __init__(self, nxt: str, first: float, tokens: int = 0) -> None:
+        self.nxt, self.first, self.tokens = nxt, first, tokens
+        self.routes = (nxt,)
+
+    async def __call__(self, state: Any) -> str:
+        await anyio.sleep(self.first)
+        for _ in range(self.tokens):
+            await anyio.sleep(_sim.LATENCY["answer_token"])
+        return self.nxt
+
+
+class RunnerOnly:
+    """The runner with sleeping nodes, behind ``ask`` like a ChatRAG (for :func:`level`)."""
+
+    def __init__(self) -> None:
+        from ragloop import END, Graph
+
+        lat = _sim.LATENCY
+        nodes = {
+            "decide": SleepNode("retrieve", lat["decide"]),
+            "retrieve": SleepNode("grade", 0.0),
+            "grade": SleepNode("answer", lat["grade"]),
+            "answer": SleepNode(END, lat["answer_first"], 60),
+        }
+        self.graph = Graph(nodes, start="decide", finish="answer")
+
+    async def ask(self, question: str) -> Any:
+        result = await self.graph.run(None)
+        errors = tuple(f"{s.node}: {s.error}" for s in result.trace if s.error)
+        return SimpleNamespace(record=SimpleNamespace(path=result.path, errors=errors))
+
+    async def aclose(self) -> None:
+        pass
 
 
 async def level(rag: Any, n: int) -> dict[str, Any]:
@@ -102,7 +145,7 @@ async def level(rag: Any, n: int) -> dict[str, Any]:
 
 async def run_all(url: str | None, index: Any, levels: list[int]) -> dict[str, list[dict[str, Any]]]:
     settings = TurnSettings(deadline_s=None)
-    setups: dict[str, Any] = {"sleep": _sim.build_sleepy_chat(index, settings)}
+    setups: dict[str, Any] = {"runner": RunnerOnly(), "sleep": _sim.build_sleepy_chat(index, settings)}
     client = None
     if url is not None:
         # One client shared by every turn, as in a server, with its connection pool lifted above the

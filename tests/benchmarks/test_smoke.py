@@ -57,12 +57,12 @@ class TestBenchTurn:
 
 class TestBenchConcurrency:
     def test_reports_each_level_for_both_setups(self, cache: Path, tmp_path: Path) -> None:
-        """bench_concurrency reports throughput, percentiles and memory per level, for SDK and sleeping judges."""
+        """bench_concurrency reports throughput, percentiles and memory per level, for each of its three set-ups."""
         report = run_json(
             "bench_concurrency.py", "--levels", "1", "3", "--scale", "0.01", "--embedder", "hash",
             "--cache-dir", str(cache), "--out", str(tmp_path / "c.json"), "--json",
         )  # fmt: skip
-        assert set(report["results"]) == {"sleep", "sdk"}
+        assert set(report["results"]) == {"runner", "sleep", "sdk"}
         for rows in report["results"].values():
             assert [r["turns"] for r in rows] == [1, 3]
             for r in rows:
