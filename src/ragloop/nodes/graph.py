@@ -207,15 +207,24 @@ def turn_summary(state: TurnState) -> dict[str, Any]:
 
 def turn_record(result: RunResult) -> TurnRecord:
     """The decision record of a finished turn."""
-    summary = turn_summary(result.state)
-    errors = list(summary.pop("errors"))
-    errors += [f"{s.node}: {s.error}" for s in result.trace if s.error]
+    s = turn_summary(result.state)
     return TurnRecord(
         run_id=result.run_id,
         path=result.path,
         timings={k: round(v, 6) for k, v in result.timings.items()},
         stopped_by=result.stopped_by,
         seconds=round(result.duration, 6),
-        errors=tuple(errors),
-        **{k: tuple(v) if isinstance(v, list) else v for k, v in summary.items()},
+        decision=s["decision"],
+        queries=tuple(s["queries"]),
+        fast_path=s["fast_path"],
+        grades=tuple(s["grades"]),
+        fail_open=s["fail_open"],
+        live=tuple(s["live"]),
+        rewrites=tuple(s["rewrites"]),
+        outcome=s["outcome"],
+        missing=tuple(s["missing"]),
+        llm_calls=s["llm_calls"],
+        tokens=s["tokens"],
+        calls=tuple(s["calls"]),
+        errors=(*s["errors"], *(f"{step.node}: {step.error}" for step in result.trace if step.error)),
     )

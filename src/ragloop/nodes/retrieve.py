@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -35,7 +36,7 @@ def merge_budget(n_queries: int, *, per_query: int, total: int) -> int:
     """
     if n_queries <= 0:
         return 0
-    return min(total, max(per_query, round(per_query * n_queries**0.5)))
+    return min(total, max(per_query, round(per_query * math.sqrt(n_queries))))
 
 
 def merge_hits(results: Mapping[str, Sequence[Hit]], *, budget: int) -> list[Hit]:
@@ -140,12 +141,12 @@ class Retrieve:
             )
         )
         if self._fast_path(state, pending):
-            query = state.queries[pending[0]]
-            query.status = "enough"
+            only = state.queries[pending[0]]
+            only.status = "enough"
             state.fast_path = True
             state.graded.extend(
-                Graded(query.text, h, Verdict("relevant", reason="fast path: high-confidence hit", score=h.confidence))
-                for h in query.hits
+                Graded(only.text, h, Verdict("relevant", reason="fast path: high-confidence hit", score=h.confidence))
+                for h in only.hits
             )
             return "answer"
         return "grade"
