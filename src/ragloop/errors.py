@@ -52,7 +52,7 @@ class InputError(RagloopError, ValueError):
     """A question, history or page context the caller passed is unusable."""
 
 
-class IndexError_(RagloopError):  # noqa: N801 - trailing underscore avoids shadowing the builtin
+class IndexError_(RagloopError):
     """An index directory is missing, corrupt, or was built with a different embedder."""
 
 
