@@ -56,7 +56,7 @@ class TestBenchTurn:
 
 
 class TestBenchConcurrency:
-    def test_reports_each_level_for_both_setups(self, cache: Path, tmp_path: Path) -> None:
+    def test_reports_each_level_for_each_setup(self, cache: Path, tmp_path: Path) -> None:
         """bench_concurrency reports throughput, percentiles and memory per level, for each of its three set-ups."""
         report = run_json(
             "bench_concurrency.py", "--levels", "1", "3", "--scale", "0.01", "--embedder", "hash",
