@@ -141,9 +141,7 @@ class TestEndings:
                 raise
             return "fin"
 
-        g = Graph(
-            {"a": Fn("a", ("fin",), sleepy), "fin": Fn("fin", (END,), to(END))}, start="a", finish="fin"
-        )
+        g = Graph({"a": Fn("a", ("fin",), sleepy), "fin": Fn("fin", (END,), to(END))}, start="a", finish="fin")
         with anyio.fail_after(5):
             result = await g.run(Log(), deadline_s=0.05)
         assert result.stopped_by == "deadline"
@@ -173,9 +171,7 @@ class TestEndings:
 
     async def test_undeclared_route_is_route_error(self) -> None:
         """Returning an undeclared name raises RouteError naming node, name and routes."""
-        g = Graph(
-            {"a": Fn("a", ("fin",), to("nope")), "fin": Fn("fin", (END,), to(END))}, start="a", finish="fin"
-        )
+        g = Graph({"a": Fn("a", ("fin",), to("nope")), "fin": Fn("fin", (END,), to(END))}, start="a", finish="fin")
         with pytest.raises(RouteError, match=r"node 'a' returned 'nope'.*its routes are: fin"):
             await g.run(Log())
 
@@ -187,12 +183,26 @@ class TestEndings:
 
     async def test_summarize_extends_turn_record(self) -> None:
         """The summarize hook's fields land in the turn.finished event."""
-        g = Graph(
-            {"a": Fn("a", (END,), to(END))}, start="a", finish="a", summarize=lambda s: {"seen": len(s.seen)}
-        )
+        g = Graph({"a": Fn("a", (END,), to(END))}, start="a", finish="a", summarize=lambda s: {"seen": len(s.seen)})
         with structlog.testing.capture_logs() as logs:
             await g.run(Log())
         assert [e["seen"] for e in logs if e["event"] == "turn.finished"] == [1]
+
+    async def test_nodes_see_run_step_and_node_in_log_context(self) -> None:
+        """structlog context variables carry run_id, step and node inside each node, and are reset after."""
+        seen: list[dict[str, Any]] = []
+
+        def look(state: Log) -> str:
+            seen.append(structlog.contextvars.get_contextvars())
+            return "b" if len(seen) == 1 else END
+
+        g = Graph({"a": Fn("a", ("b",), look), "b": Fn("b", (END,), look)}, start="a", finish="b")
+        result = await g.run(Log())
+        assert [(c["step"], c["node"], c["run_id"]) for c in seen] == [
+            (1, "a", result.run_id),
+            (2, "b", result.run_id),
+        ]
+        assert {"step", "node", "run_id"}.isdisjoint(structlog.contextvars.get_contextvars())
 
     def test_run_sync(self) -> None:
         """run_sync runs the graph without an event loop."""
@@ -337,9 +347,7 @@ class TestCancellation:
 
     async def test_stream_reraises_route_error(self) -> None:
         """A RouteError inside a streamed run reaches the consumer."""
-        g = Graph(
-            {"a": Fn("a", ("fin",), to("nope")), "fin": Fn("fin", (END,), to(END))}, start="a", finish="fin"
-        )
+        g = Graph({"a": Fn("a", ("fin",), to("nope")), "fin": Fn("fin", (END,), to(END))}, start="a", finish="fin")
         with pytest.raises(RouteError):
             async for _ in g.stream(Log()):
                 pass
