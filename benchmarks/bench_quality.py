@@ -126,8 +126,9 @@ async def agentic(
     from ragloop.chat import ChatRAG
 
     rag = ChatRAG.from_index(index)
-    recording = Recording(rag.nodes["retrieve"].retriever)  # type: ignore[attr-defined]
-    rag.nodes["retrieve"].retriever = recording  # type: ignore[attr-defined]
+    node: Any = rag.nodes["retrieve"]
+    recording = Recording(node.retriever)
+    node.retriever = recording
     await rag.ask(queries[qids[0]])  # warm-up
     run: dict[str, dict[str, float]] = {}
     kept: dict[str, dict[str, float]] = {}

@@ -182,7 +182,7 @@ def _pocketflow_flow(n_nodes: int, loop: bool, cap: int) -> Any:
     flow.set_params({"last": None})
     last = nodes[-1]
     original = last.set_params
-    last.set_params = lambda p: original({**p, "last": True})  # type: ignore[method-assign]
+    last.set_params = lambda p: original({**p, "last": True})
     return flow
 
 
@@ -270,16 +270,17 @@ def main() -> None:
     report: dict[str, Any] = {"python": sys.version.split()[0], "args": vars(args)}
     print(f"{'shape':<34}{'ragloop µs':>12}{'bare µs':>10}{'ratio':>8}   spread (ragloop min–max)")
     for shape, label in (("loop", "per transition, 3-node loop"), ("linear", "per invoke, 5-node linear")):
-        r, b = summary(rows[shape]["ragloop"]), summary(rows[shape]["bare"])
-        ratio = r["median"] / b["median"]
-        report[shape] = {"ragloop_us": r, "bare_us": b, "ratio": ratio}
-        print(f"{label:<34}{r['median']:>12.2f}{b['median']:>10.2f}{ratio:>7.1f}x   {r['min']:.2f}–{r['max']:.2f}")
+        rs, bs = summary(rows[shape]["ragloop"]), summary(rows[shape]["bare"])
+        ratio = rs["median"] / bs["median"]
+        entry: dict[str, Any] = {"ragloop_us": rs, "bare_us": bs, "ratio": ratio}
+        report[shape] = entry
+        print(f"{label:<34}{rs['median']:>12.2f}{bs['median']:>10.2f}{ratio:>7.1f}x   {rs['min']:.2f}–{rs['max']:.2f}")
         for name in peers:
             pm = summary(rows[shape][name])
-            report[shape][f"{name}_us"] = pm
+            entry[f"{name}_us"] = pm
             print(
                 f"{'  ' + name + ' ' + peers[name]:<34}{pm['median']:>12.2f}{'':>10}"
-                f"{pm['median'] / r['median']:>7.1f}x ragloop   {pm['min']:.2f}–{pm['max']:.2f}"
+                f"{pm['median'] / rs['median']:>7.1f}x ragloop   {pm['min']:.2f}–{pm['max']:.2f}"
             )
     im = summary(imp)
     report["import_ms"] = im

@@ -115,11 +115,11 @@ async def fast_threshold(index: Any, settings: TurnSettings) -> float:
     query = _sim.DECIDE[SINGLE]["queries"][0]
     hits = await index.search(query, settings.k)
     kept = sorted(hits, key=lambda h: -h.score)[: settings.per_query_budget]
-    return max(0.0, min(h.confidence for h in kept) - 0.01)
+    return max(0.0, min(float(h.confidence) for h in kept) - 0.01)
 
 
 def p(xs: list[float], q: float) -> float:
-    return percentile(xs, q)
+    return float(percentile(xs, q))
 
 
 def summarise(turns: list[dict[str, Any]]) -> dict[str, Any]:
