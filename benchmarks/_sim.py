@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextvars
 import json
-import os
 import re
 import subprocess
 import sys
@@ -157,13 +156,8 @@ def _serve() -> None:
     import logging
     import socketserver
 
-    from ragloop import testing
     from ragloop.testing import ScriptedOpenAIServer
 
-    if os.environ.get("RAGLOOP_BENCH_NAGLE") != "1":
-        # The scripted server writes headers and body in two writes; with Nagle's algorithm on, the body
-        # waits for the client's delayed ACK (~40 ms on Linux) — a test-server artefact, not model latency.
-        testing._Handler.disable_nagle_algorithm = True
     logging.disable(logging.CRITICAL)
     set_scale(float(sys.argv[sys.argv.index("--serve") + 1]))
     socketserver.TCPServer.request_queue_size = 4096  # 500 concurrent turns open many connections at once

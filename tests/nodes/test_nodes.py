@@ -157,6 +157,19 @@ class TestRetrieve:
         assert await Retrieve(retriever, fast_path_confidence=0.75)(state) == "answer"
         assert state.fast_path and state.queries["q"].status == "enough" and len(state.graded) == 2
 
+    async def test_fast_path_keeps_only_confident_hits(self) -> None:
+        """Enough confident hits skip grading; the weak tail is dropped rather than passed on ungraded."""
+        hits = [make_hit("x", confidence=0.9), make_hit("y", confidence=0.8), make_hit("z", confidence=0.3)]
+        state = with_queries("q")
+        assert await Retrieve(FakeRetriever({"q": hits}), fast_path_min_hits=2)(state) == "answer"
+        assert [g.hit.text for g in state.graded] == ["x", "y"] and len(state.queries["q"].hits) == 2
+
+    async def test_no_fast_path_for_an_id_the_hits_do_not_name(self) -> None:
+        """Confident hits that do not name the query's ticket id go to grading (and maybe live)."""
+        hits = [make_hit("How tickets work", confidence=0.95), make_hit("Ticket statuses", confidence=0.9)]
+        state = with_queries("status of ticket #1234")
+        assert await Retrieve(FakeRetriever({"status of ticket #1234": hits}))(state) == "grade"
+
     async def test_no_fast_path_with_a_weak_hit_or_two_queries(self) -> None:
         """A single weak hit, or two queries, go to grading."""
         weak = FakeRetriever({"q": [make_hit("x", confidence=0.9), make_hit("y", confidence=0.2)]})

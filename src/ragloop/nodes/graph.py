@@ -37,7 +37,8 @@ class TurnSettings:
         k: Hits per query.
         per_query_budget: Merged hits kept for one query.
         total_budget: Most merged hits kept per retrieve, however many queries.
-        fast_path_confidence: Confidence every hit of a single query needs to skip grading.
+        fast_path_confidence: Confidence a hit needs to count for the fast path.
+        fast_path_min_hits: A single query with this many confident hits skips grading (only those are kept).
         max_attempts: Rewrites per decide query before it is given up as ``no_context``.
         max_blocks: Most context blocks handed to the answerer.
         retrieve_timeout_s: Time limit per query's search.
@@ -53,6 +54,7 @@ class TurnSettings:
     per_query_budget: int = 6
     total_budget: int = 12
     fast_path_confidence: float = 0.75
+    fast_path_min_hits: int = 2
     max_attempts: int = 2
     max_blocks: int = 8
     retrieve_timeout_s: float = 5.0
@@ -87,6 +89,7 @@ def default_nodes(
             total_budget=s.total_budget,
             timeout_s=s.retrieve_timeout_s,
             fast_path_confidence=s.fast_path_confidence,
+            fast_path_min_hits=s.fast_path_min_hits,
         ),
         "grade": Grade(grader, live_sources, max_attempts=s.max_attempts, timeout_s=s.grade_timeout_s),
         "live": Live(live_sources, max_attempts=s.max_attempts, timeout_s=s.live_timeout_s),

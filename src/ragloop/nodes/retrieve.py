@@ -13,6 +13,7 @@ import structlog
 from attrs import define, field
 
 from ragloop.events import Progress
+from ragloop.llm.offline.ids import missing_ids
 from ragloop.retrievers.base import Retriever
 from ragloop.runner import emit
 from ragloop.state import Graded, Hit, TurnState, Verdict
@@ -83,7 +84,9 @@ class Retrieve:
         total_budget: Most merged hits kept, however many queries.
         timeout_s: Time limit per query; a slow query is recorded as failed, the others go on.
         max_concurrency: Queries searched at once.
-        fast_path_confidence: One query whose hits all reach this confidence skips grading.
+        fast_path_confidence: Confidence a hit needs to count for the fast path.
+        fast_path_min_hits: One query with at least this many hits at ``fast_path_confidence`` skips grading,
+            and the answer sees only those hits.
     """
 
     retriever: Retriever
@@ -93,6 +96,7 @@ class Retrieve:
     timeout_s: float = 5.0
     max_concurrency: int = 8
     fast_path_confidence: float = 0.75
+    fast_path_min_hits: int = 2
     routes: tuple[str, ...] = field(default=("grade", "answer"), init=False)
 
     async def __call__(self, state: TurnState) -> str:
@@ -140,19 +144,33 @@ class Retrieve:
                 },
             )
         )
-        if self._fast_path(state, pending):
+        confident = self._fast_path(state, pending)
+        if confident:
             only = state.queries[pending[0]]
             only.status = "enough"
+            only.hits = confident
             state.fast_path = True
             state.graded.extend(
                 Graded(only.text, h, Verdict("relevant", reason="fast path: high-confidence hit", score=h.confidence))
-                for h in only.hits
+                for h in confident
             )
             return "answer"
         return "grade"
 
-    def _fast_path(self, state: TurnState, pending: list[str]) -> bool:
+    def _fast_path(self, state: TurnState, pending: list[str]) -> list[Hit]:
+        """The hits the fast path keeps (empty: grade as usual).
+
+        Only a turn's first and only query qualifies, when its best ``fast_path_min_hits`` hits all reach
+        ``fast_path_confidence``; the answer then sees only the confident hits, never the weaker tail.
+        A hit that does not name an exact id the query asks about (ticket ``#1234``, ``E1002``) never counts:
+        such a question needs grading and, maybe, a live source.
+        """
         if len(pending) != 1 or state.graded or len(state.queries) != 1:
-            return False
-        hits = state.queries[pending[0]].hits
-        return bool(hits) and all(h.confidence >= self.fast_path_confidence for h in hits)
+            return []
+        query = pending[0]
+        hits = [h for h in state.queries[query].hits if not missing_ids(query, h.text)]
+        confident = [h for h in hits if h.confidence >= self.fast_path_confidence]
+        top = sorted(hits, key=lambda h: -h.confidence)[: self.fast_path_min_hits]
+        if len(top) < self.fast_path_min_hits or any(h.confidence < self.fast_path_confidence for h in top):
+            return []
+        return confident

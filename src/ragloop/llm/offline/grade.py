@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from attrs import field, frozen
 
-from ragloop.llm.offline.ids import extract_ids, ids_conflict
+from ragloop.llm.offline.ids import extract_ids, ids_conflict, missing_ids
 from ragloop.llm.offline.terms import CorpusStats, key_terms, stem, tokenize
 from ragloop.llm.usage import LLMCall, record_call
 from ragloop.state import Hit, Label, Verdict
@@ -253,7 +253,7 @@ class OfflineGrader:
         if signal >= self.strong_signal and label != "relevant":
             label = "partial" if label == "irrelevant" else "relevant"
             reason += f"; promoted by retrieval signal {signal:.2f}"
-        absent = _absent_ids(query, text)
+        absent = missing_ids(query, text)
         if absent and label == "relevant":
             # A query about one exact id (ticket #1234, E1002) is answered only by text naming that id;
             # a generic page about tickets or errors is background at best.
@@ -267,12 +267,6 @@ class OfflineGrader:
         verdict = self.judge(query, hit)
         record_call(LLMCall(judge="grade", model="offline", seconds=time.perf_counter() - start))
         return verdict
-
-
-def _absent_ids(query: str, text: str) -> list[str]:
-    """The exact ids the query asks about that the text does not name (any kind)."""
-    named = extract_ids(text)
-    return sorted(i for kind, ids in extract_ids(query).items() for i in ids - named.get(kind, frozenset()))
 
 
 def _split_head(text: str) -> tuple[str, str]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-__all__ = ["IdKind", "extract_ids", "id_matches", "ids_conflict", "normalise_id"]
+__all__ = ["IdKind", "extract_ids", "id_matches", "ids_conflict", "missing_ids", "normalise_id"]
 
 #: The kinds of identifier recognised.
 IdKind = Literal["ticket", "error", "version"]
@@ -112,3 +112,13 @@ def ids_conflict(query: str, text: str) -> bool:
         return False
     named = extract_ids(text)
     return any(kind in named and not (ids & named[kind]) for kind, ids in wanted.items())
+
+
+def missing_ids(query: str, text: str) -> list[str]:
+    """The exact ids ``query`` asks about (any kind) that ``text`` does not name, sorted.
+
+    ``missing_ids("status of #1234", "Ticket #1234 is open")`` is empty; against a generic page about
+    tickets it is ``["#1234"]``.
+    """
+    named = extract_ids(text)
+    return sorted(i for kind, ids in extract_ids(query).items() for i in ids - named.get(kind, frozenset()))
