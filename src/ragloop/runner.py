@@ -8,24 +8,26 @@ error it runs the graph's ``finish`` node once and says why in :attr:`RunResult.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import anyio
 import attrs
-import structlog
-from anyio.abc import TaskGroup
-from anyio.streams.memory import MemoryObjectSendStream
 from attrs import frozen
 
 from ragloop.errors import GraphError, RagloopError, RouteError
 from ragloop.events import Event, NodeFinished, NodeStarted, RunFinished
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from anyio.abc import TaskGroup
+    from anyio.streams.memory import MemoryObjectSendStream
 
 __all__ = ["END", "EventStream", "Graph", "Node", "RunResult", "Step", "StoppedBy", "emit"]
 
@@ -210,6 +212,8 @@ class Graph:
             RouteError: A node returned a name it did not declare.
         """
         run_id = uuid.uuid4().hex[:16]
+        import structlog  # first run only: keeps `import ragloop` light
+
         log = structlog.get_logger("ragloop").bind(run_id=run_id)
         token = _sink.set((run_id, on_event) if on_event is not None else None)
         around = self.context(state) if self.context is not None else contextlib.nullcontext()
@@ -347,6 +351,8 @@ class Graph:
 
     def run_sync(self, state: Any, *, deadline_s: float | None = None, raise_errors: bool = False) -> RunResult:
         """Blocking :meth:`run` for code without an event loop (scripts, worker processes)."""
+        import asyncio  # imported here: asyncio is not needed to import ragloop
+
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -400,6 +406,8 @@ class EventStream:
 
     async def __anext__(self) -> Event:
         if self._tg is None and self._task is None:
+            import asyncio
+
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
@@ -427,6 +435,8 @@ class EventStream:
         self._scope.cancel()
         self._receive.close()
         if self._task is not None:
+            import asyncio
+
             with anyio.CancelScope(shield=True):
                 await asyncio.wait([self._task])
 
