@@ -27,7 +27,7 @@ from attrs import frozen
 
 from ragloop.errors import ConfigError, InputError
 from ragloop.events import Event, RunFinished
-from ragloop.llm.protocols import Answerer, Decider, Grader, Rewriter
+from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
 from ragloop.nodes.graph import TurnRecord, TurnSettings, build_graph, default_nodes, turn_record
 from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.live import LiveSource
@@ -172,6 +172,7 @@ class ChatRAG:
         embedder: Optional embedder, for semantic near-duplicate checks of rewrites.
         fallback_decider: Used when ``decider`` fails (e.g. offline behind an LLM).
         fallback_answerer: Used when ``answerer`` fails before its first token.
+        bridger: Proposes follow-up (second-hop) searches for multi-hop questions; ``None``: no hops.
         max_question_chars: Longest question accepted.
     """
 
@@ -188,6 +189,7 @@ class ChatRAG:
         embedder: Embedder | None = None,
         fallback_decider: Decider | None = None,
         fallback_answerer: Answerer | None = None,
+        bridger: Bridger | None = None,
         max_question_chars: int = MAX_QUESTION_CHARS,
     ) -> None:
         self.settings = settings
@@ -204,6 +206,7 @@ class ChatRAG:
             embedder=embedder,
             fallback_decider=fallback_decider,
             fallback_answerer=fallback_answerer,
+            bridger=bridger,
         )
         self.graph = build_graph(self.nodes, settings)
         #: True when every judge is offline (no model calls).
@@ -239,6 +242,7 @@ class ChatRAG:
             embedder: Query embedder; by default the one the index was built with.
         """
         from ragloop.llm.offline import OfflineAnswerer, OfflineDecider, OfflineGrader, OfflineRewriter
+        from ragloop.llm.offline.bridge import OfflineBridger
         from ragloop.llm.offline.terms import CorpusStats
         from ragloop.retrievers.index import KnowledgeIndex
 
@@ -259,6 +263,7 @@ class ChatRAG:
                 grader=OfflineGrader.calibrate(stats, texts),
                 rewriter=OfflineRewriter(stats),
                 answerer=offline_answerer,
+                bridger=OfflineBridger(stats),  # with a model, the LLM decider writes bridge queries itself
                 **common,
             )
             rag.offline = True

@@ -22,6 +22,7 @@ from ragloop.state import Chunk, ContextBlock, Decision, Hit, Message, Outcome, 
 
 __all__ = [
     "FakeAnswerer",
+    "FakeBridger",
     "FakeDecider",
     "FakeGrader",
     "FakeLiveSource",
@@ -137,6 +138,19 @@ class FakeRewriter:
         """Return ``fn(question, failed_query, tried)``."""
         self.calls.append((question, failed_query, tuple(tried)))
         return self.fn(question, failed_query, tried)
+
+
+@define
+class FakeBridger:
+    """Proposes follow-up queries from a function of (question, found passages, tried queries)."""
+
+    fn: Callable[[str, Sequence[str], Sequence[str]], str | None] = lambda question, found, tried: None
+    calls: list[tuple[str, int]] = field(factory=list)
+
+    async def follow_up(self, question: str, found: Sequence[str], tried: Sequence[str]) -> str | None:
+        """Return ``fn(question, found, tried)``."""
+        self.calls.append((question, len(found)))
+        return self.fn(question, found, tried)
 
 
 @define

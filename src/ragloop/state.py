@@ -204,6 +204,7 @@ class QueryState:
         hits: Hits this query found (after the merge), best first.
         error: Why retrieval failed, if it did.
         live_tried: True once the live sources were asked for this query.
+        hop: True for a follow-up (second-hop) query: it adds context and never makes its root short.
     """
 
     text: str
@@ -213,6 +214,7 @@ class QueryState:
     hits: list[Hit] = field(factory=list)
     error: str | None = None
     live_tried: bool = False
+    hop: bool = False
 
     @property
     def best_score(self) -> float | None:
@@ -270,6 +272,7 @@ class TurnState:
         fail_open: ``(query, chunk_id, reason)`` for each grader failure that kept a chunk (grade).
         live: What the live sources did: triggers, records, mismatches, errors (live).
         rewrites: ``{"from", "to", "accepted", "reason"}`` per rewrite attempt (rewrite).
+        hops: ``{"query", "found", "accepted", "reason"}`` per follow-up hop attempt (hop).
         outcome: How the turn ended up (answer).
         missing: Queries left unanswered, for a partial or none outcome (answer).
         blocks: The numbered context handed to the answerer (answer).
@@ -292,6 +295,7 @@ class TurnState:
     fail_open: list[tuple[str, str, str]] = field(factory=list)
     live: list[dict[str, object]] = field(factory=list)
     rewrites: list[dict[str, object]] = field(factory=list)
+    hops: list[dict[str, object]] = field(factory=list)
     outcome: Outcome | None = None
     missing: tuple[str, ...] = ()
     blocks: tuple[ContextBlock, ...] = ()
@@ -302,7 +306,7 @@ class TurnState:
 
     def roots(self) -> list[str]:
         """decide's queries, in order."""
-        return [q.text for q in self.queries.values() if q.attempt == 0]
+        return [q.text for q in self.queries.values() if q.attempt == 0 and not q.hop]
 
     def lineage(self, root: str) -> list[QueryState]:
         """A root query and its rewrites, in order."""

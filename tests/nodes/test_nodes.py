@@ -12,6 +12,7 @@ from ragloop.errors import JudgeError
 from ragloop.events import Progress, Token
 from ragloop.fakes import (
     FakeAnswerer,
+    FakeBridger,
     FakeDecider,
     FakeGrader,
     FakeLiveSource,
@@ -23,6 +24,7 @@ from ragloop.nodes.answer import Answer, build_blocks, decide_outcome, resolve_c
 from ragloop.nodes.decide import Decide
 from ragloop.nodes.grade import Grade, grade_all
 from ragloop.nodes.graph import TurnSettings, build_graph, default_nodes, turn_record
+from ragloop.nodes.hop import Hop
 from ragloop.nodes.live import Live, split_matches
 from ragloop.nodes.retrieve import Retrieve, merge_budget, merge_hits
 from ragloop.nodes.rewrite import Rewrite
@@ -368,6 +370,49 @@ class TestRewrite:
         for q in state.pending:
             others = [t for t in state.queries if t != q]
             assert not is_near_duplicate(q, others) and q.strip()
+
+
+class TestHop:
+    async def test_follow_up_is_queued_as_a_hop(self) -> None:
+        """A follow-up becomes a pending hop query under the first root, built from relevant passages."""
+        state = with_queries("film cast", status="enough")
+        state.graded.append(Graded("film cast", make_hit("Shirley Temple starred."), Verdict("relevant")))
+        state.graded.append(Graded("film cast", make_hit("Unrelated."), Verdict("irrelevant")))
+        bridger = FakeBridger(lambda q, found, tried: "Shirley Temple government position")
+        assert await Hop(bridger)(state) == "retrieve"
+        hop = state.queries["Shirley Temple government position"]
+        assert hop.hop and hop.root == "film cast" and state.pending == [hop.text]
+        assert bridger.calls == [("q", 1)] and state.hops[0]["accepted"] is True
+
+    async def test_no_follow_up_or_failure_goes_to_answer(self) -> None:
+        """No follow-up, a repeat, or a failing bridger all end in answer, recorded."""
+
+        def broken(q: str, f: object, t: object) -> str:
+            raise RuntimeError("bridge down")
+
+        for bridger in (FakeBridger(), FakeBridger(lambda q, f, t: "film cast"), FakeBridger(broken)):
+            state = with_queries("film cast", status="enough")
+            assert await Hop(bridger)(state) == "answer"
+            assert state.hops[0]["accepted"] is False
+        assert "bridge down" in str(state.hops[0]["reason"])
+
+    async def test_short_hop_never_triggers_a_rewrite(self) -> None:
+        """A hop query that finds nothing is not a short query: the turn answers with what it has."""
+        state = with_queries("film cast", status="enough")
+        state.queries["bridge"] = QueryState(text="bridge", root="film cast", status="short", hop=True)
+        state.hops.append({"query": "bridge"})
+        from ragloop.nodes.grade import route_after_grading
+
+        assert route_after_grading(state, (), max_attempts=2, max_hops=1) == "answer"
+        assert decide_outcome(state) == ("context", ())
+
+    async def test_graph_hops_once_then_answers(self) -> None:
+        """With a bridger, a fully answered turn searches once more and then answers."""
+        bridger = FakeBridger(lambda q, found, tried: None if len(tried) > 1 else "second hop query")
+        g = graph_of(bridger=bridger)
+        result = await g.run(TurnState(question="first hop"))  # type: ignore[attr-defined]
+        assert result.path == ("decide", "retrieve", "grade", "hop", "retrieve", "grade", "answer")
+        assert result.state.outcome == "context"
 
 
 class TestAnswer:

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from ragloop.state import ContextBlock, Decision, Hit, Message, Outcome, PageContext, Verdict
 
-__all__ = ["Answerer", "Decider", "Grader", "Rewriter"]
+__all__ = ["Answerer", "Bridger", "Decider", "Grader", "Rewriter"]
 
 
 @runtime_checkable
@@ -40,6 +40,15 @@ class Rewriter(Protocol):
 
     async def rewrite(self, question: str, failed_query: str, tried: Sequence[str]) -> str:
         """Return a new query built from the original question that repeats none of ``tried``."""
+        ...
+
+
+@runtime_checkable
+class Bridger(Protocol):
+    """Proposes a second-hop query when the relevant context leaves part of the question unanswered."""
+
+    async def follow_up(self, question: str, found: Sequence[str], tried: Sequence[str]) -> str | None:
+        """A follow-up query built from ``found`` (relevant passages), or ``None`` when none is needed."""
         ...
 
 

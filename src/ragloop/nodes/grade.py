@@ -51,12 +51,17 @@ async def grade_all(
 
 
 def route_after_grading(
-    state: TurnState, live_sources: Sequence[LiveSource], max_attempts: int, *, live_done: bool = False
+    state: TurnState,
+    live_sources: Sequence[LiveSource],
+    max_attempts: int,
+    *,
+    live_done: bool = False,
+    max_hops: int = 0,
 ) -> str:
-    """Where a turn goes once its queries are graded: live, rewrite or answer."""
-    short = [q for q in state.queries.values() if q.status in ("short", "failed")]
+    """Where a turn goes once its queries are graded: live, rewrite, hop or answer."""
+    short = [q for q in state.queries.values() if q.status in ("short", "failed") and not q.hop]
     if not short:
-        return "answer"
+        return "hop" if len(state.hops) < max_hops else "answer"
     if not live_done and any(not q.live_tried and any(s.signals(q.text) for s in live_sources) for q in short):
         return "live"
     if any(q.attempt < max_attempts for q in short):
@@ -76,6 +81,7 @@ class Grade:
             but never make a query ``enough`` on their own.
         timeout_s: Time limit per grade; past it the chunk is kept (fail-open).
         max_concurrency: Grades run at once.
+        max_hops: Follow-up hops per turn when every query is answered (0: no ``hop`` node).
     """
 
     grader: Grader
@@ -84,7 +90,8 @@ class Grade:
     min_relevant: int = 1
     timeout_s: float = 10.0
     max_concurrency: int = 16
-    routes: tuple[str, ...] = field(default=("live", "rewrite", "answer"), init=False)
+    max_hops: int = 0
+    routes: tuple[str, ...] = field(default=("live", "rewrite", "hop", "answer"), init=False)
 
     async def __call__(self, state: TurnState) -> str:
         current = [q for q in state.queries.values() if q.status == "pending"]
@@ -107,4 +114,4 @@ class Grade:
                 data={q.text: q.status for q in current},
             )
         )
-        return route_after_grading(state, self.live_sources, self.max_attempts)
+        return route_after_grading(state, self.live_sources, self.max_attempts, max_hops=self.max_hops)

@@ -12,11 +12,12 @@ from typing import Any
 import attrs
 from attrs import frozen
 
-from ragloop.llm.protocols import Answerer, Decider, Grader, Rewriter
+from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
 from ragloop.llm.usage import metering
 from ragloop.nodes.answer import Answer
 from ragloop.nodes.decide import Decide
 from ragloop.nodes.grade import Grade
+from ragloop.nodes.hop import Hop
 from ragloop.nodes.live import Live
 from ragloop.nodes.retrieve import Retrieve
 from ragloop.nodes.rewrite import Rewrite
@@ -40,6 +41,8 @@ class TurnSettings:
         fast_path_confidence: Confidence a hit needs to count for the fast path.
         fast_path_min_hits: A single query with this many confident hits skips grading (only those are kept).
         max_attempts: Rewrites per decide query before it is given up as ``no_context``.
+        max_hops: Follow-up (second-hop) searches per turn once every query found something; they run
+            only with a bridger.
         max_blocks: Most context blocks handed to the answerer.
         retrieve_timeout_s: Time limit per query's search.
         grade_timeout_s: Time limit per grade (past it the chunk is kept: fail-open).
@@ -56,6 +59,7 @@ class TurnSettings:
     fast_path_confidence: float = 0.75
     fast_path_min_hits: int = 2
     max_attempts: int = 2
+    max_hops: int = 1
     max_blocks: int = 8
     retrieve_timeout_s: float = 5.0
     grade_timeout_s: float = 10.0
@@ -77,9 +81,11 @@ def default_nodes(
     embedder: Embedder | None = None,
     fallback_decider: Decider | None = None,
     fallback_answerer: Answerer | None = None,
+    bridger: Bridger | None = None,
 ) -> dict[str, Node]:
-    """The six nodes of the default turn, wired to the given collaborators."""
+    """The seven nodes of the default turn, wired to the given collaborators (no bridger: no hops)."""
     s = settings
+    max_hops = s.max_hops if bridger is not None else 0
     return {
         "decide": Decide(decider, max_queries=s.max_queries, fallback=fallback_decider),
         "retrieve": Retrieve(
@@ -91,7 +97,10 @@ def default_nodes(
             fast_path_confidence=s.fast_path_confidence,
             fast_path_min_hits=s.fast_path_min_hits,
         ),
-        "grade": Grade(grader, live_sources, max_attempts=s.max_attempts, timeout_s=s.grade_timeout_s),
+        "grade": Grade(
+            grader, live_sources, max_attempts=s.max_attempts, timeout_s=s.grade_timeout_s, max_hops=max_hops
+        ),
+        "hop": Hop(bridger, timeout_s=s.rewrite_timeout_s),
         "live": Live(live_sources, max_attempts=s.max_attempts, timeout_s=s.live_timeout_s),
         "rewrite": Rewrite(rewriter, max_attempts=s.max_attempts, embedder=embedder, timeout_s=s.rewrite_timeout_s),
         "answer": Answer(answerer, fallback=fallback_answerer, max_blocks=s.max_blocks),
@@ -127,6 +136,7 @@ class TurnRecord:
         fail_open: How many grades failed open.
         live: Live-source lookups: query, source, ids, accepted, mismatches, error.
         rewrites: Rewrite attempts: from, to, attempt, accepted, reason.
+        hops: Follow-up hop attempts: query, found, accepted, reason.
         outcome: ``context``, ``partial``, ``none`` or ``direct``.
         missing: Decide queries left unanswered.
         llm_calls: Calls that went to a model.
@@ -147,6 +157,7 @@ class TurnRecord:
     fail_open: int
     live: tuple[dict[str, Any], ...]
     rewrites: tuple[dict[str, Any], ...]
+    hops: tuple[dict[str, Any], ...]
     outcome: str
     missing: tuple[str, ...]
     llm_calls: int
@@ -180,6 +191,7 @@ def turn_summary(state: TurnState) -> dict[str, Any]:
                 "hits": len(q.hits),
                 "best_score": q.best_score,
                 "error": q.error,
+                "hop": q.hop,
             }
             for q in state.queries.values()
         ],
@@ -197,6 +209,7 @@ def turn_summary(state: TurnState) -> dict[str, Any]:
         "fail_open": len(state.fail_open),
         "live": [dict(e) for e in state.live],
         "rewrites": [dict(e) for e in state.rewrites],
+        "hops": [dict(e) for e in state.hops],
         "outcome": state.outcome or "none",
         "missing": list(state.missing),
         "llm_calls": sum(1 for c in calls if c.model != "offline"),
@@ -224,6 +237,7 @@ def turn_record(result: RunResult) -> TurnRecord:
         fail_open=s["fail_open"],
         live=tuple(s["live"]),
         rewrites=tuple(s["rewrites"]),
+        hops=tuple(s["hops"]),
         outcome=s["outcome"],
         missing=tuple(s["missing"]),
         llm_calls=s["llm_calls"],

@@ -52,7 +52,7 @@ class Rewrite:
     routes: tuple[str, ...] = field(default=("retrieve", "answer"), init=False)
 
     async def __call__(self, state: TurnState) -> str:
-        short = [q for q in state.queries.values() if q.status in ("short", "failed")]
+        short = [q for q in state.queries.values() if q.status in ("short", "failed") and not q.hop]
         tried = list(state.queries)
 
         async def one(q: QueryState) -> None:

@@ -91,9 +91,7 @@ class OfflineRewriter:
         all_tried = [failed_query, *tried]
         terms = key_terms(question)
         names = _names(question)
-        unknown = [
-            t.surface for t in terms if self.stats.doc_freq(t.stem) == 0 and (_is_id(t.stem) or t.stem in names)
-        ]
+        unknown = [t.surface for t in terms if self.stats.doc_freq(t.stem) == 0 and (_is_id(t.stem) or t.stem in names)]
         if unknown:
             raise JudgeError(
                 f"no new angle for {question!r}: {', '.join(unknown)} occur nowhere in the index, "

@@ -1,0 +1,57 @@
+"""hop: one more search when every query found something but the question is not covered yet (multi-hop)."""
+
+from __future__ import annotations
+
+import anyio
+import structlog
+from attrs import define, field
+
+from ragloop.events import Progress
+from ragloop.llm.protocols import Bridger
+from ragloop.runner import emit
+from ragloop.state import QueryState, TurnState
+
+__all__ = ["Hop"]
+
+log = structlog.get_logger("ragloop.nodes.hop")
+
+
+@define
+class Hop:
+    """Asks the bridger for a follow-up query built from the relevant passages found so far.
+
+    The follow-up joins the first decide query's lineage as a ``hop`` query: its hits add context, and
+    coming up empty never makes the turn's outcome worse.
+
+    Attributes:
+        bridger: The judge; ``None`` disables hops (the node routes straight to answer).
+        timeout_s: Time limit for the bridger.
+    """
+
+    bridger: Bridger | None = None
+    timeout_s: float = 10.0
+    routes: tuple[str, ...] = field(default=("retrieve", "answer"), init=False)
+
+    async def __call__(self, state: TurnState) -> str:
+        roots = state.roots()
+        if self.bridger is None or not roots:
+            return "answer"
+        found = [g.hit.text for g in state.graded if g.verdict.label == "relevant"]
+        entry: dict[str, object] = {"found": len(found)}
+        try:
+            with anyio.fail_after(self.timeout_s):
+                query = await self.bridger.follow_up(state.question, found, list(state.queries))
+        except Exception as exc:  # a failed hop only means no extra context
+            query, entry["reason"] = None, f"bridger failed: {type(exc).__name__}: {exc}"
+        query = " ".join(query.split()) if query else None
+        accepted = bool(query) and query not in state.queries
+        entry.update(query=query, accepted=accepted)
+        entry.setdefault("reason", "follow-up from the relevant passages" if accepted else "no follow-up needed")
+        state.hops.append(entry)
+        if not accepted or query is None:
+            return "answer"
+        log.info("hop.follow_up", query=query)
+        state.queries[query] = QueryState(text=query, root=roots[0], attempt=0, hop=True)
+        state.pending = [query]
+        await emit(Progress(node="hop", kind="hop", message=f"following up: {query}", data={"query": query}))
+        return "retrieve"
