@@ -265,3 +265,16 @@ class TestLifecycle:
         assert time.monotonic() - start < 5.0
         assert len(errors) == 1 and isinstance(errors[0], openai.APIConnectionError)
         assert running.stats.requests_aborted == 1
+
+
+def test_recorded_request_names_the_judge() -> None:
+    """RecordedRequest.judge tells decide, grade, answer and rewrite requests apart by their shape."""
+    from ragloop.testing import RecordedRequest
+
+    def req(body: dict[str, object]) -> RecordedRequest:
+        return RecordedRequest(0, "POST", "/v1/chat/completions", {}, body, 0.0)
+
+    assert req({"tools": [], "messages": []}).judge == "decide"
+    assert req({"response_format": {"type": "json_object"}}).judge == "grade"
+    assert req({"stream": True}).judge == "answer"
+    assert req({"messages": []}).judge == "rewrite"

@@ -331,6 +331,17 @@ class RecordedRequest:
         """The ``model`` requested."""
         return self.body.get("model") if isinstance(self.body, dict) else None
 
+    @property
+    def judge(self) -> str:
+        """Which ragloop judge sent this chat request, from its shape: ``decide`` offers tools, ``grade``
+        asks for a ``response_format``, ``answer`` streams, ``rewrite`` is the plain completion left."""
+        body = self.body if isinstance(self.body, dict) else {}
+        if "tools" in body:
+            return "decide"
+        if "response_format" in body:
+            return "grade"
+        return "answer" if body.get("stream") else "rewrite"
+
 
 @frozen
 class ServerStats:

@@ -29,14 +29,7 @@ Matcher = Callable[[RecordedRequest], ScriptedResponse]
 
 def judge_of(request: RecordedRequest) -> str:
     """Which judge sent this request: decide (tools), grade (response_format), answer (stream) or rewrite."""
-    body = request.body
-    if "tools" in body:
-        return "decide"
-    if "response_format" in body:
-        return "grade"
-    if body.get("stream"):
-        return "answer"
-    return "rewrite"
+    return request.judge
 
 
 def user_text(request: RecordedRequest) -> str:

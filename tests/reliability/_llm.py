@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import attrs
 
@@ -27,15 +26,8 @@ TIMEOUT_S = 0.25
 
 
 def judge_of(request: RecordedRequest) -> str:
-    """Which judge sent ``request``: decide offers tools, grade asks for JSON, answer streams, rewrite is left."""
-    body: Mapping[str, Any] = request.body
-    if "tools" in body:
-        return "decide"
-    if "response_format" in body:
-        return "grade"
-    if body.get("stream"):
-        return "answer"
-    return "rewrite"
+    """Which judge sent ``request`` (see :attr:`RecordedRequest.judge`)."""
+    return request.judge
 
 
 def _question(request: RecordedRequest) -> str:

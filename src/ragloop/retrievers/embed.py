@@ -125,7 +125,8 @@ class HashEmbedder:
         return await anyio.to_thread.run_sync(self.embed_sync, texts)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The hex sha256 of a file, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
@@ -208,7 +209,7 @@ class MiniLMEmbedder:
                     "'ragloop[embed]'"
                 )
             if verify:
-                got = _sha256(path)
+                got = file_sha256(path)
                 if got != want:
                     raise ConfigError(
                         f"MiniLM {what} file {path} has sha256 {got}, expected {want}; the file is corrupt "

@@ -17,7 +17,6 @@ checksum and refuses an index built with a different embedder.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import os
 import shutil
@@ -37,7 +36,7 @@ from ragloop.errors import ConfigError, IndexError_
 from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.bm25 import BM25Index, BM25Retriever
 from ragloop.retrievers.dense import DenseIndex, DenseRetriever
-from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder, Progress
+from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder, Progress, file_sha256
 from ragloop.retrievers.hybrid import HybridRetriever
 from ragloop.state import Chunk, Hit
 
@@ -61,14 +60,6 @@ def index_text(chunk: Chunk) -> str:
         if part and part not in head and not chunk.text.startswith(part):
             head.append(part)
     return "\n".join([*head, chunk.text]) if head else chunk.text
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _fsync_tree(root: Path) -> None:
@@ -318,7 +309,7 @@ class KnowledgeIndex:
                 "dense": {"kind": self.dense.kind},
                 "bm25": self.bm25.tokenizer.config(),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "files": {p.relative_to(tmp).as_posix(): _sha256(p) for p in files},
+                "files": {p.relative_to(tmp).as_posix(): file_sha256(p) for p in files},
             }
             (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
             _fsync_tree(tmp)
@@ -395,7 +386,7 @@ class KnowledgeIndex:
             path = root / rel
             if not path.is_file():
                 raise IndexError_(f"index {root} is missing {rel}; {rebuild}")
-            if verify and _sha256(path) != want:
+            if verify and file_sha256(path) != want:
                 raise IndexError_(f"index file {path} does not match its checksum (corrupt or edited); {rebuild}")
         for required in (_CHUNKS, "dense.faiss", "dense.json", "bm25/ragloop.json"):
             if required not in files:
