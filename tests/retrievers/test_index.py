@@ -151,3 +151,19 @@ class TestPersistence:
         os.rename(saved, saved.parent / ".kb.old-123")
         with pytest.raises(IndexError_, match=r"\.kb\.old-123"):
             KnowledgeIndex.load(saved)
+
+
+def test_save_clears_leftovers_of_dead_saves_only(saved: Path) -> None:
+    """Temporary folders of killed saves are removed by the next save; a running save's are not."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    leftover = saved.parent / f".kb.tmp-{dead_pid}-abc123"
+    running = saved.parent / f".kb.tmp-{os.getpid()}-def456"
+    leftover.mkdir()
+    running.mkdir()
+    _build().save(saved)
+    assert not leftover.exists() and running.exists()
+    assert KnowledgeIndex.load(saved).chunks

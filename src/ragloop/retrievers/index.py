@@ -62,6 +62,30 @@ def index_text(chunk: Chunk) -> str:
     return "\n".join([*head, chunk.text]) if head else chunk.text
 
 
+def _remove_dead_leftovers(parent: Path, name: str) -> None:
+    """Remove ``.NAME.tmp-PID-…`` / ``.NAME.old-PID-…`` folders left by saves whose process has died.
+
+    A killed save leaves its temporary folder behind; a live process's folder (a save running right now) is
+    never touched.
+    """
+    for leftover in parent.glob(f".{name}.*-*-*"):
+        kind, _, rest = leftover.name[len(name) + 2 :].partition("-")
+        pid = rest.split("-", 1)[0]
+        if kind not in ("tmp", "old") or not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, but not ours to signal
+        return True
+    return True
+
+
 def _fsync_tree(root: Path) -> None:
     for dirpath, _dirs, files in os.walk(root):
         for name in files:
@@ -292,7 +316,8 @@ class KnowledgeIndex:
         target = Path(directory).absolute()
         parent = target.parent
         parent.mkdir(parents=True, exist_ok=True)
-        tmp = parent / f".{target.name}.tmp-{uuid.uuid4().hex[:12]}"
+        _remove_dead_leftovers(parent, target.name)
+        tmp = parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         tmp.mkdir()
         try:
             with (tmp / _CHUNKS).open("w", encoding="utf-8") as fh:
@@ -320,7 +345,7 @@ class KnowledgeIndex:
             elif target.exists():
                 # No atomic exchange here (not Linux, or the filesystem refuses it): two renames, and load()
                 # explains the leftover if a crash falls between them.
-                old = parent / f".{target.name}.old-{uuid.uuid4().hex[:12]}"
+                old = parent / f".{target.name}.old-{os.getpid()}-{uuid.uuid4().hex[:12]}"
                 os.rename(target, old)
                 os.rename(tmp, target)
                 _fsync_dir(parent)
