@@ -141,3 +141,10 @@ def test_split_sentences() -> None:
         "item six",
         "Head",
     ]
+
+
+def test_headings_are_never_quoted() -> None:
+    """Markdown headings are dropped from the sentences the answerer may quote."""
+    assert split_sentences("## Delivery and retries\nFailed deliveries are retried 8 times.", headings=False) == [
+        "Failed deliveries are retried 8 times."
+    ]

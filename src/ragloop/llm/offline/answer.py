@@ -38,14 +38,19 @@ INJECTION = re.compile(
     re.IGNORECASE | re.DOTALL,
 )
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|\n\s*\n|\n(?=\s*(?:[-*+]\s|\d+\.\s|#))")
+_HEADING_LINE = re.compile(r"(?m)^(#{1,6}\s[^\n]*)\n(?!\n)")
 _CITATION = re.compile(r"\s*\[\s*\d+(?:\s*[,;-]\s*\d+)*\s*\]")
 _TOKEN = re.compile(r"\S+\s*")
 
 
-def split_sentences(text: str) -> list[str]:
-    """Sentences (and list items, headings) of ``text``, whitespace-collapsed, empty ones dropped."""
+def split_sentences(text: str, *, headings: bool = True) -> list[str]:
+    """Sentences (and list items, headings unless ``headings=False``) of ``text``, whitespace-collapsed,
+    empty ones dropped."""
     out = []
+    text = _HEADING_LINE.sub(r"\1\n\n", text)  # a heading line is its own part even without a blank line
     for part in _SENTENCE_END.split(text):
+        if not headings and part.lstrip().startswith("#"):
+            continue
         sentence = " ".join(part.split()).lstrip("#*->+ ").strip()
         if sentence:
             out.append(sentence)
@@ -140,10 +145,13 @@ class OfflineAnswerer:
             block_stems = {stem(t) for t in tokenize(block.text)}
             if sum(idf(t) for t in wanted & block_stems) / total < self.min_block_coverage:
                 continue  # a block about another topic is not cited
-            for pos, raw in enumerate(split_sentences(block.text)):
+            # A heading ("Delivery and retries") names a topic; it answers nothing, so it is never quoted.
+            for pos, raw in enumerate(split_sentences(block.text, headings=False)):
                 if INJECTION.search(raw):
                     continue
                 text = _CITATION.sub("", raw).strip()
+                if len(text.split()) < 5 and not text.endswith((".", "!", "?")):
+                    continue  # a link title or label ("API rate limits"), not a statement
                 terms = frozenset(stem(t) for t in tokenize(text))
                 rel = sum(idf(t) for t in wanted & terms) / total
                 if len(terms) >= 3 and rel >= self.min_sentence_coverage:
