@@ -226,3 +226,19 @@ def test_phrasal_verb_pronoun_resolved_from_page() -> None:
     page = PageContext(url="https://help.lumen.example/scim-provisioning")
     decision = OfflineDecider().decide_sync("How do I set this up?", (), page)
     assert decision.queries == ("How do I set scim provisioning up",)
+
+
+def test_elliptical_second_clause_takes_the_first_subject() -> None:
+    """ "…, and which plan do I need?" names no subject of its own: it continues the first clause's."""
+    from ragloop.llm.offline import OfflineDecider
+    from ragloop.llm.offline.terms import CorpusStats
+    from ragloop.state import PageContext
+
+    texts = [f"Page {i} about plans, prices and what you need to get started." for i in range(20)]
+    texts += ["Set up SAML single sign-on under Settings.", "Webhooks send events to your server."]
+    decider = OfflineDecider(CorpusStats.from_texts(texts))
+    queries = decider.decide_sync("How do I set up SAML single sign-on, and which plan do I need?", (), PageContext())
+    assert len(queries.queries) == 2
+    assert "SAML" in queries.queries[1] and queries.queries[1].startswith("which plan do I need for")
+    separate = decider.decide_sync("How do I set up SAML, and how do webhooks work?", (), PageContext())
+    assert "SAML" not in separate.queries[1]

@@ -20,6 +20,7 @@ Steps, in order:
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -338,6 +339,9 @@ class OfflineDecider:
         topics: list[str] = []  # resolved, before expansion: what a later pronoun refers to
         for i, topic in enumerate(split_topics(rest)):
             resolved = self._resolve(topic, self._subject(i, topics, history, page), page_subj)
+            if i > 0 and topics and self._elliptical(resolved):
+                # "How do I set up SAML SSO, and which plan do I need?": the second clause means "for SAML SSO".
+                resolved = f"{resolved} for {self._specific_words(topics[0])}"
             if resolved != topic:
                 notes.append(f"resolved {topic!r} -> {resolved!r}")
             query = " ".join(self._glossary.expand(resolved).split())
@@ -358,6 +362,21 @@ class OfflineDecider:
         if notes:
             reason += "; " + "; ".join(notes)
         return Decision(queries=tuple(queries), reason=reason)
+
+    def _rare_at(self) -> float:
+        """IDF from which a term counts as specific: half the highest possible (``ln N``)."""
+        return 0.5 * math.log(max(self.stats.n_docs, 2)) if self.stats is not None else math.inf
+
+    def _elliptical(self, topic: str) -> bool:
+        """True when a later clause names no specific subject of its own (every key term is common in the
+        index, e.g. "which plan do I need"), so it continues the first clause's subject."""
+        if self.stats is None or self.stats.n_docs < 2:
+            return False
+        return all(self.stats.idf(t.stem) < self._rare_at() for t in key_terms(topic))
+
+    def _specific_words(self, topic: str) -> str:
+        """The three most specific words of ``topic``, as written and in order."""
+        return _surface(topic, limit=3, stats=self.stats)
 
     async def decide(self, question: str, history: Sequence[Message], page: PageContext) -> Decision:
         """A direct reply for small talk, else one standalone query per topic."""
