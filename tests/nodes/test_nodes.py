@@ -572,3 +572,26 @@ async def test_any_decider_exception_falls_back() -> None:
     state = TurnState(question="refund policy")
     assert await Decide(FakeDecider(broken))(state) == "retrieve"
     assert "KeyError" in state.errors[0]
+
+
+def test_longest_regular_turn_fits_the_default_cap() -> None:
+    """Live, two rewrites and a hop in one turn still end by 'end', not by the step cap."""
+    angles = iter(["refund policy details", "billing statement copy"])
+
+    def grade(q: str, h: object) -> Verdict:
+        # the decide query and its first rewrite come up short; the second rewrite and the hop are answered
+        return Verdict("relevant" if q in ("billing statement copy", "hop follow up") else "irrelevant")
+
+    g = graph_of(
+        decider=FakeDecider(lambda q: Decision(queries=("ticket #1234",))),
+        grader=FakeGrader(grade),
+        rewriter=FakeRewriter(lambda q, f, t: next(angles)),
+        live_sources=[FakeLiveSource()],
+        bridger=FakeBridger(lambda q, found, tried: "hop follow up"),
+    )
+    result = anyio.run(lambda: g.run(TurnState(question="ticket #1234")))  # type: ignore[attr-defined]
+    assert result.path == (
+        "decide", "retrieve", "grade", "live", "rewrite", "retrieve", "grade", "rewrite", "retrieve", "grade",
+        "hop", "retrieve", "grade", "answer",
+    )  # fmt: skip
+    assert result.stopped_by == "end"

@@ -48,7 +48,9 @@ class TurnSettings:
         grade_timeout_s: Time limit per grade (past it the chunk is kept: fail-open).
         rewrite_timeout_s: Time limit per rewrite.
         live_timeout_s: Time limit per live lookup.
-        max_steps: The runner's step cap.
+        max_steps: The runner's step cap. The longest regular turn with the defaults is 14 steps (decide; four
+            retrieve/grade rounds: the first, two rewrites and a hop; live; two rewrites; hop; answer), so
+            16 leaves room and a cap means something went wrong.
         deadline_s: Default time limit for a whole turn (``None``: no limit).
     """
 
@@ -65,7 +67,7 @@ class TurnSettings:
     grade_timeout_s: float = 10.0
     rewrite_timeout_s: float = 10.0
     live_timeout_s: float = 5.0
-    max_steps: int = 12
+    max_steps: int = 16
     deadline_s: float | None = 60.0
 
 
