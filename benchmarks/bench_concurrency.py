@@ -44,21 +44,13 @@ import structlog
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _sim
+from bench_retrieval import rss_bytes
 
 from ragloop.nodes.graph import TurnSettings
 from ragloop.retrievers.evaluate import percentile
 
 RESULTS = Path(__file__).parent / "results"
 QUESTION = "How much does the Business plan cost per seat?"
-
-
-def rss_bytes() -> int:
-    """Resident set size of this process (Linux /proc; 0 elsewhere)."""
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return 0
 
 
 class SleepNode:

@@ -27,11 +27,6 @@ pytestmark = pytest.mark.anyio
 Matcher = Callable[[RecordedRequest], ScriptedResponse]
 
 
-def judge_of(request: RecordedRequest) -> str:
-    """Which judge sent this request: decide (tools), grade (response_format), answer (stream) or rewrite."""
-    return request.judge
-
-
 def user_text(request: RecordedRequest) -> str:
     return str(request.messages[-1]["content"])
 
@@ -44,7 +39,7 @@ def matcher(
     answer: str = "From the docs: see [1].",
 ) -> Matcher:
     def match(request: RecordedRequest) -> ScriptedResponse:
-        judge = judge_of(request)
+        judge = request.judge
         if judge == "decide":
             return decide(user_text(request))
         if judge == "grade":
@@ -66,7 +61,7 @@ async def test_greeting_takes_no_search(sample_cache: Path) -> None:
     async with ScriptedOpenAIServer(matcher=m) as server, server.client(max_retries=0) as client:
         result = await rag_for(server, client, sample_cache).ask("hi there")
     assert result.outcome == "direct" and result.text.startswith("Hello!")
-    assert [judge_of(r) for r in server.chat_requests] == ["decide"]
+    assert [r.judge for r in server.chat_requests] == ["decide"]
     assert result.record.path == ("decide", "answer") and result.record.llm_calls == 1
 
 
@@ -79,7 +74,7 @@ async def test_two_topics_issue_two_parallel_searches(sample_cache: Path) -> Non
     )
     async with ScriptedOpenAIServer(matcher=m) as server, server.client(max_retries=0) as client:
         result = await rag_for(server, client, sample_cache).ask("Compare plan pricing and SSO setup")
-    judges = [judge_of(r) for r in server.chat_requests]
+    judges = [r.judge for r in server.chat_requests]
     decide_body = server.chat_requests[0].body
     assert decide_body["parallel_tool_calls"] is True and decide_body["model"] == "fast-model"
     assert result.record.decision["queries"] == ["Lumen plan pricing per seat", "Lumen SAML SSO setup"]
@@ -128,7 +123,7 @@ async def test_failed_retrieval_is_rewritten_then_answered_honestly(sample_cache
         "time machine repair coverage",
         "interstellar shipping insurance claims",
     ]
-    rewrite_prompts = [user_text(r) for r in server.chat_requests if judge_of(r) == "rewrite"]
+    rewrite_prompts = [user_text(r) for r in server.chat_requests if r.judge == "rewrite"]
     assert "time machine repair coverage" in rewrite_prompts[1]  # tried queries are shown to the model
     system = server.chat_requests[-1].messages[0]["content"]
     assert "UNTRUSTED_CONTEXT" not in server.chat_requests[-1].messages[-1]["content"]

@@ -18,16 +18,11 @@ from ragloop.testing import (
     tool_calls,
 )
 
-__all__ = ["FAULTS", "JUDGES", "TIMEOUT_S", "fault_for", "good_response", "judge_of", "turn_matcher"]
+__all__ = ["FAULTS", "JUDGES", "TIMEOUT_S", "fault_for", "good_response", "turn_matcher"]
 
 JUDGES = ("decide", "grade", "rewrite", "answer")
 #: Per-request timeout the judges get in these tests; a "timeout" fault answers well after it.
 TIMEOUT_S = 0.25
-
-
-def judge_of(request: RecordedRequest) -> str:
-    """Which judge sent ``request`` (see :attr:`RecordedRequest.judge`)."""
-    return request.judge
 
 
 def _question(request: RecordedRequest) -> str:
@@ -36,7 +31,7 @@ def _question(request: RecordedRequest) -> str:
 
 def good_response(request: RecordedRequest, *, grade_label: str = "relevant") -> ScriptedResponse:
     """A well-formed answer for whichever judge sent ``request``."""
-    judge = judge_of(request)
+    judge = request.judge
     if judge == "decide":
         return tool_calls([("search", {"query": _question(request)})])
     if judge == "grade":
@@ -95,7 +90,7 @@ class turn_matcher:
     def __call__(self, request: RecordedRequest) -> ScriptedResponse:
         if self.on_request is not None:
             self.on_request(request)
-        judge = judge_of(request)
+        judge = request.judge
         kind = self.faulty.get(judge)
         if kind is not None:
             self.served[kind] = self.served.get(kind, 0) + 1

@@ -24,7 +24,7 @@ from ragloop.events import Event, NodeStarted, Token
 from ragloop.nodes.graph import TurnSettings
 from ragloop.retrievers.live import LiveRecord
 from ragloop.testing import RecordedRequest, ScriptedOpenAIServer, ScriptedResponse, stream
-from tests.reliability._llm import good_response, judge_of
+from tests.reliability._llm import good_response
 from tests.reliability._support import FaultyRetriever, count, offline_rag, small_index, turn_tasks
 
 pytestmark = pytest.mark.anyio
@@ -66,7 +66,7 @@ def slow_for(stage: str) -> Callable[[RecordedRequest], ScriptedResponse]:
     """A matcher whose ``stage`` requests hang (or stream very slowly), the others answered at once."""
 
     def matcher(request: RecordedRequest) -> ScriptedResponse:
-        judge = judge_of(request)
+        judge = request.judge
         if judge == stage == "answer":
             return stream("Deliveries are retried 8 times [1]. " * 20, chunk_size=8, token_delay_s=0.5)
         if judge == stage:
@@ -134,7 +134,7 @@ async def test_disconnect_cancels_llm_call(stage: str, mode: str) -> None:
     inner = slow_for(stage)
 
     def matcher(request: RecordedRequest) -> ScriptedResponse:
-        if judge_of(request) == stage:
+        if request.judge == stage:
             arrived.set()
         return inner(request)
 

@@ -15,7 +15,7 @@ import pytest
 from ragloop.chat import ChatRAG, Reply, ReplyReady
 from ragloop.nodes.graph import TurnSettings
 from ragloop.testing import ScriptedOpenAIServer, rate_limited
-from tests.reliability._llm import FAULTS, JUDGES, TIMEOUT_S, judge_of, turn_matcher
+from tests.reliability._llm import FAULTS, JUDGES, TIMEOUT_S, turn_matcher
 from tests.reliability._support import count, small_index
 
 pytestmark = pytest.mark.anyio
@@ -112,7 +112,7 @@ async def test_fault_at_judge_is_absorbed_and_recorded(judge: str, kind: str) ->
             # Failed before the first token: the offline answerer wrote a cited answer instead.
             assert "8 times" in reply.text and reply.citations
     if judge == "rewrite":
-        answer_requests = [r for r in server.chat_requests if judge_of(r) == "answer"]
+        answer_requests = [r for r in server.chat_requests if r.judge == "answer"]
         system, user = answer_requests[-1].messages[0]["content"], answer_requests[-1].messages[-1]["content"]
         assert "found nothing relevant" in system and "Searched for but not found" in user
 
@@ -151,7 +151,7 @@ async def test_rate_limit_retry_after_is_honoured() -> None:
     def first_decide_limited(request: object) -> object:
         from tests.reliability._llm import good_response
 
-        if judge_of(request) == "decide" and not served:
+        if request.judge == "decide" and not served:
             served.append(time.monotonic())
             return rate_limited(retry_after=retry_after)
         return good_response(request)
@@ -159,7 +159,7 @@ async def test_rate_limit_retry_after_is_honoured() -> None:
     async with ScriptedOpenAIServer(matcher=first_decide_limited) as server:
         async with server.client(max_retries=2) as client:
             reply, _ = await ask_within_deadline(llm_rag(client))
-        decides = [r for r in server.chat_requests if judge_of(r) == "decide"]
+        decides = [r for r in server.chat_requests if r.judge == "decide"]
     count("rate_limited", 1, group="faults_injected")
     count("turns_llm_faults")
     assert len(decides) == 2 and decides[1].received_at - decides[0].received_at >= retry_after * 0.9

@@ -31,7 +31,7 @@ from ragloop.nodes.graph import TurnSettings
 from ragloop.retrievers.live import LiveRecord
 from ragloop.state import ContextBlock, Decision, Hit, Message, Outcome, PageContext, Verdict
 from ragloop.testing import RecordedRequest, ScriptedOpenAIServer, ScriptedResponse
-from tests.reliability._llm import FAULTS, TIMEOUT_S, fault_for, good_response, judge_of
+from tests.reliability._llm import FAULTS, TIMEOUT_S, fault_for, good_response
 from tests.reliability._support import FIGURES, count, scale, small_index, turn_tasks
 
 pytestmark = pytest.mark.anyio
@@ -309,7 +309,7 @@ async def test_scripted_server_turns_under_load_with_faults() -> None:
             if kind is not None:
                 injected[kind] += 1
         if kind is not None:
-            return fault_for(kind, judge_of(request))
+            return fault_for(kind, request.judge)
         return good_response(request)
 
     questions = [f"{QUESTIONS[i % 12][0]} (case {i})" for i in range(turns)]
@@ -351,7 +351,7 @@ async def test_scripted_server_turns_under_load_with_faults() -> None:
     # Every answer request carried exactly its own turn's question and its own turn's context blocks.
     answered = 0
     for request in requests:
-        if judge_of(request) != "answer":
+        if request.judge != "answer":
             continue
         user = str(request.messages[-1]["content"])
         question = user.rsplit("Question: ", 1)[1]

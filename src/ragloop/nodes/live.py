@@ -99,7 +99,7 @@ class Live:
                 node="live",
                 kind="live",
                 message=f"asked {len(jobs)} live source(s)",
-                data={"lookups": [e for e in state.live]},
+                data={"lookups": list(state.live)},
             )
         )
         return route_after_grading(state, self.sources, self.max_attempts, live_done=True)
