@@ -19,7 +19,7 @@ import math
 import os
 import re
 import unicodedata
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +74,29 @@ class Reply:
             "missing": list(self.missing),
             "record": self.record.as_dict(),
         }
+
+    def client_dict(self, source_url: Callable[[str], str | None] | None = None) -> dict[str, Any]:
+        """The reply as it may be sent to an end user: text, outcome, citations and what is missing.
+
+        Never the decision record (queries, grades, errors, model names): keep that for your logs.
+
+        Args:
+            source_url: Maps a citation's source to a link; by default a source that is itself an
+                ``http(s)://`` URL links to itself and any other source has ``url`` ``None``.
+        """
+        link = source_url or _own_url
+        return {
+            "text": self.text,
+            "outcome": self.outcome,
+            "citations": [
+                {"n": c.n, "title": c.title, "source": c.source, "url": link(c.source)} for c in self.citations
+            ],
+            "missing": list(self.missing),
+        }
+
+
+def _own_url(source: str) -> str | None:
+    return source if source.startswith(("https://", "http://")) else None
 
 
 @frozen
