@@ -116,9 +116,9 @@ class TestCalibrate:
 
 def test_chunk_not_naming_the_requested_id_is_at_most_partial() -> None:
     """A generic page about tickets is background for "status of ticket #1234", never a full answer."""
-    from ragloop.fakes import make_hit
     from ragloop.llm.offline.grade import OfflineGrader
     from ragloop.llm.offline.terms import CorpusStats
+    from ragloop.testing import make_hit
 
     texts = ["You can check the status of any ticket under My tickets.", "Ticket #1234 status: open, SSO error."]
     grader = OfflineGrader(CorpusStats.from_texts(texts))

@@ -10,16 +10,6 @@ from hypothesis import strategies as st
 from ragloop import END
 from ragloop.errors import JudgeError
 from ragloop.events import Progress, Token
-from ragloop.fakes import (
-    FakeAnswerer,
-    FakeBridger,
-    FakeDecider,
-    FakeGrader,
-    FakeLiveSource,
-    FakeRetriever,
-    FakeRewriter,
-    make_hit,
-)
 from ragloop.nodes.answer import Answer, build_blocks, decide_outcome, resolve_citations
 from ragloop.nodes.decide import Decide
 from ragloop.nodes.grade import Grade, grade_all
@@ -30,6 +20,16 @@ from ragloop.nodes.retrieve import Retrieve, merge_budget, merge_hits
 from ragloop.nodes.rewrite import Rewrite
 from ragloop.retrievers.live import LiveRecord
 from ragloop.state import ContextBlock, Decision, Graded, QueryState, TurnState, Verdict
+from ragloop.testing import (
+    FakeAnswerer,
+    FakeBridger,
+    FakeDecider,
+    FakeGrader,
+    FakeLiveSource,
+    FakeRetriever,
+    FakeRewriter,
+    make_hit,
+)
 
 pytestmark = pytest.mark.anyio
 

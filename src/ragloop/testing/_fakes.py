@@ -1,6 +1,6 @@
 """In-memory fakes of every seam of a chat turn, for unit-testing nodes and custom graphs.
 
-Re-exported by :mod:`ragloop.testing`. Each fake is deterministic, records how it was called, and can be
+Public through :mod:`ragloop.testing`. Each fake is deterministic, records how it was called, and can be
 told to fail or to be slow for a given input::
 
     from ragloop.testing import FakeRetriever, FakeGrader, make_hit

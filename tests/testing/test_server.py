@@ -1,4 +1,4 @@
-"""The scripted OpenAI-compatible server in ``ragloop.testing``, driven through the real ``openai`` SDK."""
+"""The scripted OpenAI-compatible server of ``ragloop.testing``, driven through the real ``openai`` SDK."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from ragloop import testing
 from ragloop.testing import (
     RecordedRequest,
     ScriptedOpenAIServer,
@@ -46,12 +45,6 @@ async def client(server: ScriptedOpenAIServer) -> AsyncIterator[openai.AsyncOpen
     """An SDK client without retries."""
     async with server.client(max_retries=0, timeout_s=5.0) as sdk:
         yield sdk
-
-
-def test_all_is_sorted() -> None:
-    """The public names are listed sorted and all exist."""
-    assert testing.__all__ == sorted(testing.__all__)
-    assert all(hasattr(testing, name) for name in testing.__all__)
 
 
 class TestChat:
