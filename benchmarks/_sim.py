@@ -175,9 +175,9 @@ def build_chat(url: str, index: Any, settings: Any, max_connections: int | None 
 
     from ragloop.chat import ChatRAG
     from ragloop.llm.offline import OfflineAnswerer, OfflineDecider
-    from ragloop.llm.offline.terms import CorpusStats
     from ragloop.llm.openai_judges import OpenAIJudges
     from ragloop.retrievers.live import SQLiteTicketSource
+    from ragloop.text.terms import CorpusStats
 
     stats = CorpusStats.from_texts([c.text for c in index.chunks])
     offline_decider = OfflineDecider(stats, max_queries=settings.max_queries)

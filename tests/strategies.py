@@ -222,7 +222,7 @@ OFFLINE_CORPUS: tuple[str, ...] = (
 
 
 def _stopwords() -> frozenset[str]:
-    from ragloop.llm.offline.terms import STOPWORDS
+    from ragloop.text.terms import STOPWORDS
 
     return STOPWORDS
 

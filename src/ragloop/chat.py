@@ -199,7 +199,7 @@ class ChatRAG:
         max_question_chars: Longest question accepted.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
         self,
         *,
         retriever: Retriever,
@@ -236,7 +236,7 @@ class ChatRAG:
         self.offline = False
 
     @classmethod
-    def from_index(
+    def from_index(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
         cls,
         index: str | os.PathLike[str] | KnowledgeIndex,
         llm: openai.AsyncOpenAI | None = None,
@@ -266,8 +266,8 @@ class ChatRAG:
         """
         from ragloop.llm.offline import OfflineAnswerer, OfflineDecider, OfflineGrader, OfflineRewriter
         from ragloop.llm.offline.bridge import OfflineBridger
-        from ragloop.llm.offline.terms import CorpusStats
         from ragloop.retrievers.index import KnowledgeIndex
+        from ragloop.text.terms import CorpusStats
 
         idx = index if isinstance(index, KnowledgeIndex) else KnowledgeIndex.load(index, embedder)
         texts = [c.text for c in idx.chunks]

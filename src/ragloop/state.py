@@ -15,7 +15,7 @@ from typing import Literal
 
 from attrs import define, field, frozen
 
-from ragloop.llm.usage import UsageMeter
+from ragloop.usage import UsageMeter
 
 __all__ = [
     "Chunk",
@@ -279,7 +279,7 @@ class TurnState:
         answer: The full reply text (answer).
         citations: The ``[n]`` references of the reply, resolved (answer).
         errors: ``node: error`` notes of failures nodes absorbed (any node).
-        usage: The judge calls of the turn (every judge, through :func:`ragloop.llm.usage.record_call`).
+        usage: The judge calls of the turn (every judge, through :func:`ragloop.usage.record_call`).
     """
 
     question: str

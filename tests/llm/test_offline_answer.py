@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ragloop.llm.offline.answer import OfflineAnswerer, split_sentences
-from ragloop.llm.offline.terms import CorpusStats
-from ragloop.llm.usage import UsageMeter, metering
 from ragloop.state import ContextBlock, Outcome
+from ragloop.text.terms import CorpusStats
+from ragloop.usage import UsageMeter, metering
 from tests.strategies import OFFLINE_CORPUS, words
 
 STATS = CorpusStats.from_texts(OFFLINE_CORPUS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ragloop.llm.offline.bridge import OfflineBridger, bridge_entities, uncovered_terms
-from ragloop.llm.offline.terms import CorpusStats
+from ragloop.text.terms import CorpusStats
 
 FILM = (
     "Kiss and Tell is a 1945 American comedy film starring then 17-year-old Shirley Temple as Corliss Archer. "
@@ -54,7 +54,7 @@ def test_no_follow_up_when_covered_or_repeated() -> None:
 @pytest.mark.anyio
 async def test_follow_up_is_metered() -> None:
     """Each follow-up counts as an offline judge call."""
-    from ragloop.llm.usage import UsageMeter, metering
+    from ragloop.usage import UsageMeter, metering
 
     with metering(UsageMeter()) as meter:
         await OfflineBridger(STATS).follow_up(QUESTION, [FILM], [])

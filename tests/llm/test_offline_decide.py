@@ -7,10 +7,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ragloop.llm.offline.decide import OfflineDecider, page_subject, small_talk_kind, split_topics
-from ragloop.llm.offline.novelty import normalised_terms
-from ragloop.llm.offline.terms import CorpusStats
-from ragloop.llm.usage import UsageMeter, metering
 from ragloop.state import Message, PageContext
+from ragloop.text.novelty import normalised_terms
+from ragloop.text.terms import CorpusStats
+from ragloop.usage import UsageMeter, metering
 from tests.strategies import OFFLINE_CORPUS, topics
 
 GLOSSARY = {"SSO": "single sign-on", "SCIM": "System for Cross-domain Identity Management"}
@@ -231,8 +231,8 @@ def test_phrasal_verb_pronoun_resolved_from_page() -> None:
 def test_elliptical_second_clause_takes_the_first_subject() -> None:
     """ "…, and which plan do I need?" names no subject of its own: it continues the first clause's."""
     from ragloop.llm.offline import OfflineDecider
-    from ragloop.llm.offline.terms import CorpusStats
     from ragloop.state import PageContext
+    from ragloop.text.terms import CorpusStats
 
     texts = [f"Page {i} about plans, prices and what you need to get started." for i in range(20)]
     texts += ["Set up SAML single sign-on under Settings.", "Webhooks send events to your server."]

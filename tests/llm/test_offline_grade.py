@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 
 from ragloop.llm.offline.grade import OfflineGrader, coverage
-from ragloop.llm.offline.terms import CorpusStats
-from ragloop.llm.usage import UsageMeter, metering
 from ragloop.state import Chunk, Hit
+from ragloop.text.terms import CorpusStats
+from ragloop.usage import UsageMeter, metering
 from tests.strategies import OFFLINE_CORPUS, ticket_numbers
 
 STATS = CorpusStats.from_texts(OFFLINE_CORPUS)
@@ -117,8 +117,8 @@ class TestCalibrate:
 def test_chunk_not_naming_the_requested_id_is_at_most_partial() -> None:
     """A generic page about tickets is background for "status of ticket #1234", never a full answer."""
     from ragloop.llm.offline.grade import OfflineGrader
-    from ragloop.llm.offline.terms import CorpusStats
     from ragloop.testing import make_hit
+    from ragloop.text.terms import CorpusStats
 
     texts = ["You can check the status of any ticket under My tickets.", "Ticket #1234 status: open, SSO error."]
     grader = OfflineGrader(CorpusStats.from_texts(texts))

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ragloop.llm.offline import OfflineAnswerer, OfflineDecider, OfflineGrader, OfflineRewriter
-from ragloop.llm.offline.terms import CorpusStats
 from ragloop.llm.protocols import Answerer, Decider, Grader, Rewriter
+from ragloop.text.terms import CorpusStats
 
 
 def test_offline_judges_satisfy_the_protocols() -> None:

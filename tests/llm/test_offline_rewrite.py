@@ -7,10 +7,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ragloop.errors import JudgeError
-from ragloop.llm.offline.novelty import is_near_duplicate, normalised_terms
 from ragloop.llm.offline.rewrite import OfflineRewriter
-from ragloop.llm.offline.terms import CorpusStats, stem
-from ragloop.llm.usage import UsageMeter, metering
+from ragloop.text.novelty import is_near_duplicate, normalised_terms
+from ragloop.text.terms import CorpusStats, stem
+from ragloop.usage import UsageMeter, metering
 from tests.strategies import OFFLINE_CORPUS, topic_words
 
 STATS = CorpusStats.from_texts(OFFLINE_CORPUS)

@@ -22,7 +22,6 @@ from ragloop.llm.openai_judges import (
     parse_verdict,
 )
 from ragloop.llm.prompts import FENCE_CLOSE, FENCE_OPEN
-from ragloop.llm.usage import UsageMeter, metering
 from ragloop.state import Chunk, ContextBlock, Hit, Message, PageContext
 from ragloop.testing import (
     RecordedRequest,
@@ -38,6 +37,7 @@ from ragloop.testing import (
     stream_tool_calls,
     tool_calls,
 )
+from ragloop.usage import UsageMeter, metering
 
 pytestmark = pytest.mark.anyio
 

@@ -361,7 +361,7 @@ class TestRewrite:
     )
     def test_never_queues_a_near_repeat(self, tried: list[str], candidate: str) -> None:
         """Whatever the rewriter says, the node never queues a tried or near-duplicate query."""
-        from ragloop.llm.offline.novelty import is_near_duplicate
+        from ragloop.text.novelty import is_near_duplicate
 
         state = TurnState(question="q")
         for t in tried:

@@ -12,9 +12,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ragloop.llm.offline.decide import OfflineDecider, split_topics
-from ragloop.llm.offline.ids import extract_ids, id_matches, normalise_id
 from ragloop.retrievers.ingest import Document, chunk_document, clean_text
 from ragloop.state import PageContext
+from ragloop.text.ids import extract_ids, id_matches, normalise_id
 from tests.reliability._support import TOPICS, count
 from tests.strategies import markup_text, words
 

@@ -16,7 +16,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ragloop.errors import ConfigError, LiveSourceError
-from ragloop.llm.offline.ids import id_matches
 from ragloop.retrievers.live import (
     LiveRecord,
     LiveSource,
@@ -24,6 +23,7 @@ from ragloop.retrievers.live import (
     default_tickets_path,
     parse_ticket_ids,
 )
+from ragloop.text.ids import id_matches
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = files("ragloop") / "data"

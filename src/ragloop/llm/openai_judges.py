@@ -28,8 +28,8 @@ from attrs import define, field, frozen
 
 from ragloop.errors import ConfigError, JudgeError, JudgeOutputError, JudgeTimeout
 from ragloop.llm import prompts
-from ragloop.llm.usage import LLMCall, record_call
 from ragloop.state import ContextBlock, Decision, Hit, Label, Message, Outcome, PageContext, Verdict
+from ragloop.usage import LLMCall, record_call
 
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletion

@@ -13,7 +13,6 @@ import attrs
 from attrs import frozen
 
 from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
-from ragloop.llm.usage import metering
 from ragloop.nodes.answer import Answer
 from ragloop.nodes.decide import Decide
 from ragloop.nodes.grade import Grade
@@ -25,6 +24,7 @@ from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.live import LiveSource
 from ragloop.runner import Graph, Node, RunResult
 from ragloop.state import TurnState
+from ragloop.usage import metering
 
 __all__ = ["TurnRecord", "TurnSettings", "build_graph", "default_nodes", "turn_record", "turn_summary"]
 
@@ -71,7 +71,7 @@ class TurnSettings:
     deadline_s: float | None = 60.0
 
 
-def default_nodes(
+def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
     *,
     retriever: Retriever,
     decider: Decider,

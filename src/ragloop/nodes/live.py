@@ -9,11 +9,11 @@ import structlog
 from attrs import define, field
 
 from ragloop.events import Progress
-from ragloop.llm.offline.ids import id_matches
 from ragloop.nodes.grade import route_after_grading
 from ragloop.retrievers.live import LiveRecord, LiveSource
 from ragloop.runner import emit
 from ragloop.state import Chunk, Graded, Hit, TurnState, Verdict
+from ragloop.text.ids import id_matches
 
 __all__ = ["Live", "record_hit", "split_matches"]
 
@@ -70,7 +70,7 @@ class Live:
             try:
                 with anyio.fail_after(self.timeout_s):
                     records = list(await source.lookup(q_text, ids))
-            except Exception as exc:  # a down source must not sink the turn
+            except Exception as exc:  # noqa: BLE001 — fail-open: a down source must not sink the turn
                 entry["error"] = f"{type(exc).__name__}: {exc}"
                 log.warning("live.failed", source=source.name, error=entry["error"])
                 state.live.append(entry)

@@ -13,10 +13,10 @@ import structlog
 from attrs import define, field
 
 from ragloop.events import Progress
-from ragloop.llm.offline.ids import missing_ids
 from ragloop.retrievers.base import Retriever
 from ragloop.runner import emit
 from ragloop.state import Graded, Hit, TurnState, Verdict
+from ragloop.text.ids import missing_ids
 
 __all__ = ["Retrieve", "content_key", "merge_budget", "merge_hits"]
 

@@ -9,11 +9,11 @@ import structlog
 from attrs import define, field
 
 from ragloop.events import Progress
-from ragloop.llm.offline.novelty import is_near_duplicate
 from ragloop.llm.protocols import Rewriter
 from ragloop.retrievers.base import Embedder
 from ragloop.runner import emit
 from ragloop.state import QueryState, TurnState
+from ragloop.text.novelty import is_near_duplicate
 
 __all__ = ["Rewrite", "novelty_problem"]
 
@@ -66,7 +66,7 @@ class Rewrite:
                 problem = novelty_problem(candidate, tried, threshold=self.overlap_threshold)
                 if problem is None and self.embedder is not None:
                     problem = await self._semantic_repeat(candidate, tried)
-            except Exception as exc:  # a failed rewrite ends this query's search, honestly
+            except Exception as exc:  # noqa: BLE001 — fail-open: a failed rewrite ends this query's search, honestly
                 candidate, problem = "", f"rewriter failed: {type(exc).__name__}: {exc}"
             entry.update(to=candidate, accepted=problem is None, reason=problem or "new angle")
             state.rewrites.append(entry)

@@ -14,8 +14,7 @@ words scores near 0.
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +26,17 @@ from bm25s.stopwords import STOPWORDS_EN
 
 from ragloop.errors import ConfigError, IndexError_
 from ragloop.state import Chunk, Hit
+from ragloop.text import has_snowball, stem, tokenize
 
 __all__ = ["BM25Index", "BM25Retriever", "Tokenizer"]
-
-_TOKEN = re.compile(r"(?u)\b\w\w+\b")
 
 
 class Tokenizer:
     """Lower-case words of two or more characters, English stopwords removed, optionally stemmed.
+
+    The words and the stemmer are :mod:`ragloop.text`'s (``tokenize(identifiers=False)``, ``stem(keep_ids=False)``);
+    the stopwords are bm25s's English list. Both settings are what every saved index was built with, so its
+    retrieval results do not change.
 
     Args:
         stem: Apply the Snowball English stemmer (PyStemmer).
@@ -42,30 +44,16 @@ class Tokenizer:
     """
 
     def __init__(self, *, stem: bool = True, stopwords: bool = True) -> None:
+        if stem and not has_snowball():
+            raise ConfigError("stemming needs PyStemmer: pip install PyStemmer (or pass stem=False)")
         self.stem = stem
         self.stopwords = stopwords
         self._stop = frozenset(STOPWORDS_EN) if stopwords else frozenset()
-        self._stem: Callable[[str], str] | None = None
-        if stem:
-            try:
-                import Stemmer
-            except ImportError as exc:
-                raise ConfigError("stemming needs PyStemmer: pip install PyStemmer (or pass stem=False)") from exc
-            stemmer = Stemmer.Stemmer("english")
-            cache: dict[str, str] = {}
-
-            def _stem(word: str) -> str:
-                out = cache.get(word)
-                if out is None:
-                    out = cache[word] = stemmer.stemWord(word)
-                return out
-
-            self._stem = _stem
 
     def __call__(self, text: str) -> list[str]:
-        words = [w for w in _TOKEN.findall(text.lower()) if w not in self._stop]
-        if self._stem is not None:
-            words = [self._stem(w) for w in words]
+        words = [w for w in tokenize(text, identifiers=False) if w not in self._stop]
+        if self.stem:
+            words = [stem(w, keep_ids=False) for w in words]
         return words
 
     def config(self) -> dict[str, Any]:

@@ -46,7 +46,7 @@ import anyio.to_thread
 from attrs import define, field, frozen
 
 from ragloop.errors import ConfigError, LiveSourceError
-from ragloop.llm.offline.ids import extract_ids
+from ragloop.text import STOPWORDS, extract_ids, tokenize
 
 __all__ = [
     "LiveRecord",
@@ -116,7 +116,7 @@ def parse_ticket_ids(text: str) -> tuple[str, ...]:
     """The ticket ids ``text`` names, as bare digits, unique, in order of first appearance.
 
     Recognises ``#1234``, "ticket 1234", "ticket #1234", "issue 1234" (the grammar of
-    :func:`ragloop.llm.offline.ids.extract_ids`, shared with the grader). ``#12345`` is ``12345``, never
+    :func:`ragloop.text.extract_ids`, shared with the grader). ``#12345`` is ``12345``, never
     ``1234``.
 
     >>> parse_ticket_ids("Is #1234 related to ticket 1233 or #1234?")
@@ -135,17 +135,14 @@ def parse_ticket_ids(text: str) -> tuple[str, ...]:
 
 
 _SELECT = "SELECT id, status, priority, product_area, summary, body, created, updated, customer, resolution"
-_STOPWORDS = frozenset(
-    (  # noqa: SIM905 - a word list reads better as one string
-        "about after again also been before does from have into that their them then there these this those "
-        "ticket tickets issue what when where which while with without would could should your ours"
-    ).split()
-)
+# Words that name the kind of record, not its topic: every ticket summary would match them.
+_RECORD_WORDS = frozenset({"ticket", "tickets", "issue", "issues"})
 
 
 def _terms(text: str, limit: int = 6) -> list[str]:
-    words = [w.lower() for w in re.findall(r"[A-Za-z][A-Za-z0-9-]{3,}", text)]
-    return list(dict.fromkeys(w for w in words if w not in _STOPWORDS))[:limit]
+    """Up to ``limit`` topic words of ``text`` (4+ letters, no stopwords), unique, in order, for LIKE matching."""
+    words = (t for t in tokenize(text) if len(t) >= 4 and t[0].isalpha())
+    return list(dict.fromkeys(w for w in words if w not in STOPWORDS and w not in _RECORD_WORDS))[:limit]
 
 
 class _Slot:

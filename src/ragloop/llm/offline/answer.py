@@ -21,9 +21,9 @@ from collections.abc import AsyncIterator, Sequence
 
 from attrs import frozen
 
-from ragloop.llm.offline.terms import CorpusStats, key_terms, stem, tokenize
-from ragloop.llm.usage import LLMCall, record_call
 from ragloop.state import ContextBlock, Message, Outcome
+from ragloop.text.terms import CorpusStats, key_terms, stem, tokenize
+from ragloop.usage import LLMCall, record_call
 
 __all__ = ["INJECTION", "OfflineAnswerer", "split_sentences"]
 

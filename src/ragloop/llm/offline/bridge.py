@@ -23,9 +23,9 @@ from collections.abc import Sequence
 
 from attrs import frozen
 
-from ragloop.llm.offline.novelty import is_near_duplicate
-from ragloop.llm.offline.terms import STOPWORDS, CorpusStats, key_terms
-from ragloop.llm.usage import LLMCall, record_call
+from ragloop.text.novelty import is_near_duplicate
+from ragloop.text.terms import STOPWORDS, CorpusStats, key_terms
+from ragloop.usage import LLMCall, record_call
 
 __all__ = ["OfflineBridger", "bridge_entities", "uncovered_terms"]
 

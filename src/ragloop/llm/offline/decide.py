@@ -29,10 +29,10 @@ from urllib.parse import unquote, urlparse
 
 from attrs import field, frozen
 
-from ragloop.llm.offline.novelty import normalised_terms
-from ragloop.llm.offline.terms import CorpusStats, content_words, key_terms, merge_glossary, stem
-from ragloop.llm.usage import LLMCall, record_call
 from ragloop.state import Decision, Message, PageContext
+from ragloop.text.novelty import normalised_terms
+from ragloop.text.terms import CorpusStats, content_words, key_terms, merge_glossary, stem
+from ragloop.usage import LLMCall, record_call
 
 __all__ = ["REPLIES", "Glossary", "OfflineDecider", "page_subject", "small_talk_kind", "split_topics"]
 

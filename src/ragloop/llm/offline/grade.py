@@ -28,10 +28,10 @@ from collections.abc import Sequence
 
 from attrs import field, frozen
 
-from ragloop.llm.offline.ids import extract_ids, ids_conflict, missing_ids
-from ragloop.llm.offline.terms import CorpusStats, key_terms, stem, tokenize
-from ragloop.llm.usage import LLMCall, record_call
 from ragloop.state import Hit, Label, Verdict
+from ragloop.text.ids import extract_ids, ids_conflict, missing_ids
+from ragloop.text.terms import CorpusStats, key_terms, stem, tokenize
+from ragloop.usage import LLMCall, record_call
 
 __all__ = ["Calibration", "Coverage", "OfflineGrader", "coverage"]
 

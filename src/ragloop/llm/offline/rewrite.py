@@ -3,7 +3,7 @@
 Starting from the *original question*'s key terms (not the failed query, which may already have drifted), it
 drops every term already tried this turn and adds terms that the corpus associates with the question (pseudo-
 relevance feedback, :meth:`CorpusStats.associated`) and that were not tried either. Candidates are checked with
-:func:`~ragloop.llm.offline.novelty.is_near_duplicate` against every tried query; when no novel candidate
+:func:`~ragloop.text.novelty.is_near_duplicate` against every tried query; when no novel candidate
 exists it raises :class:`~ragloop.errors.JudgeError` instead of repeating itself, and the rewrite node stops.
 
 Two rules keep rewrites honest:
@@ -25,9 +25,9 @@ from collections.abc import Iterator, Sequence
 from attrs import frozen
 
 from ragloop.errors import JudgeError
-from ragloop.llm.offline.novelty import is_near_duplicate, normalised_terms
-from ragloop.llm.offline.terms import CorpusStats, key_terms, stem
-from ragloop.llm.usage import LLMCall, record_call
+from ragloop.text.novelty import is_near_duplicate, normalised_terms
+from ragloop.text.terms import CorpusStats, key_terms, stem
+from ragloop.usage import LLMCall, record_call
 
 __all__ = ["OfflineRewriter"]
 

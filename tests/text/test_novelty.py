@@ -1,11 +1,11 @@
-"""Tests for ragloop.llm.offline.novelty: normalised terms and near-duplicate queries."""
+"""Tests for ragloop.text.novelty: normalised terms and near-duplicate queries."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragloop.llm.offline.novelty import is_near_duplicate, normalised_terms
+from ragloop.text.novelty import is_near_duplicate, normalised_terms
 from tests.strategies import topics
 
 

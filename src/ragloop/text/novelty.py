@@ -1,6 +1,6 @@
 """Is a query new? Pure functions over normalised term sets.
 
-The rewriter checks its own output with :func:`is_near_duplicate`; the rewrite node uses it to reject a judge's
+The offline rewriter checks its own output with :func:`is_near_duplicate`; the rewrite node uses it to reject a judge's
 rewrite that repeats a query already tried this turn (and adds embedding cosine when it has an embedder).
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ragloop.llm.offline.terms import key_terms
+from ragloop.text.terms import key_terms
 
 __all__ = ["is_near_duplicate", "normalised_terms", "term_overlap"]
 

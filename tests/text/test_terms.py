@@ -1,4 +1,4 @@
-"""Tests for ragloop.llm.offline.terms: tokenizer, stemmer, CorpusStats, glossary mining."""
+"""Tests for ragloop.text.terms: tokenizer, stemmer, CorpusStats, glossary mining."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragloop.llm.offline.terms import (
+from ragloop.text.terms import (
     CorpusStats,
     content_words,
     key_terms,

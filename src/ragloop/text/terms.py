@@ -1,4 +1,4 @@
-"""Terms and corpus statistics shared by the offline judges.
+"""Terms and corpus statistics shared by BM25, the offline judges and the live sources.
 
 One tokenizer (:func:`tokenize`), one stopword list (:data:`STOPWORDS`), one stemmer (:func:`stem`, Snowball
 English through PyStemmer when installed, a light suffix stripper otherwise) and :class:`CorpusStats`: document
@@ -28,6 +28,7 @@ __all__ = [
     "CorpusStats",
     "KeyTerm",
     "content_words",
+    "has_snowball",
     "key_terms",
     "merge_glossary",
     "mine_glossary",
@@ -38,6 +39,8 @@ __all__ = [
 # Identifiers first (so "#1234", "v2.3.1", "2.3.1", "ERR_TIMEOUT" survive whole), then unicode words. Hyphens and
 # apostrophes split words ("sign-on" -> "sign", "on"), which is what both the query and the chunk side see.
 _TOKEN_RE = re.compile(r"(?<![\w&])#\d+|\bv?\d+(?:\.\d+)+\b|[^\W_]+(?:_[^\W_]+)*", re.UNICODE)
+# Plain words of two or more word characters: what BM25 indexes have always been built with.
+_WORD_RE = re.compile(r"(?u)\b\w\w+\b")
 
 #: English stopwords plus the question words and support-chat filler that never identify a topic.
 STOPWORDS: frozenset[str] = frozenset(
@@ -80,18 +83,36 @@ def _snowball() -> Any:
     return Stemmer.Stemmer("english")
 
 
+def has_snowball() -> bool:
+    """True when PyStemmer (Snowball English in C) is installed; :func:`stem` falls back otherwise."""
+    return _snowball() is not None
+
+
 @functools.lru_cache(maxsize=65536)
-def stem(token: str) -> str:
-    """Stem one lower-case token; identifiers (anything with a digit or ``#``) are kept as they are."""
-    if not token.isalpha():
+def stem(token: str, *, keep_ids: bool = True) -> str:
+    """Stem one lower-case token.
+
+    Args:
+        token: The token, lower-cased.
+        keep_ids: Keep identifiers (anything that is not all letters: ``#1234``, ``2fa``) as they are. BM25
+            passes ``False``: its indexes stem every word (``1990s`` → ``1990``).
+    """
+    if keep_ids and not token.isalpha():
         return token
     stemmer = _snowball()
     return str(stemmer.stemWord(token)) if stemmer is not None else _fallback_stem(token)
 
 
-def tokenize(text: str) -> list[str]:
-    """Lower-cased word and identifier tokens of ``text``, in order (stopwords kept)."""
-    return _TOKEN_RE.findall(text.lower())
+def tokenize(text: str, *, identifiers: bool = True) -> list[str]:
+    """Lower-cased tokens of ``text``, in order (stopwords kept).
+
+    Args:
+        text: Any text.
+        identifiers: Keep identifiers whole (``#1234``, ``v2.3.1``, ``ERR_TIMEOUT``) and split words at
+            underscores and hyphens. ``False`` gives plain words of two or more word characters, the rule
+            BM25 indexes are built with (kept so that saved indexes and their retrieval results stay the same).
+    """
+    return (_TOKEN_RE if identifiers else _WORD_RE).findall(text.lower())
 
 
 @frozen

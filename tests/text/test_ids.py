@@ -1,11 +1,11 @@
-"""Tests for ragloop.llm.offline.ids: identifier extraction and the exact-id rule."""
+"""Tests for ragloop.text.ids: identifier extraction and the exact-id rule."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragloop.llm.offline.ids import extract_ids, id_matches, ids_conflict, normalise_id
+from ragloop.text.ids import extract_ids, id_matches, ids_conflict, normalise_id
 from tests.strategies import error_numbers, ticket_numbers, versions
 
 
