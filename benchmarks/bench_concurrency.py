@@ -46,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _sim
 from bench_retrieval import rss_bytes
 
-from ragloop.nodes.graph import TurnSettings
 from ragloop.retrievers.evaluate import percentile
+from ragloop.turn import TurnSettings
 
 RESULTS = Path(__file__).parent / "results"
 QUESTION = "How much does the Business plan cost per seat?"

@@ -56,8 +56,8 @@ import _sim
 
 from ragloop.chat import ChatRAG, ReplyReady
 from ragloop.events import Token
-from ragloop.nodes.graph import TurnSettings
 from ragloop.retrievers.evaluate import percentile
+from ragloop.turn import TurnSettings
 
 RESULTS = Path(__file__).parent / "results"
 NODES = ("decide", "retrieve", "grade", "live", "rewrite", "answer")

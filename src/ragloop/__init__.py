@@ -27,8 +27,8 @@ _LAZY = {
     "ChatRAG": "ragloop.chat",
     "Reply": "ragloop.chat",
     "ReplyReady": "ragloop.chat",
-    "TurnRecord": "ragloop.nodes.graph",
-    "TurnSettings": "ragloop.nodes.graph",
+    "TurnRecord": "ragloop.turn",
+    "TurnSettings": "ragloop.turn",
     "TurnState": "ragloop.state",
 }
 

@@ -28,10 +28,10 @@ from attrs import frozen
 from ragloop.errors import ConfigError, InputError
 from ragloop.events import Event, RunFinished
 from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
-from ragloop.nodes.graph import TurnRecord, TurnSettings, build_graph, default_nodes, turn_record
 from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.live import LiveSource
 from ragloop.state import Citation, ContextBlock, Message, Outcome, PageContext, TurnState
+from ragloop.turn import TurnRecord, TurnSettings, build_graph, default_nodes, turn_record
 
 if TYPE_CHECKING:
     import openai

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from ragloop.chat import ChatRAG
-from ragloop.nodes.graph import TurnSettings
 from ragloop.retrievers.live import SQLiteTicketSource
 from ragloop.testing import (
     RecordedRequest,
@@ -21,6 +20,7 @@ from ragloop.testing import (
     stream,
     tool_calls,
 )
+from ragloop.turn import TurnSettings
 
 pytestmark = pytest.mark.anyio
 

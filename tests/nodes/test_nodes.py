@@ -13,7 +13,6 @@ from ragloop.events import Progress, Token
 from ragloop.nodes.answer import Answer, build_blocks, decide_outcome, resolve_citations
 from ragloop.nodes.decide import Decide
 from ragloop.nodes.grade import Grade, grade_all
-from ragloop.nodes.graph import TurnSettings, build_graph, default_nodes, turn_record
 from ragloop.nodes.hop import Hop
 from ragloop.nodes.live import Live, split_matches
 from ragloop.nodes.retrieve import Retrieve, merge_budget, merge_hits
@@ -30,6 +29,7 @@ from ragloop.testing import (
     FakeRewriter,
     make_hit,
 )
+from ragloop.turn import TurnSettings, build_graph, default_nodes, turn_record
 
 pytestmark = pytest.mark.anyio
 

@@ -13,13 +13,13 @@ from attrs import define, field
 
 from ragloop.chat import ChatRAG
 from ragloop.llm.offline import OfflineAnswerer, OfflineDecider, OfflineGrader, OfflineRewriter
-from ragloop.nodes.graph import TurnSettings
 from ragloop.retrievers.base import Retriever
 from ragloop.retrievers.embed import HashEmbedder
 from ragloop.retrievers.index import KnowledgeIndex
 from ragloop.retrievers.live import LiveSource
 from ragloop.state import Chunk, Hit
 from ragloop.text.terms import CorpusStats
+from ragloop.turn import TurnSettings
 
 __all__ = [
     "FIGURES",

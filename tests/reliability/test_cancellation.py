@@ -21,9 +21,9 @@ from attrs import define, field
 
 from ragloop.chat import ChatRAG
 from ragloop.events import Event, NodeStarted, Token
-from ragloop.nodes.graph import TurnSettings
 from ragloop.retrievers.live import LiveRecord
 from ragloop.testing import RecordedRequest, ScriptedOpenAIServer, ScriptedResponse, stream
+from ragloop.turn import TurnSettings
 from tests.reliability._llm import good_response
 from tests.reliability._support import FaultyRetriever, count, offline_rag, small_index, turn_tasks
 

@@ -19,10 +19,10 @@ from ragloop.chat import ChatRAG, Reply
 from ragloop.llm.offline import OfflineAnswerer
 from ragloop.llm.prompts import FENCE_CLOSE, FENCE_OPEN
 from ragloop.nodes.answer import resolve_citations
-from ragloop.nodes.graph import TurnSettings
 from ragloop.state import Chunk, ContextBlock
 from ragloop.testing import RecordedRequest, ScriptedOpenAIServer, ScriptedResponse, stream
 from ragloop.text import CorpusStats
+from ragloop.turn import TurnSettings
 from tests.reliability._llm import good_response
 from tests.reliability._support import count, offline_rag, small_index
 

@@ -13,8 +13,8 @@ import anyio
 import pytest
 
 from ragloop.chat import ChatRAG, Reply, ReplyReady
-from ragloop.nodes.graph import TurnSettings
 from ragloop.testing import ScriptedOpenAIServer, rate_limited
+from ragloop.turn import TurnSettings
 from tests.reliability._llm import FAULTS, JUDGES, TIMEOUT_S, turn_matcher
 from tests.reliability._support import count, small_index
 

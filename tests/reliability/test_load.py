@@ -25,11 +25,11 @@ from attrs import define, field
 from ragloop.chat import ChatRAG, Reply
 from ragloop.errors import JudgeError
 from ragloop.llm.offline import OfflineAnswerer, OfflineDecider, OfflineGrader, OfflineRewriter
-from ragloop.nodes.graph import TurnSettings
 from ragloop.retrievers.live import LiveRecord
 from ragloop.state import ContextBlock, Decision, Hit, Message, Outcome, PageContext, Verdict
 from ragloop.testing import FakeLiveSource, RecordedRequest, ScriptedOpenAIServer, ScriptedResponse
 from ragloop.text.terms import CorpusStats
+from ragloop.turn import TurnSettings
 from tests.reliability._llm import FAULTS, TIMEOUT_S, fault_for, good_response
 from tests.reliability._support import FIGURES, count, scale, small_index, turn_tasks
 

@@ -15,9 +15,9 @@ import numpy.typing as npt
 import pytest
 
 from ragloop.chat import ChatRAG
-from ragloop.nodes.graph import TurnSettings
 from ragloop.retrievers.index import KnowledgeIndex
 from ragloop.retrievers.live import SQLiteTicketSource, default_tickets_path
+from ragloop.turn import TurnSettings
 from tests.reliability._support import FaultyRetriever, count, offline_rag, scale, small_index
 
 pytestmark = pytest.mark.anyio

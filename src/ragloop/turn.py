@@ -1,4 +1,4 @@
-"""The default chat-turn graph, its settings, and the per-turn decision record.
+"""The default chat turn: its settings, its nodes, its graph and its decision record.
 
 ``decide → retrieve → grade → live → rewrite → retrieve … → answer``; any node or judge can be swapped by
 building the nodes yourself and passing them to :class:`ragloop.Graph` (see :func:`default_nodes`).
