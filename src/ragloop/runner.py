@@ -226,7 +226,7 @@ class Graph:
             await on_event(RunFinished(result, run_id=run_id))
         return result
 
-    async def _execute(
+    async def _execute(  # noqa: PLR0915 — a step's whole bookkeeping (trace, events, errors) in one place
         self,
         state: Any,
         run_id: str,
@@ -373,7 +373,7 @@ async def _produce(
         async with send:
             try:
                 await graph.run(state, on_event=send.send, **options)
-            except Exception as exc:  # RouteError, raise_errors=True, a failing finish: re-raised to the consumer
+            except Exception as exc:  # noqa: BLE001 — not swallowed: re-raised to the stream's consumer
                 failure.append(exc)
 
 

@@ -69,7 +69,7 @@ class Decide:
                 continue
             try:
                 return await judge.decide(state.question, state.history, state.page)
-            except Exception as exc:  # any decider failure falls back; the turn must still answer
+            except Exception as exc:  # noqa: BLE001 — fail-open: any decider failure falls back; the turn must still answer
                 state.errors.append(f"decide: {type(exc).__name__}: {exc}")
                 log.warning("decide.failed", error=str(exc))
         # Both judges failed: searching the question as asked is the honest default.

@@ -40,7 +40,7 @@ async def grade_all(
                     verdict = await grader.grade(query, hit)
             except TimeoutError:
                 verdict = Verdict("relevant", reason=f"grader timed out after {timeout_s}s", fail_open=True)
-            except Exception as exc:  # any grader failure keeps the chunk: better an extra chunk than a lost one
+            except Exception as exc:  # noqa: BLE001 — fail-open: a grader failure keeps the chunk (better extra than lost)
                 verdict = Verdict("relevant", reason=f"grader failed: {type(exc).__name__}: {exc}", fail_open=True)
         out[i] = Graded(query, hit, verdict)
 

@@ -41,7 +41,7 @@ class Hop:
         try:
             with anyio.fail_after(self.timeout_s):
                 query = await self.bridger.follow_up(state.question, found, list(state.queries))
-        except Exception as exc:  # a failed hop only means no extra context
+        except Exception as exc:  # noqa: BLE001 — fail-open: a failed hop only means no extra context
             query, entry["reason"] = None, f"bridger failed: {type(exc).__name__}: {exc}"
         query = " ".join(query.split()) if query else None
         accepted = bool(query) and query not in state.queries

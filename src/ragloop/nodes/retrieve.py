@@ -114,7 +114,7 @@ class Retrieve:
                         found = list(await self.retriever.search(query, self.k))
                 except TimeoutError:
                     state.queries[query].error = f"timed out after {self.timeout_s}s"
-                except Exception as exc:  # one failing query never cancels its siblings
+                except Exception as exc:  # noqa: BLE001 — fail-open: one failing query never cancels its siblings
                     state.queries[query].error = _describe(exc)
                 else:
                     results[query] = [h for h in found if h.id not in state.shown]
