@@ -10,6 +10,9 @@ Every error derives from :class:`RagloopError`, and every message says what to d
     ├── IndexError_           an index directory is missing, corrupt or built with another embedder
     ├── RetrievalError        a retriever or embedder failed
     ├── LiveSourceError       a live source (ticket system, catalogue, …) failed
+    ├── PlanError             a retrieval plan is invalid (unknown source, cycle, dangling dependency, …)
+    ├── SourceError           a plan source (documents, SQL, live) failed
+    │   └── QueryRefused      a generated query was refused before it ran (a write, another table, …)
     └── JudgeError            an LLM or offline judge failed; nodes fail open on it
         ├── JudgeTimeout      the call ran past its timeout (after the SDK's retries)
         └── JudgeOutputError  the model's output could not be parsed (bad JSON, bad tool arguments)
@@ -26,9 +29,12 @@ __all__ = [
     "JudgeOutputError",
     "JudgeTimeout",
     "LiveSourceError",
+    "PlanError",
+    "QueryRefused",
     "RagloopError",
     "RetrievalError",
     "RouteError",
+    "SourceError",
 ]
 
 
@@ -62,6 +68,18 @@ class RetrievalError(RagloopError):
 
 class LiveSourceError(RagloopError):
     """A live source (ticket system, module catalogue, …) failed."""
+
+
+class PlanError(RagloopError):
+    """A retrieval plan is invalid; the message lists every problem found."""
+
+
+class SourceError(RagloopError):
+    """A plan source (document search, SQL database, live source) failed."""
+
+
+class QueryRefused(SourceError):
+    """A generated query was refused before it ran; the message says which rule it broke."""
 
 
 class JudgeError(RagloopError):

@@ -15,6 +15,7 @@ from typing import Literal
 
 from attrs import define, field, frozen
 
+from ragloop.plan import PlanRun
 from ragloop.usage import UsageMeter
 
 __all__ = [
@@ -263,6 +264,7 @@ class TurnState:
         history: Earlier messages of the conversation (caller).
         page: Page the user asks from (caller).
         decision: decide's choice (decide).
+        plan: The retrieval plan, its waves and each sub-query's fate, when the turn planned (plan).
         queries: Every query of the turn, by text, in the order they were made (decide, rewrite).
         pending: Queries the next retrieve must run (decide, rewrite; retrieve clears it).
         hits: The merged, deduplicated hits of the latest retrieve (retrieve).
@@ -286,6 +288,7 @@ class TurnState:
     history: tuple[Message, ...] = ()
     page: PageContext = field(factory=PageContext)
     decision: Decision | None = None
+    plan: PlanRun | None = None
     queries: dict[str, QueryState] = field(factory=dict)
     pending: list[str] = field(factory=list)
     hits: list[Hit] = field(factory=list)
