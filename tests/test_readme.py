@@ -21,10 +21,13 @@ def readme_commands() -> list[str]:
 
 
 def test_readme_has_two_commands_and_ci_runs_the_test_one() -> None:
-    """The first screen has exactly two commands; .ci/run runs the second one."""
+    """The first screen has exactly two commands; .ci/run ends by running the second one, after the style gate."""
     commands = readme_commands()
     assert len(commands) == 2
-    assert commands[1] in (ROOT / ".ci" / "run").read_text()
+    lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip()]
+    assert lines[-1] == commands[1]
+    gate = ("ruff check", "ruff format --check", "mypy --strict src", "tests/test_layers.py")
+    assert all(any(step in line for line in lines[:-1] if not line.startswith("#")) for step in gate)
 
 
 def test_main_job_command_answers_offline(sample_cache: Path) -> None:
