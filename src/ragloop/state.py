@@ -67,6 +67,11 @@ class PageContext:
     title: str | None = None
 
 
+def _metadata_items(value: Mapping[str, str] | tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    items = value.items() if isinstance(value, Mapping) else value
+    return tuple(sorted((str(k), str(v)) for k, v in items))
+
+
 @frozen
 class Chunk:
     """A piece of a document as stored in an index.
@@ -78,6 +83,8 @@ class Chunk:
         title: Document title.
         title_path: Heading path inside the document (markdown), outermost first.
         doc_id: Id of the document the chunk belongs to (BEIR corpus id, or the source path).
+        url: Link to the document, when known (front matter ``url:`` or the caller's metadata).
+        metadata: ``(key, value)`` pairs, sorted by key, that retrievers filter on (``tenant``, ``version``…).
     """
 
     id: str
@@ -86,6 +93,12 @@ class Chunk:
     title: str = ""
     title_path: tuple[str, ...] = ()
     doc_id: str = ""
+    url: str = ""
+    metadata: tuple[tuple[str, str], ...] = field(default=(), converter=_metadata_items)
+
+    def meta(self) -> dict[str, str]:
+        """The metadata as a dict."""
+        return dict(self.metadata)
 
 
 def _frozen_mapping(value: Mapping[str, float] | Mapping[str, int]) -> Mapping[str, float]:
@@ -180,6 +193,7 @@ class ContextBlock:
         title: Document title.
         chunk_id: The chunk id.
         query: The query it answers.
+        url: Link to the document, when known.
     """
 
     n: int
@@ -188,6 +202,7 @@ class ContextBlock:
     title: str = ""
     chunk_id: str = ""
     query: str = ""
+    url: str = ""
 
 
 QueryStatus = Literal["pending", "enough", "short", "failed", "rewritten", "no_context"]
@@ -247,12 +262,14 @@ class Citation:
         source: Where the block came from.
         title: Its title.
         chunk_id: Its chunk id.
+        url: Link to the document, when known.
     """
 
     n: int
     source: str
     title: str
     chunk_id: str
+    url: str = ""
 
 
 @define
@@ -263,6 +280,7 @@ class TurnState:
         question: The user's question (caller).
         history: Earlier messages of the conversation (caller).
         page: Page the user asks from (caller).
+        filters: Metadata filters every search of the turn applies: key → allowed values (caller).
         decision: decide's choice (decide).
         plan: The retrieval plan, its waves and each sub-query's fate, when the turn planned (plan).
         queries: Every query of the turn, by text, in the order they were made (decide, rewrite).
@@ -287,6 +305,7 @@ class TurnState:
     question: str
     history: tuple[Message, ...] = ()
     page: PageContext = field(factory=PageContext)
+    filters: Mapping[str, tuple[str, ...]] = field(factory=dict)
     decision: Decision | None = None
     plan: PlanRun | None = None
     queries: dict[str, QueryState] = field(factory=dict)

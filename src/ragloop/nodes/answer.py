@@ -57,7 +57,9 @@ def build_blocks(state: TurnState, max_blocks: int) -> tuple[ContextBlock, ...]:
                 g = items[depth]
                 seen.add(g.hit.id)
                 chunk = g.hit.chunk
-                blocks.append(ContextBlock(len(blocks) + 1, chunk.text, chunk.source, chunk.title, chunk.id, g.query))
+                blocks.append(
+                    ContextBlock(len(blocks) + 1, chunk.text, chunk.source, chunk.title, chunk.id, g.query, chunk.url)
+                )
         depth += 1
     return tuple(blocks)
 
@@ -77,7 +79,7 @@ def resolve_citations(text: str, blocks: Sequence[ContextBlock]) -> tuple[str, t
         invalid.extend(n for n in ns if n not in by_n)
         for n in good:
             b = by_n[n]
-            cited.setdefault(n, Citation(n, b.source, b.title, b.chunk_id))
+            cited.setdefault(n, Citation(n, b.source, b.title, b.chunk_id, b.url))
         return "".join(f"[{n}]" for n in good)
 
     cleaned = _CITE.sub(fix, text)

@@ -111,7 +111,10 @@ class Retrieve:
             async with limiter:
                 try:
                     with anyio.fail_after(self.timeout_s):
-                        found = list(await self.retriever.search(query, self.k))
+                        if state.filters:  # only then: retrievers written before filters keep working
+                            found = list(await self.retriever.search(query, self.k, filters=state.filters))
+                        else:
+                            found = list(await self.retriever.search(query, self.k))
                 except TimeoutError:
                     state.queries[query].error = f"timed out after {self.timeout_s}s"
                 except Exception as exc:  # noqa: BLE001 — fail-open: one failing query never cancels its siblings

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -32,6 +32,11 @@ class Embedder(Protocol):
 class Retriever(Protocol):
     """Anything that answers a query with scored hits."""
 
-    async def search(self, query: str, k: int = 10) -> Sequence[Hit]:
-        """Return at most ``k`` hits, best first."""
+    async def search(
+        self, query: str, k: int = 10, filters: Mapping[str, tuple[str, ...]] | None = None
+    ) -> Sequence[Hit]:
+        """Return at most ``k`` hits, best first, among chunks whose metadata matches ``filters``.
+
+        ``filters`` maps a metadata key to its allowed values (see :mod:`ragloop.retrievers.filters`).
+        """
         ...

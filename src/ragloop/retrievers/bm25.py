@@ -25,6 +25,7 @@ import numpy.typing as npt
 from bm25s.stopwords import STOPWORDS_EN
 
 from ragloop.errors import ConfigError, IndexError_
+from ragloop.retrievers.filters import Filters, matches
 from ragloop.state import Chunk, Hit
 from ragloop.text import has_snowball, stem, tokenize
 
@@ -197,10 +198,29 @@ class BM25Retriever:
         self.index = index
         self.chunks = chunks
         self.name = name
+        self._masks: dict[tuple[tuple[str, tuple[str, ...]], ...], npt.NDArray[np.float32]] = {}
 
-    def search_sync(self, query: str, k: int = 10) -> list[Hit]:
+    def search_sync(self, query: str, k: int = 10, filters: Filters | None = None) -> list[Hit]:
         """:meth:`search`, in the calling thread."""
-        return self.to_hits(self.index.search_sync(query, k))
+        if not filters:
+            return self.to_hits(self.index.search_sync(query, k))
+        scores, best = self.index.scores(query)
+        return self.to_hits(self.index.top(scores * self.mask(filters), best, k))
+
+    def mask(self, filters: Filters) -> npt.NDArray[np.float32]:
+        """1.0 for the index positions whose chunk matches ``filters``, 0.0 elsewhere (cached per filter)."""
+        key = tuple(sorted(filters.items()))
+        found = self._masks.get(key)
+        if found is None:
+            found = np.fromiter(
+                (matches(self.chunks[cid], filters) for cid in self.index.chunk_ids),
+                dtype=np.float32,
+                count=len(self.index.chunk_ids),
+            )
+            if len(self._masks) >= 64:
+                self._masks.clear()
+            self._masks[key] = found
+        return found
 
     def to_hits(self, rows: Sequence[tuple[str, float, float]]) -> list[Hit]:
         """Hits from ``(chunk_id, score, confidence)`` rows, ranked in the given order."""
@@ -215,6 +235,6 @@ class BM25Retriever:
             for rank, (cid, score, conf) in enumerate(rows, start=1)
         ]
 
-    async def search(self, query: str, k: int = 10) -> list[Hit]:
-        """Return at most ``k`` hits with a positive BM25 score, best first."""
-        return await anyio.to_thread.run_sync(self.search_sync, query, k)
+    async def search(self, query: str, k: int = 10, filters: Filters | None = None) -> list[Hit]:
+        """Return at most ``k`` hits with a positive BM25 score, best first, among chunks matching ``filters``."""
+        return await anyio.to_thread.run_sync(self.search_sync, query, k, filters)

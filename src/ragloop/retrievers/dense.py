@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from ragloop.errors import ConfigError, IndexError_, RetrievalError
 from ragloop.retrievers.base import Embedder
+from ragloop.retrievers.filters import Filters, matches
 from ragloop.state import Chunk, Hit
 
 __all__ = ["DenseIndex", "DenseRetriever", "chunk_int_id", "cosine_confidence"]
@@ -286,6 +287,7 @@ class DenseRetriever:
         self.low = low
         self.high = high
         self.name = name
+        self._subsets: dict[tuple[tuple[str, tuple[str, ...]], ...], tuple[list[str], npt.NDArray[np.float32]]] = {}
 
     async def embed_query(self, query: str) -> npt.NDArray[np.float32]:
         """The query's unit vector."""
@@ -307,6 +309,42 @@ class DenseRetriever:
             if cid in self.chunks
         ]
 
-    async def search(self, query: str, k: int = 10) -> list[Hit]:
-        """Return at most ``k`` hits by cosine, best first."""
-        return await self.search_vector(await self.embed_query(query), k)
+    async def search(self, query: str, k: int = 10, filters: Filters | None = None) -> list[Hit]:
+        """Return at most ``k`` hits by cosine, best first, among chunks matching ``filters``."""
+        vector = await self.embed_query(query)
+        if not filters:
+            return await self.search_vector(vector, k)
+        rows = await anyio.to_thread.run_sync(self.search_filtered, vector, k, filters)
+        return [
+            Hit(
+                chunk=self.chunks[cid],
+                score=cos,
+                confidence=cosine_confidence(cos, self.low, self.high),
+                ranks={self.name: rank},
+                scores={self.name: cos},
+            )
+            for rank, (cid, cos) in enumerate(rows, start=1)
+        ]
+
+    def subset(self, filters: Filters) -> tuple[list[str], npt.NDArray[np.float32]]:
+        """The ids of the chunks matching ``filters`` and their vectors (cached per filter)."""
+        key = tuple(sorted(filters.items()))
+        found = self._subsets.get(key)
+        if found is None:
+            ids = [cid for cid in self.index.chunk_ids() if cid in self.chunks and matches(self.chunks[cid], filters)]
+            found = (ids, self.index.vectors(ids))
+            if len(self._subsets) >= 16:
+                self._subsets.clear()
+            self._subsets[key] = found
+        return found
+
+    def search_filtered(self, vector: npt.NDArray[np.float32], k: int, filters: Filters) -> list[tuple[str, float]]:
+        """Exact top-``k`` ``(chunk_id, cosine)`` among the chunks matching ``filters`` (ties by id)."""
+        ids, vecs = self.subset(filters)
+        if not ids or k < 1:
+            return []
+        cos = vecs @ np.asarray(vector, dtype=np.float32)
+        kk = min(k, len(ids))
+        top = np.argpartition(-cos, kk - 1)[:kk].tolist()
+        order = sorted(top, key=lambda i: (-float(cos[i]), ids[i]))
+        return [(ids[i], float(cos[i])) for i in order]

@@ -32,15 +32,29 @@ import numpy.typing as npt
 from ragloop.errors import ConfigError
 from ragloop.retrievers.bm25 import BM25Retriever
 from ragloop.retrievers.dense import DenseRetriever, cosine_confidence
+from ragloop.retrievers.filters import Filters
 from ragloop.state import Chunk, Hit
 
-__all__ = ["HybridRetriever", "rrf_fuse", "rrf_rank"]
+__all__ = ["HybridRetriever", "hybrid_confidence", "rrf_fuse", "rrf_rank"]
 
 
 def _check_weights(weights: Mapping[str, float]) -> None:
     bad = {n: w for n, w in weights.items() if not w >= 0}
     if bad:
         raise ConfigError(f"fusion weights must be >= 0, got {bad}")
+
+
+def hybrid_confidence(
+    bm25_score: float, best: float, cosine: float, *, w_bm25: float, w_dense: float, low: float, high: float
+) -> float:
+    """The confidence of a fused hit (see the module docstring): the weighted mean of the BM25 score over
+    the query's best possible score (capped at 1) and the cosine mapped from ``low``..``high`` to 0..1.
+
+    Every hybrid retriever (the local index, the Postgres store) computes its confidence here.
+    """
+    cb = min(1.0, bm25_score / best) if best > 0 else 0.0
+    cd = cosine_confidence(cosine, low, high)
+    return (w_bm25 * cb + w_dense * cd) / (w_bm25 + w_dense) if w_bm25 + w_dense > 0 else 0.0
 
 
 def rrf_rank(
@@ -172,8 +186,18 @@ class HybridRetriever:
         all_scores, best = self.bm25.index.scores(query)
         return self.bm25.index.top(all_scores, best, depth), all_scores, best
 
-    async def search(self, query: str, k: int = 10) -> list[Hit]:
-        """Return at most ``k`` fused hits, best first, each with both retrievers' provenance."""
+    def _lexical_filtered(
+        self, query: str, depth: int, filters: Filters
+    ) -> tuple[list[tuple[str, float, float]], npt.NDArray[np.float32], float]:
+        all_scores, best = self.bm25.index.scores(query)
+        all_scores = all_scores * self.bm25.mask(filters)
+        return self.bm25.index.top(all_scores, best, depth), all_scores, best
+
+    async def search(self, query: str, k: int = 10, filters: Filters | None = None) -> list[Hit]:
+        """Return at most ``k`` fused hits, best first, each with both retrievers' provenance.
+
+        With ``filters``, only chunks whose metadata matches are candidates (exact search on both sides).
+        """
         depth = max(k, self.depth)
         lexical: tuple[list[tuple[str, float, float]], npt.NDArray[np.float32], float] | None = None
         semantic: list[tuple[str, float]] = []
@@ -181,12 +205,18 @@ class HybridRetriever:
 
         async def run_lexical() -> None:
             nonlocal lexical
-            lexical = await anyio.to_thread.run_sync(self._lexical, query, depth)
+            if filters:
+                lexical = await anyio.to_thread.run_sync(self._lexical_filtered, query, depth, filters)
+            else:
+                lexical = await anyio.to_thread.run_sync(self._lexical, query, depth)
 
         async def run_semantic() -> None:
             nonlocal semantic, vec
             vec = await self.dense.embed_query(query)
-            semantic = (await anyio.to_thread.run_sync(self.dense.index.search_sync, vec, depth))[0]
+            if filters:
+                semantic = await anyio.to_thread.run_sync(self.dense.search_filtered, vec, depth, filters)
+            else:
+                semantic = (await anyio.to_thread.run_sync(self.dense.index.search_sync, vec, depth))[0]
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(run_lexical)
@@ -208,8 +238,9 @@ class HybridRetriever:
         hits = []
         for (cid, score, ranks, scores, _), cos in zip(top, cosines.tolist(), strict=True):
             i = self._bm25_pos.get(cid)
-            cb = min(1.0, float(all_scores[i]) / best) if best > 0 and i is not None else 0.0
-            cd = cosine_confidence(cos, self.dense.low, self.dense.high)
-            conf = (wb * cb + wd * cd) / (wb + wd) if wb + wd > 0 else 0.0
+            bm25_score = float(all_scores[i]) if i is not None else 0.0
+            conf = hybrid_confidence(
+                bm25_score, best, cos, w_bm25=wb, w_dense=wd, low=self.dense.low, high=self.dense.high
+            )
             hits.append(Hit(chunk=chunks[cid], score=score, confidence=conf, ranks=ranks, scores=scores))
         return hits

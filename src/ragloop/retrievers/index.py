@@ -43,6 +43,7 @@ from ragloop.state import Chunk, Hit
 __all__ = ["FORMAT_VERSION", "KnowledgeIndex", "Mode", "index_text"]
 
 #: Version of the on-disk layout; a different version at load time asks for a rebuild.
+from ragloop.retrievers.filters import Filters
 FORMAT_VERSION = 1
 #: Retrieval modes of :meth:`KnowledgeIndex.retriever`.
 Mode = Literal["bm25", "dense", "hybrid"]
@@ -250,6 +251,8 @@ class KnowledgeIndex:
         embedder: Embedder,
         *,
         progress: Progress | None = None,
+            **({"url": chunk.url} if chunk.url else {}),
+            **({"metadata": dict(chunk.metadata)} if chunk.metadata else {}),
         hnsw_threshold: int = 50_000,
         stem: bool = True,
     ) -> KnowledgeIndex:
@@ -264,6 +267,8 @@ class KnowledgeIndex:
         if embed_sync is not None:
             vectors = np.asarray(embed_sync(texts, progress=progress), dtype=np.float32)
         else:
+        url=d.get("url", ""),
+        metadata=d.get("metadata", {}),
             vectors = anyio.run(_embed_batched, embedder, texts, progress)
         return cls._assemble(unique, vectors, embedder, hnsw_threshold=hnsw_threshold, stem=stem)
 
@@ -305,9 +310,11 @@ class KnowledgeIndex:
         self._retrievers[mode] = made
         return made
 
-    async def search(self, query: str, k: int = 10, mode: Mode = "hybrid") -> list[Hit]:
-        """Return at most ``k`` hits for ``query``, best first."""
-        return list(await self.retriever(mode).search(query, k))
+    async def search(
+        self, query: str, k: int = 10, mode: Mode = "hybrid", filters: Filters | None = None
+    ) -> list[Hit]:
+        """Return at most ``k`` hits for ``query``, best first, among chunks whose metadata matches ``filters``."""
+        return list(await self.retriever(mode).search(query, k, filters=filters))
 
     # --- persistence ------------------------------------------------------------------------------------
 

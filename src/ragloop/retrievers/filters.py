@@ -1,0 +1,64 @@
+"""Metadata filters: equality and set membership on chunk metadata.
+
+A filter maps a metadata key to the values a chunk may have there: ``{"tenant": "acme"}`` (equality) or
+``{"version": ["1.0", "1.1"]}`` (membership). Every key must match (AND); a chunk without the key never
+matches. :func:`normalize_filters` turns what a caller passes into the canonical form
+``{key: (value, …)}`` that every retriever takes; :func:`matches` is the local test, and the Postgres store
+translates the same form into ``metadata->>key = ANY(values)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+from ragloop.errors import ConfigError
+from ragloop.state import Chunk
+
+__all__ = ["Filters", "FiltersArg", "matches", "normalize_filters"]
+
+#: Canonical filters: key → allowed values (sorted, distinct, at least one).
+Filters = Mapping[str, tuple[str, ...]]
+#: What callers may pass: key → one value or a collection of values.
+FiltersArg = Mapping[str, str | int | bool | Collection[str | int | bool]]
+
+
+def _value(key: str, value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int):
+        return str(value)
+    raise ConfigError(f"filter {key!r}: values must be strings (or ints/bools), got {type(value).__name__}")
+
+
+def normalize_filters(filters: FiltersArg | None) -> dict[str, tuple[str, ...]]:
+    """The canonical form of ``filters`` (empty for ``None``).
+
+    Raises:
+        ConfigError: a key is empty or not a string, a value is not a string/int/bool, or a set is empty.
+    """
+    if not filters:
+        return {}
+    if not isinstance(filters, Mapping):
+        raise ConfigError(f"filters must be a mapping like {{'tenant': 'acme'}}, got {type(filters).__name__}")
+    out: dict[str, tuple[str, ...]] = {}
+    for key, raw in filters.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"filter keys must be non-empty strings, got {key!r}")
+        if isinstance(raw, str | int | bool):
+            values: tuple[str, ...] = (_value(key, raw),)
+        elif isinstance(raw, Collection):
+            values = tuple(sorted({_value(key, v) for v in raw}))
+        else:
+            raise ConfigError(f"filter {key!r}: pass a value or a list of values, got {type(raw).__name__}")
+        if not values:
+            raise ConfigError(f"filter {key!r} has an empty set of values, which matches nothing; drop the key")
+        out[key] = values
+    return out
+
+
+def matches(chunk: Chunk, filters: Filters) -> bool:
+    """True when the chunk's metadata has, for every filter key, one of the allowed values."""
+    if not filters:
+        return True
+    meta = dict(chunk.metadata)
+    return all(meta.get(key) in values for key, values in filters.items())
