@@ -37,13 +37,13 @@ from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.bm25 import BM25Index, BM25Retriever
 from ragloop.retrievers.dense import DenseIndex, DenseRetriever
 from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder, Progress, file_sha256
+from ragloop.retrievers.filters import Filters
 from ragloop.retrievers.hybrid import HybridRetriever
 from ragloop.state import Chunk, Hit
 
 __all__ = ["FORMAT_VERSION", "KnowledgeIndex", "Mode", "index_text"]
 
 #: Version of the on-disk layout; a different version at load time asks for a rebuild.
-from ragloop.retrievers.filters import Filters
 FORMAT_VERSION = 1
 #: Retrieval modes of :meth:`KnowledgeIndex.retriever`.
 Mode = Literal["bm25", "dense", "hybrid"]
@@ -132,6 +132,8 @@ def _chunk_to_json(chunk: Chunk) -> str:
             "title": chunk.title,
             "title_path": list(chunk.title_path),
             "doc_id": chunk.doc_id,
+            **({"url": chunk.url} if chunk.url else {}),
+            **({"metadata": dict(chunk.metadata)} if chunk.metadata else {}),
         },
         ensure_ascii=False,
     )
@@ -146,6 +148,8 @@ def _chunk_from_json(line: str) -> Chunk:
         title=d.get("title", ""),
         title_path=tuple(d.get("title_path", ())),
         doc_id=d.get("doc_id", ""),
+        url=d.get("url", ""),
+        metadata=d.get("metadata", {}),
     )
 
 
@@ -251,8 +255,6 @@ class KnowledgeIndex:
         embedder: Embedder,
         *,
         progress: Progress | None = None,
-            **({"url": chunk.url} if chunk.url else {}),
-            **({"metadata": dict(chunk.metadata)} if chunk.metadata else {}),
         hnsw_threshold: int = 50_000,
         stem: bool = True,
     ) -> KnowledgeIndex:
@@ -267,8 +269,6 @@ class KnowledgeIndex:
         if embed_sync is not None:
             vectors = np.asarray(embed_sync(texts, progress=progress), dtype=np.float32)
         else:
-        url=d.get("url", ""),
-        metadata=d.get("metadata", {}),
             vectors = anyio.run(_embed_batched, embedder, texts, progress)
         return cls._assemble(unique, vectors, embedder, hnsw_threshold=hnsw_threshold, stem=stem)
 
