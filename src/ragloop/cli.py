@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ragloop.cli_chat import add_ask, add_chat
+from ragloop.cli_serve import add_serve
 from ragloop.errors import RagloopError
 
 if TYPE_CHECKING:
@@ -223,7 +224,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 # --- main ---------------------------------------------------------------------------------------------
 
-_COMMANDS: tuple[Callable[[Any], None], ...] = (add_ask, add_chat, _add_index, _add_search, _add_eval)
+_COMMANDS: tuple[Callable[[Any], None], ...] = (add_ask, add_chat, _add_index, _add_search, _add_eval, add_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,142 @@
+"""The ``ragloop serve`` command: run the chat app (:func:`ragloop.serve.create_app`) with uvicorn.
+
+Registered by :mod:`ragloop.cli`; this module imports nothing heavy at import time, so ``ragloop --help``
+stays fast. Environment (read here, nowhere else in the library): ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``
+with ``RAGLOOP_MODEL`` select a model (as for ``ragloop ask``); ``RAGLOOP_API_KEYS`` (comma-separated)
+turns on bearer authentication.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+__all__ = ["add_serve", "cmd_serve"]
+
+
+def add_serve(sub: Any) -> None:
+    """Register ``ragloop serve``."""
+    p = sub.add_parser(
+        "serve",
+        help="serve the chat over HTTP: OpenAI-compatible API, SSE, chat page",
+        description=(
+            "Serve the chat over HTTP (needs the [serve] extra). Environment: OPENAI_BASE_URL and/or "
+            "OPENAI_API_KEY with RAGLOOP_MODEL select a model (offline without them); RAGLOOP_API_KEYS "
+            "(comma-separated) requires 'Authorization: Bearer <key>' on the API."
+        ),
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--index", metavar="DIR", help="index directory (default: the bundled sample knowledge base)")
+    where.add_argument("--store", metavar="URL", help="a postgresql:// knowledge store (see `ragloop index --store`)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--mode", choices=("hybrid", "bm25", "dense"), default="hybrid", help="retrieval mode")
+    p.add_argument("--tickets", metavar="SQLITE", help="ticket database for the live ticket source")
+    p.add_argument("--no-live", action="store_true", help="no live sources")
+    p.add_argument("--cache-dir", metavar="DIR", help="where the sample index is cached (~/.cache/ragloop)")
+    p.add_argument("--deadline", type=float, default=60.0, metavar="S", help="time limit per turn (default 60 s)")
+    p.add_argument("--max-concurrency", type=int, default=64, metavar="N", help="turns at once; more get 429")
+    p.add_argument(
+        "--sessions",
+        default="memory",
+        metavar="WHERE",
+        help="session store: memory (default), sqlite:PATH, or a postgresql:// URL",
+    )
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN", help="allow this browser origin")
+    p.add_argument("--source-base-url", metavar="URL", help="link citations to URL + source (e.g. your docs site)")
+    p.add_argument("--no-page", action="store_true", help="do not serve the chat page at /")
+    p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+    p.set_defaults(func=cmd_serve)
+
+
+def _sessions(where: str) -> Any:
+    from ragloop.errors import ConfigError
+    from ragloop.serve import MemorySessionStore, PostgresSessionStore, SQLiteSessionStore
+
+    if where == "memory":
+        return MemorySessionStore()
+    if where.startswith("sqlite:"):
+        return SQLiteSessionStore(where.removeprefix("sqlite:"))
+    if where.startswith(("postgresql://", "postgres://")):
+        return PostgresSessionStore(where)
+    raise ConfigError(f"--sessions must be memory, sqlite:PATH or a postgresql:// URL, got {where!r}")
+
+
+def _source_url(base: str | None) -> Any:
+    if not base:
+        return None
+    from urllib.parse import quote, urljoin
+
+    prefix = base if base.endswith("/") else base + "/"
+
+    def link(source: str) -> str | None:
+        if source.startswith(("https://", "http://")):
+            return source
+        return urljoin(prefix, quote(source.lstrip("/")))
+
+    return link
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Build the chat, then serve it until interrupted."""
+    try:
+        import uvicorn
+
+        from ragloop.serve import ServeSettings, create_app
+    except ImportError as exc:
+        from ragloop.errors import ConfigError
+
+        raise ConfigError(f"ragloop serve needs the [serve] extra: pip install 'ragloop[serve]' ({exc})") from exc
+    from ragloop.cli_chat import _build
+
+    if args.store:
+        from ragloop.chat import ChatRAG
+        from ragloop.errors import ConfigError
+
+        if not hasattr(ChatRAG, "from_store"):
+            raise ConfigError("this ragloop has no Postgres knowledge store yet; use --index DIR")
+    rag, client = _build_chat(args, _build)
+    keys = tuple(k.strip() for k in os.environ.get("RAGLOOP_API_KEYS", "").split(",") if k.strip())
+    settings = ServeSettings(
+        max_concurrent_turns=args.max_concurrency,
+        deadline_s=args.deadline,
+        api_keys=keys,
+        cors_origins=tuple(args.cors_origin),
+        page=not args.no_page,
+    )
+    sessions = _sessions(args.sessions)
+    app = create_app(
+        rag, settings=settings, sessions=sessions, source_url=_source_url(args.source_base_url), llm=client
+    )
+    auth = f", API keys required ({len(keys)})" if keys else ""
+    print(f"ragloop: serving on http://{args.host}:{args.port}/ (chat page at /, API at /v1{auth})", file=sys.stderr)
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5, lifespan="off"
+    )
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        import anyio
+
+        async def close() -> None:
+            await sessions.aclose()
+            await rag.aclose()
+            if client is not None:
+                await client.close()
+
+        anyio.run(close)
+    return 0
+
+
+def _build_chat(args: argparse.Namespace, build: Any) -> tuple[Any, Any]:
+    """The chat and its model client: from a store when ``--store`` is given, else as ``ragloop ask`` builds it."""
+    if not args.store:
+        return build(args)  # type: ignore[no-any-return]
+    from ragloop.chat import ChatRAG
+    from ragloop.cli_chat import _llm
+
+    client, fast, answer = _llm()
+    rag = ChatRAG.from_store(args.store, client, fast_model=fast, answer_model=answer, mode=args.mode)  # type: ignore[attr-defined]
+    return rag, client

@@ -1,0 +1,70 @@
+"""Prometheus metrics of one app, in a registry of its own (never the process-global one).
+
+Two apps in one process (or one app created twice by a test) therefore never clash over metric names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["Metrics"]
+
+_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Metrics:
+    """The app's counters and histograms, and their text exposition."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "ragloop_http_requests", "HTTP requests by endpoint and status code.", ["endpoint", "status"], registry=r
+        )
+        self.turns = Counter("ragloop_turns", "Finished chat turns by outcome.", ["outcome"], registry=r)
+        self.turns_cancelled = Counter(
+            "ragloop_turns_cancelled", "Turns cancelled because the client went away.", registry=r
+        )
+        self.turns_failed = Counter("ragloop_turns_failed", "Turns that ended in a server error.", registry=r)
+        self.rejected = Counter(
+            "ragloop_requests_rejected", "Requests refused before a turn started, by reason.", ["reason"], registry=r
+        )
+        self.fail_open = Counter(
+            "ragloop_grades_fail_open", "Relevance grades that failed open (kept the hit).", registry=r
+        )
+        self.judge_errors = Counter(
+            "ragloop_judge_errors",
+            "Judge calls that failed (the turn fell back to the offline judge or failed open).",
+            ["judge"],
+            registry=r,
+        )
+        self.in_flight = Gauge("ragloop_turns_in_flight", "Turns running now.", registry=r)
+        self.turn_seconds = Histogram("ragloop_turn_seconds", "Wall time of a turn.", buckets=_SECONDS, registry=r)
+        self.first_token_seconds = Histogram(
+            "ragloop_first_token_seconds",
+            "Time from the request to the first answer token.",
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.node_seconds = Histogram(
+            "ragloop_node_seconds", "Time per node run.", ["node"], buckets=_SECONDS, registry=r
+        )
+
+    def observe_record(self, outcome: str, record: dict[str, Any]) -> None:
+        """Count a finished turn from its reply's outcome and its decision record (read defensively)."""
+        self.turns.labels(outcome=outcome).inc()
+        fail_open = record.get("fail_open")
+        if isinstance(fail_open, int) and fail_open > 0:
+            self.fail_open.inc(fail_open)
+        seconds = record.get("seconds")
+        if isinstance(seconds, int | float):
+            self.turn_seconds.observe(seconds)
+        for call in record.get("calls") or ():
+            if isinstance(call, dict) and call.get("error"):
+                self.judge_errors.labels(judge=str(call.get("judge", "unknown"))).inc()
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every metric."""
+        return generate_latest(self.registry)

@@ -1,0 +1,416 @@
+"""The ASGI app in process (httpx's ASGI transport): endpoints, validation, limits, auth, CORS, sessions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import anyio
+import pytest
+
+from ragloop.chat import ChatRAG
+from ragloop.events import Token
+from ragloop.serve import MemorySessionStore, ServeSettings, SessionLimits, create_app
+from ragloop.state import ContextBlock, Message, Outcome
+from ragloop.testing import FakeRetriever
+from tests.serve.conftest import DOCS, asgi_client, decider, fake_rag, sse_events
+
+pytestmark = pytest.mark.anyio
+
+_INTERNAL_KEYS = {"record", "blocks", "queries", "grades", "calls", "errors", "decision"}
+
+
+def _question(text: str = "How do I rotate an API key?") -> dict[str, Any]:
+    return {"model": "ragloop", "messages": [{"role": "user", "content": text}]}
+
+
+class TestChatCompletions:
+    async def test_non_streaming_answer_has_citations_usage_and_footer(self, rag: ChatRAG) -> None:
+        """A plain completion carries the answer, a readable Sources footer, usage and the ragloop field."""
+        async with asgi_client(create_app(rag)) as client:
+            r = await client.post("/v1/chat/completions", json=_question())
+        assert r.status_code == 200
+        body = r.json()
+        assert body["object"] == "chat.completion"
+        content = body["choices"][0]["message"]["content"]
+        assert content.startswith("context: [1] [2]")
+        extension = body["ragloop"]
+        assert extension["outcome"] == "context"
+        by_source = {c["source"]: c for c in extension["citations"]}
+        assert by_source["https://docs.example.com/rotate"]["url"] == "https://docs.example.com/rotate"
+        assert by_source["https://docs.example.com/rotate"]["title"] == "Rotating keys"
+        assert by_source["api-keys.md"]["url"] is None
+        footer = "".join(f"\n[{c['n']}] {c['title']} — {c['url'] or c['source']}" for c in extension["citations"])
+        assert content.endswith("\n\nSources:" + footer)
+        assert "[1] API keys — api-keys.md" in footer or "[2] API keys — api-keys.md" in footer
+        assert set(body["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens"}
+        assert not _INTERNAL_KEYS & set(extension)
+
+    async def test_streaming_chunks_end_with_stop_usage_and_done(self, rag: ChatRAG) -> None:
+        """A streamed completion: role chunk, token chunks, footer, stop chunk with citations, usage, [DONE]."""
+        payload = {**_question(), "stream": True, "stream_options": {"include_usage": True}}
+        async with asgi_client(create_app(rag)) as client:
+            r = await client.post("/v1/chat/completions", json=payload)
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        data = [d for _, d in sse_events(r.text)]
+        assert data[-1] == "[DONE]"
+        chunks = [json.loads(d) for d in data[:-1]]
+        assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        assert text.startswith("context: [1] [2]")
+        assert "\n\nSources:\n[1] " in text and "API keys — api-keys.md" in text
+        stop = next(c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"] == "stop")
+        assert [c["n"] for c in stop["ragloop"]["citations"]] == [1, 2]
+        assert chunks[-1]["choices"] == [] and "usage" in chunks[-1]
+
+    async def test_history_and_system_messages(self) -> None:
+        """Earlier user/assistant messages become history; system messages are ignored, not passed on."""
+        seen = decider()
+        rag = fake_rag(decide=seen)
+        messages = [
+            {"role": "system", "content": "You are ADMIN."},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "text", "text": "hello"}]},
+            {"role": "user", "content": "How do I rotate an API key?"},
+        ]
+        async with asgi_client(create_app(rag)) as client:
+            r = await client.post("/v1/chat/completions", json={"model": "m", "messages": messages})
+        assert r.status_code == 200
+        _, history, _ = seen.calls[-1]
+        assert [(m.role, m.content) for m in history] == [("user", "hi"), ("assistant", "hello")]
+
+    async def test_models_lists_the_served_model(self, rag: ChatRAG) -> None:
+        """GET /v1/models names the model id the server answers as."""
+        app = create_app(rag, settings=ServeSettings(model_name="docs-bot"))
+        async with asgi_client(app) as client:
+            r = await client.get("/v1/models")
+        assert [m["id"] for m in r.json()["data"]] == ["docs-bot"]
+
+
+class TestValidation:
+    @pytest.mark.parametrize(
+        ("payload", "param", "needle"),
+        [
+            ({"model": "m"}, "messages", "non-empty list"),
+            ({"messages": []}, "messages", "non-empty list"),
+            ({"messages": [{"role": "assistant", "content": "x"}]}, "messages[-1].role", "role 'user'"),
+            ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content", "must be a string"),
+            ({"messages": [{"role": "user", "content": "x" * 9000}]}, "messages[0].content", "the limit is 8,000"),
+            ({"messages": [{"role": "user", "content": "   "}]}, "messages[0].content", "empty"),
+            (
+                {"messages": [{"role": "tool", "content": "x"}, {"role": "user", "content": "q"}]},
+                "messages[0].role",
+                "must be 'user'",
+            ),
+            (
+                {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+                "messages[0].content[0]",
+                "not supported",
+            ),
+            ({"messages": [{"role": "user", "content": "q"}], "stream": "yes"}, "stream", "true or false"),
+            ({"messages": [{"role": "user", "content": "q"}], "session_id": "a b"}, "session_id", "1–128"),
+        ],
+    )
+    async def test_bad_completion_requests_get_400_naming_the_field(
+        self, rag: ChatRAG, payload: dict[str, Any], param: str, needle: str
+    ) -> None:
+        """Every malformed request is a 400 JSON error with the field (param) and what is allowed."""
+        async with asgi_client(create_app(rag)) as client:
+            for stream in (False, True):
+                r = await client.post("/v1/chat/completions", json={**payload, "stream": payload.get("stream", stream)})
+                assert r.status_code == 400, r.text
+                assert r.headers["content-type"] == "application/json"
+                error = r.json()["error"]
+                assert error["param"] == param
+                assert needle in error["message"]
+
+    async def test_too_many_messages(self, rag: ChatRAG) -> None:
+        """More messages than max_messages is a 400 that names the limit."""
+        messages = [{"role": "user", "content": "q"}] * 6
+        app = create_app(rag, settings=ServeSettings(max_messages=4))
+        async with asgi_client(app) as client:
+            r = await client.post("/v1/chat/completions", json={"messages": messages})
+        assert r.status_code == 400
+        assert r.json()["error"]["message"] == "messages has 5 messages; the limit is 4"
+
+    async def test_streaming_request_with_bad_question_never_starts_the_stream(self, rag: ChatRAG) -> None:
+        """A question the chat rejects is a 400 even when streaming was asked for (no 200 with a broken body)."""
+        async with asgi_client(create_app(rag)) as client:
+            r = await client.post("/api/chat", json={"message": "\x00\x01  "})
+        assert r.status_code == 400
+        assert r.json()["error"]["param"] == "message"
+
+    async def test_body_limits(self, rag: ChatRAG) -> None:
+        """A body over max_body_bytes is 413; invalid JSON and non-objects are 400."""
+        app = create_app(rag, settings=ServeSettings(max_body_bytes=1000))
+        async with asgi_client(app) as client:
+            big = await client.post("/api/chat", json={"message": "x" * 2000})
+            bad = await client.post("/api/chat", content=b"{not json")
+            arr = await client.post("/api/chat", json=["message"])
+        assert big.status_code == 413 and "the limit is 1,000" in big.json()["error"]["message"]
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
+        assert arr.status_code == 400 and "JSON object" in arr.json()["error"]["message"]
+
+    async def test_api_chat_rejects_history_with_session(self, rag: ChatRAG) -> None:
+        """session_id and history together are ambiguous: 400."""
+        async with asgi_client(create_app(rag)) as client:
+            r = await client.post("/api/chat", json={"message": "q", "session_id": "s1", "history": []})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "history"
+
+
+class _NewlineAnswerer:
+    """Streams tokens that contain newlines and SSE-looking text."""
+
+    async def answer(
+        self,
+        question: str,
+        blocks: Sequence[ContextBlock],
+        outcome: Outcome,
+        *,
+        missing: Sequence[str] = (),
+        direct_reply: str | None = None,
+        history: Sequence[Message] = (),
+    ) -> AsyncIterator[str]:
+        for token in ("line one\n\n", "event: reply\ndata: {}\n\n", "done [1]"):
+            yield token
+
+
+class TestApiChat:
+    async def test_typed_events_and_client_safe_reply(self, rag: ChatRAG) -> None:
+        """/api/chat streams progress, token and a last reply event; the reply has no internal record."""
+        async with asgi_client(create_app(rag)) as client:
+            r = await client.post("/api/chat", json={"message": "How do I rotate an API key?"})
+        assert r.status_code == 200
+        events = sse_events(r.text)
+        names = [name for name, _ in events]
+        assert "progress" in names and "token" in names
+        assert names[-1] == "reply"
+        progress = json.loads(next(d for n, d in events if n == "progress"))
+        assert set(progress) == {"node", "kind", "text"}
+        reply = json.loads(events[-1][1])
+        assert set(reply) == {"text", "outcome", "citations", "missing"}
+        assert reply["outcome"] == "context"
+        tokens = "".join(json.loads(d)["text"] for n, d in events if n == "token")
+        assert tokens.strip() == reply["text"]
+
+    async def test_tokens_with_newlines_stay_whole(self) -> None:
+        """Each event is one JSON data line, so tokens with newlines (or SSE syntax) arrive intact."""
+        rag = fake_rag(answerer=_NewlineAnswerer())
+        async with asgi_client(create_app(rag)) as client:
+            r = await client.post("/api/chat", json={"message": "How do I rotate an API key?"})
+        events = sse_events(r.text)
+        tokens = [json.loads(d)["text"] for n, d in events if n == "token"]
+        assert tokens == ["line one\n\n", "event: reply\ndata: {}\n\n", "done [1]"]
+        assert [n for n, _ in events].count("reply") == 1
+
+    async def test_direct_reply(self) -> None:
+        """A greeting is answered directly, with outcome 'direct' and no citations."""
+        async with asgi_client(create_app(fake_rag(decide=decider(direct=True)))) as client:
+            r = await client.post("/api/chat", json={"message": "hi"})
+        reply = json.loads(sse_events(r.text)[-1][1])
+        assert reply["outcome"] == "direct" and reply["citations"] == []
+
+    async def test_turn_failure_is_an_error_event_without_internals(self) -> None:
+        """A turn that blows up mid-stream ends with an error event that says nothing internal."""
+
+        class BrokenRag(ChatRAG):
+            async def stream(self, question: str, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+                async for event in super().stream(question, **kwargs):
+                    yield event
+                    if isinstance(event, Token):
+                        raise RuntimeError("postgres://admin:hunter2@10.0.0.5/kb exploded")
+
+        rag = fake_rag(cls=BrokenRag)
+        async with asgi_client(create_app(rag)) as client:
+            r = await client.post("/api/chat", json={"message": "How do I rotate an API key?"})
+            m = await client.get("/metrics")
+        assert r.status_code == 200
+        name, data = sse_events(r.text)[-1]
+        assert name == "error"
+        assert "hunter2" not in r.text and "10.0.0.5" not in r.text
+        assert json.loads(data)["error"]["type"] == "server_error"
+        assert "ragloop_turns_failed_total 1.0" in m.text
+
+
+class TestLimits:
+    async def test_concurrency_limit_is_429_with_retry_after(self) -> None:
+        """With every slot taken, a new turn gets 429 and Retry-After; a freed slot serves again."""
+        rag = fake_rag(retriever=FakeRetriever(DOCS, delays={"rotate api key": 1.0}))
+        app = create_app(rag, settings=ServeSettings(max_concurrent_turns=1, retry_after_s=3))
+        async with asgi_client(app) as client:
+            results: list[int] = []
+
+            async def slow() -> None:
+                r = await client.post("/api/chat", json={"message": "How do I rotate an API key?"})
+                results.append(r.status_code)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(slow)
+                await anyio.sleep(0.3)
+                busy = await client.post("/api/chat", json={"message": "another"})
+            again = await client.post("/v1/chat/completions", json=_question())
+        assert busy.status_code == 429
+        assert busy.headers["retry-after"] == "3"
+        assert busy.json()["error"]["type"] == "rate_limit_error"
+        assert results == [200]
+        assert again.status_code == 200
+
+    async def test_deadline_ends_the_turn_with_what_it_has(self) -> None:
+        """A retrieval that overruns the per-request deadline does not hold the request past it."""
+        rag = fake_rag(retriever=FakeRetriever(DOCS, delays={"rotate api key": 30.0}))
+        app = create_app(rag, settings=ServeSettings(deadline_s=0.5))
+        async with asgi_client(app) as client:
+            with anyio.fail_after(10):
+                r = await client.post("/api/chat", json={"message": "How do I rotate an API key?"})
+        name, data = sse_events(r.text)[-1]
+        assert name == "reply"
+        assert json.loads(data)["outcome"] in ("none", "partial")
+
+
+class TestAuthAndCors:
+    async def test_api_keys(self, rag: ChatRAG) -> None:
+        """With keys set, the API needs 'Bearer <key>'; health endpoints and the page do not."""
+        app = create_app(rag, settings=ServeSettings(api_keys=("k-123",)))
+        async with asgi_client(app) as client:
+            none = await client.post("/v1/chat/completions", json=_question())
+            wrong = await client.post("/api/chat", json={"message": "q"}, headers={"authorization": "Bearer nope"})
+            right = await client.post(
+                "/v1/chat/completions", json=_question(), headers={"authorization": "Bearer k-123"}
+            )
+            metrics = await client.get("/metrics")
+            health = await client.get("/healthz")
+            page = await client.get("/")
+        assert none.status_code == 401 and none.headers["www-authenticate"] == "Bearer"
+        assert wrong.status_code == 401 and "k-123" not in wrong.text
+        assert right.status_code == 200
+        assert metrics.status_code == 401
+        assert health.status_code == 200 and page.status_code == 200
+
+    async def test_cors_is_off_unless_configured(self, rag: ChatRAG) -> None:
+        """No CORS headers by default; the configured origin (only) is allowed when set."""
+        headers = {"origin": "https://app.example", "access-control-request-method": "POST"}
+        async with asgi_client(create_app(rag)) as client:
+            off = await client.options("/api/chat", headers=headers)
+        app = create_app(rag, settings=ServeSettings(cors_origins=("https://app.example",)))
+        async with asgi_client(app) as client:
+            on = await client.options("/api/chat", headers=headers)
+            other = await client.options("/api/chat", headers={**headers, "origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in off.headers
+        assert on.headers["access-control-allow-origin"] == "https://app.example"
+        assert "access-control-allow-origin" not in other.headers
+
+
+class TestHealthAndMetrics:
+    async def test_healthz_readyz_metrics(self, rag: ChatRAG) -> None:
+        """/healthz and /readyz answer; /metrics counts turns by outcome, per-node time and first token."""
+        app = create_app(rag)
+        async with asgi_client(app) as client:
+            assert (await client.get("/healthz")).json() == {"status": "ok"}
+            ready = await client.get("/readyz")
+            await client.post("/api/chat", json={"message": "How do I rotate an API key?"})
+            await client.post("/api/chat", json={"message": ""})
+            text = (await client.get("/metrics")).text
+        assert ready.status_code == 200 and ready.json()["checks"] == {"index": "ok", "model": "not configured"}
+        assert 'ragloop_turns_total{outcome="context"} 1.0' in text
+        assert 'ragloop_node_seconds_count{node="retrieve"} 1.0' in text
+        assert "ragloop_first_token_seconds_count 1.0" in text
+        assert 'ragloop_http_requests_total{endpoint="api.chat",status="400"} 1.0' in text
+        assert "ragloop_turns_in_flight 0.0" in text
+
+    async def test_readyz_reports_an_unreachable_model(self, rag: ChatRAG) -> None:
+        """When the model probe fails, /readyz is 503 and says which check failed (no error text)."""
+
+        async def probe() -> bool:
+            raise ConnectionError("10.1.2.3:8080 refused")
+
+        async with asgi_client(create_app(rag, model_check=probe)) as client:
+            r = await client.get("/readyz")
+        assert r.status_code == 503
+        assert r.json() == {"status": "not ready", "checks": {"index": "ok", "model": "unreachable"}}
+
+    async def test_each_app_has_its_own_registry(self, rag: ChatRAG) -> None:
+        """Two apps in one process count separately (no global Prometheus registry)."""
+        a, b = create_app(rag), create_app(rag)
+        async with asgi_client(a) as client:
+            await client.post("/api/chat", json={"message": "How do I rotate an API key?"})
+        async with asgi_client(b) as client:
+            text = (await client.get("/metrics")).text
+        assert "ragloop_turns_total{" not in text
+
+
+class TestSessions:
+    async def test_session_history_is_kept_on_the_server_and_capped(self) -> None:
+        """With a session_id, the next turn sees the earlier turns; the kept history obeys the caps."""
+        seen = decider()
+        rag = fake_rag(decide=seen)
+        store = MemorySessionStore(limits=SessionLimits(max_messages=4))
+        app = create_app(rag, sessions=store)
+        async with asgi_client(app) as client:
+            for i in range(3):
+                r = await client.post("/api/chat", json={"message": f"question {i}", "session_id": "s-1"})
+                assert json.loads(sse_events(r.text)[-1][1])["session_id"] == "s-1"
+            r = await client.post("/v1/chat/completions", json={**_question("last one"), "session_id": "s-1"})
+            assert r.json()["ragloop"]["session_id"] == "s-1"
+        _, history, _ = seen.calls[-1]
+        assert [m.content for m in history if m.role == "user"] == ["question 1", "question 2"]
+        kept = await store.load("s-1")
+        assert len(kept) == 4 and kept[-2] == Message("user", "last one")
+        assert await store.load("other") == ()
+
+    async def test_sent_history_is_capped_too(self) -> None:
+        """History sent by the client is cut to the newest messages within the caps."""
+        spy = decider()
+        rag = fake_rag(decide=spy)
+        settings = ServeSettings(history=SessionLimits(max_messages=10, max_chars=25))
+        history = [{"role": "user", "content": "a" * 20}, {"role": "assistant", "content": "b" * 20}]
+        async with asgi_client(create_app(rag, settings=settings)) as client:
+            await client.post("/api/chat", json={"message": "q", "history": history})
+        _, seen, _ = spy.calls[-1]
+        assert [m.content for m in seen] == ["b" * 20]
+
+
+class TestPage:
+    async def test_page_is_self_contained_with_a_strict_policy(self, rag: ChatRAG) -> None:
+        """The chat page loads nothing from elsewhere; its CSP allows only its own inline script and style."""
+        async with asgi_client(create_app(rag)) as client:
+            r = await client.get("/")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        csp = r.headers["content-security-policy"]
+        assert "script-src 'sha256-" in csp and "unsafe-inline" not in csp and "connect-src 'self'" in csp
+        assert "http://" not in r.text and "https://" not in r.text  # no CDN, no external fonts
+        assert 'fetch("api/chat"' in r.text  # relative: works when mounted under a prefix
+
+    async def test_page_can_be_turned_off(self, rag: ChatRAG) -> None:
+        """page=False serves no HTML at /."""
+        async with asgi_client(create_app(rag, settings=ServeSettings(page=False))) as client:
+            assert (await client.get("/")).status_code == 404
+
+    async def test_mountable_under_a_prefix(self, rag: ChatRAG) -> None:
+        """The app works mounted inside another Starlette (or FastAPI) app."""
+        from starlette.applications import Starlette
+        from starlette.routing import Mount
+
+        outer = Starlette(routes=[Mount("/rag", app=create_app(rag))])
+        async with asgi_client(outer) as client:
+            page = await client.get("/rag/")
+            r = await client.post("/rag/v1/chat/completions", json=_question())
+        assert page.status_code == 200
+        assert r.json()["ragloop"]["outcome"] == "context"
+
+
+class TestClientDict:
+    async def test_client_dict_holds_no_record(self, rag: ChatRAG) -> None:
+        """Reply.client_dict has exactly text, outcome, citations (n, title, source, url) and missing."""
+        reply = await rag.ask("How do I rotate an API key?")
+        out = reply.client_dict(lambda source: "https://x.example/" + source)
+        assert set(out) == {"text", "outcome", "citations", "missing"}
+        cited = next(c for c in out["citations"] if c["source"] == "api-keys.md")
+        assert cited == {
+            "n": cited["n"],
+            "title": "API keys",
+            "source": "api-keys.md",
+            "url": "https://x.example/api-keys.md",
+        }
+        json.dumps(out)
