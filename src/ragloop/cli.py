@@ -91,10 +91,11 @@ def _add_index(sub: Any) -> None:
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
-    from ragloop.retrievers.index import KnowledgeIndex
-    from ragloop.retrievers.ingest import ingest_path
+    from ragloop.retrievers.index import KnowledgeIndex, check_index_target
+    from ragloop.retrievers.ingest import ingest_path, skip_kinds
 
     started = time.perf_counter()
+    check_index_target(args.out, source=args.path)  # refuse a bad --out before minutes of work
     embedder = _make_embedder(args.embedder)
     reading = _Progress("reading")
     try:
@@ -113,12 +114,13 @@ def _cmd_index(args: argparse.Namespace) -> int:
         index = KnowledgeIndex.build(result.chunks, embedder, progress=embedding)
     finally:
         embedding.close()
-    out = index.save(args.out)
+    out = index.save(args.out, source=args.path)
     seconds = time.perf_counter() - started
     print(f"indexed {result.files} files into {len(index.chunks)} chunks in {seconds:.1f}s → {out}")
     print(f"embedder {embedder.name} ({embedder.dim}-dim), dense index {index.dense.kind}")
     if result.skipped:
-        print(f"skipped {len(result.skipped)}:")
+        kinds = ", ".join(f"{n} {kind}" for kind, n in skip_kinds(result.skipped))
+        print(f"skipped {len(result.skipped)}: {kinds}")
         for where, why in result.skipped[:20]:
             print(f"  {where}: {why}")
         if len(result.skipped) > 20:

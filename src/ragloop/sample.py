@@ -64,7 +64,7 @@ def sample_index(cache_dir: Path | None = None, *, embedder: Embedder | None = N
     index = KnowledgeIndex.build(result.chunks, emb)
     try:
         index.save(target)
-    except OSError as exc:  # a read-only home still answers; it just rebuilds next time
+    except (OSError, IndexError_) as exc:  # a read-only home still answers; it just rebuilds next time
         log.warning("sample_index.not_cached", path=str(target), error=str(exc))
     log.info("sample_index.built", chunks=len(result.chunks), path=str(target), seconds=round(result.seconds, 3))
     return index

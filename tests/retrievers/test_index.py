@@ -141,7 +141,7 @@ class TestPersistence:
             raise OSError("disk full")
 
         monkeypatch.setattr(small.dense, "save", boom)
-        with pytest.raises(OSError, match="disk full"):
+        with pytest.raises(IndexError_, match=r"^cannot write the index to .*\(disk full\); nothing was replaced"):
             small.save(saved)
         assert len(KnowledgeIndex.load(saved).chunks) == len(CHUNKS)
         assert sorted(p.name for p in saved.parent.iterdir()) == ["kb"]
@@ -160,8 +160,8 @@ def test_save_clears_leftovers_of_dead_saves_only(saved: Path) -> None:
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)
-    leftover = saved.parent / f".kb.tmp-{dead_pid}-abc123"
-    running = saved.parent / f".kb.tmp-{os.getpid()}-def456"
+    leftover = saved.parent / f".kb.tmp-{dead_pid}-abc123abc123"
+    running = saved.parent / f".kb.tmp-{os.getpid()}-def456def456"
     leftover.mkdir()
     running.mkdir()
     _build().save(saved)

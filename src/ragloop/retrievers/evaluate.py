@@ -26,7 +26,7 @@ import anyio
 
 from ragloop.errors import ConfigError, IndexError_, InputError
 from ragloop.retrievers.base import Embedder
-from ragloop.retrievers.index import KnowledgeIndex, Mode
+from ragloop.retrievers.index import KnowledgeIndex, Mode, check_index_target
 
 __all__ = [
     "METRIC_KEYS",
@@ -171,6 +171,10 @@ def _open_index(
     index_dir: Path | None,
     progress: Callable[[int, int], None] | None,
 ) -> KnowledgeIndex:
+    # The corpus file is what gets ingested: a cache may sit beside it in the BEIR folder, never over it.
+    source = next((folder / n for n in ("corpus.jsonl", "corpus.jsonl.gz") if (folder / n).exists()), folder)
+    if index_dir is not None:
+        check_index_target(index_dir, source=source)  # refuse a bad cache folder before building anything
     if index_dir is not None and (index_dir / "manifest.json").is_file():
         try:
             return KnowledgeIndex.load(index_dir, embedder)
@@ -181,7 +185,7 @@ def _open_index(
     result = ingest_path(folder)
     index = KnowledgeIndex.build(result.chunks, embedder, progress=progress)
     if index_dir is not None:
-        index.save(index_dir)
+        index.save(index_dir, source=source)
     return index
 
 

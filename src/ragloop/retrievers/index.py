@@ -10,8 +10,12 @@ Layout of an index directory::
 
 :meth:`KnowledgeIndex.save` is atomic: it writes a temporary sibling directory, fsyncs it, and renames it
 into place (an existing index is renamed aside first and removed after), so a killed build never leaves a
-half-written index under the target name. :meth:`KnowledgeIndex.load` verifies the manifest and every
-checksum and refuses an index built with a different embedder.
+half-written index under the target name. It only ever replaces a folder that already holds a ragloop index
+(its manifest carries :data:`INDEX_MARKER` and the folder holds nothing the manifest does not list) or an empty
+one; :func:`check_index_target` refuses a file, the current folder or one above it, the ingested source or a
+folder above or inside it, and any other non-empty folder. :meth:`KnowledgeIndex.load` validates the
+manifest's shape, refuses links and special files inside the index, verifies every checksum and refuses an
+index built with a different embedder.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import shutil
+import stat
 import sys
 import time
 import uuid
@@ -41,7 +47,7 @@ from ragloop.retrievers.filters import Filters
 from ragloop.retrievers.hybrid import HybridRetriever
 from ragloop.state import Chunk, Hit
 
-__all__ = ["FORMAT_VERSION", "KnowledgeIndex", "Mode", "index_text"]
+__all__ = ["FORMAT_VERSION", "INDEX_MARKER", "KnowledgeIndex", "Mode", "check_index_target", "index_text"]
 
 #: Version of the on-disk layout; a different version at load time asks for a rebuild.
 FORMAT_VERSION = 1
@@ -50,6 +56,14 @@ Mode = Literal["bm25", "dense", "hybrid"]
 _MODES = ("bm25", "dense", "hybrid")
 _MANIFEST = "manifest.json"
 _CHUNKS = "chunks.jsonl"
+#: The ``"format"`` value of every manifest :meth:`KnowledgeIndex.save` writes: what marks a ragloop index.
+INDEX_MARKER = "ragloop-index"
+#: A manifest lists a handful of files; anything larger is not one of ours.
+_MAX_MANIFEST_BYTES = 1 << 20
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>[0-9]+)-[0-9a-f]{12}")
+#: Names a save writes at the top of an index folder (what a leftover temporary folder may hold).
+_INDEX_ENTRIES = frozenset({_MANIFEST, _CHUNKS, "bm25", "dense.faiss", "dense.json"})
 
 
 def index_text(chunk: Chunk) -> str:
@@ -67,14 +81,111 @@ def _remove_dead_leftovers(parent: Path, name: str) -> None:
     """Remove ``.NAME.tmp-PID-…`` / ``.NAME.old-PID-…`` folders left by saves whose process has died.
 
     A killed save leaves its temporary folder behind; a live process's folder (a save running right now) is
-    never touched.
+    never touched, and neither is anything that merely resembles one: the name must be exactly ours, the
+    entry a real folder (not a link) holding nothing but the files a save writes.
     """
-    for leftover in parent.glob(f".{name}.*-*-*"):
-        kind, _, rest = leftover.name[len(name) + 2 :].partition("-")
-        pid = rest.split("-", 1)[0]
-        if kind not in ("tmp", "old") or not pid.isdigit() or _alive(int(pid)):
+    for leftover in parent.glob(f".{glob_escape(name)}.*-*-*"):
+        match = _LEFTOVER.fullmatch(leftover.name)
+        if match is None or match["name"] != name or _alive(int(match["pid"])):
             continue
-        shutil.rmtree(leftover, ignore_errors=True)
+        if leftover.is_symlink() or not leftover.is_dir():
+            continue
+        try:
+            entries = {e.name for e in os.scandir(leftover)}
+        except OSError:
+            continue
+        if entries <= _INDEX_ENTRIES:
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def glob_escape(name: str) -> str:
+    """``name`` with glob metacharacters escaped (``[`` ``*`` ``?``), for :meth:`Path.glob`."""
+    return re.sub(r"([\[\]*?])", r"[\1]", name)
+
+
+def _read_manifest(path: Path) -> Any:
+    """The parsed manifest at ``path``; raises OSError/ValueError/RecursionError when it cannot be one."""
+    info = os.lstat(path)
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"{_MANIFEST} is not a regular file (a link, folder or device)")
+    if info.st_size > _MAX_MANIFEST_BYTES:
+        raise ValueError(f"{_MANIFEST} is {info.st_size} bytes, more than a manifest ever holds")
+    with path.open("rb") as fh:
+        return json.loads(fh.read(_MAX_MANIFEST_BYTES + 1).decode("utf-8"))
+
+
+def _is_index(folder: Path) -> bool:
+    """True when ``folder`` holds a ragloop index and nothing else: a manifest with :data:`INDEX_MARKER`, and
+    every top-level entry either the manifest or the first part of a file the manifest lists."""
+    try:
+        manifest = _read_manifest(folder / _MANIFEST)
+        entries = {e.name for e in os.scandir(folder)}
+    except (OSError, ValueError, RecursionError):
+        return False
+    if not isinstance(manifest, dict) or manifest.get("format") != INDEX_MARKER:
+        return False
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(isinstance(k, str) for k in files):
+        return False
+    listed = {_MANIFEST} | {k.split("/", 1)[0] for k in files}
+    return entries <= listed
+
+
+def check_index_target(directory: str | os.PathLike[str], *, source: str | os.PathLike[str] | None = None) -> Path:
+    """Check that an index may be saved at ``directory`` without destroying anything; return its absolute path.
+
+    Saving replaces what is at the target, so only three things are accepted: a path that does not exist yet,
+    an empty folder, or a folder that already holds a ragloop index and nothing else. Refused, each with a
+    one-line :class:`~ragloop.errors.IndexError_` naming the fix: a file, a link, the current folder or any
+    folder above it, the ingested ``source`` itself or any folder above or inside it, and any other folder
+    with something in it.
+
+    Args:
+        directory: Where the index would be saved.
+        source: The folder or file the index is built from, when known.
+
+    Raises:
+        IndexError_: the target is refused.
+    """
+    given = os.fspath(directory)
+    target = Path(os.path.abspath(given))
+    fix = "pass a new folder name (or an existing ragloop index) instead"
+    if target.is_symlink():
+        raise IndexError_(f"refusing to write an index to {given!r}: it is a symbolic link; {fix}")
+    if target.exists() and not target.is_dir():
+        raise IndexError_(f"refusing to write an index to {given!r}: it is a file, not a folder; {fix}")
+    real = target.resolve()
+    here = Path.cwd().resolve()
+    if real == here or real in here.parents:
+        where = "the current folder" if real == here else "a folder above the current one"
+        raise IndexError_(f"refusing to write an index to {given!r}: it is {where}; {fix}, e.g. --out ./index")
+    if source is not None:
+        src = Path(os.path.abspath(os.fspath(source))).resolve()
+        relation = (
+            "the source being indexed"
+            if real == src
+            else "a folder above the source"
+            if real in src.parents
+            else "inside the source folder"
+            if src in real.parents
+            else None
+        )
+        if relation is not None:
+            raise IndexError_(
+                f"refusing to write an index to {given!r}: it is {relation} ({os.fspath(source)!r}); "
+                f"{fix}, outside the source"
+            )
+    if target.is_dir():
+        try:
+            entries = sorted(e.name for e in os.scandir(target))
+        except OSError as exc:
+            raise IndexError_(f"cannot use {given!r} for an index ({exc.strerror or exc}); {fix}") from exc
+        if entries and not _is_index(target):
+            raise IndexError_(
+                f"refusing to replace {given!r}: it is a folder that is not a ragloop index (it holds "
+                f"{len(entries)} entries, e.g. {entries[0]!r}); {fix}"
+            )
+    return target
 
 
 def _alive(pid: int) -> bool:
@@ -85,6 +196,14 @@ def _alive(pid: int) -> bool:
     except OSError:  # exists, but not ours to signal
         return True
     return True
+
+
+def _write_error(target: Path, exc: OSError) -> IndexError_:
+    reason = exc.strerror or str(exc)
+    return IndexError_(
+        f"cannot write the index to {os.fspath(target)!r} ({reason}); nothing was replaced: free disk space or "
+        "pass a writable folder"
+    )
 
 
 def _fsync_tree(root: Path) -> None:
@@ -151,6 +270,90 @@ def _chunk_from_json(line: str) -> Chunk:
         url=d.get("url", ""),
         metadata=d.get("metadata", {}),
     )
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 200 else text[:200] + "…"
+
+
+def _manifest_fields(manifest: Any, path: Path, rebuild: str) -> tuple[Any, str, int, dict[str, str], int]:
+    """``(format_version, embedder name, dim, files, chunk count)`` from a parsed manifest, every shape checked."""
+
+    def bad(what: str) -> IndexError_:
+        return IndexError_(f"manifest {path} is malformed: {what}; {rebuild}")
+
+    if not isinstance(manifest, dict):
+        raise bad(f"a JSON {type(manifest).__name__}, not an object")
+    if manifest.get("format") != INDEX_MARKER:
+        raise bad(f"'format' is not {INDEX_MARKER!r} (not written by ragloop)")
+    embedder = manifest.get("embedder")
+    if not isinstance(embedder, dict):
+        raise bad("'embedder' is not an object with 'name' and 'dim'")
+    name, dim = embedder.get("name"), embedder.get("dim")
+    if not isinstance(name, str) or not name:
+        raise bad("'embedder.name' is not a non-empty string")
+    if not isinstance(dim, int) or isinstance(dim, bool) or not 0 < dim <= 65536:
+        raise bad("'embedder.dim' is not a positive integer")
+    count = manifest.get("chunks")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise bad("'chunks' is not a count")
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise bad("'files' is not an object of path: sha256")
+    for rel, digest in files.items():
+        parts = rel.split("/")
+        if rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in parts) or rel == _MANIFEST:
+            raise bad(f"file {rel!r} is not a plain path inside the index folder")
+        if not isinstance(digest, str) or _SHA256.fullmatch(digest) is None:
+            raise bad(f"the checksum of {rel!r} is not a sha256 hex digest")
+    version = manifest.get("format_version")
+    if isinstance(version, (dict, list)):
+        version = type(version).__name__
+    return version, name, dim, files, count
+
+
+def _check_index_files(root: Path, files: dict[str, str], *, verify: bool, rebuild: str) -> None:
+    """Check the files a manifest lists: the required ones are there, every one matches its checksum (with
+    ``verify``), and there are no links or special files anywhere inside the index (so nothing outside it is
+    ever read)."""
+    for required in (_CHUNKS, "dense.faiss", "dense.json", "bm25/ragloop.json"):
+        if required not in files:
+            raise IndexError_(f"index {root} manifest does not list {required}; {rebuild}")
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in (*dirnames, *filenames):
+            path = Path(dirpath) / name
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError as exc:
+                raise IndexError_(f"cannot read {path} ({exc.strerror or exc}); {rebuild}") from exc
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                kind = "a symbolic link" if stat.S_ISLNK(mode) else "not a regular file"
+                raise IndexError_(f"index file {path} is {kind}; an index holds only its own files; {rebuild}")
+    for rel, want in sorted(files.items()):
+        path = root / rel
+        if not path.is_file():
+            raise IndexError_(f"index {root} is missing {rel}; {rebuild}")
+        if verify and file_sha256(path) != want:
+            raise IndexError_(f"index file {path} does not match its checksum (corrupt or edited); {rebuild}")
+
+
+def _read_chunks(path: Path, rebuild: str) -> list[Chunk]:
+    """Every chunk in ``chunks.jsonl``, each line's shape checked (strings where strings belong)."""
+    chunks: list[Chunk] = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                chunk = _chunk_from_json(line)
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+                raise IndexError_(f"{path} line {lineno} is not a chunk ({_short(exc)}); {rebuild}") from exc
+            texts = (chunk.id, chunk.text, chunk.source, chunk.title, chunk.doc_id, *chunk.title_path)
+            if not all(isinstance(t, str) for t in texts) or not chunk.id:
+                raise IndexError_(f"{path} line {lineno} is not a chunk (a field has the wrong type); {rebuild}")
+            chunks.append(chunk)
+    return chunks
 
 
 def _embedder_for(name: str, dim: int) -> Embedder:
@@ -310,22 +513,33 @@ class KnowledgeIndex:
         self._retrievers[mode] = made
         return made
 
-    async def search(
-        self, query: str, k: int = 10, mode: Mode = "hybrid", filters: Filters | None = None
-    ) -> list[Hit]:
+    async def search(self, query: str, k: int = 10, mode: Mode = "hybrid", filters: Filters | None = None) -> list[Hit]:
         """Return at most ``k`` hits for ``query``, best first, among chunks whose metadata matches ``filters``."""
         return list(await self.retriever(mode).search(query, k, filters=filters))
 
     # --- persistence ------------------------------------------------------------------------------------
 
-    def save(self, directory: str | os.PathLike[str]) -> Path:
-        """Write the index to ``directory`` atomically (replacing an index already there); returns the path."""
-        target = Path(directory).absolute()
+    def save(self, directory: str | os.PathLike[str], *, source: str | os.PathLike[str] | None = None) -> Path:
+        """Write the index to ``directory`` atomically (replacing an index already there); returns the path.
+
+        Args:
+            directory: The index folder: new, empty, or an existing ragloop index (see :func:`check_index_target`).
+            source: The folder or file the index was built from; the target may be neither it nor above or
+                inside it.
+
+        Raises:
+            IndexError_: the target is refused (nothing was written), or writing failed (disk full, read-only
+                folder); only this save's own temporary folder is removed on failure.
+        """
+        target = check_index_target(directory, source=source)
         parent = target.parent
-        parent.mkdir(parents=True, exist_ok=True)
-        _remove_dead_leftovers(parent, target.name)
-        tmp = parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        tmp.mkdir()
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            _remove_dead_leftovers(parent, target.name)
+            tmp = parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+            tmp.mkdir()
+        except OSError as exc:
+            raise _write_error(target, exc) from exc
         try:
             with (tmp / _CHUNKS).open("w", encoding="utf-8") as fh:
                 for c in self._chunks:
@@ -345,6 +559,7 @@ class KnowledgeIndex:
             }
             (tmp / _MANIFEST).write_text(json.dumps(manifest, indent=2), encoding="utf-8")
             _fsync_tree(tmp)
+            check_index_target(target, source=source)  # again: the folder may have changed during the build
             if target.exists() and _exchange(tmp, target):
                 # One atomic step: a crash leaves either the old index or the new one at ``target``.
                 _fsync_dir(parent)
@@ -360,6 +575,9 @@ class KnowledgeIndex:
             else:
                 os.rename(tmp, target)
             _fsync_dir(parent)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise _write_error(target, exc) from exc
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -393,36 +611,30 @@ class KnowledgeIndex:
         rebuild = f"rebuild it with `ragloop index PATH --out {root}`"
         manifest_path = root / _MANIFEST
         if not manifest_path.is_file():
-            leftovers = sorted(root.absolute().parent.glob(f".{root.name}.old-*"))
+            leftovers = sorted(root.absolute().parent.glob(f".{glob_escape(root.name)}.old-*"))
             if not root.exists() and leftovers:
                 raise IndexError_(
                     f"no index at {root}, but an interrupted save left the previous one at {leftovers[-1]}; "
                     f"rename it back to {root} or {rebuild}"
                 )
+            if root.is_dir() and any(root.iterdir()):
+                # A folder of documents, say: never suggest writing an index over it.
+                raise IndexError_(
+                    f"{root} is not a ragloop index (it has no {_MANIFEST}); build one with "
+                    f"`ragloop index {root} --out NEW_FOLDER` and pass NEW_FOLDER"
+                )
             what = "does not exist" if not root.exists() else f"has no {_MANIFEST}"
             raise IndexError_(f"index directory {root} {what}; {rebuild}")
         try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-            version = manifest["format_version"]
-            emb_name = manifest["embedder"]["name"]
-            emb_dim = int(manifest["embedder"]["dim"])
-            files: dict[str, str] = manifest["files"]
-            count = int(manifest["chunks"])
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise IndexError_(f"manifest {manifest_path} is unreadable ({exc}); {rebuild}") from exc
+            manifest = _read_manifest(manifest_path)
+        except (OSError, ValueError, RecursionError) as exc:
+            raise IndexError_(f"manifest {manifest_path} is unreadable ({_short(exc)}); {rebuild}") from exc
+        version, emb_name, emb_dim, files, count = _manifest_fields(manifest, manifest_path, rebuild)
         if version != FORMAT_VERSION:
             raise IndexError_(
                 f"index {root} has format version {version}, this ragloop reads {FORMAT_VERSION}; {rebuild}"
             )
-        for rel, want in sorted(files.items()):
-            path = root / rel
-            if not path.is_file():
-                raise IndexError_(f"index {root} is missing {rel}; {rebuild}")
-            if verify and file_sha256(path) != want:
-                raise IndexError_(f"index file {path} does not match its checksum (corrupt or edited); {rebuild}")
-        for required in (_CHUNKS, "dense.faiss", "dense.json", "bm25/ragloop.json"):
-            if required not in files:
-                raise IndexError_(f"index {root} manifest does not list {required}; {rebuild}")
+        _check_index_files(root, files, verify=verify, rebuild=rebuild)
         if embedder is None:
             embedder = _embedder_for(emb_name, emb_dim)
         elif embedder.name != emb_name or embedder.dim != emb_dim:
@@ -431,10 +643,13 @@ class KnowledgeIndex:
                 f"({embedder.dim}-dim) was given; load it with the same embedder, or rebuild it with "
                 f"`ragloop index PATH --out {root} --embedder ...`"
             )
-        with (root / _CHUNKS).open(encoding="utf-8") as fh:
-            chunks = [_chunk_from_json(line) for line in fh if line.strip()]
-        bm25 = BM25Index.load(root)
-        dense = DenseIndex.load(root)
+        chunks = _read_chunks(root / _CHUNKS, rebuild)
+        try:
+            bm25 = BM25Index.load(root)
+            dense = DenseIndex.load(root)
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError, RuntimeError) as exc:
+            # Files whose checksums were rewritten along with the manifest can still hold any JSON at all.
+            raise IndexError_(f"index {root} has a malformed BM25 or dense file ({_short(exc)}); {rebuild}") from exc
         if not (len(chunks) == count == len(bm25) == len(dense)):
             raise IndexError_(
                 f"index {root} is inconsistent: manifest says {count} chunks, found {len(chunks)} chunks, "
