@@ -290,8 +290,12 @@ class _Server:
 
     # --- running a turn -------------------------------------------------------------------------------
 
-    async def events(self, turn: _Turn) -> AsyncGenerator[Progress | Token | ReplyReady, None]:
-        """The turn's user-facing events; raises :class:`Rejected` (before the first event) on bad input."""
+    async def events(self, turn: _Turn) -> AsyncGenerator[Event, None]:
+        """The turn's events, counted in the metrics; raises :class:`Rejected` (before the first event) on bad input.
+
+        The first event comes as soon as the input is accepted (so a caller can send its status line then);
+        callers use :class:`Progress`, :class:`Token` and :class:`ReplyReady` and skip the rest.
+        """
         started = time.perf_counter()
         first_token = True
         history = turn.history
@@ -314,19 +318,17 @@ class _Server:
             while True:
                 if isinstance(event, NodeFinished):
                     metrics.node_seconds.labels(node=event.node).observe(event.duration)
-                elif isinstance(event, Progress | Token):
-                    if first_token and isinstance(event, Token) and event.text:
-                        metrics.first_token_seconds.observe(time.perf_counter() - started)
-                        first_token = False
-                    yield event
-                elif isinstance(event, ReplyReady):
+                elif first_token and isinstance(event, Token) and event.text:
+                    metrics.first_token_seconds.observe(time.perf_counter() - started)
+                    first_token = False
+                if isinstance(event, ReplyReady):
                     reply = event.reply
                     metrics.observe_record(reply.outcome, reply.record.as_dict())
                     if turn.session_id is not None:
                         await self.sessions.append(
                             turn.session_id, (Message("user", turn.question), Message("assistant", reply.text))
                         )
-                    yield event
+                yield event
                 try:
                     event = await anext(stream)
                 except StopAsyncIteration:

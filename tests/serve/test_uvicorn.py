@@ -1,0 +1,168 @@
+"""The app behind a real uvicorn on 127.0.0.1: the ``openai`` SDK as client, client disconnects, ``ragloop serve``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import httpx
+import openai
+import pytest
+
+from ragloop.chat import ChatRAG
+from ragloop.serve import ServeSettings, create_app
+from ragloop.testing import FakeRetriever, ScriptedOpenAIServer, reply
+from tests.serve.conftest import DOCS, fake_rag, serving, sse_events
+
+pytestmark = pytest.mark.anyio
+
+
+class TestOpenAISDK:
+    async def test_sdk_non_streaming(self, sample_rag: ChatRAG) -> None:
+        """The openai SDK gets a completion with a Sources footer, usage and the ragloop extension field."""
+        with serving(create_app(sample_rag)) as url:
+            async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as client:
+                completion = await client.chat.completions.create(
+                    model="ragloop", messages=[{"role": "user", "content": "How do I rotate an API key?"}]
+                )
+        content = completion.choices[0].message.content or ""
+        assert "Sources:\n[" in content
+        extension = (completion.model_extra or {})["ragloop"]
+        assert extension["outcome"] in ("context", "partial")
+        assert any(c["source"] == "api-keys.md" for c in extension["citations"])
+        assert completion.usage is not None
+
+    async def test_sdk_streaming(self, sample_rag: ChatRAG) -> None:
+        """The openai SDK streams the answer chunk by chunk; the stop chunk carries the citations."""
+        with serving(create_app(sample_rag)) as url:
+            async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as client:
+                stream = await client.chat.completions.create(
+                    model="ragloop",
+                    messages=[{"role": "user", "content": "How do I rotate an API key?"}],
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+                parts, extension, usage = [], None, None
+                async for chunk in stream:
+                    if chunk.choices:
+                        parts.append(chunk.choices[0].delta.content or "")
+                        if chunk.choices[0].finish_reason == "stop":
+                            extension = (chunk.model_extra or {})["ragloop"]
+                    usage = chunk.usage or usage
+        assert len([p for p in parts if p]) > 3  # streamed, not one lump
+        text = "".join(parts)
+        assert extension is not None and extension["citations"]
+        assert text.startswith(extension["text"].split("[")[0][:20])
+        assert "Sources:" in text and usage is not None
+
+    async def test_sdk_sees_validation_errors_as_bad_request(self, sample_rag: ChatRAG) -> None:
+        """A too-long question is a 400 the SDK raises as BadRequestError, naming the field and the limit."""
+        with serving(create_app(sample_rag)) as url:
+            async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as client:
+                with pytest.raises(openai.BadRequestError) as caught:
+                    await client.chat.completions.create(
+                        model="ragloop", messages=[{"role": "user", "content": "x" * 9000}], stream=True
+                    )
+        assert caught.value.param == "messages[0].content"  # type: ignore[attr-defined]
+        assert "the limit is 8,000" in str(caught.value)
+
+
+class TestDisconnect:
+    async def test_disconnect_cancels_the_turn_and_its_model_call(self, sample_cache: Path) -> None:
+        """A client that goes away mid-turn cancels the turn: the model request in flight is dropped at once."""
+        async with ScriptedOpenAIServer(script=[reply("never sent").delayed(30.0)]) as model:
+            rag = ChatRAG.sample(model.client(), cache_dir=sample_cache, fast_model="m")
+            app = create_app(rag)
+            with serving(app) as url:
+                async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+                    async with client.stream("POST", "/api/chat", json={"message": "How do I rotate an API key?"}):
+                        await model.wait_for_requests(1)  # the decide call is waiting on the model
+                        closed_at = time.monotonic()
+                    # leaving the block closes the connection before any answer
+                    with anyio.fail_after(5):
+                        while model.stats.requests_aborted < 1:
+                            await anyio.sleep(0.02)
+                    dropped_after = time.monotonic() - closed_at
+                    metrics = (await client.get("/metrics")).text
+                    while "ragloop_turns_in_flight 0.0" not in metrics:
+                        await anyio.sleep(0.02)
+                        metrics = (await client.get("/metrics")).text
+        assert dropped_after < 2.0
+        assert "ragloop_turns_cancelled_total 1.0" in metrics
+        assert 'ragloop_http_requests_total{endpoint="api.chat",status="499"} 1.0' in metrics
+        assert "ragloop_turns_total{" not in metrics  # the turn never finished
+
+    async def test_disconnect_frees_the_slot(self) -> None:
+        """With one slot, a departed client's turn frees it: the next request starts, it is not refused."""
+        rag = fake_rag(retriever=FakeRetriever(DOCS, delays={"rotate api key": 30.0}))
+        app = create_app(rag, settings=ServeSettings(max_concurrent_turns=1))
+        with serving(app) as url:
+            async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+                statuses = []
+                for _ in range(3):
+                    with anyio.fail_after(5):
+                        async with client.stream("POST", "/api/chat", json={"message": "q"}) as r:
+                            statuses.append(r.status_code)
+                            async for line in r.aiter_lines():
+                                if line.startswith("event: progress"):
+                                    break
+                    with anyio.fail_after(5):
+                        while "ragloop_turns_in_flight 0.0" not in (metrics := (await client.get("/metrics")).text):
+                            await anyio.sleep(0.02)
+        assert statuses == [200, 200, 200]
+        assert "ragloop_turns_cancelled_total 3.0" in metrics
+
+
+class TestServeCommand:
+    def test_ragloop_serve_answers_health_and_chat(self, sample_cache: Path, tmp_path: Path) -> None:
+        """`ragloop serve` starts from the README's words and answers /healthz, /readyz, /api/chat and /."""
+        port = _free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "RAGLOOP_"))}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ragloop.cli", "serve", "--port", str(port), "--cache-dir", str(sample_cache)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            base = f"http://127.0.0.1:{port}"
+            health = _wait_up(base, proc)
+            ready = httpx.get(base + "/readyz")
+            r = httpx.post(base + "/api/chat", json={"message": "How do I rotate an API key?"}, timeout=30)
+            page = httpx.get(base + "/")
+        finally:
+            proc.terminate()
+            _, err = proc.communicate(timeout=20)
+        assert health.json() == {"status": "ok"}
+        assert ready.status_code == 200
+        names = [name for name, _ in sse_events(r.text)]
+        assert names[-1] == "reply" and "token" in names
+        assert json.loads(sse_events(r.text)[-1][1])["citations"]
+        assert page.status_code == 200 and "Ask the docs" in page.text
+        assert f"serving on http://127.0.0.1:{port}/" in err
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_up(base: str, proc: subprocess.Popen[str]) -> httpx.Response:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"ragloop serve exited: {proc.stderr.read() if proc.stderr else ''}")
+        try:
+            return httpx.get(base + "/healthz", timeout=1)
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise AssertionError("ragloop serve did not start in 60 s")
