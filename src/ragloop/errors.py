@@ -16,6 +16,7 @@ Every error derives from :class:`RagloopError`, and every message says what to d
     └── JudgeError            an LLM or offline judge failed; nodes fail open on it
         ├── JudgeTimeout      the call ran past its timeout (after the SDK's retries)
         └── JudgeOutputError  the model's output could not be parsed (bad JSON, bad tool arguments)
+            └── JudgeTruncated the output stopped at the output cap (finish_reason "length")
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "JudgeError",
     "JudgeOutputError",
     "JudgeTimeout",
+    "JudgeTruncated",
     "LiveSourceError",
     "PlanError",
     "QueryRefused",
@@ -92,3 +94,7 @@ class JudgeTimeout(JudgeError):
 
 class JudgeOutputError(JudgeError):
     """A judge's output could not be parsed: malformed JSON or tool-call arguments, empty choices."""
+
+
+class JudgeTruncated(JudgeOutputError):
+    """A judge's output stopped at its output cap (``finish_reason="length"``); what arrived may be incomplete."""

@@ -509,9 +509,16 @@ class TestFaults:
         """Cancelling a judge mid-call closes its connection at once; the call is recorded as failed."""
         server.enqueue(reply("late").delayed(5.0))
         meter = UsageMeter()
-        with metering(meter), anyio.move_on_after(0.2) as scope:
-            await OpenAIDecider(client, "fast").decide("q", (), PAGE)
-        assert scope.cancelled_caught
+
+        async def call() -> None:
+            with metering(meter):
+                await OpenAIDecider(client, "fast").decide("q", (), PAGE)
+
+        # Cancelled from outside once the request is in flight (a deadline this short would not even send it).
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            await server.wait_for_requests(1)
+            tg.cancel_scope.cancel()
         stats = await server.wait_idle()  # the client is still open: cancellation alone closed the connection
         assert stats.requests_aborted == 1 and stats.open_connections == 0
         assert meter.calls[0].error is not None

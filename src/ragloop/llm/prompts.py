@@ -26,6 +26,7 @@ from typing import Any
 from ragloop.state import ContextBlock, Message, Outcome, PageContext
 
 __all__ = [
+    "DECIDE_RESPONSE_FORMAT",
     "FENCE_CLOSE",
     "FENCE_OPEN",
     "GRADE_RESPONSE_FORMAT",
@@ -33,6 +34,7 @@ __all__ = [
     "SEARCH_TOOL",
     "answer_system_prompt",
     "answer_user_prompt",
+    "decide_json_system_prompt",
     "decide_system_prompt",
     "fence_blocks",
     "grade_system_prompt",
@@ -194,6 +196,43 @@ def decide_system_prompt(page: PageContext, glossary: Mapping[str, str] | None =
         lines.append("Glossary (abbreviation: meaning):")
         lines += [f"- {neutralise(k)}: {neutralise(v)}" for k, v in sorted(glossary.items())]
     return "\n".join(lines)
+
+
+#: Structured-output format for the decider on servers without tool support (``json_schema``). Not strict:
+#: the length limits are what keep a weak model's output short, and strict mode does not take them
+#: everywhere; servers with grammars (llama.cpp) enforce them anyway.
+DECIDE_RESPONSE_FORMAT: Mapping[str, Any] = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "search_decision",
+        "strict": False,
+        "schema": {
+            "type": "object",
+            "properties": {
+                "action": {"type": "string", "enum": ["search", "reply"]},
+                "queries": {"type": "array", "items": {"type": "string", "maxLength": 120}, "maxItems": 4},
+                "reply": {"type": "string", "maxLength": 300},
+            },
+            "required": ["action", "queries", "reply"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def decide_json_system_prompt(page: PageContext, glossary: Mapping[str, str] | None = None) -> str:
+    """The decider's system prompt for structured output: the same rules, answered as one JSON object."""
+    rules = decide_system_prompt(page, glossary).replace(
+        "call the `search` tool once per distinct topic, all calls in this one turn (in parallel)",
+        "write one search query per distinct topic",
+    )
+    return "\n".join(
+        [
+            rules,
+            'Answer with only a JSON object: {"action": "search", "queries": ["<query>", ...], "reply": ""} '
+            'to search, or {"action": "reply", "queries": [], "reply": "<short reply>"} for small talk.',
+        ]
+    )
 
 
 # -- grade ----------------------------------------------------------------------------------------------

@@ -9,9 +9,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-import structlog
 from attrs import define, field
 
+from ragloop._log import get_logger
+from ragloop.errors import JudgeTruncated
 from ragloop.events import Progress, Token
 from ragloop.llm.protocols import Answerer
 from ragloop.runner import END, emit
@@ -19,7 +20,7 @@ from ragloop.state import Citation, ContextBlock, Graded, Outcome, TurnState
 
 __all__ = ["Answer", "build_blocks", "decide_outcome", "resolve_citations"]
 
-log = structlog.get_logger("ragloop.nodes.answer")
+log = get_logger("ragloop.nodes.answer")
 _CITE = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
 
 
@@ -117,7 +118,11 @@ class Answer:
                 state.errors.append(f"answer: {type(exc).__name__}: {exc}")
                 log.warning("answer.failed", error=str(exc), tokens_sent=len(parts))
                 if parts:
-                    note = "\n\n(The answer was cut off by an error; it may be incomplete.)"
+                    note = (
+                        "\n\n(The answer was cut off at the model's output limit; it may be incomplete.)"
+                        if isinstance(exc, JudgeTruncated)
+                        else "\n\n(The answer was cut off by an error; it may be incomplete.)"
+                    )
                     parts.append(note)
                     await emit(Token(note))
                     break

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import structlog
 from attrs import define, field
 
+from ragloop._log import get_logger
 from ragloop.events import Progress
 from ragloop.llm.protocols import Decider
 from ragloop.nodes.retrieve import content_key
@@ -13,7 +13,7 @@ from ragloop.state import Decision, QueryState, TurnState
 
 __all__ = ["Decide", "unique_queries"]
 
-log = structlog.get_logger("ragloop.nodes.decide")
+log = get_logger("ragloop.nodes.decide")
 
 
 def unique_queries(queries: tuple[str, ...] | list[str], limit: int) -> list[str]:

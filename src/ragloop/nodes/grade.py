@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import anyio
-import structlog
 from attrs import define, field
 
+from ragloop._log import get_logger
 from ragloop.events import Progress
 from ragloop.llm.protocols import Grader
 from ragloop.retrievers.live import LiveSource
@@ -16,7 +16,7 @@ from ragloop.state import Graded, Hit, TurnState, Verdict
 
 __all__ = ["Grade", "grade_all", "route_after_grading"]
 
-log = structlog.get_logger("ragloop.nodes.grade")
+log = get_logger("ragloop.nodes.grade")
 
 
 async def grade_all(

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import anyio
-import structlog
 from attrs import define, field
 
+from ragloop._log import get_logger
 from ragloop.events import Progress
 from ragloop.llm.protocols import Bridger
 from ragloop.runner import emit
@@ -13,7 +13,7 @@ from ragloop.state import QueryState, TurnState
 
 __all__ = ["Hop"]
 
-log = structlog.get_logger("ragloop.nodes.hop")
+log = get_logger("ragloop.nodes.hop")
 
 
 @define

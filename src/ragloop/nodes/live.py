@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import anyio
-import structlog
 from attrs import define, field
 
+from ragloop._log import get_logger
 from ragloop.events import Progress
 from ragloop.nodes.grade import route_after_grading
 from ragloop.retrievers.live import LiveRecord, LiveSource
@@ -17,7 +17,7 @@ from ragloop.text.ids import id_matches
 
 __all__ = ["Live", "record_hit", "split_matches"]
 
-log = structlog.get_logger("ragloop.nodes.live")
+log = get_logger("ragloop.nodes.live")
 
 
 def split_matches(requested: Sequence[str], records: Sequence[LiveRecord]) -> tuple[list[LiveRecord], list[LiveRecord]]:

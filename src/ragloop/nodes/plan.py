@@ -18,9 +18,9 @@ from typing import Literal
 
 import anyio
 import attrs
-import structlog
 from attrs import define, field, frozen
 
+from ragloop._log import get_logger
 from ragloop.errors import PlanError, QueryRefused
 from ragloop.events import Progress
 from ragloop.llm.planner import Planner
@@ -32,7 +32,7 @@ from ragloop.state import Decision, Graded, QueryState, TurnState, Verdict
 
 __all__ = ["PlanExecution", "PlanNode", "Strategy", "execute_plan", "slot_values"]
 
-log = structlog.get_logger("ragloop.nodes.plan")
+log = get_logger("ragloop.nodes.plan")
 
 #: How to schedule a plan: dependency waves (correct), one at a time (correct, slow), or everything at once
 #: ignoring dependencies (fast, wrong whenever a slot was needed: for benchmarks).

@@ -9,9 +9,9 @@ from collections.abc import Mapping, Sequence
 
 import anyio
 import attrs
-import structlog
 from attrs import define, field
 
+from ragloop._log import get_logger
 from ragloop.events import Progress
 from ragloop.retrievers.base import Retriever
 from ragloop.runner import emit
@@ -20,7 +20,7 @@ from ragloop.text.ids import missing_ids
 
 __all__ = ["Retrieve", "content_key", "merge_budget", "merge_hits"]
 
-log = structlog.get_logger("ragloop.nodes.retrieve")
+log = get_logger("ragloop.nodes.retrieve")
 _SPACE = re.compile(r"\W+", re.UNICODE)
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import anyio
-import structlog
 from attrs import define, field
 
+from ragloop._log import get_logger
 from ragloop.events import Progress
+from ragloop.llm.guards import query_problem
 from ragloop.llm.protocols import Rewriter
 from ragloop.retrievers.base import Embedder
 from ragloop.runner import emit
@@ -17,7 +18,7 @@ from ragloop.text.novelty import is_near_duplicate
 
 __all__ = ["Rewrite", "novelty_problem"]
 
-log = structlog.get_logger("ragloop.nodes.rewrite")
+log = get_logger("ragloop.nodes.rewrite")
 
 
 def novelty_problem(candidate: str, tried: Sequence[str], *, threshold: float = 0.6) -> str | None:
@@ -64,6 +65,8 @@ class Rewrite:
                 with anyio.fail_after(self.timeout_s):
                     candidate = " ".join((await self.rewriter.rewrite(state.question, q.text, tried)).split())
                 problem = novelty_problem(candidate, tried, threshold=self.overlap_threshold)
+                if problem is None:  # length, printable text, no markup or tool syntax
+                    problem = query_problem(candidate)
                 if problem is None and self.embedder is not None:
                     problem = await self._semantic_repeat(candidate, tried)
             except Exception as exc:  # noqa: BLE001 — fail-open: a failed rewrite ends this query's search, honestly
