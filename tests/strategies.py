@@ -11,6 +11,7 @@ __all__ = [
     "markdown_documents",
     "markup_fragments",
     "markup_text",
+    "plan_dags",
     "ticket_numbers",
     "topic_words",
     "topics",
@@ -228,3 +229,17 @@ def _stopwords() -> frozenset[str]:
 
 
 # --- nodes ----------------------------------------------------------------------------------------------
+
+
+# --- plans ----------------------------------------------------------------------------------------------
+
+
+@st.composite
+def plan_dags(draw: st.DrawFn, max_size: int = 8) -> list[tuple[str, tuple[str, ...]]]:
+    """``(id, depends_on)`` pairs of an acyclic plan, in a shuffled order (dependencies may come later)."""
+    n = draw(st.integers(min_value=1, max_value=max_size))
+    nodes = [
+        (f"q{i}", tuple(f"q{j}" for j in sorted(draw(st.sets(st.integers(0, i - 1), max_size=3)) if i else ())))
+        for i in range(n)
+    ]
+    return draw(st.permutations(nodes))

@@ -17,7 +17,15 @@ if TYPE_CHECKING:
     from ragloop.retrievers.base import Embedder
     from ragloop.retrievers.index import KnowledgeIndex
 
-__all__ = ["default_cache_dir", "sample_index", "sample_kb_path", "sample_questions_path"]
+__all__ = [
+    "SAMPLE_CRM_ALLOW",
+    "default_cache_dir",
+    "sample_crm_path",
+    "sample_index",
+    "sample_kb_path",
+    "sample_plan_questions_path",
+    "sample_questions_path",
+]
 
 log = structlog.get_logger("ragloop.sample")
 _DATA = Path(__file__).parent / "data"
@@ -31,6 +39,24 @@ def sample_kb_path() -> Path:
 def sample_questions_path() -> Path:
     """JSON lines of sample questions with their expected sources (for tests and benchmarks)."""
     return _DATA / "sample_questions.jsonl"
+
+
+#: The tables and columns of the sample CRM database a SQL source may read (its ``secrets`` table is left out).
+SAMPLE_CRM_ALLOW: dict[str, tuple[str, ...]] = {
+    "customers": ("id", "name", "plan", "region", "seats", "status", "signed_up", "churned_on"),
+    "orders": ("id", "customer_id", "plan", "seats", "amount_usd", "status", "ordered"),
+    "tickets": ("id", "customer_id", "priority", "status", "opened", "error_code"),
+}
+
+
+def sample_crm_path() -> Path:
+    """The sample CRM database (customers, orders, ticket index) built by ``scripts/build_sample_crm.py``."""
+    return _DATA / "crm.sqlite"
+
+
+def sample_plan_questions_path() -> Path:
+    """JSON lines of sample questions that need SQL, then documents (for the planner's tests and benchmark)."""
+    return _DATA / "plan_questions.jsonl"
 
 
 def default_cache_dir() -> Path:

@@ -152,7 +152,8 @@ class OfflinePlanner:
         for t in schema.tables:
             if _ASKS.search(clause) and (_has(clause, t.name) or _has(clause, _singular(t.name))):
                 return True
-            int_key = bool(t.key) and t.types.get(t.key, "").startswith("INT")
+            # An id of a table a live source serves (ticket #1234) is the live node's job, as before.
+            int_key = bool(t.key) and t.types.get(t.key, "").startswith("INT") and t.name not in self.live
             if int_key and re.search(rf"\b{re.escape(_singular(t.name))}\s*(?:id\s*)?#?\s*\d+\b", clause, re.I):
                 return True
             entities = [v for c, vs in t.values.items() if c == t.key or len(vs) > ENTITY_VALUES for v in vs]

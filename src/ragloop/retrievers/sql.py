@@ -616,7 +616,8 @@ class SQLiteSource:
     def _authorizer(self, action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:
         if action == sqlite3.SQLITE_READ:
             allowed = self.allow.get(arg1 or "")
-            return _OK if allowed is not None and (not arg2 or arg2 in allowed) and db == "main" else _DENY
+            # A read of no particular column (COUNT(*)) comes with no database name.
+            return _OK if allowed is not None and (not arg2 or arg2 in allowed) and db in ("main", None) else _DENY
         if action == sqlite3.SQLITE_FUNCTION:
             return _DENY if (arg2 or "").lower() in _FORBIDDEN_FUNCTIONS else _OK
         return _OK if action in _ALLOWED_ACTIONS or action == _RECURSIVE else _DENY
@@ -640,6 +641,8 @@ class SQLiteSource:
                 raise QueryRefused(f"refused by the database: {exc} (outside the allowlist)") from exc
             raise SourceError(f"{self.name}: the statement failed: {exc}") from exc
         except sqlite3.Error as exc:
+            if "prohibited" in str(exc):
+                raise QueryRefused(f"refused by the database: {exc} (outside the allowlist)") from exc
             raise SourceError(f"{self.name}: the statement failed: {exc}") from exc
         finally:
             conn.close()
