@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 
 from ragloop.errors import ConfigError, IndexError_
 from ragloop.retrievers.embed import HashEmbedder
-from ragloop.retrievers.index import KnowledgeIndex, index_text
+from ragloop.retrievers.index import KnowledgeIndex, check_index_target, index_text
 from ragloop.state import Chunk
 from tests.retrievers._corpus import CHUNKS, doc_texts, queries
 
@@ -167,3 +171,197 @@ def test_save_clears_leftovers_of_dead_saves_only(saved: Path) -> None:
     _build().save(saved)
     assert not leftover.exists() and running.exists()
     assert KnowledgeIndex.load(saved).chunks
+
+
+# --- saving never destroys what is not an index (issue 12) ------------------------------------------------
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    """Every entry under ``root`` (relative path → file bytes, None for a folder), links not followed."""
+    found: dict[str, bytes | None] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            found[os.path.relpath(os.path.join(dirpath, name), root)] = None
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            found[os.path.relpath(path, root)] = (
+                os.readlink(path).encode() if os.path.islink(path) else Path(path).read_bytes()
+            )
+    return found
+
+
+@pytest.fixture
+def docs(tmp_path: Path) -> Path:
+    """A source folder with a subfolder."""
+    folder = tmp_path / "docs"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.md").write_text("# A\n")
+    (folder / "sub" / "b.md").write_text("# B\n")
+    return folder
+
+
+class TestSaveTarget:
+    @pytest.mark.parametrize("which", ["docs", "docs/sub", "."])
+    def test_source_its_children_and_parents_are_refused(self, docs: Path, which: str) -> None:
+        """The source, a folder inside it and a folder above it are refused; nothing changes."""
+        before = tree(docs.parent)
+        target = docs.parent / which
+        with pytest.raises(IndexError_, match=r"^refusing to write an index to .*(source|not a ragloop index)"):
+            _build().save(target, source=docs)
+        assert tree(docs.parent) == before
+
+    def test_current_folder_and_above_are_refused(self, docs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """'.' and '..' are refused even without a source, naming the fix."""
+        monkeypatch.chdir(docs / "sub")
+        before = tree(docs.parent)
+        for target in (".", "..", "../.."):
+            with pytest.raises(IndexError_, match="current"):
+                _build().save(target)
+        assert tree(docs.parent) == before
+
+    def test_a_file_is_refused_and_left_in_place(self, tmp_path: Path) -> None:
+        """A file at the target is refused (it used to be hidden away as .name.tmp-…)."""
+        (tmp_path / "notes.txt").write_text("precious")
+        with pytest.raises(IndexError_, match="it is a file, not a folder; pass a new folder name"):
+            _build().save(tmp_path / "notes.txt")
+        assert tree(tmp_path) == {"notes.txt": b"precious"}
+
+    def test_a_folder_that_is_not_an_index_is_refused(self, tmp_path: Path) -> None:
+        """A non-empty folder without an index manifest is refused and untouched."""
+        (tmp_path / "photos").mkdir()
+        (tmp_path / "photos" / "cat.jpg").write_bytes(b"\xff\xd8")
+        with pytest.raises(IndexError_, match=r"not a ragloop index \(it holds 1 entries, e\.g\. 'cat\.jpg'\)"):
+            _build().save(tmp_path / "photos")
+        assert tree(tmp_path) == {"photos": None, "photos/cat.jpg": b"\xff\xd8"}
+
+    def test_an_index_with_a_foreign_file_inside_is_refused(self, saved: Path) -> None:
+        """An index folder that also holds something the manifest does not list is not replaced."""
+        (saved / "my-notes.md").write_text("mine")
+        with pytest.raises(IndexError_, match="not a ragloop index"):
+            _build().save(saved)
+        assert (saved / "my-notes.md").read_text() == "mine"
+
+    def test_a_fake_manifest_is_not_a_marker(self, tmp_path: Path) -> None:
+        """A manifest.json without the ragloop marker does not make a folder replaceable."""
+        (tmp_path / "x").mkdir()
+        (tmp_path / "x" / "manifest.json").write_text(json.dumps({"files": {}}))
+        with pytest.raises(IndexError_, match="not a ragloop index"):
+            _build().save(tmp_path / "x")
+
+    def test_a_link_is_refused(self, saved: Path) -> None:
+        """A symbolic link at the target is refused (the index it points at is untouched)."""
+        (saved.parent / "link").symlink_to(saved)
+        with pytest.raises(IndexError_, match="symbolic link"):
+            _build().save(saved.parent / "link")
+
+    def test_new_empty_and_existing_index_are_accepted(self, tmp_path: Path, saved: Path) -> None:
+        """A new path, an empty folder and an existing index are written."""
+        (tmp_path / "empty").mkdir()
+        for target in (tmp_path / "new" / "kb", tmp_path / "empty", saved):
+            assert len(KnowledgeIndex.load(_build().save(target)).chunks) == len(CHUNKS)
+
+    def test_check_index_target_spots_a_relative_spelling(self, docs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """'docs/sub/..' is still the source."""
+        monkeypatch.chdir(docs.parent)
+        with pytest.raises(IndexError_, match="the source being indexed"):
+            check_index_target("docs/sub/..", source="docs")
+
+    def test_write_failure_is_one_line(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """An OSError while creating the folder (read-only, disk full) is an IndexError_ with the reason."""
+
+        def refuse(self: Path, *args: object, **kwargs: object) -> None:
+            raise OSError(errno.EROFS, "Read-only file system")
+
+        monkeypatch.setattr(Path, "mkdir", refuse)
+        with pytest.raises(IndexError_, match=r"^cannot write the index to .*\(Read-only file system\)") as info:
+            _build().save(tmp_path / "kb")
+        assert "\n" not in str(info.value)
+
+    def test_a_lookalike_of_a_leftover_is_kept(self, saved: Path) -> None:
+        """A folder named like a dead save's leftover but holding other files is never removed."""
+        import subprocess
+        import sys
+
+        dead = int(
+            subprocess.run(
+                [sys.executable, "-c", "print(__import__('os').getpid())"], capture_output=True, text=True
+            ).stdout
+        )
+        lookalike = saved.parent / f".kb.tmp-{dead}-0123456789ab"
+        lookalike.mkdir()
+        (lookalike / "thesis.tex").write_text("years of work")
+        _build().save(saved)
+        assert (lookalike / "thesis.tex").read_text() == "years of work"
+
+
+def rewrite(index: Path, rel: str, data: bytes) -> None:
+    """Replace one index file and record its new checksum in the manifest (a consistent tamper)."""
+    (index / rel).write_bytes(data)
+    manifest = json.loads((index / "manifest.json").read_text())
+    manifest["files"][rel] = hashlib.sha256(data).hexdigest()
+    (index / "manifest.json").write_text(json.dumps(manifest))
+
+
+class TestManifestShapes:
+    @pytest.mark.parametrize(
+        ("change", "message"),
+        [
+            (lambda m: [m], "a JSON list, not an object"),
+            (lambda m: {**m, "format": "other"}, "'format' is not 'ragloop-index'"),
+            (lambda m: {**m, "embedder": "hash"}, "'embedder' is not an object"),
+            (lambda m: {**m, "embedder": {"name": "hash-64", "dim": "64"}}, "'embedder.dim' is not a positive integer"),
+            (lambda m: {**m, "files": ["chunks.jsonl"]}, "'files' is not an object"),
+            (lambda m: {**m, "chunks": None}, "'chunks' is not a count"),
+            (lambda m: {**m, "files": {**m["files"], "../outside": "0" * 64}}, "not a plain path inside"),
+            (lambda m: {**m, "files": {**m["files"], "/etc/passwd": "0" * 64}}, "not a plain path inside"),
+            (lambda m: {**m, "files": {**m["files"], "chunks.jsonl": 7}}, "not a sha256 hex digest"),
+            (lambda m: {k: v for k, v in m.items() if k != "embedder"}, "'embedder' is not an object"),
+        ],
+    )
+    def test_wrong_shapes_are_clear_errors(self, saved: Path, change: Any, message: str) -> None:
+        """Valid JSON with wrong contents is an IndexError_ naming the field (not AttributeError/KeyError)."""
+        path = saved / "manifest.json"
+        path.write_text(json.dumps(change(json.loads(path.read_text()))))
+        with pytest.raises(IndexError_, match=re.escape(message)):
+            KnowledgeIndex.load(saved)
+
+    def test_deeply_nested_manifest(self, saved: Path) -> None:
+        """A manifest nested 100,000 deep is an IndexError_, not a RecursionError."""
+        (saved / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+        with pytest.raises(IndexError_, match="unreadable"):
+            KnowledgeIndex.load(saved)
+
+    def test_link_inside_the_index_is_refused(self, saved: Path, tmp_path: Path) -> None:
+        """chunks.jsonl replaced by a link to a file outside (checksum updated) is refused, not read."""
+        outside = tmp_path / "outside.jsonl"
+        outside.write_bytes((saved / "chunks.jsonl").read_bytes())
+        rewrite(saved, "chunks.jsonl", outside.read_bytes())
+        (saved / "chunks.jsonl").unlink()
+        (saved / "chunks.jsonl").symlink_to(outside)
+        with pytest.raises(IndexError_, match="is a symbolic link"):
+            KnowledgeIndex.load(saved)
+
+    @pytest.mark.parametrize(
+        "line", [b"[1, 2]\n", b'{"text": "no id"}\n', b'{"id": 5, "text": "x"}\n', b"[" * 100_000 + b"\n"]
+    )
+    def test_malformed_chunk_line(self, saved: Path, line: bytes) -> None:
+        """A chunks.jsonl line of the wrong shape (checksum updated) is an IndexError_ naming the line."""
+        rewrite(saved, "chunks.jsonl", line)
+        with pytest.raises(IndexError_, match="line 1 is not a chunk"):
+            KnowledgeIndex.load(saved)
+
+    @pytest.mark.parametrize("rel", ["bm25/ragloop.json", "dense.json"])
+    @pytest.mark.parametrize("data", [b"[]", b'{"k1": {}}', b"[" * 100_000])
+    def test_malformed_bm25_or_dense_file(self, saved: Path, rel: str, data: bytes) -> None:
+        """Any JSON in the BM25/dense metadata (checksum updated) is an IndexError_, never a traceback."""
+        rewrite(saved, rel, data)
+        with pytest.raises(IndexError_):
+            KnowledgeIndex.load(saved)
+
+    def test_a_docs_folder_is_not_suggested_as_out(self, tmp_path: Path) -> None:
+        """Loading a folder of documents says it is not an index and never suggests --out <that folder>."""
+        (tmp_path / "a.md").write_text("# A\n")
+        with pytest.raises(IndexError_) as info:
+            KnowledgeIndex.load(tmp_path)
+        assert f"--out {tmp_path}`" not in str(info.value)
+        assert "is not a ragloop index" in str(info.value) and "--out NEW_FOLDER" in str(info.value)

@@ -5,7 +5,12 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import os
 import re
+import stat
+import threading
+import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -14,6 +19,8 @@ from hypothesis import strategies as st
 
 from ragloop.errors import ConfigError, InputError
 from ragloop.retrievers.chunking import chunk_id
+from ragloop.retrievers.embed import HashEmbedder
+from ragloop.retrievers.index import KnowledgeIndex
 from ragloop.retrievers.ingest import (
     Document,
     IngestResult,
@@ -23,6 +30,8 @@ from ragloop.retrievers.ingest import (
     ingest_path,
     load_beir,
     load_folder,
+    safe_name,
+    skip_kinds,
     split_front_matter,
 )
 from tests.strategies import markdown_documents, markup_text, words
@@ -377,3 +386,256 @@ class TestIngestPath:
             prose = re.sub(r"```.*?(```|\Z)|`[^`\n]*`", "", chunk.text, flags=re.S)
             assert not residue.search(prose), (chunk.doc_id, prose[:200])
         assert sum(1 for c in result.chunks if c.title_path) > len(result.chunks) // 2
+
+
+# --- hostile files (issue 12) -----------------------------------------------------------------------------
+
+
+def ingest_in_thread(path: Path, seconds: float = 20, **kwargs: object) -> IngestResult:
+    """``ingest_path`` in a daemon thread, failing the test (instead of hanging it) if it takes too long."""
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = ingest_path(path, **kwargs)  # type: ignore[arg-type]
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"ingesting {path} took more than {seconds} s"
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    result = box["result"]
+    assert isinstance(result, IngestResult)
+    return result
+
+
+def reasons(result: IngestResult) -> dict[str, str]:
+    """Skipped file name → reason."""
+    return {Path(where).name: why for where, why in result.skipped}
+
+
+class TestHostileFolder:
+    def test_link_to_a_file_outside_is_refused_and_reported(self, tmp_path: Path) -> None:
+        """A symlinked file pointing outside the folder is not read; the skip names the reason."""
+        secret = tmp_path / "secret.txt"
+        secret.write_text("root:x:0:0:SECRET-PASSWD-LINE\n")
+        docs = tmp_path / "docs"
+        docs.mkdir()
+        (docs / "good.md").write_text("# Good\n\nWebhooks retry five times.\n")
+        (docs / "passwd.md").symlink_to(secret)
+        result = ingest_path(docs)
+        assert not any("SECRET-PASSWD-LINE" in c.text for c in result.chunks)
+        assert reasons(result)["passwd.md"].startswith("symbolic link out of the folder")
+        assert result.files == 1
+
+    def test_link_inside_the_folder_is_read(self, tmp_path: Path) -> None:
+        """A link to another file inside the folder stays allowed."""
+        (tmp_path / "real.md").write_text("# Real\n\nExports take ten minutes.\n")
+        (tmp_path / "alias.md").symlink_to(tmp_path / "real.md")
+        result = ingest_path(tmp_path)
+        assert not result.skipped and result.files == 2
+
+    def test_linked_folder_is_not_followed(self, tmp_path: Path) -> None:
+        """A linked folder (here: one outside) is reported, never walked."""
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        (outside / "leak.md").write_text("# Leak\n\nLEAKED-CONTENT here.\n")
+        docs = tmp_path / "docs"
+        docs.mkdir()
+        (docs / "a.md").write_text("# A\n\nAlpha text.\n")
+        (docs / "linked").symlink_to(outside)
+        result = ingest_path(docs)
+        assert not any("LEAKED-CONTENT" in c.text for c in result.chunks)
+        assert reasons(result)["linked"].startswith("linked folder, not followed")
+
+    def test_fifo_is_refused_without_hanging(self, tmp_path: Path) -> None:
+        """A FIFO named ``*.md`` is classified from os.stat and never opened (it used to hang indexing)."""
+        os.mkfifo(tmp_path / "pipe.md")
+        (tmp_path / "a.md").write_text("# A\n\nAlpha text.\n")
+        result = ingest_in_thread(tmp_path, seconds=10)
+        assert reasons(result)["pipe.md"] == "not a regular file (a FIFO); only regular files are read"
+
+    def test_link_to_dev_zero_is_refused(self, tmp_path: Path) -> None:
+        """A link to /dev/zero is refused (it used to end in MemoryError)."""
+        (tmp_path / "zero.md").symlink_to("/dev/zero")
+        (tmp_path / "a.md").write_text("# A\n\nAlpha text.\n")
+        result = ingest_in_thread(tmp_path, seconds=10)
+        assert "zero.md" in reasons(result) and result.files == 1
+
+    def test_device_file_is_refused(self, tmp_path: Path) -> None:
+        """A character device inside the folder is refused as 'not a regular file (a device)'."""
+        try:
+            os.mknod(tmp_path / "null.md", 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        except (PermissionError, OSError):
+            pytest.skip("cannot create device nodes here")
+        (tmp_path / "a.md").write_text("# A\n\nAlpha text.\n")
+        result = ingest_in_thread(tmp_path, seconds=10)
+        assert reasons(result)["null.md"].startswith("not a regular file (a device)")
+
+    def test_file_over_the_byte_cap_is_skipped(self, tmp_path: Path) -> None:
+        """A file larger than max_file_bytes is skipped with its size, before it is read."""
+        (tmp_path / "big.md").write_text("word " * 5000)
+        (tmp_path / "a.md").write_text("# A\n\nAlpha text.\n")
+        result = ingest_path(tmp_path, max_file_bytes=10_000)
+        assert reasons(result)["big.md"].startswith("too large (25,000 bytes, over 10,000)")
+
+    def test_non_utf8_file_name_gets_a_safe_id_and_saves(self, tmp_path: Path) -> None:
+        """A file name that is not UTF-8 gets an escaped id, and the index saves (it used to crash at save)."""
+        os.close(os.open(os.fsencode(tmp_path) + b"/caf\xe9.md", os.O_CREAT | os.O_WRONLY, 0o644))
+        with open(os.fsencode(tmp_path) + b"/caf\xe9.md", "wb") as fh:
+            fh.write(b"# Cafe\n\nEspresso menu and opening hours.\n")
+        result = ingest_path(tmp_path)
+        (chunk,) = result.chunks
+        assert chunk.doc_id == "caf\\xe9.md" and chunk.source == "caf\\xe9.md"
+        index = KnowledgeIndex.build(result.chunks, HashEmbedder(64))
+        assert KnowledgeIndex.load(index.save(tmp_path.parent / f"{tmp_path.name}-kb")).chunks[0].doc_id == chunk.doc_id
+
+    def test_control_characters_in_names_are_escaped(self) -> None:
+        """Names are safe to print: escapes, bidi overrides and undecodable bytes become visible escapes."""
+        assert safe_name("a\x1b]52;c;x\x07.md") == "a\\x1b]52;c;x\\x07.md"
+        assert safe_name("evil\u202etxt.md") == "evil\\u202etxt.md"
+        assert safe_name("caf\udce9.md") == "caf\\xe9.md"
+        assert safe_name("lone\ud800") == "lone\\ud800"
+        assert safe_name("plain/ünïcode.md") == "plain/ünïcode.md"
+
+    def test_skips_are_counted_by_kind(self) -> None:
+        """skip_kinds groups reasons by their leading words, most common first."""
+        skipped = [
+            ("a", "not a regular file (a FIFO); only regular files are read"),
+            ("b", "not a regular file (a device); only regular files are read"),
+            ("c", "symbolic link out of the folder (to '/etc/passwd'); copy the file"),
+        ]
+        assert skip_kinds(skipped) == [("not a regular file", 2), ("symbolic link out of the folder", 1)]
+
+
+def write_gz_bomb(path: Path, line_bytes: int, after: str) -> None:
+    """A corpus.jsonl.gz whose first line inflates to ``line_bytes`` bytes, then one good line."""
+    with gzip.open(path, "wb", compresslevel=1) as fh:
+        fh.write(b'{"_id": "bomb", "text": "')
+        block = b"A" * (1 << 20)
+        for _ in range(line_bytes >> 20):
+            fh.write(block)
+        fh.write(b'"}\n')
+        fh.write((after + "\n").encode())
+
+
+class TestHostileCorpus:
+    def test_gzip_bomb_line_is_skipped_in_bounded_memory(self, tmp_path: Path) -> None:
+        """A line inflating past max_line_bytes is read in pieces and skipped; the next line is kept."""
+        write_gz_bomb(tmp_path / "corpus.jsonl.gz", 96 << 20, json.dumps({"_id": "ok", "text": "Refunds take 5 days."}))
+        tracemalloc.start()
+        try:
+            result = ingest_path(tmp_path, max_line_bytes=1 << 20)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert [c.doc_id for c in result.chunks] == ["ok"]
+        assert any("line too long" in why for _, why in result.skipped)
+        assert peak < 24 << 20, f"peak {peak / 2**20:.0f} MiB while reading a 96 MiB line"
+
+    def test_deeply_nested_line_is_reported(self, tmp_path: Path) -> None:
+        """A line of 100,000 nested arrays is a reported skip, not a RecursionError."""
+        nested = "[" * 100_000 + "]" * 100_000
+        write_corpus(tmp_path / "corpus.jsonl.gz", [nested, json.dumps({"_id": "1", "text": "x y"})])
+        result = ingest_path(tmp_path)
+        assert any("nested too deeply" in why for _, why in result.skipped)
+        assert [c.doc_id for c in result.chunks] == ["1"]
+
+    def test_undecodable_ids_are_escaped(self, tmp_path: Path) -> None:
+        """A BEIR _id holding a lone surrogate gets an escaped, storable id."""
+        write_corpus(tmp_path / "corpus.jsonl.gz", ['{"_id": "d\\ud800", "text": "Invoices are monthly."}'])
+        (chunk,) = ingest_path(tmp_path).chunks
+        assert chunk.doc_id == "d\\ud800"
+        chunk.doc_id.encode("utf-8")
+
+    def test_corpus_link_out_of_the_folder_is_refused(self, tmp_path: Path) -> None:
+        """corpus.jsonl inside a folder that links elsewhere is an InputError naming the link."""
+        elsewhere = tmp_path / "elsewhere.jsonl"
+        write_corpus(elsewhere, [json.dumps({"_id": "1", "text": "x"})])
+        (tmp_path / "beir").mkdir()
+        (tmp_path / "beir" / "corpus.jsonl").symlink_to(elsewhere)
+        with pytest.raises(InputError, match="link out of the folder"):
+            ingest_path(tmp_path / "beir")
+
+
+#: Patterns that made the old cleaning regexes quadratic (64 KB of ``[a](`` took 53 s).
+PATHOLOGICAL = {
+    "markdown link": "[a](",
+    "markdown image": "![a](",
+    "unclosed script": "<script>",
+    "unclosed comment": "x<!--",
+    "unclosed img": "<img ",
+    "unclosed heading": "<h1>",
+    "unclosed figure": "<figure>",
+    "unclosed caption": "[caption]",
+    "shortcode": "{{<",
+    "jinja": "{%",
+    "backticks": "``a`",
+    "wordpress": "[a b]",
+}
+
+
+class TestCleaningStaysLinear:
+    @pytest.mark.parametrize("pattern", PATHOLOGICAL.values(), ids=PATHOLOGICAL.keys())
+    @pytest.mark.parametrize("fmt", ["markdown", "html"])
+    def test_256_kb_of_a_pathological_pattern_cleans_quickly(self, pattern: str, fmt: str) -> None:
+        """256 KB of each pattern cleans in well under 3 s (the old regexes took minutes)."""
+        text = (pattern * (262_144 // len(pattern) + 1))[:262_144]
+        started = time.perf_counter()
+        clean_text(text, fmt)
+        assert time.perf_counter() - started < 3.0
+
+    def test_budget_is_enforced(self) -> None:
+        """A document over its cleaning budget raises InputError, and ingestion skips it with the reason."""
+        with pytest.raises(InputError, match="cleaning too slow"):
+            clean_text("<p>text</p>" * 1000, "html", budget_s=0.0)
+
+    def test_ingest_skips_a_document_over_budget(self, tmp_path: Path) -> None:
+        """ingest_path reports the document it gave up cleaning."""
+        (tmp_path / "slow.md").write_text("# Slow\n\nSome words here.\n")
+        result = ingest_path(tmp_path, clean_budget_s=0.0)
+        assert reasons(result)["slow.md"].startswith("cleaning too slow")
+
+
+class TestHiddenHtml:
+    @pytest.mark.parametrize(
+        "hidden",
+        [
+            '<div style="display:none">SECRET</div>',
+            '<div style="color: red; display : none;">SECRET</div>',
+            "<span style='visibility:hidden'>SECRET</span>",
+            "<p hidden>SECRET</p>",
+            '<p hidden="hidden">SECRET</p>',
+            '<div aria-hidden="true">SECRET</div>',
+            "<div hidden><div>SECRET</div>SECRET</div>",
+            "<template>SECRET</template>",
+            "<![CDATA[SECRET]]>",
+            "<!-- SECRET -->",
+            "<script>SECRET</script>",
+            "<noscript>SECRET</noscript>",
+        ],
+    )
+    @pytest.mark.parametrize("fmt", ["markdown", "html"])
+    def test_hidden_content_is_dropped(self, hidden: str, fmt: str) -> None:
+        """What a reader never sees is not indexed; the visible text around it is."""
+        cleaned = clean_text(f"<p>Visible before.</p>\n\n{hidden}\n\n<p>Visible after.</p>", fmt)
+        assert "SECRET" not in cleaned
+        assert "Visible before." in cleaned and "Visible after." in cleaned
+
+    @pytest.mark.parametrize("opener", ["<script>", "<style>", "<!--", "<![CDATA[", "<template>", "<div hidden>"])
+    def test_unterminated_hiding_construct_hides_the_rest(self, opener: str) -> None:
+        """An unterminated script, style, comment, CDATA, template or hidden element hides the rest."""
+        cleaned = clean_text(f"<p>Visible.</p>\n{opener}\nSECRET instructions for the assistant", "html")
+        assert cleaned == "Visible."
+
+    def test_visible_attributes_that_mention_hidden_are_kept(self) -> None:
+        """Only real hiding counts: a class or title mentioning 'hidden', aria-hidden=false stay visible."""
+        text = '<p class="hidden-xs" title="hidden gem">Kept one.</p><p aria-hidden="false">Kept two.</p>'
+        assert clean_text(text, "html") == "Kept one.\n\nKept two."
+
+    def test_hidden_void_element_drops_only_itself(self) -> None:
+        """A hidden input or image is dropped alone; the text after it stays."""
+        assert clean_text('<p>A <input type="text" hidden> B</p>', "html") == "A B"
