@@ -116,3 +116,9 @@ def serving(app: Any) -> Iterator[str]:
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+# The real PostgreSQL fixture is engineer D's (tests/retrievers/conftest.py): reused, not copied.
+from tests.retrievers.conftest import pg_server, pg_url  # noqa: E402
+
+__all__ = ["pg_server", "pg_url"]

@@ -1,0 +1,147 @@
+"""The chat page in a real browser: Debian's chromium, driven by selenium through the system chromedriver.
+
+Install the browser with ``apt-get install -y chromium chromium-driver`` (``.ci/run`` does); without it these
+tests skip and say so.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from ragloop.chat import ChatRAG
+from ragloop.events import Token
+from ragloop.serve import create_app
+from tests.serve.conftest import serving
+
+_CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+_DRIVER = os.environ.get("SE_CHROMEDRIVER") or shutil.which("chromedriver") or "/usr/bin/chromedriver"
+_HOW = "install it with: apt-get install -y chromium chromium-driver && pip install selenium"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(_CHROMIUM).exists(), reason=f"chromium is not installed; {_HOW}"),
+    pytest.mark.skipif(not Path(_DRIVER).exists(), reason=f"chromedriver is not installed; {_HOW}"),
+]
+webdriver = pytest.importorskip("selenium.webdriver", reason=f"selenium is not installed; {_HOW}")
+
+
+class _SlowTokens(ChatRAG):
+    """The sample chat, with a pause after each answer token so that streaming is visible."""
+
+    async def stream(self, question: str, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+        async for event in super().stream(question, **kwargs):
+            yield event
+            if isinstance(event, Token):
+                await anyio.sleep(0.03)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """A headless chromium (as root: no sandbox), quiet: no background networking, no updates, no sync."""
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = _CHROMIUM
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--window-size=1100,900",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(_DRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _wait(condition: Any, timeout_s: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("timed out waiting in the browser")
+
+
+def _ask(driver: Any, question: str) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    box = driver.find_element(By.ID, "question")
+    assert driver.switch_to.active_element == box  # focused on load: type straight away
+    box.send_keys(question)
+    box.send_keys(Keys.ENTER)  # Enter sends
+
+
+def test_streamed_cited_answer(browser: Any, sample_cache: Path, tmp_path: Path) -> None:
+    """Type a question, see progress and tokens stream in, then numbered citations linking to sources."""
+    from selenium.webdriver.common.by import By
+
+    rag = _SlowTokens.sample(cache_dir=sample_cache)
+    app = create_app(rag, source_url=lambda source: "https://docs.example.com/lumen/" + source)
+    with serving(app) as url:
+        browser.get(url + "/")
+        assert browser.title == "Ask the docs · ragloop"
+        _ask(browser, "How do I rotate an API key?")
+        bot = _wait(lambda: browser.find_elements(By.CSS_SELECTOR, ".msg.bot"))[-1]
+        answer = bot.find_element(By.CSS_SELECTOR, ".answer")
+        outcome = bot.find_element(By.CSS_SELECTOR, ".outcome")
+        # streaming: part of the answer is on screen while the turn is still running
+        partial = _wait(lambda: answer.text if answer.text and not outcome.text else "")
+        _wait(lambda: outcome.get_attribute("data-outcome"))
+        browser.save_screenshot(str(tmp_path / "chat.png"))
+        final = answer.text
+        assert len(final) > len(partial) and final.startswith(partial[:10])
+        assert outcome.get_attribute("data-outcome") == "context"
+        assert outcome.text == "Answered from the knowledge base."
+        sources = bot.find_elements(By.CSS_SELECTOR, "ol.sources li")
+        assert sources
+        links = bot.find_elements(By.CSS_SELECTOR, "ol.sources li a")
+        hrefs = [a.get_attribute("href") for a in links]
+        assert "https://docs.example.com/lumen/api-keys.md" in hrefs
+        assert all(a.get_attribute("rel") == "noopener noreferrer" for a in links)
+        markers = bot.find_elements(By.CSS_SELECTOR, ".answer sup a")
+        assert markers, "the [n] markers are links to their sources"
+        target = markers[0].get_attribute("href").split("#")[1]
+        assert browser.find_element(By.ID, target).tag_name == "li"
+        # keyboard: focus is back in the message box, ready for the next question
+        assert browser.switch_to.active_element.get_attribute("id") == "question"
+        logs = browser.get_log("browser") if "browser" in browser.log_types else []
+        assert not logs, logs
+
+
+def test_partial_answer_says_what_is_missing_on_a_phone(browser: Any, sample_cache: Path, tmp_path: Path) -> None:
+    """On a phone-sized screen, an answer the knowledge base cannot fully cover says so honestly."""
+    from selenium.webdriver.common.by import By
+
+    rag = ChatRAG.sample(cache_dir=sample_cache, live_sources=())
+    with serving(create_app(rag)) as url:
+        browser.set_window_size(390, 844)
+        try:
+            browser.get(url + "/")
+            _ask(browser, "What is the status of ticket #4242?")
+            bot = _wait(lambda: browser.find_elements(By.CSS_SELECTOR, ".msg.bot"))[-1]
+            outcome = bot.find_element(By.CSS_SELECTOR, ".outcome")
+            kind = _wait(lambda: outcome.get_attribute("data-outcome"))
+            browser.save_screenshot(str(tmp_path / "phone.png"))
+            assert kind in ("partial", "none")
+            assert ("Nothing found about" in outcome.text) or ("No answer found" in outcome.text)
+            width = browser.execute_script("return document.documentElement.scrollWidth")
+            assert width <= 390, "no sideways scrolling on a phone"
+        finally:
+            browser.set_window_size(1100, 900)
