@@ -21,9 +21,7 @@ from ragloop.state import Message
 
 pytestmark = pytest.mark.anyio
 
-messages = st.lists(
-    st.builds(Message, st.sampled_from(["user", "assistant"]), st.text(max_size=30)), max_size=30
-)
+messages = st.lists(st.builds(Message, st.sampled_from(["user", "assistant"]), st.text(max_size=30)), max_size=30)
 
 
 class TestSessionLimits:
@@ -78,12 +76,12 @@ class _Shared:
             kept = await store.load(sid)
             assert [m.content for m in kept] == ["q1 ü\n", "a1", "q2 ü\n", "a2"]
 
-            async def add(i: int) -> None:
-                await store.append(sid + "-c", [Message("user", str(i))])
+            async def add(target: SessionStore, i: int) -> None:
+                await target.append(sid + "-c", [Message("user", str(i))])
 
             async with anyio.create_task_group() as tg:  # concurrent appends lose nothing
                 for i in range(4):
-                    tg.start_soon(add, i)
+                    tg.start_soon(add, store, i)
             assert sorted(m.content for m in await store.load(sid + "-c")) == ["0", "1", "2", "3"]
         async for store in open_store():  # a new connection sees what the old one wrote
             assert len(await store.load(sid)) == 4
