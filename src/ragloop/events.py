@@ -1,4 +1,4 @@
-"""Typed events streamed to callers by :meth:`ragloop.Graph.stream`.
+"""Typed events streamed to callers by :meth:`ragloop.Graph.stream`, and the run result the last one carries.
 
 The runner emits :class:`NodeStarted`, :class:`NodeFinished` and, last, :class:`RunFinished`; nodes add their
 own through :func:`ragloop.emit` (the chat-turn graph emits :class:`Progress` and :class:`Token`). Every event
@@ -12,14 +12,91 @@ is a frozen attrs value, so a consumer can match on its class::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import contextvars
+import sys
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Literal
 
+import anyio
 from attrs import field, frozen
 
 if TYPE_CHECKING:
-    from ragloop.runner import RunResult
+    from anyio.abc import TaskGroup
 
-__all__ = ["Event", "NodeFinished", "NodeStarted", "Progress", "RunFinished", "Token"]
+__all__ = [
+    "Event",
+    "EventStream",
+    "NodeFinished",
+    "NodeStarted",
+    "Progress",
+    "RunFinished",
+    "RunResult",
+    "Sink",
+    "Step",
+    "StoppedBy",
+    "Token",
+]
+
+#: Why a run stopped: it reached ``END``, hit the step cap or the deadline, or a node raised.
+StoppedBy = Literal["end", "step_cap", "deadline", "error"]
+
+
+@frozen
+class Step:
+    """One entry of a run's trace.
+
+    Attributes:
+        step: 1-based step number.
+        node: The node that ran.
+        next: What it returned; ``None`` when it failed or was cancelled.
+        started: Seconds since the run started.
+        duration: Seconds it ran (including its salvage, if it had one).
+        error: ``"ExcType: message"`` when it raised, or why the deadline or grace cut it short.
+        forced: True for the ``finish`` node run because of a cap, deadline or error.
+    """
+
+    step: int
+    node: str
+    next: str | None
+    started: float
+    duration: float
+    error: str | None = None
+    forced: bool = False
+
+
+@frozen
+class RunResult:
+    """What a run produced.
+
+    Attributes:
+        run_id: Unique id of the run (also bound in the logs).
+        state: The state object, as the nodes left it.
+        trace: One :class:`Step` per node run, in order.
+        stopped_by: ``end``, ``step_cap``, ``deadline`` or ``error``.
+        duration: Seconds the whole run took.
+        error: The node error that stopped the run, if any.
+    """
+
+    run_id: str
+    state: Any
+    trace: tuple[Step, ...]
+    stopped_by: StoppedBy
+    duration: float
+    error: BaseException | None = field(default=None, eq=False)
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        """The node names in the order they ran."""
+        return tuple(s.node for s in self.trace)
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """Total seconds per node."""
+        out: dict[str, float] = {}
+        for s in self.trace:
+            out[s.node] = out.get(s.node, 0.0) + s.duration
+        return out
 
 
 @frozen
@@ -94,7 +171,109 @@ class RunFinished(Event):
     """The run is over; always the last event of a stream.
 
     Attributes:
-        result: The run's :class:`~ragloop.runner.RunResult`.
+        result: The run's :class:`RunResult`.
     """
 
     result: RunResult
+
+
+#: An async callback receiving a run's events (what :func:`ragloop.emit` and the runner send to).
+Sink = Callable[[Event], Awaitable[None]]
+
+
+class EventStream:
+    """What :meth:`Graph.stream` returns: an async iterator and an async context manager.
+
+    Inside ``async with`` the run is a task of a task group entered in the consumer's task. A bare
+    ``async for`` has no block a task group could span (an ``async for`` may be left by ``break`` without any
+    call back into the iterator), so its first step starts the run as a task of the event loop (a system task
+    on trio) and every way out stops it: the run is cancelled when ``__anext__`` raises (consumer cancelled),
+    on ``aclose()``, and on ``break``: ``async for`` iterates a private object made for that loop alone, which
+    the loop drops on leaving, and dropping it cancels the run at once (CPython frees it there and then).
+    """
+
+    def __init__(self, run: Callable[..., Awaitable[RunResult]], buffer: int) -> None:
+        self._send, self._receive = anyio.create_memory_object_stream[Event](buffer)
+        self._run, self._scope, self._done, self._started = run, anyio.CancelScope(), anyio.Event(), False
+        self._failure: list[Exception] = []
+        self._tg: TaskGroup | None = None
+
+    async def _produce(self) -> None:
+        try:
+            with self._scope:
+                async with self._send:
+                    try:
+                        await self._run(on_event=self._send.send)
+                    except Exception as exc:  # noqa: BLE001 — RouteError, raise_errors, a failing finish: re-raised
+                        self._failure.append(exc)  # to the consumer by __anext__, which sees it before the end
+        finally:
+            self._done.set()
+
+    def _start(self) -> None:
+        self._started = True
+        if self._tg is not None:
+            self._tg.start_soon(self._produce)
+        elif (trio := sys.modules.get("trio")) is not None and trio.lowlevel.in_trio_run():
+            trio.lowlevel.spawn_system_task(self._produce, context=contextvars.copy_context())
+        else:
+            import asyncio
+
+            _RUNNING.add(task := asyncio.get_running_loop().create_task(self._produce()))
+            task.add_done_callback(_RUNNING.discard)
+
+    def _stop(self) -> None:
+        self._scope.cancel()  # before closing: a run blocked on a full buffer then sees the cancellation
+        self._receive.close()
+
+    async def __aenter__(self) -> EventStream:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        self._start()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        self._stop()
+        return await self._tg.__aexit__(*exc_info) if self._tg else None
+
+    def __aiter__(self) -> _Loop:
+        return _Loop(self)
+
+    async def __anext__(self) -> Event:
+        if not self._started:
+            self._start()
+        try:
+            return await self._receive.receive()
+        except anyio.EndOfStream:
+            self._receive.close()
+            if self._failure:
+                raise self._failure[0] from None
+            raise StopAsyncIteration from None
+        except BaseException:  # the consumer was cancelled: the run has stopped when the cancellation goes on
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        """Stop the run: cancel every in-flight node and wait until it has stopped."""
+        self._stop()
+        if self._started:
+            with anyio.CancelScope(shield=True):
+                await self._done.wait()
+
+
+class _Loop:
+    """The iterator one ``async for`` gets from :class:`EventStream`; when the loop drops it, the run stops."""
+
+    __slots__ = ("__weakref__", "_stream")
+
+    def __init__(self, stream: EventStream) -> None:
+        self._stream = stream
+        weakref.finalize(self, stream._stop).atexit = False
+
+    def __aiter__(self) -> _Loop:
+        return self
+
+    def __anext__(self) -> Awaitable[Event]:
+        return self._stream.__anext__()
+
+
+_RUNNING: set[Any] = set()  # asyncio keeps only weak references to tasks
