@@ -1,4 +1,4 @@
-"""A read-only SQL source for retrieval plans: an allowlisted SQLite database, queried one safe SELECT at a time.
+"""Read-only SQL sources for retrieval plans: allowlisted SQLite or Postgres, one checked SELECT at a time.
 
 The application says which tables and columns the source may see (``allow``); :class:`SQLiteSource`
 introspects those (types, primary keys, foreign keys, and the distinct values of small text columns) and
@@ -17,6 +17,9 @@ missing file is an error, never a new empty database), with ``PRAGMA query_only`
 every read outside the allowlist (a second lock behind the parser), and a progress handler that interrupts a
 statement past ``timeout_s``. Rows come back as hits with their provenance (table and key), so an answer
 cites a row like a passage.
+
+:class:`PostgresSQLSource` runs the same checks in the Postgres dialect, each statement in a ``READ ONLY``
+transaction with ``statement_timeout`` (and ``search_path`` pinned to its schema), rolled back afterwards.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from ragloop.state import Chunk, Hit
 
 __all__ = [
     "OfflineSQLWriter",
+    "PostgresSQLSource",
     "SQLQuery",
     "SQLSchema",
     "SQLWriter",
@@ -179,6 +183,8 @@ def check_sql(
     _check_columns(tree, aliases, ctes)
     _check_calls(tree, params)
     tree = _with_key(tree, aliases)
+    # One placeholder form, whatever was written: ``?`` in SQLite, ``%s`` in Postgres.
+    tree = tree.transform(lambda node: exp.Placeholder() if isinstance(node, exp.Placeholder) else node)
     limit = tree.args.get("limit")
     current = limit.expression if limit is not None else None
     if not (isinstance(current, exp.Literal) and not current.is_string and int(current.this) <= max_rows):
@@ -531,41 +537,15 @@ class SQLiteSource:
         """
         schema = await self.schema()
         written = await self.writer.write(query, schema)
-        sql, params = self._filtered(written, filters, schema)
+        sql, params = _apply_filters(written, filters, schema)
         sql, params = check_sql(sql, params, schema, max_rows=self.max_rows)
         self.statements.append(sql)
         started = time.perf_counter()
         columns, rows = await anyio.to_thread.run_sync(self._execute, sql, params, limiter=self._limiter)
         seconds = time.perf_counter() - started
-        return self._result(sql, params, columns, rows, schema, written.note, seconds)
+        return _rows_result(self.name, self.path.name, sql, params, columns, rows, schema, written.note, seconds)
 
     # -- internals ----------------------------------------------------------------------------------------
-
-    def _filtered(self, written: SQLQuery, filters: Filters, schema: SQLSchema) -> tuple[str, tuple[Param, ...]]:
-        if not filters:
-            return written.sql, written.params
-        import sqlglot
-        from sqlglot import exp
-
-        try:
-            tree = sqlglot.parse_one(written.sql, read=schema.dialect)
-        except sqlglot.errors.SqlglotError as exc:
-            raise QueryRefused(f"refused: the statement does not parse ({exc})") from exc
-        froms = list(tree.find_all(exp.Table)) if isinstance(tree, exp.Select) else []
-        if not isinstance(tree, exp.Select) or not froms:
-            raise QueryRefused("refused: filters need a SELECT over one allowlisted table")
-        main = froms[0]
-        table = schema.table(main.name)
-        params = list(written.params)
-        for column, values in filters.items():
-            if table is None or column.lower() not in (c.lower() for c in table.columns):
-                raise QueryRefused(f"refused: filter column {column!r} is not an allowlisted column of {main.name!r}")
-            if not values:
-                raise QueryRefused(f"refused: filter {column!r} has no values")
-            marks = [exp.Placeholder() for _ in values]
-            tree = tree.where(exp.column(column, table=main.alias_or_name).isin(*marks))
-            params += [_typed(v, table.types.get(column, "")) for v in values]
-        return tree.sql(dialect=schema.dialect), tuple(params)
 
     def _connect(self) -> sqlite3.Connection:
         # mode=ro: never writable, and a missing file fails instead of creating an empty database.
@@ -647,48 +627,282 @@ class SQLiteSource:
         finally:
             conn.close()
 
-    def _result(
-        self,
-        sql: str,
-        params: tuple[Param, ...],
-        columns: list[str],
-        rows: list[tuple[Any, ...]],
-        schema: SQLSchema,
-        note: str,
-        seconds: float,
-    ) -> SourceResult:
-        import sqlglot
-        from sqlglot import exp
 
-        tree = sqlglot.parse_one(sql, read=schema.dialect)
-        first = next(tree.find_all(exp.Table), None)
-        table = schema.table(first.name) if first is not None else None
-        table_name = table.name if table else "query"
-        key = table.key if table and table.key in columns else ""
-        shown = sql
-        for p in params:  # for the record only: the statement ran with bound parameters
-            shown = shown.replace("?", repr(p), 1)
-        digest = hashlib.sha256(f"{sql}|{params}".encode()).hexdigest()[:10]
-        hits: list[Hit] = []
-        out_rows: list[dict[str, str]] = []
-        for i, row in enumerate(rows):
-            fields = {c: "" if v is None else str(v) for c, v in zip(columns, row, strict=True)}
-            out_rows.append(fields)
-            ref = f"{table_name}/{fields[key]}" if key else f"{table_name}/{digest}#{i + 1}"
-            body = "; ".join(f"{c}: {v}" for c, v in fields.items())
-            label = f"{table_name} {key} {fields[key]}" if key else f"{table_name} result {i + 1}"
-            chunk = Chunk(
-                id=f"{self.name}:{ref}",
-                text=f"Row of {table_name} ({label}) — {body}.",
-                source=f"{self.path.name}#{ref}",
-                title=f"{self.name}: {label}",
-                doc_id=f"{self.name}:{table_name}",
-            )
-            hits.append(Hit(chunk, score=1.0, confidence=1.0))
-        return SourceResult(hits=hits, rows=out_rows, detail=f"{shown} ({note}; {len(rows)} row(s), {seconds:.3f}s)")
+def _apply_filters(written: SQLQuery, filters: Filters, schema: SQLSchema) -> tuple[str, tuple[Param, ...]]:
+    """The written statement with each filter as ``column IN (?, …)`` on its main table (values bound)."""
+    if not filters:
+        return written.sql, written.params
+    import sqlglot
+    from sqlglot import exp
+
+    try:
+        tree = sqlglot.parse_one(written.sql, read=schema.dialect)
+    except sqlglot.errors.SqlglotError as exc:
+        raise QueryRefused(f"refused: the statement does not parse ({exc})") from exc
+    froms = list(tree.find_all(exp.Table)) if isinstance(tree, exp.Select) else []
+    if not isinstance(tree, exp.Select) or not froms:
+        raise QueryRefused("refused: filters need a SELECT over one allowlisted table")
+    main = froms[0]
+    table = schema.table(main.name)
+    params = list(written.params)
+    for column, values in filters.items():
+        if table is None or column.lower() not in (c.lower() for c in table.columns):
+            raise QueryRefused(f"refused: filter column {column!r} is not an allowlisted column of {main.name!r}")
+        if not values:
+            raise QueryRefused(f"refused: filter {column!r} has no values")
+        marks = [exp.Placeholder() for _ in values]
+        tree = tree.where(exp.column(column, table=main.alias_or_name).isin(*marks))
+        params += [_typed(v, table.types.get(column, "")) for v in values]
+    return tree.sql(dialect=schema.dialect), tuple(params)
+
+
+def _rows_result(  # noqa: PLR0913 - one call site per source, all keyword-free positional data
+    name: str,
+    label: str,
+    sql: str,
+    params: tuple[Param, ...],
+    columns: list[str],
+    rows: list[tuple[Any, ...]],
+    schema: SQLSchema,
+    note: str,
+    seconds: float,
+) -> SourceResult:
+    """Rows as citeable hits (``<label>#<table>/<key>``) plus their fields, and the statement for the record."""
+    import sqlglot
+    from sqlglot import exp
+
+    tree = sqlglot.parse_one(sql, read=schema.dialect)
+    first = next(tree.find_all(exp.Table), None)
+    table = schema.table(first.name) if first is not None else None
+    table_name = table.name if table else "query"
+    key = table.key if table and table.key in columns else ""
+    shown = sql
+    for p in params:  # for the record only: the statement ran with bound parameters
+        shown = shown.replace("?", repr(p), 1)
+    digest = hashlib.sha256(f"{sql}|{params}".encode()).hexdigest()[:10]
+    hits: list[Hit] = []
+    out_rows: list[dict[str, str]] = []
+    for i, row in enumerate(rows):
+        fields = {c: "" if v is None else str(v) for c, v in zip(columns, row, strict=True)}
+        out_rows.append(fields)
+        ref = f"{table_name}/{fields[key]}" if key else f"{table_name}/{digest}#{i + 1}"
+        body = "; ".join(f"{c}: {v}" for c, v in fields.items())
+        what = f"{table_name} {key} {fields[key]}" if key else f"{table_name} result {i + 1}"
+        chunk = Chunk(
+            id=f"{name}:{ref}",
+            text=f"Row of {table_name} ({what}) — {body}.",
+            source=f"{label}#{ref}",
+            title=f"{name}: {what}",
+            doc_id=f"{name}:{table_name}",
+        )
+        hits.append(Hit(chunk, score=1.0, confidence=1.0))
+    return SourceResult(hits=hits, rows=out_rows, detail=f"{shown} ({note}; {len(rows)} row(s), {seconds:.3f}s)")
 
 
 def _typed(value: str, declared: str) -> Param:
     if declared.startswith("INT") and re.fullmatch(r"-?\d+", value.strip()):
         return int(value)
     return value
+
+
+# -- Postgres ---------------------------------------------------------------------------------------------
+
+_PG_COLUMNS = """
+SELECT c.table_name, c.column_name, c.data_type
+FROM information_schema.columns c
+WHERE c.table_schema = %s AND c.table_name = ANY(%s)
+ORDER BY c.table_name, c.ordinal_position
+"""
+_PG_KEYS = """
+SELECT tc.table_name, tc.constraint_type, kcu.column_name, ccu.table_name, ccu.column_name
+FROM information_schema.table_constraints tc
+JOIN information_schema.key_column_usage kcu
+  ON kcu.constraint_name = tc.constraint_name AND kcu.table_schema = tc.table_schema
+JOIN information_schema.constraint_column_usage ccu
+  ON ccu.constraint_name = tc.constraint_name AND ccu.table_schema = tc.table_schema
+WHERE tc.table_schema = %s AND tc.table_name = ANY(%s) AND tc.constraint_type IN ('PRIMARY KEY', 'FOREIGN KEY')
+"""
+
+
+def _pg_type(data_type: str) -> str:
+    kind = data_type.lower()
+    if "int" in kind:
+        return "INTEGER"
+    if "char" in kind or kind == "text":
+        return "TEXT"
+    return kind.upper()
+
+
+def _pg_text(sql: str) -> str:
+    """A checked Postgres statement ready for psycopg: every literal ``%`` doubled, ``%s`` placeholders kept."""
+    import sqlglot
+
+    tokens = list(sqlglot.tokenize(sql, read="postgres"))
+    out: list[str] = []
+    at = 0
+    for i, token in enumerate(tokens):
+        nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+        placeholder = (
+            token.token_type.name == "MOD" and nxt is not None and nxt.text == "s" and nxt.start == token.end + 1
+        )
+        if token.token_type.name == "STRING" or (token.token_type.name == "MOD" and not placeholder):
+            out.append(sql[at : token.start])
+            out.append(sql[token.start : token.end + 1].replace("%", "%%"))
+            at = token.end + 1
+    out.append(sql[at:])
+    return "".join(out)
+
+
+@define
+class PostgresSQLSource:
+    """A PostgreSQL database as a plan source: allowlisted, one checked SELECT per sub-query, read-only.
+
+    The same checks as :class:`SQLiteSource` (the Postgres dialect of :func:`check_sql`); each statement runs
+    on its own connection inside a ``READ ONLY`` transaction with ``statement_timeout`` set, then rolls back.
+    Postgres has no per-statement authorizer: give the source a role that can only ``SELECT`` the allowlisted
+    tables as the second lock. Needs the ``[postgres]`` extra (psycopg 3).
+
+    Attributes:
+        url: ``postgresql://`` connection URL.
+        allow: The tables the source may read, each with its allowed columns.
+        writer: Turns a sub-query into SQL (default: :class:`OfflineSQLWriter`).
+        name: The source name plans use.
+        description: What a planner reads.
+        schema_name: The Postgres schema the tables live in.
+        max_rows: The ``LIMIT`` every statement gets.
+        timeout_s: ``statement_timeout`` of every statement.
+        value_limit: A text column with at most this many distinct values has them loaded.
+        statements: Every statement that ran, in order.
+    """
+
+    url: str
+    allow: Mapping[str, tuple[str, ...]] = field(converter=_allowed)
+    writer: SQLWriter = field(factory=OfflineSQLWriter)
+    name: str = field(default="sql", kw_only=True)
+    description: str = field(default="a SQL database of customers, orders and tickets", kw_only=True)
+    schema_name: str = field(default="public", kw_only=True)
+    max_rows: int = field(default=50, kw_only=True)
+    timeout_s: float = field(default=2.0, kw_only=True)
+    value_limit: int = field(default=200, kw_only=True)
+    statements: list[str] = field(factory=list, init=False)
+    _schema: SQLSchema | None = field(default=None, init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.allow:
+            raise ConfigError("allow must name at least one table, e.g. {'customers': ['id', 'name']}")
+        if self.max_rows < 1 or self.timeout_s <= 0:
+            raise ConfigError("max_rows must be at least 1 and timeout_s positive")
+
+    async def schema(self) -> SQLSchema:
+        """The allowlisted schema, introspected on first use (ConfigError for an allowlist entry it lacks)."""
+        if self._schema is None:
+            self._schema = await self._introspect()
+        return self._schema
+
+    async def run(self, query: str, filters: Filters) -> SourceResult:
+        """Write, check and run one statement for ``query`` (see :meth:`SQLiteSource.run`)."""
+        schema = await self.schema()
+        written = await self.writer.write(query, schema)
+        sql, params = _apply_filters(written, filters, schema)
+        sql, params = check_sql(sql, params, schema, max_rows=self.max_rows)
+        self.statements.append(sql)
+        started = time.perf_counter()
+        columns, rows = await self._execute(_pg_text(sql), params)
+        label = self.url.rsplit("/", 1)[-1].split("?", 1)[0] or "postgres"
+        return _rows_result(
+            self.name, label, sql, params, columns, rows, schema, written.note, time.perf_counter() - started
+        )
+
+    async def _connect(self) -> Any:
+        import psycopg
+
+        try:
+            conn = await psycopg.AsyncConnection.connect(self.url, autocommit=False)
+            await conn.set_read_only(True)
+        except psycopg.Error as exc:
+            raise SourceError(f"{self.name}: cannot connect to the database ({exc}); check the url") from exc
+        return conn
+
+    async def _execute(self, sql: str, params: tuple[Param, ...]) -> tuple[list[str], list[tuple[Any, ...]]]:
+        import psycopg
+
+        conn = await self._connect()
+        try:
+            async with conn.cursor() as cur:
+                await cur.execute(f"SET LOCAL statement_timeout = {int(self.timeout_s * 1000)}")
+                await cur.execute(
+                    psycopg.sql.SQL("SET LOCAL search_path = {}").format(psycopg.sql.Identifier(self.schema_name))
+                )
+                await cur.execute(sql, params)
+                rows = await cur.fetchmany(self.max_rows)
+                columns = [d.name for d in cur.description or ()]
+            return columns, list(rows)
+        except psycopg.errors.QueryCanceled as exc:
+            raise SourceError(
+                f"{self.name}: the statement ran past {self.timeout_s}s and was cancelled; narrow the query"
+            ) from exc
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise QueryRefused(f"refused by the database: {exc}") from exc
+        except psycopg.Error as exc:
+            raise SourceError(f"{self.name}: the statement failed: {exc}") from exc
+        finally:
+            await conn.rollback()
+            await conn.close()
+
+    async def _introspect(self) -> SQLSchema:
+        import psycopg
+
+        conn = await self._connect()
+        names = list(self.allow)
+        try:
+            async with conn.cursor() as cur:
+                await cur.execute(_PG_COLUMNS, (self.schema_name, names))
+                found: dict[str, dict[str, str]] = {}
+                for table, column, data_type in await cur.fetchall():
+                    found.setdefault(table, {})[column] = _pg_type(data_type)
+                await cur.execute(_PG_KEYS, (self.schema_name, names))
+                constraints = await cur.fetchall()
+                tables = []
+                for name, wanted in self.allow.items():
+                    types = found.get(name)
+                    if not types:
+                        raise ConfigError(
+                            f"{self.name}: allowlisted table {name!r} is not in schema {self.schema_name!r}"
+                        )
+                    missing = [c for c in wanted if c not in types]
+                    if missing:
+                        raise ConfigError(f"{self.name}: table {name!r} has no column(s) {missing}; fix the allowlist")
+                    columns = tuple(c for c in types if c in wanted)
+                    key = next(
+                        (c[2] for c in constraints if c[0] == name and c[1] == "PRIMARY KEY" and c[2] in wanted), ""
+                    )
+                    foreign = tuple(
+                        (c[2], c[3], c[4])
+                        for c in constraints
+                        if c[0] == name
+                        and c[1] == "FOREIGN KEY"
+                        and c[2] in wanted
+                        and c[4] in self.allow.get(c[3], ())
+                    )
+                    values: dict[str, tuple[str, ...]] = {}
+                    for column in columns:
+                        if types[column] != "TEXT":
+                            continue
+                        await cur.execute(
+                            psycopg.sql.SQL("SELECT DISTINCT {c} FROM {s}.{t} WHERE {c} IS NOT NULL LIMIT %s").format(
+                                c=psycopg.sql.Identifier(column),
+                                s=psycopg.sql.Identifier(self.schema_name),
+                                t=psycopg.sql.Identifier(name),
+                            ),
+                            (self.value_limit + 1,),
+                        )
+                        distinct = await cur.fetchall()
+                        if len(distinct) <= self.value_limit:
+                            values[column] = tuple(sorted(str(r[0]) for r in distinct))
+                    tables.append(Table(name, key, columns, types, foreign, values))
+            return SQLSchema(tuple(tables), dialect="postgres")
+        except psycopg.Error as exc:
+            raise SourceError(f"{self.name}: cannot read the schema ({exc})") from exc
+        finally:
+            await conn.rollback()
+            await conn.close()
