@@ -30,7 +30,6 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from types import MappingProxyType
 from typing import Literal
 
 from attrs import field, frozen
@@ -58,8 +57,9 @@ MAX_SUBQUERIES = 6
 _ID = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,31}")
 
 
-def _frozen_filters(value: Mapping[str, str]) -> Mapping[str, str]:
-    return MappingProxyType(dict(value))
+def _filter_items(value: Mapping[str, str] | Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    items = value.items() if isinstance(value, Mapping) else value
+    return tuple((str(k), str(v)) for k, v in items)
 
 
 @frozen
@@ -94,7 +94,8 @@ class SubQuery:
         id: Short identifier, unique in the plan (letters, digits, ``_``).
         source: Name of the source that answers it (``documents``, ``sql``, a live source's name).
         query: Query text; may hold ``{slot}`` placeholders filled from dependencies' results.
-        filters: Source-specific filters (``{"ids": "{ticket_ids}"}``); values may be placeholders.
+        filters: Source-specific filters as ``(name, value)`` pairs (a mapping is accepted:
+            ``{"ids": "{ticket_ids}"}``); values may be placeholders. :meth:`filter_map` gives them as a dict.
         depends_on: Ids of the sub-queries that must finish (with results) before this one runs.
         purpose: Why the plan needs it, in a few words (for the record and the answer's gap notes).
         slots: The placeholders and where their values come from.
@@ -103,10 +104,14 @@ class SubQuery:
     id: str
     source: str
     query: str
-    filters: Mapping[str, str] = field(factory=dict, converter=_frozen_filters, eq=False, hash=False)
+    filters: tuple[tuple[str, str], ...] = field(default=(), converter=_filter_items)
     depends_on: tuple[str, ...] = field(default=(), converter=_names)
     purpose: str = ""
     slots: tuple[Slot, ...] = field(default=(), converter=_slots)
+
+    def filter_map(self) -> dict[str, str]:
+        """The filters as a dict."""
+        return dict(self.filters)
 
 
 def _subqueries(value: Iterable[SubQuery]) -> tuple[SubQuery, ...]:
@@ -207,7 +212,7 @@ def _subquery_problems(q: SubQuery, known: set[str], sources: Collection[str]) -
                 f"slot {s.name!r} of sub-query {q.id!r} reads from {s.source!r}, which is not one of its "
                 f"dependencies ({', '.join(q.depends_on) or 'none'}); add it to depends_on"
             )
-    used = set(placeholders(q.query)).union(*(placeholders(v) for v in q.filters.values()))
+    used = set(placeholders(q.query)).union(*(placeholders(v) for _, v in q.filters))
     for name in sorted(used - set(names)):
         problems.append(f"sub-query {q.id!r} uses placeholder {{{name}}} but declares no slot {name!r}")
     for name in sorted(set(names) - used):

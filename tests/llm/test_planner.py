@@ -54,7 +54,7 @@ class TestOfflinePlanner:
         )
         assert plan is not None
         by_id = plan.by_id()
-        assert by_id["tickets1"].filters == {"ids": "{ids}"}
+        assert by_id["tickets1"].filter_map() == {"ids": "{ids}"}
         assert by_id["docs1"].query == "what does {error_code} error code mean"
         assert build_waves(plan.subqueries) == (("sql1",), ("tickets1", "docs1"))
 

@@ -79,7 +79,7 @@ def slot_values(sub: SubQuery, results: Mapping[str, SourceResult]) -> tuple[dic
 
 def _filters(sub: SubQuery, values: Mapping[str, tuple[str, ...]]) -> Filters:
     out: dict[str, tuple[str, ...]] = {}
-    for key, template in sub.filters.items():
+    for key, template in sub.filters:
         name = template[1:-1] if template.startswith("{") and template.endswith("}") else None
         out[key] = values.get(name, ()) if name is not None else (fill(template, values),)
     return out
