@@ -29,7 +29,11 @@ def add_serve(sub: Any) -> None:
     )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--index", metavar="DIR", help="index directory (default: the bundled sample knowledge base)")
-    where.add_argument("--store", metavar="URL", help="a postgresql:// knowledge store (see `ragloop index --store`)")
+    where.add_argument(
+        "--store", metavar="URL", help="a PostgreSQL knowledge store (postgresql://…; see `ragloop index --store`)"
+    )
+    p.add_argument("--collection", default="ragloop", help="collection (table prefix) in the store")
+    p.add_argument("--pool-size", type=int, default=10, help="most connections to the store")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--mode", choices=("hybrid", "bm25", "dense"), default="hybrid", help="retrieval mode")
@@ -97,7 +101,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         if not hasattr(ChatRAG, "from_store"):
             raise ConfigError("this ragloop has no Postgres knowledge store yet; use --index DIR")
-    rag, client = _build_chat(args, _build)
+    rag, client = _build(args)  # as `ragloop ask` builds it: --store, --index or the sample
     keys = tuple(k.strip() for k in os.environ.get("RAGLOOP_API_KEYS", "").split(",") if k.strip())
     settings = ServeSettings(
         max_concurrent_turns=args.max_concurrency,
@@ -128,15 +132,3 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         anyio.run(close)
     return 0
-
-
-def _build_chat(args: argparse.Namespace, build: Any) -> tuple[Any, Any]:
-    """The chat and its model client: from a store when ``--store`` is given, else as ``ragloop ask`` builds it."""
-    if not args.store:
-        return build(args)  # type: ignore[no-any-return]
-    from ragloop.chat import ChatRAG
-    from ragloop.cli_chat import _llm
-
-    client, fast, answer = _llm()
-    rag = ChatRAG.from_store(args.store, client, fast_model=fast, answer_model=answer, mode=args.mode)  # type: ignore[attr-defined]
-    return rag, client

@@ -1,0 +1,235 @@
+"""Serving under load: N concurrent streaming clients against ``ragloop serve`` on 127.0.0.1.
+
+It starts the real command (``python -m ragloop.cli serve``, uvicorn, one process) over the bundled sample
+knowledge base, indexed with the hash embedder (a MiniLM query embedding costs 30–80 ms of CPU here, which
+alone would serialise hundreds of turns on the 2-core machine; ``--embedder minilm`` shows that), with the
+sample ticket database as its live source. Two set-ups, measured in the same run:
+
+- ``offline``: the offline judges (no model at all) — ragloop's own serving cost;
+- ``scripted``: the OpenAI judges through the real ``openai`` client against the scripted model server
+  (``ragloop.testing`` in a child process, ``_sim.py``: decide 200 ms, grade 150 ms, rewrite 180 ms,
+  answer 300 ms to the first token then 10 ms per token, 60 tokens) — a realistic model deployment.
+
+At each level N (default 1, 50, 200) N clients (one ``httpx.AsyncClient`` each connection, all started
+together) each stream ``--turns`` questions in a row through ``POST /api/chat`` (typed server-sent events),
+cycling over five questions (one topic, two topics, a rewrite, a ticket lookup, four topics). Per turn it
+records the time to the first ``token`` event (TTFT) and to the ``reply`` event (last token); a turn
+completes when its ``reply`` event arrives. Errors are non-200 statuses, ``error`` events, cut streams and
+client exceptions. The server runs with ``--max-concurrency`` above N, so nothing is refused with 429.
+
+The client and the server share the machine's cores: the figures include the clients' own CPU. It asserts
+nothing; it prints a table and writes ``benchmarks/results/bench_serve.json`` and ``.txt``.
+
+Usage: ``python benchmarks/bench_serve.py [--levels 1 50 200] [--turns 3] [--setups offline scripted]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _sim
+
+from ragloop.retrievers.evaluate import percentile
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DATA = ROOT / "src" / "ragloop" / "data"
+QUESTIONS = (
+    "How much does the Business plan cost per seat?",
+    "Compare the plan pricing and how to set up SSO with SAML.",
+    "Does Lumen have a Salesforce connector?",
+    "What is the status of ticket #1234?",
+    _sim.fanout_question(4),
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def build_index(embedder: str, out: Path) -> None:
+    """``ragloop index`` the sample knowledge base into ``out``."""
+    cmd = [sys.executable, "-m", "ragloop.cli", "index", str(DATA / "sample_kb"), "--out", str(out)]
+    subprocess.run([*cmd, "--embedder", embedder], check=True, capture_output=True, text=True)
+
+
+class Server:
+    """``ragloop serve`` in a child process (``with Server(index, env) as url:``)."""
+
+    def __init__(self, index: Path, env: dict[str, str], max_concurrency: int) -> None:
+        self.index, self.env, self.max_concurrency = index, env, max_concurrency
+
+    def __enter__(self) -> str:
+        port = _free_port()
+        cmd = [sys.executable, "-m", "ragloop.cli", "serve", "--index", str(self.index), "--port", str(port)]
+        cmd += ["--tickets", str(DATA / "tickets.sqlite"), "--max-concurrency", str(self.max_concurrency)]
+        cmd += ["--deadline", "120", "--no-page"]
+        self.proc = subprocess.Popen(cmd, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ragloop serve exited: {self.proc.stderr.read() if self.proc.stderr else ''}")
+            try:
+                httpx.get(url + "/healthz", timeout=1).raise_for_status()
+                return url
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise RuntimeError("ragloop serve did not start in 60 s")
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+async def one_turn(client: httpx.AsyncClient, question: str) -> dict[str, Any]:
+    """Stream one turn; the times to the first token and to the reply, or the error."""
+    started = time.perf_counter()
+    first = last = None
+    try:
+        async with client.stream("POST", "/api/chat", json={"message": question}) as r:
+            if r.status_code != 200:
+                await r.aread()
+                return {"error": f"HTTP {r.status_code}"}
+            name = ""
+            async for line in r.aiter_lines():
+                if line.startswith("event: "):
+                    name = line.removeprefix("event: ")
+                elif line.startswith("data: "):
+                    if name == "token" and first is None:
+                        first = time.perf_counter() - started
+                    elif name == "reply":
+                        last = time.perf_counter() - started
+                    elif name == "error":
+                        return {"error": "error event"}
+    except httpx.HTTPError as exc:
+        return {"error": type(exc).__name__}
+    if last is None:
+        return {"error": "stream ended without a reply"}
+    return {"ttft": first if first is not None else last, "last": last}
+
+
+async def level(url: str, n: int, turns: int) -> dict[str, Any]:
+    """N clients, each streaming ``turns`` questions in a row, all started together."""
+    results: list[dict[str, Any]] = []
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    timeout = httpx.Timeout(180.0, connect=30.0)
+
+    async def client_task(i: int) -> None:
+        async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
+            for t in range(turns):
+                results.append(await one_turn(client, QUESTIONS[(i + t) % len(QUESTIONS)]))
+
+    started = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for i in range(n):
+            tg.start_soon(client_task, i)
+    wall = time.perf_counter() - started
+    ok = [r for r in results if "last" in r]
+    errors: dict[str, int] = {}
+    for r in results:
+        if "error" in r:
+            errors[r["error"]] = errors.get(r["error"], 0) + 1
+    ttft = [r["ttft"] for r in ok]
+    last = [r["last"] for r in ok]
+    return {
+        "clients": n,
+        "turns": len(results),
+        "completed": len(ok),
+        "errors": sum(errors.values()),
+        "error_kinds": errors,
+        "wall_s": round(wall, 3),
+        "turns_per_s": round(len(ok) / wall, 2),
+        "ttft_p50_ms": round(percentile(ttft, 50) * 1000, 1),
+        "ttft_p95_ms": round(percentile(ttft, 95) * 1000, 1),
+        "last_p50_ms": round(percentile(last, 50) * 1000, 1),
+        "last_p95_ms": round(percentile(last, 95) * 1000, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--levels", type=int, nargs="+", default=[1, 50, 200])
+    parser.add_argument("--turns", type=int, default=3, help="turns per client, in a row")
+    parser.add_argument("--setups", nargs="+", default=["offline", "scripted"], choices=["offline", "scripted"])
+    parser.add_argument("--embedder", default="hash", choices=["hash", "minilm"])
+    parser.add_argument("--scale", type=float, default=1.0, help="multiply the simulated model latencies")
+    parser.add_argument("--out", default=str(RESULTS / "bench_serve.json"))
+    args = parser.parse_args()
+
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "RAGLOOP_"))}
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        index = Path(tmp) / "index"
+        build_index(args.embedder, index)
+        for setup in args.setups:
+            for n in args.levels:
+                env = dict(base_env)
+                model = _sim.ModelServer(args.scale) if setup == "scripted" else None
+                try:
+                    if model is not None:
+                        env |= {"OPENAI_BASE_URL": model.__enter__(), "OPENAI_API_KEY": "bench"}
+                        env |= {"RAGLOOP_MODEL": "sim-fast", "RAGLOOP_ANSWER_MODEL": "sim-answer"}
+                    with Server(index, env, max_concurrency=max(64, 2 * n)) as url:
+                        anyio.run(level, url, 1, 1)  # warm-up turn (imports, first model connection)
+                        row = {"setup": setup, **anyio.run(level, url, n, args.turns)}
+                finally:
+                    if model is not None:
+                        model.__exit__(None, None, None)
+                rows.append(row)
+                print(
+                    f"{setup:<9} N={n:<4} turns {row['completed']}/{row['turns']}  errors {row['errors']}  "
+                    f"TTFT p50 {row['ttft_p50_ms']:.0f} ms p95 {row['ttft_p95_ms']:.0f} ms  "
+                    f"last token p50 {row['last_p50_ms']:.0f} ms p95 {row['last_p95_ms']:.0f} ms  "
+                    f"{row['turns_per_s']:.1f} turns/s",
+                    flush=True,
+                )
+    meta = {
+        "command": "python benchmarks/bench_serve.py " + " ".join(sys.argv[1:]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "embedder": args.embedder,
+        "turns_per_client": args.turns,
+        "latency": _sim.BASE_LATENCY
+        if args.scale == 1.0
+        else {k: v * args.scale for k, v in _sim.BASE_LATENCY.items()},
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "levels": rows}, indent=2) + "\n")
+    lines = [
+        f"# {meta['command']}  ({meta['machine']}, {meta['date']})",
+        "setup      N     completed  errors  TTFT p50  TTFT p95  last p50  last p95  turns/s",
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['setup']:<9} {r['clients']:>4}  {r['completed']:>5}/{r['turns']:<5} {r['errors']:>5}  "
+            f"{r['ttft_p50_ms']:>6.0f} ms {r['ttft_p95_ms']:>6.0f} ms {r['last_p50_ms']:>6.0f} ms "
+            f"{r['last_p95_ms']:>6.0f} ms {r['turns_per_s']:>7.1f}"
+        )
+    out.with_suffix(".txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
