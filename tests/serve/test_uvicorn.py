@@ -147,6 +147,32 @@ class TestServeCommand:
         assert page.status_code == 200 and "Ask the docs" in page.text
         assert f"serving on http://127.0.0.1:{port}/" in err
 
+    def test_ragloop_serve_over_a_postgres_store(self, pg_url: str) -> None:
+        """`ragloop serve --store URL` answers from a collection written by `ragloop index --store`."""
+        if not hasattr(ChatRAG, "from_store"):
+            pytest.skip("this tree has no Postgres knowledge store (ChatRAG.from_store) yet")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "RAGLOOP_"))}
+        kb = Path(__file__).resolve().parents[2] / "src" / "ragloop" / "data" / "sample_kb"
+        index = [sys.executable, "-m", "ragloop.cli", "index", str(kb), "--store", pg_url, "--collection", "served"]
+        done = subprocess.run([*index, "--embedder", "hash"], env=env, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr
+        port = _free_port()
+        serve = [sys.executable, "-m", "ragloop.cli", "serve", "--store", pg_url, "--collection", "served"]
+        proc = subprocess.Popen([*serve, "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            _wait_up(base, proc)
+            r = httpx.post(base + "/v1/chat/completions", json=_ask("How do I rotate an API key?"), timeout=60)
+        finally:
+            proc.terminate()
+            proc.communicate(timeout=20)
+        assert r.status_code == 200, r.text
+        assert "api-keys.md" in {c["source"] for c in r.json()["ragloop"]["citations"]}
+
+
+def _ask(question: str) -> dict[str, object]:
+    return {"model": "ragloop", "messages": [{"role": "user", "content": question}]}
+
 
 def _free_port() -> int:
     import socket
