@@ -29,6 +29,7 @@ from ragloop.errors import ConfigError, InputError
 from ragloop.events import Event, RunFinished
 from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
 from ragloop.retrievers.base import Embedder, Retriever
+from ragloop.retrievers.filters import FiltersArg, normalize_filters
 from ragloop.retrievers.live import LiveSource
 from ragloop.state import Citation, ContextBlock, Message, Outcome, PageContext, TurnState
 from ragloop.turn import TurnRecord, TurnSettings, build_graph, default_nodes, turn_record
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     import openai
 
     from ragloop.retrievers.index import KnowledgeIndex
+    from ragloop.retrievers.postgres import PostgresStore
 
 __all__ = ["ChatRAG", "Reply", "ReplyReady", "validate_question"]
 
@@ -70,7 +72,9 @@ class Reply:
         return {
             "text": self.text,
             "outcome": self.outcome,
-            "citations": [{"n": c.n, "source": c.source, "title": c.title} for c in self.citations],
+            "citations": [
+                {"n": c.n, "source": c.source, "title": c.title, "url": c.url or None} for c in self.citations
+            ],
             "missing": list(self.missing),
             "record": self.record.as_dict(),
         }
@@ -89,7 +93,7 @@ class Reply:
             "text": self.text,
             "outcome": self.outcome,
             "citations": [
-                {"n": c.n, "title": c.title, "source": c.source, "url": link(c.source)} for c in self.citations
+                {"n": c.n, "title": c.title, "source": c.source, "url": c.url or link(c.source)} for c in self.citations
             ],
             "missing": list(self.missing),
         }
@@ -169,6 +173,13 @@ def _history(history: object) -> tuple[Message, ...]:
     return tuple(out)
 
 
+def _filters(filters: object) -> dict[str, tuple[str, ...]]:
+    try:
+        return normalize_filters(filters)  # type: ignore[arg-type]
+    except ConfigError as exc:
+        raise InputError(str(exc)) from exc
+
+
 def _page(url: object, title: object) -> PageContext:
     for name, value in (("page_url", url), ("page_title", title)):
         if value is not None and not isinstance(value, str):
@@ -234,6 +245,8 @@ class ChatRAG:
         self.graph = build_graph(self.nodes, settings)
         #: True when every judge is offline (no model calls).
         self.offline = False
+        #: The Postgres store this chat opened (:meth:`from_store`); :meth:`aclose` closes it.
+        self.store: PostgresStore | None = None
 
     @classmethod
     def from_index(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
@@ -264,21 +277,129 @@ class ChatRAG:
             timeout_s: Per-call timeout of the LLM judges.
             embedder: Query embedder; by default the one the index was built with.
         """
-        from ragloop.llm.offline import OfflineAnswerer, OfflineDecider, OfflineGrader, OfflineRewriter
-        from ragloop.llm.offline.bridge import OfflineBridger
         from ragloop.retrievers.index import KnowledgeIndex
-        from ragloop.text.terms import CorpusStats
 
         idx = index if isinstance(index, KnowledgeIndex) else KnowledgeIndex.load(index, embedder)
-        texts = [c.text for c in idx.chunks]
+        return cls.from_retriever(
+            idx.retriever(mode),  # type: ignore[arg-type]
+            [c.text for c in idx.chunks],
+            llm,
+            embedder=idx.embedder,
+            fast_model=fast_model,
+            answer_model=answer_model,
+            live_sources=live_sources,
+            settings=settings,
+            glossary=glossary,
+            timeout_s=timeout_s,
+        )
+
+    @classmethod
+    def from_store(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
+        cls,
+        url: str,
+        llm: openai.AsyncOpenAI | None = None,
+        *,
+        collection: str = "ragloop",
+        pool_size: int = 10,
+        mode: str = "hybrid",
+        fast_model: str | None = None,
+        answer_model: str | None = None,
+        live_sources: Sequence[LiveSource] = (),
+        settings: TurnSettings = TurnSettings(),
+        glossary: Mapping[str, str] | None = None,
+        timeout_s: float = 20.0,
+        embedder: Embedder | None = None,
+    ) -> ChatRAG:
+        """A chat over a PostgreSQL collection written by ``ragloop index DIR --store URL`` (``[postgres]`` extra).
+
+        Every replica of a service can point at the same database. The store's statement timeout is the
+        turn's ``settings.retrieve_timeout_s``. This call reads the collection's texts (for the offline
+        judges) on a connection of its own; the connection pool opens on the first search, in the event loop
+        that serves, and :meth:`aclose` closes it.
+
+        Args:
+            url: ``postgresql://`` URL of a database with the ``vector`` extension.
+            llm: As in :meth:`from_index`.
+            collection: The collection name given to ``ragloop index --collection``.
+            pool_size: Most connections this process opens to the database.
+            mode: ``hybrid`` (the store's only mode).
+            fast_model: As in :meth:`from_index`.
+            answer_model: As in :meth:`from_index`.
+            live_sources: As in :meth:`from_index`.
+            settings: Turn settings.
+            glossary: As in :meth:`from_index`.
+            timeout_s: Per-call timeout of the LLM judges.
+            embedder: Query embedder; by default the one the collection was built with.
+        """
+        import concurrent.futures
+
+        import anyio
+
+        from ragloop.retrievers.postgres import PostgresStore
+
+        if mode != "hybrid":
+            raise ConfigError(f"the Postgres store searches in hybrid mode only, not {mode!r}")
+        store = PostgresStore(
+            url,
+            embedder,
+            collection=collection,
+            pool_size=pool_size,
+            statement_timeout_s=settings.retrieve_timeout_s,
+            create=False,
+        )
+
+        # A thread of its own: this works whether or not the caller is inside an event loop.
+        def read() -> list[str]:
+            return anyio.run(store.prepare)
+
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            texts = pool.submit(read).result()
+        rag = cls.from_retriever(
+            store,
+            texts,
+            llm,
+            embedder=store.embedder,
+            fast_model=fast_model,
+            answer_model=answer_model,
+            live_sources=live_sources,
+            settings=settings,
+            glossary=glossary,
+            timeout_s=timeout_s,
+        )
+        rag.store = store
+        return rag
+
+    @classmethod
+    def from_retriever(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
+        cls,
+        retriever: Retriever,
+        texts: Sequence[str],
+        llm: openai.AsyncOpenAI | None = None,
+        *,
+        embedder: Embedder | None = None,
+        fast_model: str | None = None,
+        answer_model: str | None = None,
+        live_sources: Sequence[LiveSource] = (),
+        settings: TurnSettings = TurnSettings(),
+        glossary: Mapping[str, str] | None = None,
+        timeout_s: float = 20.0,
+    ) -> ChatRAG:
+        """A chat over any retriever; ``texts`` (every chunk's text) feed the offline judges' corpus statistics.
+
+        Other arguments are as in :meth:`from_index`.
+        """
+        from ragloop.llm.offline import OfflineAnswerer, OfflineDecider, OfflineGrader, OfflineRewriter
+        from ragloop.llm.offline.bridge import OfflineBridger
+        from ragloop.text.terms import CorpusStats
+
         stats = CorpusStats.from_texts(texts)
         offline_decider = OfflineDecider(stats, glossary=dict(glossary or {}), max_queries=settings.max_queries)
         offline_answerer = OfflineAnswerer(stats)
         common: dict[str, Any] = dict(
-            retriever=idx.retriever(mode),  # type: ignore[arg-type]
+            retriever=retriever,
             live_sources=live_sources,
             settings=settings,
-            embedder=idx.embedder,
+            embedder=embedder,
         )
         if llm is None:
             rag = cls(
@@ -335,12 +456,14 @@ class ChatRAG:
         history: object = None,
         page_url: object = None,
         page_title: object = None,
+        filters: FiltersArg | None = None,
     ) -> TurnState:
         """The validated state a turn starts from (raises :class:`InputError` on unusable input)."""
         return TurnState(
             question=validate_question(question, max_chars=self.max_question_chars),
             history=_history(history),
             page=_page(page_url, page_title),
+            filters=_filters(filters),
         )
 
     def _deadline(self, deadline_s: float | None) -> float | None:
@@ -357,6 +480,7 @@ class ChatRAG:
         page_url: str | None = None,
         page_title: str | None = None,
         deadline_s: float | None = None,
+        filters: FiltersArg | None = None,
     ) -> Reply:
         """Answer one question.
 
@@ -366,11 +490,13 @@ class ChatRAG:
             page_url: URL of the page the user asks from (resolves "this page/project").
             page_title: Its title.
             deadline_s: Time limit for the turn (default: ``settings.deadline_s``).
+            filters: Metadata filters for every search of the turn: ``{"tenant": "acme"}`` (equality) or
+                ``{"version": ["1.0", "1.1"]}`` (any of); see :mod:`ragloop.retrievers.filters`.
 
         Raises:
-            InputError: The question, history or page context is unusable; the message says why.
+            InputError: The question, history, page context or filters are unusable; the message says why.
         """
-        state = self.new_state(question, history=history, page_url=page_url, page_title=page_title)
+        state = self.new_state(question, history=history, page_url=page_url, page_title=page_title, filters=filters)
         result = await self.graph.run(state, deadline_s=self._deadline(deadline_s))
         return _reply(result.state, turn_record(result))
 
@@ -382,13 +508,14 @@ class ChatRAG:
         page_url: str | None = None,
         page_title: str | None = None,
         deadline_s: float | None = None,
+        filters: FiltersArg | None = None,
     ) -> AsyncIterator[Event]:
         """Answer one question as a stream of events: progress, answer tokens, then :class:`ReplyReady`.
 
         Stopping the iteration (``break``, ``aclose()``, cancellation, a client that disconnects) cancels
-        the turn's in-flight work.
+        the turn's in-flight work. ``filters`` are as in :meth:`ask`.
         """
-        state = self.new_state(question, history=history, page_url=page_url, page_title=page_title)
+        state = self.new_state(question, history=history, page_url=page_url, page_title=page_title, filters=filters)
         events = self.graph.stream(state, deadline_s=self._deadline(deadline_s))
         try:
             async for event in events:
@@ -401,9 +528,11 @@ class ChatRAG:
             await events.aclose()
 
     async def aclose(self) -> None:
-        """Close the live sources' connections."""
+        """Close the live sources' connections (and the store's pool, for :meth:`from_store`)."""
         for source in self.live_sources:
             await source.aclose()
+        if self.store is not None:
+            await self.store.aclose()
 
 
 def _reply(state: TurnState, record: TurnRecord) -> Reply:

@@ -17,6 +17,18 @@ from typing import TYPE_CHECKING, Any
 
 from ragloop.cli_chat import add_ask, add_chat
 from ragloop.cli_serve import add_serve
+from ragloop.cli_store import (
+    add_filter_option,
+    add_index_options,
+    add_store_options,
+    attach_metadata,
+    cmd_index_store,
+    cmd_index_update,
+    cmd_search_store,
+    parse_filters,
+    print_hits,
+    store_url,
+)
 from ragloop.errors import RagloopError
 
 if TYPE_CHECKING:
@@ -78,7 +90,7 @@ class _Progress:
 def _add_index(sub: Any) -> None:
     p = sub.add_parser("index", help="ingest documents and build a searchable index")
     p.add_argument("path", help="a folder of .md/.txt/.html files, or a BEIR folder / corpus.jsonl[.gz]")
-    p.add_argument("--out", required=True, help="index directory to write (replaced atomically)")
+    p.add_argument("--out", help="index directory to write (replaced atomically); or pass --store")
     p.add_argument(
         "--embedder",
         choices=("auto", "minilm", "hash"),
@@ -87,10 +99,18 @@ def _add_index(sub: Any) -> None:
     )
     p.add_argument("--max-chars", type=int, default=1200, help="largest chunk, in characters")
     p.add_argument("--overlap", type=int, default=150, help="overlap between pieces of a long section")
+    add_index_options(p)
     p.set_defaults(func=_cmd_index)
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
+    url = store_url(args)
+    if url and not args.out:
+        return cmd_index_store(args, url)
+    if not args.out:
+        raise RagloopError("pass --out DIR (a local index) or --store postgresql://… (a shared store)")
+    if args.update and (status := cmd_index_update(args)) >= 0:
+        return status
     from ragloop.retrievers.index import KnowledgeIndex, check_index_target
     from ragloop.retrievers.ingest import ingest_path, skip_kinds
 
@@ -111,7 +131,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
         )
     embedding = _Progress(f"embedding ({embedder.name})")
     try:
-        index = KnowledgeIndex.build(result.chunks, embedder, progress=embedding)
+        index = KnowledgeIndex.build(attach_metadata(args, result.chunks), embedder, progress=embedding)
     finally:
         embedding.close()
     out = index.save(args.out, source=args.path)
@@ -133,46 +153,31 @@ def _cmd_index(args: argparse.Namespace) -> int:
 
 def _add_search(sub: Any) -> None:
     p = sub.add_parser("search", help="search an index built by `ragloop index`")
-    p.add_argument("index", help="index directory")
-    p.add_argument("query", help="the search query")
+    p.add_argument("index", help="index directory (leave it out with --store)")
+    p.add_argument("query", nargs="?", help="the search query")
     p.add_argument("--mode", choices=_MODES, default="hybrid")
     p.add_argument("-k", type=int, default=5, help="number of hits")
     p.add_argument("--json", action="store_true", help="print one JSON object per hit")
+    add_store_options(p)
+    add_filter_option(p)
     p.set_defaults(func=_cmd_search)
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
     import anyio
 
+    url = store_url(args)
+    if url:
+        return cmd_search_store(args, url, args.query if args.query is not None else args.index)
+    if args.query is None:
+        raise RagloopError("pass INDEX QUERY, or --store URL QUERY")
+
     from ragloop.retrievers.index import KnowledgeIndex
 
     index = KnowledgeIndex.load(args.index)
-    hits = anyio.run(index.search, args.query, args.k, args.mode)
-    for n, hit in enumerate(hits, start=1):
-        c = hit.chunk
-        if args.json:
-            record = {
-                "rank": n,
-                "id": c.id,
-                "score": hit.score,
-                "confidence": hit.confidence,
-                "ranks": dict(hit.ranks),
-                "scores": dict(hit.scores),
-                "title": c.title,
-                "title_path": list(c.title_path),
-                "source": c.source,
-                "doc_id": c.doc_id,
-                "text": c.text,
-            }
-            print(json.dumps(record, ensure_ascii=False))
-            continue
-        where = " › ".join(p for p in (c.title, *c.title_path) if p) or c.source
-        text = " ".join(c.text.split())
-        print(f"{n}. [{hit.score:.4f} conf {hit.confidence:.2f}] {where}")
-        print(f"   {c.source}")
-        print(f"   {text[:240]}{'…' if len(text) > 240 else ''}")
-    if not hits and not args.json:
-        print("no hits")
+    filters = parse_filters(args.filter)
+    hits = anyio.run(lambda: index.search(args.query, args.k, args.mode, filters=filters))
+    print_hits(hits, args.json)
     return 0
 
 

@@ -1,6 +1,7 @@
 """The ``ragloop ask`` and ``ragloop chat`` commands (registered by :mod:`ragloop.cli`).
 
-Both run the default chat turn over an index (``--index DIR``) or, without one, over the bundled sample
+Both run the default chat turn over an index (``--index DIR``), a Postgres store (``--store URL``) or, without
+either, over the bundled sample
 knowledge base and its ticket database, built on first use. With ``OPENAI_BASE_URL`` or ``OPENAI_API_KEY``
 and ``RAGLOOP_MODEL`` set they use an OpenAI-compatible model; otherwise they run offline and say so.
 Progress goes to stderr; the answer (or one JSON object with ``--json``) goes to stdout.
@@ -13,6 +14,8 @@ import json
 import os
 import sys
 from typing import TYPE_CHECKING, Any
+
+from ragloop.cli_store import add_filter_option, add_store_options, parse_filters, store_url
 
 if TYPE_CHECKING:
     from ragloop.chat import ChatRAG, Reply
@@ -34,6 +37,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-live", action="store_true", help="no live sources")
     parser.add_argument("--deadline", type=float, metavar="S", help="time limit per turn, in seconds")
     parser.add_argument("--cache-dir", metavar="DIR", help="where the sample index is cached (~/.cache/ragloop)")
+    add_store_options(parser)
+    add_filter_option(parser)
 
 
 def add_ask(sub: Any) -> None:
@@ -70,10 +75,13 @@ def _build(args: argparse.Namespace) -> tuple[ChatRAG, Any]:
 
     client, fast, answer = _llm()
     live: tuple[Any, ...] = ()
-    if not args.no_live and (args.tickets or not args.index):
+    if not args.no_live and (args.tickets or not (args.index or store_url(args))):
         live = (SQLiteTicketSource(args.tickets) if args.tickets else SQLiteTicketSource(),)
     kwargs: dict[str, Any] = {"fast_model": fast, "answer_model": answer, "mode": args.mode, "live_sources": live}
-    if args.index:
+    url = store_url(args)
+    if url:
+        rag = ChatRAG.from_store(url, client, collection=args.collection, pool_size=args.pool_size, **kwargs)
+    elif args.index:
         rag = ChatRAG.from_index(args.index, client, **kwargs)
     else:
         if not (args.cache_dir and os.path.isdir(args.cache_dir)):
@@ -90,7 +98,7 @@ def _print_sources(reply: Reply) -> None:
     if reply.citations:
         print("\nSources:")
         for c in reply.citations:
-            print(f"  [{c.n}] {c.title} — {c.source}")
+            print(f"  [{c.n}] {c.title} — {c.url or c.source}")
 
 
 async def _turn(rag: ChatRAG, question: str, args: argparse.Namespace, history: list[dict[str, str]]) -> Reply:
@@ -100,7 +108,12 @@ async def _turn(rag: ChatRAG, question: str, args: argparse.Namespace, history: 
 
     reply = None
     async for event in rag.stream(
-        question, history=history, page_url=args.page_url, page_title=args.page_title, deadline_s=args.deadline
+        question,
+        history=history,
+        page_url=args.page_url,
+        page_title=args.page_title,
+        deadline_s=args.deadline,
+        filters=parse_filters(args.filter),
     ):
         if isinstance(event, Progress) and event.kind in ("search", "retrieved", "graded", "live", "rewrite"):
             print(f"  … {event.message}", file=sys.stderr, flush=True)
@@ -124,7 +137,11 @@ def cmd_ask(args: argparse.Namespace) -> int:
         try:
             if args.json:
                 reply = await rag.ask(
-                    args.question, page_url=args.page_url, page_title=args.page_title, deadline_s=args.deadline
+                    args.question,
+                    page_url=args.page_url,
+                    page_title=args.page_title,
+                    deadline_s=args.deadline,
+                    filters=parse_filters(args.filter),
                 )
                 print(json.dumps(reply.as_dict(), ensure_ascii=False))
             else:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import shutil
+import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,19 +16,26 @@ _names = itertools.count()
 
 
 @pytest.fixture(scope="session")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """A running pgserver on a Unix socket in a temporary folder; stopped at the end of the session."""
+def pg_server() -> Iterator[Any]:
+    """A running pgserver on a Unix socket in a temporary folder; stopped and removed at the end of the session.
+
+    The folder is made with ``tempfile`` rather than pytest's ``tmp_path``: as root, pgserver runs the server
+    as a separate ``pgserver`` user, and pytest keeps its own temporary root private (mode 0700), which
+    another pytest process on the machine may reset at any moment.
+    """
     pgserver = pytest.importorskip("pgserver")
-    data = Path(tmp_path_factory.mktemp("pgdata"))
+    root = Path(tempfile.mkdtemp(prefix="ragloop-pg-"))
+    root.chmod(0o755)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs' RuntimeDirWarning about XDG_RUNTIME_DIR is harmless
-        server = pgserver.get_server(data, cleanup_mode="stop")
+        server = pgserver.get_server(root / "data", cleanup_mode="stop")
     try:
         yield server
     finally:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             server.cleanup()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

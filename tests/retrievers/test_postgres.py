@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
+import json
 from pathlib import Path
 from typing import Any
 
@@ -240,7 +240,59 @@ class TestFailures:
                 await store._run(slow)
 
 
-def test_sample_kb_exists() -> None:
-    """The corpus the tests use is where they expect it."""
-    assert shutil.which("true") is not None or True
-    assert (SAMPLE_KB / "api-keys.md").is_file()
+class TestCommandLineAndChat:
+    def test_index_search_ask_through_the_store(
+        self, pg_url: str, collection: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`index --store`, `search --store` and `ask --store --json` work end to end, filters included."""
+        from ragloop.cli import main
+
+        store = ["--store", pg_url, "--collection", collection]
+        argv = ["index", str(SAMPLE_KB), *store, "--embedder", "hash", "--url-base", "https://docs.example/kb"]
+        assert main(argv) == 0
+        assert "34 added" in capsys.readouterr().out
+        assert (
+            main(
+                [
+                    "index",
+                    str(SAMPLE_KB),
+                    *store,
+                    "--embedder",
+                    "hash",
+                    "--json",
+                    "--url-base",
+                    "https://docs.example/kb",
+                ]
+            )
+            == 0
+        )
+        again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert (again["changed"], again["embedded"], again["unchanged"]) == (0, 0, 34)
+        assert main(["search", *store, "rotate an API key", "--json", "-k", "2"]) == 0
+        hits = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert hits[0]["doc_id"] == "api-keys.md" and hits[0]["url"] == "https://docs.example/kb/api-keys"
+        question = "What does the audit log record?"
+        assert main(["ask", question, *store, "--json", "--no-live", "--filter", "path=audit-log.md,webhooks.md"]) == 0
+        reply = json.loads(capsys.readouterr().out)
+        urls = {c["url"] for c in reply["citations"]}
+        assert urls and urls <= {"https://docs.example/kb/audit-log", "https://docs.example/kb/webhooks"}
+
+    async def test_chat_from_store_passes_filters_down(
+        self, pg_url: str, collection: str, sample_chunks: list[Chunk]
+    ) -> None:
+        """ChatRAG.from_store answers from the store; ask(filters=…) keeps every citation inside the filter."""
+        from ragloop.chat import ChatRAG
+
+        async with _store(pg_url, collection) as store:
+            await store.sync(sample_chunks)
+        rag = await anyio.to_thread.run_sync(lambda: ChatRAG.from_store(pg_url, collection=collection))
+        try:
+            assert rag.store is not None and rag.store.statement_timeout_s == rag.settings.retrieve_timeout_s
+            free = await rag.ask("How do I rotate an API key?")
+            assert "api-keys.md" in {c.source for c in free.citations}
+            only = await rag.ask("How do I rotate an API key?", filters={"path": ["webhooks.md", "audit-log.md"]})
+            assert {c.source for c in only.citations} <= {"webhooks.md", "audit-log.md"}
+            audit = await rag.ask("What does the audit log record?", filters={"path": "audit-log.md"})
+            assert audit.citations and {c.source for c in audit.citations} == {"audit-log.md"}
+        finally:
+            await rag.aclose()

@@ -118,7 +118,8 @@ class PostgresStore:
 
     Args:
         url: A ``postgresql://`` connection URL (libpq syntax, so ``?host=/socket/dir`` works).
-        embedder: Embeds queries and new chunks; its name and dim are recorded with the collection.
+        embedder: Embeds queries and new chunks; its name and dim are recorded with the collection. ``None``:
+            the one the collection was built with (MiniLM or the hash embedder), found when opening.
         collection: Collection (table prefix) name: lower-case letters, digits and ``_``.
         pool_size: Most connections this process opens.
         statement_timeout_s: Server-side limit on each statement of a search; tie it to the turn's
@@ -138,7 +139,7 @@ class PostgresStore:
     def __init__(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
         self,
         url: str,
-        embedder: Embedder,
+        embedder: Embedder | None = None,
         *,
         collection: str = "ragloop",
         pool_size: int = 10,
@@ -164,7 +165,7 @@ class PostgresStore:
         if not statement_timeout_s > 0:
             raise ConfigError(f"statement_timeout_s must be positive, got {statement_timeout_s}")
         self.url = url
-        self.embedder = embedder
+        self._embedder = embedder
         self.collection = collection
         self.pool_size = pool_size
         self.statement_timeout_s = statement_timeout_s
@@ -179,8 +180,17 @@ class PostgresStore:
         self.tokenizer = Tokenizer(stem=stem)
         self.create = create
         self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
+        self._lock: anyio.Lock | None = None
+        self._checked = False
         t = collection
         self._t = {"chunks": f"{t}_chunks", "docs": f"{t}_docs", "terms": f"{t}_terms", "stats": f"{t}_stats"}
+
+    @property
+    def embedder(self) -> Embedder:
+        """The embedder (known once :meth:`open` has read the collection, when none was given)."""
+        if self._embedder is None:
+            raise ConfigError("the store's embedder is read from the collection: `await store.open()` first")
+        return self._embedder
 
     # --- connections ------------------------------------------------------------------------------------
 
@@ -192,27 +202,55 @@ class PostgresStore:
         await self.aclose()
 
     async def open(self) -> None:
-        """Check (or create) the schema, then open the connection pool.
+        """Check (or create) the schema, then open the connection pool (searches also open it on first use).
 
         Raises:
             ConfigError: the server lacks the ``vector`` extension (the message says how to add it), or
                 the connection fails.
             IndexError_: the collection was written with another embedder or schema version.
         """
-        if self._pool is not None:
-            return
-        try:
-            import psycopg
-            from pgvector.psycopg import register_vector_async
-            from psycopg_pool import AsyncConnectionPool
-        except ImportError as exc:
-            raise ConfigError("the Postgres store needs the [postgres] extra: pip install 'ragloop[postgres]'") from exc
+        await self._pool_for_this_loop()
+
+    async def prepare(self, *, texts: bool = True) -> list[str]:
+        """Check (or create) the schema on a connection of its own (not the pool) and read every chunk text.
+
+        This is all a process needs before serving; the pool opens on the first search, inside the event loop
+        that serves (a pool belongs to the loop that opened it).
+
+        Raises:
+            The errors of :meth:`open`.
+        """
+        psycopg = _psycopg()
         try:
             conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, application_name=_APP)
         except psycopg.Error as exc:
             raise ConfigError(f"cannot connect to {self._redacted()}: {exc}".strip()) from exc
         async with conn:
             await self._ensure_schema(conn)
+            self._checked = True
+            if not texts:
+                return []
+            rows = await (await conn.execute(f"select text from {self._t['chunks']} order by doc_id, seq")).fetchall()
+            return [r[0] for r in rows]
+
+    async def _pool_for_this_loop(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
+        if self._pool is not None:
+            return self._pool
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            if self._pool is not None:
+                return self._pool
+            if not self._checked:
+                await self.prepare(texts=False)
+            self._pool = await self._new_pool()
+        return self._pool
+
+    async def _new_pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
+        _psycopg()
+        from pgvector.psycopg import register_vector_async
+        from psycopg_pool import AsyncConnectionPool
+
         timeout_ms = max(1, round(self.statement_timeout_s * 1000))
 
         async def configure(c: AsyncConnection[Any]) -> None:
@@ -235,7 +273,7 @@ class PostgresStore:
         except Exception as exc:
             await pool.close()
             raise ConfigError(f"cannot open a connection pool to {self._redacted()}: {exc}") from exc
-        self._pool = pool
+        return pool
 
     async def aclose(self) -> None:
         """Close the connection pool."""
@@ -245,11 +283,6 @@ class PostgresStore:
 
     def _redacted(self) -> str:
         return re.sub(r"://([^:@/]*):[^@/]*@", r"://\1:***@", self.url)
-
-    def _require_pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
-        if self._pool is None:
-            raise ConfigError("the store is not open: use `async with PostgresStore(...)` or `await store.open()`")
-        return self._pool
 
     async def _ensure_schema(self, conn: AsyncConnection[Any]) -> None:
         import psycopg
@@ -283,6 +316,13 @@ class PostgresStore:
                 "select version, embedder, dim, settings from ragloop_schema where collection = %s", (self.collection,)
             )
         ).fetchone()
+        if found is not None and self._embedder is None:
+            self._embedder = _embedder_named(found[1], int(found[2]))
+        elif found is None and self._embedder is None:
+            raise IndexError_(
+                f"no collection {self.collection!r} in database {dbname!r}; "
+                f"index one with `ragloop index DIR --store URL --collection {self.collection}`"
+            )
         reindex = (
             f"re-index it with `ragloop index DIR --store URL --collection {self.collection}` into a new collection"
         )
@@ -357,7 +397,7 @@ class PostgresStore:
         """Run ``fn(conn)`` with a pooled connection; retry once on a connection lost (a restart, a kill)."""
         import psycopg
 
-        pool = self._require_pool()
+        pool = await self._pool_for_this_loop()
         for attempt in (1, 2):
             try:
                 async with pool.connection() as conn:
@@ -774,3 +814,28 @@ def _as_array(value: Any) -> Any:
     """A pgvector value as something numpy reads (the adapter returns ``Vector`` or an ndarray by version)."""
     to_numpy = getattr(value, "to_numpy", None)
     return to_numpy() if to_numpy is not None else value
+
+
+def _psycopg() -> Any:
+    try:
+        import pgvector.psycopg
+        import psycopg
+        import psycopg_pool
+    except ImportError as exc:
+        raise ConfigError("the Postgres store needs the [postgres] extra: pip install 'ragloop[postgres]'") from exc
+    del pgvector, psycopg_pool
+    return psycopg
+
+
+def _embedder_named(name: str, dim: int) -> Embedder:
+    """The embedder a collection was built with, by the name recorded in ``ragloop_schema``."""
+    from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder
+
+    if name == MiniLMEmbedder.name:
+        return MiniLMEmbedder()
+    if name == f"hash-{dim}":
+        return HashEmbedder(dim)
+    raise IndexError_(
+        f"the collection was built with embedder {name!r} ({dim}-dim), which ragloop cannot rebuild by name; "
+        "pass the same embedder to PostgresStore(url, embedder)"
+    )
