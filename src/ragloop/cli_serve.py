@@ -119,16 +119,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5, lifespan="off"
     )
-    try:
-        uvicorn.Server(config).run()
-    finally:
-        import anyio
+    import anyio
 
-        async def close() -> None:
+    async def run() -> None:
+        # One event loop for serving and for closing: pools opened while serving close in their own loop.
+        try:
+            await uvicorn.Server(config).serve()
+        finally:
             await sessions.aclose()
             await rag.aclose()
             if client is not None:
                 await client.close()
 
-        anyio.run(close)
+    anyio.run(run)
     return 0

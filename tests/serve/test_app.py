@@ -359,6 +359,20 @@ class TestSessions:
         assert len(kept) == 4 and kept[-2] == Message("user", "last one")
         assert await store.load("other") == ()
 
+    async def test_a_failing_session_store_does_not_cost_the_answer(self, rag: ChatRAG) -> None:
+        """When the store cannot save the turn, the reply still arrives and the failure is counted."""
+
+        class Failing(MemorySessionStore):
+            async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+                raise OSError("disk full")
+
+        async with asgi_client(create_app(rag, sessions=Failing())) as client:
+            r = await client.post("/api/chat", json={"message": "How do I rotate an API key?", "session_id": "s"})
+            metrics = (await client.get("/metrics")).text
+        name, data = sse_events(r.text)[-1]
+        assert name == "reply" and json.loads(data)["outcome"] == "context"
+        assert "ragloop_session_errors_total 1.0" in metrics
+
     async def test_sent_history_is_capped_too(self) -> None:
         """History sent by the client is cut to the newest messages within the caps."""
         spy = decider()

@@ -325,14 +325,20 @@ class _Server:
                     reply = event.reply
                     metrics.observe_record(reply.outcome, reply.record.as_dict())
                     if turn.session_id is not None:
-                        await self.sessions.append(
-                            turn.session_id, (Message("user", turn.question), Message("assistant", reply.text))
-                        )
+                        await self._remember(turn, reply.text)
                 yield event
                 try:
                     event = await anext(stream)
                 except StopAsyncIteration:
                     return
+
+    async def _remember(self, turn: _Turn, answer: str) -> None:
+        assert turn.session_id is not None
+        try:
+            await self.sessions.append(turn.session_id, (Message("user", turn.question), Message("assistant", answer)))
+        except Exception:  # a session store outage must not cost the user the answer in hand (logged)
+            log.exception("session store failed", session_store=type(self.sessions).__name__)
+            self.metrics.session_errors.inc()
 
     def client_reply(self, reply: Reply, session_id: str | None) -> dict[str, Any]:
         out = reply.client_dict(self.source_url)

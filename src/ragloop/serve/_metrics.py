@@ -40,6 +40,9 @@ class Metrics:
             ["judge"],
             registry=r,
         )
+        self.session_errors = Counter(
+            "ragloop_session_errors", "Session store reads or writes that failed.", registry=r
+        )
         self.in_flight = Gauge("ragloop_turns_in_flight", "Turns running now.", registry=r)
         self.turn_seconds = Histogram("ragloop_turn_seconds", "Wall time of a turn.", buckets=_SECONDS, registry=r)
         self.first_token_seconds = Histogram(
