@@ -19,20 +19,27 @@ What it measures, in one process run, side by side:
 
   LangGraph's loop runs ``--peer-transitions`` steps (default 2,000), as it is ~100× slower per step.
 
+* **deadline overshoot**: how far past ``deadline + finish_grace_s`` a run ends when its finish node is still
+  running at the end of its grace (the longest a run can take): the deadline cancels a node and the forced
+  finish hangs, or the deadline passes during a hanging finish, with and without a ``salvage`` hook, each
+  ``--deadline-runs`` times on asyncio and on trio (deadline 50 ms, grace 100 ms). Negative means early: a
+  salvage hook gets the last quarter of the grace (at most 0.5 s) and ends at once here.
+
 Each figure is the median over ``--repeats`` rounds (the spread is min–max); rounds interleave ragloop
-and the bare loop so machine noise hits both alike. structlog is configured to drop events below WARNING
-so the log line of each run is not what is measured (the library never configures logging itself).
+and the bare loop so machine noise hits both alike. Logging is left as the library leaves it (nothing
+configured: each run's ``turn.finished`` event is dropped by the standard library's level check).
 It asserts nothing; it prints a table and writes JSON to ``benchmarks/results/bench_runner.json``.
 
-Usage: ``python benchmarks/bench_runner.py [--transitions 10000] [--invokes 2000] [--repeats 7] [--no-peers]``
+Usage: ``python benchmarks/bench_runner.py [--transitions 10000] [--invokes 2000] [--repeats 7] [--no-peers]
+[--deadline-runs 20]``
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
-import logging
 import statistics
 import subprocess
 import sys
@@ -42,7 +49,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import structlog
 
 from ragloop import END, Graph
 
@@ -60,8 +66,9 @@ class Hop:
 
 
 def loop_graph(transitions: int) -> Graph:
-    nodes = {"a": Hop("b", ("b",)), "b": Hop("c", ("c",)), "c": Hop("a", ("a", END))}
-    return Graph(nodes, start="a", finish="c", max_steps=transitions)
+    """a → b → c → a … until the step cap forces the finish node (which may only end the run)."""
+    nodes = {"a": Hop("b", ("b",)), "b": Hop("c", ("c",)), "c": Hop("a", ("a",)), "stop": Hop(END, (END,))}
+    return Graph(nodes, start="a", finish="stop", max_steps=transitions)
 
 
 def linear_graph() -> Graph:
@@ -79,7 +86,7 @@ async def bare_loop(funcs: dict[str, Callable[[Any], Awaitable[str]]], start: st
 
 
 def bare_funcs(graph: Graph) -> dict[str, Callable[[Any], Awaitable[str]]]:
-    return {name: node.__call__ for name, node in graph.nodes.items()}
+    return {name: node.__call__ for name, node in graph.nodes.items() if name != "stop"}
 
 
 async def time_loop(transitions: int) -> tuple[float, float]:
@@ -106,6 +113,49 @@ async def time_linear(invokes: int) -> tuple[float, float]:
         await bare_loop(funcs, "a", 100)
     bare_us = (time.perf_counter() - t) / invokes * 1e6
     return ragloop_us, bare_us
+
+
+class Hang:
+    """A node that waits until it is cancelled."""
+
+    def __init__(self, routes: tuple[str, ...]) -> None:
+        self.routes = routes
+
+    async def __call__(self, state: Any) -> str:
+        await anyio.sleep(3600)
+        return self.routes[0]
+
+
+class Salvaging(Hang):
+    """A finish node that waits until cancelled, then ends cheaply in its salvage hook."""
+
+    async def salvage(self, state: Any) -> None:
+        state["salvaged"] = True
+
+
+def deadline_graphs(grace_s: float) -> dict[str, Graph]:
+    """The runs that take longest for their deadline: the finish node still running at deadline + grace."""
+    return {
+        # the deadline cancels `work`; the forced finish then runs past its grace and is salvaged
+        "mid_node_then_salvage": Graph(
+            {"work": Hang(("fin",)), "fin": Salvaging((END,))}, start="work", finish="fin", finish_grace_s=grace_s
+        ),
+        # the deadline passes while finish runs; it is cut at deadline + grace - reserve and salvaged
+        "mid_finish_then_salvage": Graph({"fin": Salvaging((END,))}, start="fin", finish="fin", finish_grace_s=grace_s),
+        # the same without a salvage hook: cut at deadline + grace
+        "mid_finish_no_salvage": Graph({"fin": Hang((END,))}, start="fin", finish="fin", finish_grace_s=grace_s),
+    }
+
+
+async def time_deadlines(deadline_s: float, grace_s: float, runs: int) -> dict[str, list[float]]:
+    """Milliseconds each run took past ``deadline_s + grace_s`` (the runner's overshoot), per scenario."""
+    out: dict[str, list[float]] = {}
+    for name, graph in deadline_graphs(grace_s).items():
+        for _ in range(runs):
+            t = time.perf_counter()
+            await graph.run({}, deadline_s=deadline_s)
+            out.setdefault(name, []).append((time.perf_counter() - t - deadline_s - grace_s) * 1e3)
+    return out
 
 
 def import_ms(repeats: int) -> list[float]:
@@ -243,10 +293,10 @@ def main() -> None:
     parser.add_argument("--imports", type=int, default=7)
     parser.add_argument("--peer-transitions", type=int, default=2_000, help="loop steps for LangGraph")
     parser.add_argument("--no-peers", action="store_true", help="skip LangGraph and PocketFlow even if installed")
+    parser.add_argument("--deadline-runs", type=int, default=20, help="runs per deadline scenario and backend")
     parser.add_argument("--out", default=str(RESULTS / "bench_runner.json"))
     args = parser.parse_args()
     peers = {} if args.no_peers else available_peers()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
     rows: dict[str, dict[str, list[float]]] = {
         "loop": {"ragloop": [], "bare": []},
@@ -291,6 +341,18 @@ def main() -> None:
         report[f"import_{name}_ms"] = pim
         label = f"import {PEERS[name][0]} (ms)"
         print(f"{label:<34}{pim['median']:>12.1f}{'':>18}   {pim['min']:.1f}–{pim['max']:.1f}")
+    deadline_s, grace_s = 0.05, 0.1
+    backends = ["asyncio"] + (["trio"] if importlib.util.find_spec("trio") else [])
+    overshoot: dict[str, Any] = {"deadline_s": deadline_s, "grace_s": grace_s, "runs": args.deadline_runs}
+    print(f"deadline overshoot: ms past deadline {deadline_s} s + grace {grace_s} s, {args.deadline_runs} runs each")
+    for backend in backends:
+        res = anyio.run(time_deadlines, deadline_s, grace_s, args.deadline_runs, backend=backend)
+        overshoot[backend] = {name: summary(xs) for name, xs in res.items()}
+        for name, xs in res.items():
+            sm = summary(xs)
+            print(f"  {backend + ' ' + name:<32}{sm['median']:>12.2f}{'':>18}   {sm['min']:.2f}–{sm['max']:.2f}")
+    overshoot["max_ms"] = max(v["max"] for b in backends for v in overshoot[b].values())
+    report["deadline_overshoot_ms"] = overshoot
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
 

@@ -94,7 +94,7 @@ class TestBenchRunner:
         out = tmp_path / "runner.json"
         done = subprocess.run(
             [sys.executable, str(BENCH / "bench_runner.py"), "--transitions", "300", "--invokes", "20",
-             "--repeats", "1", "--imports", "1", "--no-peers", "--out", str(out)],
+             "--repeats", "1", "--imports", "1", "--no-peers", "--deadline-runs", "1", "--out", str(out)],
             capture_output=True, text=True, timeout=120, cwd=ROOT,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-2000:]
@@ -103,3 +103,6 @@ class TestBenchRunner:
             assert {"ragloop_us", "bare_us", "ratio"} <= set(report[shape])
         assert report["peers"] == {}
         assert "per transition" in done.stdout
+        overshoot = report["deadline_overshoot_ms"]
+        assert set(overshoot["asyncio"]) == {"mid_node_then_salvage", "mid_finish_then_salvage", "mid_finish_no_salvage"}
+        assert overshoot["max_ms"] == max(v["max"] for k in ("asyncio", "trio") for v in overshoot[k].values())
