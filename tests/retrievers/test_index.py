@@ -342,7 +342,15 @@ class TestManifestShapes:
             KnowledgeIndex.load(saved)
 
     @pytest.mark.parametrize(
-        "line", [b"[1, 2]\n", b'{"text": "no id"}\n', b'{"id": 5, "text": "x"}\n', b"[" * 100_000 + b"\n"]
+        "line",
+        [
+            b"[1, 2]\n",
+            b'{"text": "no id"}\n',
+            b'{"id": 5, "text": "x"}\n',
+            b'{"id": "x", "text": "t", "url": 5}\n',
+            b'{"id": "x", "text": "t", "metadata": 3}\n',
+            b"[" * 100_000 + b"\n",
+        ],
     )
     def test_malformed_chunk_line(self, saved: Path, line: bytes) -> None:
         """A chunks.jsonl line of the wrong shape (checksum updated) is an IndexError_ naming the line."""

@@ -349,7 +349,7 @@ def _read_chunks(path: Path, rebuild: str) -> list[Chunk]:
                 chunk = _chunk_from_json(line)
             except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
                 raise IndexError_(f"{path} line {lineno} is not a chunk ({_short(exc)}); {rebuild}") from exc
-            texts = (chunk.id, chunk.text, chunk.source, chunk.title, chunk.doc_id, *chunk.title_path)
+            texts = (chunk.id, chunk.text, chunk.source, chunk.title, chunk.doc_id, chunk.url, *chunk.title_path)
             if not all(isinstance(t, str) for t in texts) or not chunk.id:
                 raise IndexError_(f"{path} line {lineno} is not a chunk (a field has the wrong type); {rebuild}")
             chunks.append(chunk)
