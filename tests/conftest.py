@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+if TYPE_CHECKING:
+    from tests.llamacpp_server import LlamaCppServer
 
 settings.register_profile("default", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # CI replays the same examples on every run (derandomize): a red CI then means a regression, not a new draw.
@@ -31,3 +36,16 @@ def sample_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("ragloop-cache")
     sample_index(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def llamacpp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppServer]:
+    """llama.cpp's server with SmolLM2 in a child process (one slot, 2 threads, 2k context), once per session.
+
+    Its log is in the session's temporary folder (``llamacpp*/server.log``).
+    """
+    from tests.llamacpp_server import LlamaCppServer
+
+    log = tmp_path_factory.mktemp("llamacpp") / "server.log"
+    with LlamaCppServer(n_ctx=2048, slots=1, threads=2, log_path=log) as server:
+        yield server

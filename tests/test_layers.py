@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nodes",),  # one module per node
     ("turn",),  # settings, default nodes, graph, decision record
     ("chat",),  # ChatRAG, Reply
-    ("serve", "cli", "cli_chat", "cli_serve", "testing", "ragloop"),  # app, CLI, public test kit, the facade
+    ("serve", "cli", "cli_chat", "cli_doctor", "cli_serve", "testing", "ragloop"),  # app, CLI, test kit, facade
 )
 
 #: Arrows allowed against the order, each with the reason and who removes it: ``(importer, imported) -> note``.

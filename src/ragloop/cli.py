@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ragloop.cli_chat import add_ask, add_chat
+from ragloop.cli_doctor import add_doctor
 from ragloop.cli_serve import add_serve
 from ragloop.cli_store import (
     add_filter_option,
@@ -231,7 +232,15 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 # --- main ---------------------------------------------------------------------------------------------
 
-_COMMANDS: tuple[Callable[[Any], None], ...] = (add_ask, add_chat, _add_index, _add_search, _add_eval, add_serve)
+_COMMANDS: tuple[Callable[[Any], None], ...] = (
+    add_ask,
+    add_chat,
+    _add_index,
+    _add_search,
+    _add_eval,
+    add_serve,
+    add_doctor,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,63 @@
+"""``ragloop doctor``: probe the OpenAI-compatible endpoint the CLI would use, and say what it supports.
+
+The endpoint, key and model are read as ``ragloop ask`` reads them (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``,
+``RAGLOOP_MODEL``); ``--base-url``, ``--api-key`` and ``--model`` override them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+from ragloop.errors import ConfigError
+
+__all__ = ["add_doctor", "cmd_doctor"]
+
+
+def add_doctor(sub: Any) -> None:
+    """Register ``ragloop doctor``."""
+    p = sub.add_parser(
+        "doctor",
+        help="probe an OpenAI-compatible endpoint: tools, json_schema, streaming, output caps",
+        description=__doc__,
+    )
+    p.add_argument("--base-url", default=None, help="API root, e.g. http://127.0.0.1:8080/v1 (OPENAI_BASE_URL)")
+    p.add_argument("--api-key", default=None, help="API key (OPENAI_API_KEY)")
+    p.add_argument("--model", default=None, help="model name (RAGLOOP_MODEL)")
+    p.add_argument("--max-tokens", type=int, default=48, help="output cap of each probe (default 48)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds per probe request (default 120)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_doctor)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Run the probes and print the report; exit status 1 when no decide mode but offline works."""
+    import anyio
+    import openai
+
+    from ragloop.llm.doctor import diagnose
+
+    base_url = args.base_url or os.environ.get("OPENAI_BASE_URL")
+    api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
+    model = args.model or os.environ.get("RAGLOOP_MODEL")
+    if not (base_url or api_key) or not model:
+        raise ConfigError(
+            "no endpoint to probe: set OPENAI_BASE_URL (or OPENAI_API_KEY for OpenAI) and RAGLOOP_MODEL, or pass "
+            "--base-url and --model"
+        )
+
+    async def run() -> Any:
+        client = openai.AsyncOpenAI(
+            base_url=base_url, api_key=api_key or "not-needed", max_retries=0, timeout=args.timeout
+        )
+        async with client:
+            return await diagnose(client, model, max_tokens=args.max_tokens)
+
+    report = anyio.run(run)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print("\n".join(report.lines()))
+    return 0 if report.decide_mode != "offline" else 1

@@ -1,0 +1,109 @@
+"""The model path against a real server: llama.cpp's own HTTP server with SmolLM2-135M (see tests/llamacpp_server.py).
+
+SmolLM2's chat template has no tool support, so llama.cpp drops the ``search`` tool and the model answers in
+plain text; ragloop must notice, decide with ``json_schema`` instead, grade with ``json_schema``, cap every
+request and stream a non-empty answer. Output caps and settings keep the whole file to a few dozen model calls.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from ragloop.chat import ChatRAG, ReplyReady
+from ragloop.events import Token
+from ragloop.llm.doctor import diagnose
+from ragloop.llm.openai_judges import OpenAIDecider, OpenAIJudges
+from ragloop.turn import TurnSettings
+from tests.llamacpp_server import LlamaCppServer
+
+pytestmark = [pytest.mark.anyio, pytest.mark.llamacpp]
+
+#: Small caps: SmolLM2 runs to whatever cap it gets.
+CAPS = {"decide": 32, "grade": 32, "rewrite": 16, "answer": 48}
+
+
+def recording_client(server: LlamaCppServer, bodies: list[dict[str, Any]]) -> openai.AsyncOpenAI:
+    """An SDK client for ``server`` that keeps every request body it sends."""
+
+    async def keep(request: httpx.Request) -> None:
+        if request.url.path.endswith("/chat/completions"):
+            bodies.append(json.loads(request.content))
+
+    http = httpx.AsyncClient(event_hooks={"request": [keep]}, timeout=120.0)
+    return openai.AsyncOpenAI(base_url=server.base_url, api_key="none", max_retries=0, http_client=http)
+
+
+async def test_doctor_reports_what_llamacpp_supports(llamacpp: LlamaCppServer) -> None:
+    """Tools dropped (SmolLM2's template), json_schema enforced, streaming with usage, the cap honoured, one slot:
+    decide mode json."""
+    async with openai.AsyncOpenAI(base_url=llamacpp.base_url, api_key="none", max_retries=0, timeout=120) as client:
+        report = await diagnose(client, llamacpp.model, max_tokens=24)
+    probes = {p.name: p for p in report.probes}
+    assert probes["models"].status == "ok" and "smollm2" in probes["models"].detail
+    assert report.slots == 1 and "no tool support" in probes["server"].detail
+    assert probes["tool calls"].status == "warn" and probes["tool calls"].detail.startswith("dropped")
+    assert probes["json_schema"].status == "ok"
+    assert probes["streaming"].status == "ok" and probes["output cap"].status == "ok"
+    assert report.decide_mode == "json"
+
+
+async def test_turn_against_llamacpp(llamacpp: LlamaCppServer, sample_cache: Path) -> None:
+    """A whole turn: never a direct reply to a real question, decide and grading through json_schema, every
+    request capped, the answer streamed and non-empty, with an outcome and a decision record."""
+    bodies: list[dict[str, Any]] = []
+    client = recording_client(llamacpp, bodies)
+    offline = ChatRAG.sample(None, cache_dir=sample_cache)
+    judges = OpenAIJudges.create(
+        client,
+        fast_model=llamacpp.model,
+        answer_model=llamacpp.model,
+        timeout_s=60.0,
+        grade_max_chars=300,
+        max_tokens=CAPS,
+    )
+    settings = TurnSettings(max_queries=2, k=2, per_query_budget=2, total_budget=3, max_attempts=0, grade_concurrency=1)
+    rag = ChatRAG(
+        retriever=offline.nodes["retrieve"].retriever,  # type: ignore[attr-defined]
+        decider=judges.decider,
+        grader=judges.grader,
+        rewriter=judges.rewriter,
+        answerer=judges.answerer,
+        settings=settings,
+        fallback_decider=offline.nodes["decide"].decider,  # type: ignore[attr-defined]
+        fallback_answerer=offline.nodes["answer"].answerer,  # type: ignore[attr-defined]
+    )
+    tokens: list[str] = []
+    reply = None
+    async with client:
+        async for event in rag.stream("How do I rotate an API key?", deadline_s=300.0):
+            if isinstance(event, Token):
+                tokens.append(event.text)
+            elif isinstance(event, ReplyReady):
+                reply = event.reply
+    assert reply is not None and reply.text.strip() and reply.outcome in ("context", "partial", "none")
+    record = reply.record.as_dict()
+    assert record["decision"]["queries"] and not record["decision"]["direct"]
+    assert isinstance(judges.decider, OpenAIDecider) and judges.decider.mode_in_use == "json"
+    kinds = [_kind(b) for b in bodies]
+    assert kinds[:2] == ["decide", "decide_json"] and "grade" in kinds and kinds[-1] == "answer"
+    assert all(
+        b.get("max_completion_tokens") == CAPS[k.removesuffix("_json")] for b, k in zip(bodies, kinds, strict=True)
+    )
+    assert len(tokens) > 1 and record["llm_calls"] == len(bodies)
+
+
+def _kind(body: dict[str, Any]) -> str:
+    schema = (body.get("response_format") or {}).get("json_schema") or {}
+    if "tools" in body:
+        return "decide"
+    if schema.get("name") == "search_decision":
+        return "decide_json"
+    if schema:
+        return "grade"
+    return "answer" if body.get("stream") else "rewrite"
