@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import openai
@@ -192,6 +192,10 @@ async def _complete(
         record_call(LLMCall(judge, model, prompt, completion, time.perf_counter() - started, error))
 
 
+def _source_tuple(value: Iterable[Source]) -> tuple[Source, ...]:
+    return tuple(value)
+
+
 @define
 class OpenAIPlanner:
     """Plans with a model (structured output, temperature 0) over the sources the application describes.
@@ -207,7 +211,7 @@ class OpenAIPlanner:
 
     client: openai.AsyncOpenAI
     model: str
-    sources: Sequence[Source] = field(converter=tuple)
+    sources: tuple[Source, ...] = field(converter=_source_tuple)
     timeout_s: float = 15.0
     max_subqueries: int = 6
     history_turns: int = 4

@@ -62,10 +62,15 @@ class SourceResult:
 class Source(Protocol):
     """Something a plan's sub-query can run against."""
 
-    #: The name sub-queries use (``documents``, ``sql``, ``tickets``).
-    name: str
-    #: One line a planner reads to decide when to use it.
-    description: str
+    @property
+    def name(self) -> str:
+        """The name sub-queries use (``documents``, ``sql``, ``tickets``)."""
+        ...
+
+    @property
+    def description(self) -> str:
+        """One line a planner reads to decide when to use it."""
+        ...
 
     async def run(self, query: str, filters: Filters) -> SourceResult:
         """Answer one sub-query (slots filled). Raises SourceError (QueryRefused for a refused query)."""
