@@ -639,3 +639,8 @@ class TestHiddenHtml:
     def test_hidden_void_element_drops_only_itself(self) -> None:
         """A hidden input or image is dropped alone; the text after it stays."""
         assert clean_text('<p>A <input type="text" hidden> B</p>', "html") == "A B"
+
+    def test_plain_text_keeps_what_follows_an_unterminated_opener(self) -> None:
+        """A .txt file is not rendered: a stray '<script>' or '<!--' in it hides nothing."""
+        text = "Use a <script> tag or an <!-- comment marker; this sentence stays."
+        assert clean_text(text, "text") == "Use a tag or an <!-- comment marker; this sentence stays."

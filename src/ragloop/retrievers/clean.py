@@ -491,17 +491,21 @@ def _same_tag(name: str) -> re.Pattern[str]:
 
 def _clean_prose(text: str, *, markdown: bool, html_doc: bool = False, deadline: _Deadline | None = None) -> str:
     check = deadline.check if deadline is not None else _no_deadline
-    text = _sub_paired(text, _HTML_COMMENT, _drop, unclosed=_hide_rest)
-    text = _sub_paired(text, _CDATA, _drop, unclosed=_hide_rest)
+    # Markdown and HTML are rendered, so what a browser would hide is dropped, unterminated constructs included;
+    # a plain-text file is read as is, so only complete constructs are removed from it.
+    rendered = markdown or html_doc
+    text = _sub_paired(text, _HTML_COMMENT, _drop, unclosed=_hide_rest if rendered else None)
+    text = _sub_paired(text, _CDATA, _drop, unclosed=_hide_rest if rendered else None)
     text = _SELF_CLOSED_DROP.sub("", text)
     text = _sub_paired(
         text,
         (_DROP_OPEN, _DROP_CLOSE, None),
         _drop,
-        unclosed=lambda m: "" if m.group(1).lower() in _HIDES_REST else None,
+        unclosed=lambda m: "" if rendered and m.group(1).lower() in _HIDES_REST else None,
     )
     check()
-    text = _drop_hidden(text)
+    if rendered:
+        text = _drop_hidden(text)
     text = _DECLARATION.sub("", text)
     text = _DATA_URI.sub("", text)
     text = _B64_RUN.sub(_drop_blob, text)
