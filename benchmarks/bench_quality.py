@@ -160,7 +160,7 @@ def diagnose(
     """Where each judged document went in one turn."""
     record = reply.record
     gold = {d for d, r in rels.items() if r > 0}
-    first = record.decision["queries"]
+    first = record.decision.queries
     found_by: dict[str, set[str]] = {}
     for query, hits in calls:
         for hit in hits:
@@ -168,9 +168,9 @@ def diagnose(
     labels: dict[str, str] = {}
     order = {"relevant": 0, "partial": 1, "irrelevant": 2}
     for g in record.grades:
-        doc = doc_of(index, g["chunk_id"])
-        if doc not in labels or order[g["label"]] < order[labels[doc]]:
-            labels[doc] = g["label"]
+        doc = doc_of(index, g.chunk_id)
+        if doc not in labels or order[g.label] < order[labels[doc]]:
+            labels[doc] = g.label
     fates = {}
     for doc in gold:
         if doc in block_docs:
@@ -185,7 +185,7 @@ def diagnose(
         "qid": qid,
         "decide_queries": len(first),
         "queries": [q for q, _ in calls],
-        "rewrites": len([r for r in record.rewrites if r.get("accepted")]),
+        "rewrites": len([r for r in record.rewrites if r.accepted]),
         "fast_path": record.fast_path,
         "outcome": reply.outcome,
         "gold_fates": fates,

@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import attrs
 from hypothesis import strategies as st
+
+from ragloop.runner import Graph
+from ragloop.state import QueryState, TurnState
+from ragloop.testing import (
+    FakeAnswerer,
+    FakeBridger,
+    FakeDecider,
+    FakeGrader,
+    FakeRetriever,
+    FakeRewriter,
+    make_hit,
+)
+from ragloop.turn import TurnSettings, build_graph, default_nodes
 
 __all__ = [
     "OFFLINE_CORPUS",
     "error_numbers",
     "fence_attack_text",
+    "graph_of",
     "markdown_documents",
     "markup_fragments",
     "markup_text",
@@ -15,7 +32,9 @@ __all__ = [
     "ticket_numbers",
     "topic_words",
     "topics",
+    "turn_node",
     "versions",
+    "with_queries",
     "words",
 ]
 
@@ -230,7 +249,6 @@ def _stopwords() -> frozenset[str]:
 
 # --- nodes ----------------------------------------------------------------------------------------------
 
-
 # --- plans ----------------------------------------------------------------------------------------------
 
 
@@ -243,3 +261,55 @@ def plan_dags(draw: st.DrawFn, max_size: int = 8) -> list[tuple[str, tuple[str, 
         for i in range(n)
     ]
     return draw(st.permutations(nodes))
+
+
+# --- nodes and turn -------------------------------------------------------------------------------------
+# Not strategies, but shared by tests/nodes/* and tests/test_turn.py: a state with queries, a node wired the way
+# the default turn wires it (TurnSettings defaults, in-memory fakes), and the default graph over fakes.
+
+
+def with_queries(*queries: str, question: str = "q", status: str = "pending") -> TurnState:
+    """A state whose decide step made ``queries``; pending for retrieve unless another status is given."""
+    state = TurnState(question=question)
+    for q in queries:
+        state.queries[q] = QueryState(text=q, root=q, status=status)  # type: ignore[arg-type]
+    state.pending = list(queries) if status == "pending" else []
+    return state
+
+
+def _fakes(**overrides: Any) -> dict[str, Any]:
+    parts: dict[str, Any] = {
+        "retriever": FakeRetriever(lambda q: [make_hit(f"about {q}", confidence=0.3)]),
+        "decider": FakeDecider(),
+        "grader": FakeGrader(),
+        "rewriter": FakeRewriter(),
+        "answerer": FakeAnswerer(),
+    }
+    parts.update(overrides)
+    return parts
+
+
+def turn_node(name: str, /, *, settings: TurnSettings = TurnSettings(), **fields: Any) -> Any:
+    """The default turn's ``name`` node with the given fields replaced.
+
+    Collaborators of :func:`ragloop.turn.default_nodes` (``retriever``, ``live_sources``, ``bridger`` …) wire
+    the node as the turn would (``live_sources`` also shape the routing policy); any other keyword replaces
+    the node's own field (``timeout_s=0.05``).
+    """
+    wiring = {k: fields.pop(k) for k in list(fields) if k in _WIRING}
+    if name == "hop" and "bridger" not in wiring:
+        wiring["bridger"] = FakeBridger()
+    node = default_nodes(settings=settings, **_fakes(**wiring))[name]
+    return attrs.evolve(node, **fields)
+
+
+_WIRING = frozenset(
+    {"retriever", "decider", "grader", "rewriter", "answerer", "live_sources", "embedder", "bridger"}
+    | {"fallback_decider", "fallback_answerer"}
+)
+
+
+def graph_of(**overrides: Any) -> Graph:
+    """The default chat-turn graph over in-memory fakes (weak hits for every query), with overrides."""
+    settings = overrides.pop("settings", TurnSettings())
+    return build_graph(default_nodes(settings=settings, **_fakes(**overrides)), settings)

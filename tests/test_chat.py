@@ -77,7 +77,7 @@ class TestSampleTurns:
     async def test_two_topics_two_queries(self, rag: ChatRAG) -> None:
         """A two-topic question searches twice and cites both pages."""
         reply = await rag.ask("How do I export my workspace data and how long is the audit log kept?")
-        assert len(reply.record.decision["queries"]) == 2
+        assert len(reply.record.decision.queries) == 2
         sources = {c.source for c in reply.citations}
         assert {"data-export.md", "audit-log.md"} <= sources
 
@@ -89,9 +89,9 @@ class TestSampleTurns:
         await rag.aclose()
         assert "live" in reply.record.path
         lookup = reply.record.live[0]
-        assert lookup["accepted"] == ["1234"] and lookup["mismatches"] and "1234" not in lookup["mismatches"]
+        assert lookup.accepted == ("1234",) and lookup.mismatches and "1234" not in lookup.mismatches
         assert any(c.source.endswith("/tickets/1234") for c in reply.citations)
-        assert not any(c.source.endswith(f"/tickets/{m}") for m in lookup["mismatches"] for c in reply.citations)
+        assert not any(c.source.endswith(f"/tickets/{m}") for m in lookup.mismatches for c in reply.citations)
 
     async def test_record_is_json_ready(self, rag: ChatRAG) -> None:
         """The decision record serialises to JSON with the documented keys."""

@@ -239,7 +239,9 @@ class TestEndings:
 
     async def test_summarize_extends_turn_record(self) -> None:
         """The summarize hook's fields land in the turn.finished event."""
-        g = Graph({"a": Fn("a", (END,), to(END))}, start="a", finish="a", summarize=lambda s: {"seen": len(s.seen)})
+        g = Graph(
+            {"a": Fn("a", (END,), to(END))}, start="a", finish="a", summarize=lambda r: {"seen": len(r.state.seen)}
+        )
         with structlog.testing.capture_logs() as logs:
             await g.run(Log())
         assert [e["seen"] for e in logs if e["event"] == "turn.finished"] == [1]

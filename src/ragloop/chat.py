@@ -31,6 +31,7 @@ from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
 from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.filters import FiltersArg, normalize_filters
 from ragloop.retrievers.live import LiveSource
+from ragloop.runner import RunResult
 from ragloop.state import Citation, ContextBlock, Message, Outcome, PageContext, TurnState
 from ragloop.turn import TurnRecord, TurnSettings, build_graph, default_nodes, turn_record
 
@@ -498,7 +499,7 @@ class ChatRAG:
         """
         state = self.new_state(question, history=history, page_url=page_url, page_title=page_title, filters=filters)
         result = await self.graph.run(state, deadline_s=self._deadline(deadline_s))
-        return _reply(result.state, turn_record(result))
+        return _reply(result)
 
     async def stream(
         self,
@@ -521,7 +522,7 @@ class ChatRAG:
             async for event in events:
                 if isinstance(event, RunFinished):
                     yield event
-                    yield ReplyReady(_reply(event.result.state, turn_record(event.result)), run_id=event.run_id)
+                    yield ReplyReady(_reply(event.result), run_id=event.run_id)
                 else:
                     yield event
         finally:
@@ -535,7 +536,10 @@ class ChatRAG:
             await self.store.aclose()
 
 
-def _reply(state: TurnState, record: TurnRecord) -> Reply:
+def _reply(result: RunResult) -> Reply:
+    """The turn's reply; its record is the one the runner built and logged (``turn.finished``)."""
+    state: TurnState = result.state
+    record = result.record if isinstance(result.record, TurnRecord) else turn_record(result)
     return Reply(
         text=state.answer,
         outcome=state.outcome or "none",

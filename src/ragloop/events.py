@@ -76,6 +76,8 @@ class RunResult:
         stopped_by: ``end``, ``step_cap``, ``deadline`` or ``error``.
         duration: Seconds the whole run took.
         error: The node error that stopped the run, if any.
+        record: What the graph's ``summarize`` hook built from this result (the chat turn's decision
+            record), if the graph has one; it is also what the ``turn.finished`` event logged.
     """
 
     run_id: str
@@ -84,6 +86,7 @@ class RunResult:
     stopped_by: StoppedBy
     duration: float
     error: BaseException | None = field(default=None, eq=False)
+    record: Any = field(default=None, eq=False)
 
     @property
     def path(self) -> tuple[str, ...]:

@@ -28,7 +28,7 @@ from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 import anyio
-from attrs import define, evolve, field
+from attrs import asdict, define, evolve, field, has
 
 from ragloop._log import get_logger
 from ragloop.errors import GraphError, RagloopError, RouteError
@@ -103,7 +103,8 @@ class Graph:
         finish: The node that ends every run that does not end on its own; it may only return ``END``.
         max_steps: Most nodes run before the finish node is forced.
         finish_grace_s: Time the finish node gets past the deadline before it is cancelled and salvaged.
-        summarize: Optional ``state → dict`` merged into the ``turn.finished`` log event.
+        summarize: Optional ``RunResult → record`` built once per run: kept as ``RunResult.record`` and
+            merged into the ``turn.finished`` log event (an attrs instance as ``attrs.asdict``, else a mapping).
         context: Optional ``state → context manager`` entered around every run, in the task that runs
             the nodes (e.g. to install per-turn context variables).
 
@@ -120,7 +121,7 @@ class Graph:
         finish: str,
         max_steps: int = 12,
         finish_grace_s: float = 5.0,
-        summarize: Callable[[Any], Mapping[str, Any]] | None = None,
+        summarize: Callable[[RunResult], Any] | None = None,
         context: Callable[[Any], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> None:
         known = ", ".join(sorted(nodes)) or "(none)"
@@ -180,12 +181,11 @@ class Graph:
             _log_step.reset(tokens[1])
             _log_node.reset(tokens[2])
         result = RunResult(run_id, state, tuple(run.trace), stopped_by, time.perf_counter() - run.t0, failure)
+        result = evolve(result, record=self.summarize(result) if self.summarize is not None else None)
         timings = {k: round(v, 6) for k, v in result.timings.items()}
-        extra = dict(self.summarize(state)) if self.summarize else {}
-        duration = round(result.duration, 6)
-        run.log.info(
-            "turn.finished", path=list(result.path), timings=timings, stopped_by=stopped_by, duration=duration, **extra
-        )
+        extra = asdict(result.record) if has(type(result.record)) else dict(result.record or {})
+        fields = {"path": list(result.path), "timings": timings, "stopped_by": stopped_by, **extra}
+        run.log.info("turn.finished", **{"duration": round(result.duration, 6), **fields})
         if on_event is not None:
             await on_event(RunFinished(result, run_id=run_id))
         return result

@@ -25,12 +25,15 @@ __all__ = [
     "Decision",
     "Graded",
     "Hit",
+    "HopAttempt",
     "Label",
+    "LiveLookup",
     "Message",
     "Outcome",
     "PageContext",
     "QueryState",
     "QueryStatus",
+    "RewriteAttempt",
     "TurnState",
     "Verdict",
 ]
@@ -272,6 +275,65 @@ class Citation:
     url: str = ""
 
 
+@frozen
+class LiveLookup:
+    """One live-source lookup for a short query (live).
+
+    Attributes:
+        query: The query whose text carried the source's signal.
+        source: The live source's name.
+        ids: The ids asked for.
+        accepted: Ids of the records that matched exactly and became context.
+        mismatches: Ids of the records returned for other ids (rejected).
+        error: Why the lookup failed, if it did.
+    """
+
+    query: str
+    source: str
+    ids: tuple[str, ...]
+    accepted: tuple[str, ...] = ()
+    mismatches: tuple[str, ...] = ()
+    error: str | None = None
+
+
+@frozen
+class RewriteAttempt:
+    """One rewrite of a short query (rewrite).
+
+    Attributes:
+        original: The short query rewritten.
+        root: The decide query it descends from.
+        attempt: Which rewrite of that root this is (1, 2 …).
+        to: The rewrite (empty when the rewriter failed).
+        accepted: Whether it was searched (new, not a near-duplicate of a tried query).
+        reason: ``new angle``, or why it was rejected.
+    """
+
+    original: str
+    root: str
+    attempt: int
+    to: str
+    accepted: bool
+    reason: str
+
+
+@frozen
+class HopAttempt:
+    """One follow-up (second-hop) attempt (hop).
+
+    Attributes:
+        query: The follow-up query, if the bridger proposed one.
+        found: Relevant passages the bridger was shown.
+        accepted: Whether the follow-up was searched.
+        reason: Why it was or was not.
+    """
+
+    query: str | None
+    found: int
+    accepted: bool
+    reason: str
+
+
 @define
 class TurnState:
     """The shared state of one chat turn; each field names the node that writes it.
@@ -285,18 +347,16 @@ class TurnState:
         plan: The retrieval plan, its waves and each sub-query's fate, when the turn planned (plan).
         queries: Every query of the turn, by text, in the order they were made (decide, rewrite).
         pending: Queries the next retrieve must run (decide, rewrite; retrieve clears it).
-        hits: The merged, deduplicated hits of the latest retrieve (retrieve).
         shown: Chunk ids already retrieved this turn; the thrash guard (retrieve).
         fast_path: True when retrieve skipped grading (retrieve).
-        graded: Every graded hit, per query (grade, live).
-        fail_open: ``(query, chunk_id, reason)`` for each grader failure that kept a chunk (grade).
-        live: What the live sources did: triggers, records, mismatches, errors (live).
-        rewrites: ``{"from", "to", "accepted", "reason"}`` per rewrite attempt (rewrite).
-        hops: ``{"query", "found", "accepted", "reason"}`` per follow-up hop attempt (hop).
+        graded: Every graded hit, per query (grade, live); a grader failure is a verdict with ``fail_open``.
+        live: Every live-source lookup (live).
+        rewrites: Every rewrite attempt (rewrite).
+        hops: Every follow-up hop attempt (hop).
         outcome: How the turn ended up (answer).
         missing: Queries left unanswered, for a partial or none outcome (answer).
         blocks: The numbered context handed to the answerer (answer).
-        answer: The full reply text (answer).
+        answer: The reply text; while answer streams, the text sent so far (answer).
         citations: The ``[n]`` references of the reply, resolved (answer).
         errors: ``node: error`` notes of failures nodes absorbed (any node).
         usage: The judge calls of the turn (every judge, through :func:`ragloop.usage.record_call`).
@@ -310,14 +370,12 @@ class TurnState:
     plan: PlanRun | None = None
     queries: dict[str, QueryState] = field(factory=dict)
     pending: list[str] = field(factory=list)
-    hits: list[Hit] = field(factory=list)
     shown: set[str] = field(factory=set)
     fast_path: bool = False
     graded: list[Graded] = field(factory=list)
-    fail_open: list[tuple[str, str, str]] = field(factory=list)
-    live: list[dict[str, object]] = field(factory=list)
-    rewrites: list[dict[str, object]] = field(factory=list)
-    hops: list[dict[str, object]] = field(factory=list)
+    live: list[LiveLookup] = field(factory=list)
+    rewrites: list[RewriteAttempt] = field(factory=list)
+    hops: list[HopAttempt] = field(factory=list)
     outcome: Outcome | None = None
     missing: tuple[str, ...] = ()
     blocks: tuple[ContextBlock, ...] = ()

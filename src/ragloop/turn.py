@@ -12,45 +12,65 @@ from typing import Any
 import attrs
 from attrs import frozen
 
+from ragloop.events import StoppedBy
 from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
-from ragloop.nodes.answer import Answer
+from ragloop.nodes.answer import Answer, Extractive
 from ragloop.nodes.decide import Decide
 from ragloop.nodes.grade import Grade
 from ragloop.nodes.hop import Hop
 from ragloop.nodes.live import Live
 from ragloop.nodes.retrieve import Retrieve
 from ragloop.nodes.rewrite import Rewrite
+from ragloop.policy import RoutingPolicy
 from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.live import LiveSource
 from ragloop.runner import Graph, Node, RunResult
-from ragloop.state import TurnState
+from ragloop.state import HopAttempt, Label, LiveLookup, Outcome, QueryStatus, RewriteAttempt, TurnState
 from ragloop.usage import metering
 
-__all__ = ["TurnRecord", "TurnSettings", "build_graph", "default_nodes", "turn_record", "turn_summary"]
+__all__ = [
+    "CallRecord",
+    "DecisionRecord",
+    "GradeRecord",
+    "QueryRecord",
+    "TokenCounts",
+    "TurnRecord",
+    "TurnSettings",
+    "build_graph",
+    "default_nodes",
+    "turn_record",
+]
 
 
 @frozen
 class TurnSettings:
-    """Knobs of the default chat turn.
+    """Knobs of the default chat turn: the one place their defaults are written (the nodes take them as
+    required arguments).
 
     Attributes:
         max_queries: Most queries decide may start.
         k: Hits per query.
         per_query_budget: Merged hits kept for one query.
         total_budget: Most merged hits kept per retrieve, however many queries.
+        retrieve_concurrency: Queries searched at once.
         fast_path_confidence: Confidence a hit needs to count for the fast path.
         fast_path_min_hits: A single query with this many confident hits skips grading (only those are kept).
+        min_relevant: Relevant hits a query needs to count as answered (partial hits never suffice alone).
+        grade_concurrency: Grades run at once.
         max_attempts: Rewrites per decide query before it is given up as ``no_context``.
+        overlap_threshold: Normalised-term overlap at or above which a rewrite repeats a tried query.
+        cosine_threshold: Embedding cosine at or above which a rewrite repeats a tried query (with an embedder).
         max_hops: Follow-up (second-hop) searches per turn once every query found something; they run
             only with a bridger.
         max_blocks: Most context blocks handed to the answerer.
         retrieve_timeout_s: Time limit per query's search.
         grade_timeout_s: Time limit per grade (past it the chunk is kept: fail-open).
         rewrite_timeout_s: Time limit per rewrite.
+        hop_timeout_s: Time limit for the bridger's follow-up query.
         live_timeout_s: Time limit per live lookup.
-        max_steps: The runner's step cap. The longest regular turn with the defaults is 14 steps (decide; four
-            retrieve/grade rounds: the first, two rewrites and a hop; live; two rewrites; hop; answer), so
-            16 leaves room and a cap means something went wrong.
+        max_steps: The runner's step cap. The longest regular turn with the defaults is 15 steps (decide; the
+            first retrieve/grade round; two rewrite rounds, each after a live lookup; a hop round; answer:
+            ``tests/test_policy.py`` checks the bound), so 16 leaves room and a cap means something went wrong.
         deadline_s: Default time limit for a whole turn (``None``: no limit).
     """
 
@@ -58,17 +78,36 @@ class TurnSettings:
     k: int = 8
     per_query_budget: int = 6
     total_budget: int = 12
+    retrieve_concurrency: int = 8
     fast_path_confidence: float = 0.75
     fast_path_min_hits: int = 2
+    min_relevant: int = 1
+    grade_concurrency: int = 16
     max_attempts: int = 2
+    overlap_threshold: float = 0.6
+    cosine_threshold: float = 0.95
     max_hops: int = 1
     max_blocks: int = 8
     retrieve_timeout_s: float = 5.0
     grade_timeout_s: float = 10.0
     rewrite_timeout_s: float = 10.0
+    hop_timeout_s: float = 10.0
     live_timeout_s: float = 5.0
     max_steps: int = 16
     deadline_s: float | None = 60.0
+
+    def policy(self, *, live_sources: Sequence[LiveSource] = (), hops: bool = True) -> RoutingPolicy:
+        """The routing policy for a turn with these live sources (and a bridger, when ``hops``)."""
+        sources = tuple(live_sources)
+
+        def live_signal(text: str) -> bool:
+            return any(source.signals(text) for source in sources)
+
+        return RoutingPolicy(
+            max_attempts=self.max_attempts,
+            max_hops=self.max_hops if hops else 0,
+            live_signal=live_signal if sources else None,
+        )
 
 
 def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
@@ -85,9 +124,13 @@ def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYL
     fallback_answerer: Answerer | None = None,
     bridger: Bridger | None = None,
 ) -> dict[str, Node]:
-    """The seven nodes of the default turn, wired to the given collaborators (no bridger: no hops)."""
+    """The seven nodes of the default turn, wired to the given collaborators (no bridger: no hops).
+
+    A ``fallback_answerer`` that can also compose a reply without I/O (the offline one: an
+    :class:`~ragloop.nodes.answer.Extractive`) ends a reply the deadline cut short (``Answer.salvage``).
+    """
     s = settings
-    max_hops = s.max_hops if bridger is not None else 0
+    policy = s.policy(live_sources=live_sources, hops=bridger is not None)
     return {
         "decide": Decide(decider, max_queries=s.max_queries, fallback=fallback_decider),
         "retrieve": Retrieve(
@@ -96,34 +139,148 @@ def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYL
             per_query_budget=s.per_query_budget,
             total_budget=s.total_budget,
             timeout_s=s.retrieve_timeout_s,
+            max_concurrency=s.retrieve_concurrency,
             fast_path_confidence=s.fast_path_confidence,
             fast_path_min_hits=s.fast_path_min_hits,
         ),
         "grade": Grade(
-            grader, live_sources, max_attempts=s.max_attempts, timeout_s=s.grade_timeout_s, max_hops=max_hops
+            grader,
+            policy=policy,
+            min_relevant=s.min_relevant,
+            timeout_s=s.grade_timeout_s,
+            max_concurrency=s.grade_concurrency,
         ),
-        "hop": Hop(bridger, timeout_s=s.rewrite_timeout_s),
-        "live": Live(live_sources, max_attempts=s.max_attempts, timeout_s=s.live_timeout_s),
-        "rewrite": Rewrite(rewriter, max_attempts=s.max_attempts, embedder=embedder, timeout_s=s.rewrite_timeout_s),
-        "answer": Answer(answerer, fallback=fallback_answerer, max_blocks=s.max_blocks),
+        "hop": Hop(bridger, policy=policy, timeout_s=s.hop_timeout_s),
+        "live": Live(live_sources, policy=policy, timeout_s=s.live_timeout_s),
+        "rewrite": Rewrite(
+            rewriter,
+            policy=policy,
+            overlap_threshold=s.overlap_threshold,
+            cosine_threshold=s.cosine_threshold,
+            timeout_s=s.rewrite_timeout_s,
+            embedder=embedder,
+        ),
+        "answer": Answer(
+            answerer,
+            max_blocks=s.max_blocks,
+            fallback=fallback_answerer,
+            extractive=fallback_answerer if isinstance(fallback_answerer, Extractive) else None,
+        ),
     }
 
 
 def build_graph(nodes: Mapping[str, Node], settings: TurnSettings = TurnSettings()) -> Graph:
-    """The default chat-turn graph over ``nodes`` (see :func:`default_nodes`)."""
+    """The default chat-turn graph over ``nodes`` (see :func:`default_nodes`).
+
+    Its ``summarize`` hook is :func:`turn_record`: the runner builds the decision record once per run, logs it
+    as the ``turn.finished`` event and keeps it as ``RunResult.record`` (which ``Reply.record`` is).
+    """
     return Graph(
         nodes,
         start="decide",
         finish="answer",
         max_steps=settings.max_steps,
-        summarize=turn_summary,
+        summarize=turn_record,
         context=lambda state: metering(state.usage),
     )
 
 
 @frozen
+class DecisionRecord:
+    """What decide chose.
+
+    Attributes:
+        direct: True when the turn answered without searching.
+        reason: The decider's reason.
+        queries: The searches it started.
+    """
+
+    direct: bool
+    reason: str
+    queries: tuple[str, ...]
+
+
+@frozen
+class QueryRecord:
+    """One query of the turn and what became of it.
+
+    Attributes:
+        text: The query.
+        root: The decide query it descends from.
+        attempt: 0 for decide's query, n for its n-th rewrite.
+        status: Its final status.
+        hits: Hits it kept after the merge.
+        best_score: Its best retrieval score.
+        error: Why its search failed, if it did.
+        hop: True for a follow-up (second-hop) query.
+    """
+
+    text: str
+    root: str
+    attempt: int
+    status: QueryStatus
+    hits: int
+    best_score: float | None
+    error: str | None
+    hop: bool
+
+
+@frozen
+class GradeRecord:
+    """One graded hit.
+
+    Attributes:
+        query: The query it was graded against.
+        chunk_id: The chunk.
+        label: ``relevant``, ``partial`` or ``irrelevant``.
+        reason: The grader's reason.
+        fail_open: True when the grader failed and the chunk was kept anyway.
+    """
+
+    query: str
+    chunk_id: str
+    label: Label
+    reason: str
+    fail_open: bool
+
+
+@frozen
+class CallRecord:
+    """One judge call.
+
+    Attributes:
+        judge: ``decide``, ``grade``, ``rewrite``, ``answer``, ``bridge`` …
+        model: The model, or ``offline``.
+        seconds: Its wall time.
+        error: Its error, if it failed.
+    """
+
+    judge: str
+    model: str
+    seconds: float
+    error: str | None
+
+
+@frozen
+class TokenCounts:
+    """Tokens the turn's model calls used.
+
+    Attributes:
+        prompt: Prompt tokens.
+        completion: Completion tokens.
+        total: Both.
+    """
+
+    prompt: int
+    completion: int
+    total: int
+
+
+@frozen
 class TurnRecord:
     """The per-turn decision record: what the turn decided, found, judged and answered.
+
+    Built once per turn by :func:`turn_record`; :meth:`as_dict` is its JSON form.
 
     Attributes:
         run_id: The runner's run id (also bound in the logs).
@@ -131,119 +288,81 @@ class TurnRecord:
         timings: Seconds per node.
         stopped_by: ``end``, ``step_cap``, ``deadline`` or ``error``.
         seconds: Wall time of the turn.
-        decision: decide's choice: ``direct``, ``reason``, ``queries``.
-        queries: Per query: text, root, attempt, status, hits, best_score, error.
+        decision: What decide chose.
+        queries: Every query and what became of it.
         fast_path: Whether grading was skipped.
-        grades: Per graded hit: query, chunk_id, label, reason, fail_open.
+        grades: Every graded hit.
         fail_open: How many grades failed open.
-        live: Live-source lookups: query, source, ids, accepted, mismatches, error.
-        rewrites: Rewrite attempts: from, to, attempt, accepted, reason.
-        hops: Follow-up hop attempts: query, found, accepted, reason.
+        live: Live-source lookups.
+        rewrites: Rewrite attempts.
+        hops: Follow-up hop attempts.
         outcome: ``context``, ``partial``, ``none`` or ``direct``.
         missing: Decide queries left unanswered.
         llm_calls: Calls that went to a model.
-        tokens: ``prompt``, ``completion``, ``total`` tokens.
-        calls: Per judge call: judge, model, seconds, error.
+        tokens: Tokens those calls used.
+        calls: Every judge call.
         errors: Failures the nodes absorbed, and the node error that stopped the run.
     """
 
     run_id: str
     path: tuple[str, ...]
-    timings: dict[str, float]
-    stopped_by: str
+    timings: Mapping[str, float]
+    stopped_by: StoppedBy
     seconds: float
-    decision: dict[str, Any]
-    queries: tuple[dict[str, Any], ...]
+    decision: DecisionRecord
+    queries: tuple[QueryRecord, ...]
     fast_path: bool
-    grades: tuple[dict[str, Any], ...]
+    grades: tuple[GradeRecord, ...]
     fail_open: int
-    live: tuple[dict[str, Any], ...]
-    rewrites: tuple[dict[str, Any], ...]
-    hops: tuple[dict[str, Any], ...]
-    outcome: str
+    live: tuple[LiveLookup, ...]
+    rewrites: tuple[RewriteAttempt, ...]
+    hops: tuple[HopAttempt, ...]
+    outcome: Outcome
     missing: tuple[str, ...]
     llm_calls: int
-    tokens: dict[str, int]
-    calls: tuple[dict[str, Any], ...]
+    tokens: TokenCounts
+    calls: tuple[CallRecord, ...]
     errors: tuple[str, ...]
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
+        """A JSON-ready dict (nested records as dicts, tuples as lists)."""
         return attrs.asdict(self)
 
 
-def turn_summary(state: TurnState) -> dict[str, Any]:
-    """The turn's record fields that come from the state and the usage meter (everything but the trace)."""
+def turn_record(result: RunResult) -> TurnRecord:
+    """The decision record of a finished turn, from the run's result."""
+    state: TurnState = result.state
     calls = state.usage.calls
     prompt = sum(c.prompt_tokens for c in calls)
     completion = sum(c.completion_tokens for c in calls)
     decision = state.decision
-    return {
-        "decision": {
-            "direct": bool(decision and decision.direct),
-            "reason": decision.reason if decision else "decide did not run",
-            "queries": list(decision.queries) if decision else [],
-        },
-        "queries": [
-            {
-                "text": q.text,
-                "root": q.root,
-                "attempt": q.attempt,
-                "status": q.status,
-                "hits": len(q.hits),
-                "best_score": q.best_score,
-                "error": q.error,
-                "hop": q.hop,
-            }
-            for q in state.queries.values()
-        ],
-        "fast_path": state.fast_path,
-        "grades": [
-            {
-                "query": g.query,
-                "chunk_id": g.hit.id,
-                "label": g.verdict.label,
-                "reason": g.verdict.reason,
-                "fail_open": g.verdict.fail_open,
-            }
-            for g in state.graded
-        ],
-        "fail_open": len(state.fail_open),
-        "live": [dict(e) for e in state.live],
-        "rewrites": [dict(e) for e in state.rewrites],
-        "hops": [dict(e) for e in state.hops],
-        "outcome": state.outcome or "none",
-        "missing": list(state.missing),
-        "llm_calls": sum(1 for c in calls if c.model != "offline"),
-        "tokens": {"prompt": prompt, "completion": completion, "total": prompt + completion},
-        "calls": [
-            {"judge": c.judge, "model": c.model, "seconds": round(c.seconds, 6), "error": c.error} for c in calls
-        ],
-        "errors": list(state.errors),
-    }
-
-
-def turn_record(result: RunResult) -> TurnRecord:
-    """The decision record of a finished turn."""
-    s = turn_summary(result.state)
     return TurnRecord(
         run_id=result.run_id,
         path=result.path,
         timings={k: round(v, 6) for k, v in result.timings.items()},
         stopped_by=result.stopped_by,
         seconds=round(result.duration, 6),
-        decision=s["decision"],
-        queries=tuple(s["queries"]),
-        fast_path=s["fast_path"],
-        grades=tuple(s["grades"]),
-        fail_open=s["fail_open"],
-        live=tuple(s["live"]),
-        rewrites=tuple(s["rewrites"]),
-        hops=tuple(s["hops"]),
-        outcome=s["outcome"],
-        missing=tuple(s["missing"]),
-        llm_calls=s["llm_calls"],
-        tokens=s["tokens"],
-        calls=tuple(s["calls"]),
-        errors=(*s["errors"], *(f"{step.node}: {step.error}" for step in result.trace if step.error)),
+        decision=DecisionRecord(
+            direct=bool(decision and decision.direct),
+            reason=decision.reason if decision else "decide did not run",
+            queries=decision.queries if decision else (),
+        ),
+        queries=tuple(
+            QueryRecord(q.text, q.root, q.attempt, q.status, len(q.hits), q.best_score, q.error, q.hop)
+            for q in state.queries.values()
+        ),
+        fast_path=state.fast_path,
+        grades=tuple(
+            GradeRecord(g.query, g.hit.id, g.verdict.label, g.verdict.reason, g.verdict.fail_open) for g in state.graded
+        ),
+        fail_open=sum(g.verdict.fail_open for g in state.graded),
+        live=tuple(state.live),
+        rewrites=tuple(state.rewrites),
+        hops=tuple(state.hops),
+        outcome=state.outcome or "none",
+        missing=state.missing,
+        llm_calls=sum(1 for c in calls if c.model != "offline"),
+        tokens=TokenCounts(prompt, completion, prompt + completion),
+        calls=tuple(CallRecord(c.judge, c.model, round(c.seconds, 6), c.error) for c in calls),
+        errors=(*state.errors, *(f"{step.node}: {step.error}" for step in result.trace if step.error)),
     )

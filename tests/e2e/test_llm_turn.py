@@ -77,14 +77,14 @@ async def test_two_topics_issue_two_parallel_searches(sample_cache: Path) -> Non
     judges = [r.judge for r in server.chat_requests]
     decide_body = server.chat_requests[0].body
     assert decide_body["parallel_tool_calls"] is True and decide_body["model"] == "fast-model"
-    assert result.record.decision["queries"] == ["Lumen plan pricing per seat", "Lumen SAML SSO setup"]
-    graded_queries = {g["query"] for g in result.record.grades}
+    assert result.record.decision.queries == ("Lumen plan pricing per seat", "Lumen SAML SSO setup")
+    graded_queries = {g.query for g in result.record.grades}
     assert graded_queries == {"Lumen plan pricing per seat", "Lumen SAML SSO setup"}
     assert judges.count("answer") == 1 and judges[-1] == "answer"
     assert server.chat_requests[-1].body["model"] == "answer-model"
     assert result.outcome == "context" and result.text == "From the docs: see [1]."
     assert result.citations and result.citations[0].n == 1
-    assert result.record.tokens["total"] > 0 and result.record.llm_calls == len(judges)
+    assert result.record.tokens.total > 0 and result.record.llm_calls == len(judges)
 
 
 async def test_ticket_question_goes_live_and_rejects_wrong_id(sample_cache: Path) -> None:
@@ -100,11 +100,11 @@ async def test_ticket_question_goes_live_and_rejects_wrong_id(sample_cache: Path
         await rag.aclose()
     assert "live" in result.record.path
     lookup = result.record.live[0]
-    assert lookup["accepted"] == ["1234"] and lookup["mismatches"]
+    assert lookup.accepted == ("1234",) and lookup.mismatches
     assert result.outcome == "context"
     answer_prompt = server.chat_requests[-1].messages[-1]["content"]
     assert "Ticket #1234" in answer_prompt
-    assert all(f"Ticket #{m}:" not in answer_prompt for m in lookup["mismatches"])
+    assert all(f"Ticket #{m}:" not in answer_prompt for m in lookup.mismatches)
 
 
 async def test_failed_retrieval_is_rewritten_then_answered_honestly(sample_cache: Path) -> None:
@@ -119,7 +119,7 @@ async def test_failed_retrieval_is_rewritten_then_answered_honestly(sample_cache
     async with ScriptedOpenAIServer(matcher=m) as server, server.client(max_retries=0) as client:
         result = await rag_for(server, client, sample_cache).ask("Is the flux capacitor under warranty?")
     assert result.outcome == "none" and result.missing == ("Lumen flux capacitor warranty",)
-    assert [r["to"] for r in result.record.rewrites] == [
+    assert [r.to for r in result.record.rewrites] == [
         "time machine repair coverage",
         "interstellar shipping insurance claims",
     ]
@@ -143,7 +143,7 @@ async def test_faults_at_every_call_still_answer(sample_cache: Path) -> None:
     assert any(e.startswith("decide:") and "503" in e for e in record.errors)
     assert any(e.startswith("answer:") for e in record.errors)
     assert record.fail_open == len(record.grades) > 0
-    assert all(c["error"] for c in record.calls if c["model"] != "offline")
+    assert all(c.error for c in record.calls if c.model != "offline")
     assert "8 times" in result.text  # the offline answerer still quotes the page
 
 
@@ -153,7 +153,7 @@ async def test_malformed_tool_arguments_fall_back(sample_cache: Path) -> None:
     async with ScriptedOpenAIServer(matcher=m) as server, server.client(max_retries=0) as client:
         result = await rag_for(server, client, sample_cache).ask("How do I set up SAML single sign-on?")
     assert any("decide:" in e and "JudgeOutputError" in e for e in result.record.errors)
-    assert result.record.decision["queries"] and result.outcome == "context"
+    assert result.record.decision.queries and result.outcome == "context"
 
 
 async def test_deadline_still_answers(sample_cache: Path) -> None:

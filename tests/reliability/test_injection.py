@@ -124,7 +124,7 @@ def assert_citations_real(reply: Reply) -> None:
     numbers = {int(n) for group in re.findall(r"\[([\d,\s]+)\]", reply.text) for n in group.split(",")}
     blocks = {b.n: b for b in reply.blocks}
     assert numbers <= set(blocks), (numbers, set(blocks))
-    retrieved = {g["chunk_id"] for g in reply.record.grades}
+    retrieved = {g.chunk_id for g in reply.record.grades}
     assert all(c.chunk_id == blocks[c.n].chunk_id and c.chunk_id in retrieved for c in reply.citations)
 
 
@@ -133,7 +133,7 @@ async def test_offline_turn_never_follows_injected_text() -> None:
     index = small_index(injected_chunks())
     rag = offline_rag(index, settings=TurnSettings(k=10, max_blocks=8))
     reply = await rag.ask(QUESTION)
-    assert any(g["chunk_id"] in {c.id for c in injected_chunks()} for g in reply.record.grades)
+    assert any(g.chunk_id in {c.id for c in injected_chunks()} for g in reply.record.grades)
     for mark in INSTRUCTIONS:
         assert mark.lower() not in reply.text.lower(), mark
     assert_citations_real(reply)

@@ -86,9 +86,9 @@ async def test_fault_at_judge_is_absorbed_and_recorded(judge: str, kind: str) ->
     record = reply.record
     assert record.stopped_by == "end" and seconds < DEADLINE_S
     assert reply.text.strip()
-    failed = [c for c in record.calls if c["judge"] == judge and c["error"]]
+    failed = [c for c in record.calls if c.judge == judge and c.error]
     assert failed, f"no failed {judge} call in the record: {record.calls}"
-    assert all(marker(kind, judge) in c["error"] for c in failed), failed
+    assert all(marker(kind, judge) in c.error for c in failed), failed
     want = marker(kind, judge)
     if judge == "decide":
         # The offline decider took over: the turn still searched and answered from context.
@@ -97,11 +97,11 @@ async def test_fault_at_judge_is_absorbed_and_recorded(judge: str, kind: str) ->
     elif judge == "grade":
         # Fail-open: every graded chunk kept, each verdict naming the failure.
         assert record.fail_open == len(record.grades) > 0
-        assert all(g["fail_open"] and want in g["reason"] for g in record.grades)
+        assert all(g.fail_open and want in g.reason for g in record.grades)
         assert reply.outcome == "context"
     elif judge == "rewrite":
         # A failed rewrite ends that query's search honestly: outcome none, the query listed as missing.
-        assert record.rewrites and all(not r["accepted"] and want in str(r["reason"]) for r in record.rewrites)
+        assert record.rewrites and all(not r.accepted and want in str(r.reason) for r in record.rewrites)
         assert reply.outcome == "none" and record.missing and not reply.citations
     else:
         assert any(e.startswith("answer: ") and want in e for e in record.errors)
@@ -127,7 +127,7 @@ async def test_every_judge_failing_at_once_still_answers_honestly() -> None:
         count(kind, n, group="faults_injected")
     count("turns_llm_faults")
     assert reply.record.stopped_by == "end" and seconds < DEADLINE_S
-    assert {c["judge"] for c in reply.record.calls if c["error"]} >= {"decide", "grade", "answer"}
+    assert {c.judge for c in reply.record.calls if c.error} >= {"decide", "grade", "answer"}
     assert reply.outcome == "context" and "30 days" in reply.text and reply.citations
 
 
@@ -163,4 +163,4 @@ async def test_rate_limit_retry_after_is_honoured() -> None:
     count("rate_limited", 1, group="faults_injected")
     count("turns_llm_faults")
     assert len(decides) == 2 and decides[1].received_at - decides[0].received_at >= retry_after * 0.9
-    assert not any(c["error"] for c in reply.record.calls) and reply.outcome == "context"
+    assert not any(c.error for c in reply.record.calls) and reply.outcome == "context"

@@ -195,21 +195,21 @@ def check_reply(question: str, reply: Reply, run_ids: set[str], *, offline: bool
     run_ids.add(record.run_id)
     assert reply.text.strip() and record.stopped_by == "end"
     asked = {w.casefold() for w in _WORDS.findall(question)}
-    for query in record.decision["queries"]:
+    for query in record.decision.queries:
         assert {w.casefold() for w in _WORDS.findall(query)} <= asked, (question, record.decision)
-    texts = {q["text"] for q in record.queries}
-    assert all(q["root"] in texts for q in record.queries)
-    kept = {g["chunk_id"] for g in record.grades if g["label"] != "irrelevant"}
-    assert all(g["query"] in texts for g in record.grades)
+    texts = {q.text for q in record.queries}
+    assert all(q.root in texts for q in record.queries)
+    kept = {g.chunk_id for g in record.grades if g.label != "irrelevant"}
+    assert all(g.query in texts for g in record.grades)
     assert {b.chunk_id for b in reply.blocks} <= kept
     assert {c.chunk_id for c in reply.citations} <= {b.chunk_id for b in reply.blocks}
     if not offline:
-        assert all(c["model"] in ("fast", "offline") for c in record.calls)
+        assert all(c.model in ("fast", "offline") for c in record.calls)
         return
     # The usage meter is per turn: it holds exactly this turn's offline calls (chaos failures are not metered).
-    judged = Counter(c["judge"] for c in record.calls)
+    judged = Counter(c.judge for c in record.calls)
     assert judged["decide"] == 1 and judged["answer"] == 1
-    live_or_fast = sum(1 for g in record.grades if g["reason"].startswith(("tickets:", "fast path")))
+    live_or_fast = sum(1 for g in record.grades if g.reason.startswith(("tickets:", "fast path")))
     assert judged["grade"] == len(record.grades) - live_or_fast - record.fail_open
 
 

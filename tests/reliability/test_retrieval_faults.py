@@ -49,8 +49,8 @@ class TestQueryFaults:
         reply = await offline_rag(index, retriever=retriever, settings=settings).ask(TWO_TOPICS)
         count("retrieval_raise", sum("csv" in q.lower() for q in retriever.started), group="faults_injected")
         count("turns_retrieval_faults")
-        failed = [q for q in reply.record.queries if q["error"]]
-        assert failed and all("unavailable" in q["error"] and "csv" in q["text"].lower() for q in failed)
+        failed = [q for q in reply.record.queries if q.error]
+        assert failed and all("unavailable" in q.error and "csv" in q.text.lower() for q in failed)
         assert reply.outcome == "partial" and {c.source for c in reply.citations} == {"audit.md"}
         assert "400 days" in reply.text and any("csv" in m.lower() for m in reply.missing)
 
@@ -66,7 +66,7 @@ class TestQueryFaults:
         count("turns_retrieval_faults")
         assert retriever.cancelled, "the hanging search was never cancelled"
         assert time.perf_counter() - started < 3.0 and reply.record.stopped_by == "end"
-        assert any("timed out after 0.2s" in (q["error"] or "") for q in reply.record.queries)
+        assert any("timed out after 0.2s" in (q.error or "") for q in reply.record.queries)
         assert reply.outcome == "partial" and "400 days" in reply.text
 
     async def test_failing_embedder_answers_none_honestly(self) -> None:
@@ -79,7 +79,7 @@ class TestQueryFaults:
         count("turns_retrieval_faults")
         assert embedder.calls >= 1
         assert reply.outcome == "none" and not reply.citations and NOTHING_FOUND in reply.text
-        assert reply.record.queries and all("unreachable" in (q["error"] or "") for q in reply.record.queries)
+        assert reply.record.queries and all("unreachable" in (q.error or "") for q in reply.record.queries)
         assert reply.record.stopped_by == "end"
 
     async def test_failing_index_answers_none_honestly(self) -> None:
@@ -90,7 +90,7 @@ class TestQueryFaults:
         count("index_down", len(retriever.started), group="faults_injected")
         count("turns_retrieval_faults")
         assert reply.outcome == "none" and not reply.citations and NOTHING_FOUND in reply.text
-        assert all(q["error"] for q in reply.record.queries) and len(reply.record.missing) == 2
+        assert all(q.error for q in reply.record.queries) and len(reply.record.missing) == 2
 
 
 def _all_words(index: KnowledgeIndex) -> set[str]:
@@ -112,13 +112,13 @@ class TestLiveSource:
         question = "What is the status of ticket #1017?"
         down = await rag.ask(question)
         count("live_down", 1, group="faults_injected")
-        assert down.record.live and "does not exist" in str(down.record.live[0]["error"])
+        assert down.record.live and "does not exist" in str(down.record.live[0].error)
         assert down.text and down.record.stopped_by == "end" and not down.citations
         shutil.copy(default_tickets_path(), db)
         up = await rag.ask(question)
         await rag.aclose()
         count("turns_retrieval_faults", 2)
-        assert up.record.live[0]["accepted"] == ["1017"] and "error" not in up.record.live[0]
+        assert up.record.live[0].accepted == ("1017",) and up.record.live[0].error is None
         assert source.errors == 1 and source.connects >= 1
         assert any(c.source.endswith("/tickets/1017") for c in up.citations)
 
@@ -142,4 +142,4 @@ class TestLiveSource:
         assert source.lookups == len(ids)
         assert 1 <= source.max_in_flight <= limit
         for tid, reply in replies.items():
-            assert reply.record.live[0]["accepted"] == [str(tid)]  # type: ignore[attr-defined]
+            assert reply.record.live[0].accepted == (str(tid),)  # type: ignore[attr-defined]

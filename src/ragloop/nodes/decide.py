@@ -39,8 +39,8 @@ class Decide:
     """
 
     decider: Decider
-    max_queries: int = 4
-    fallback: Decider | None = None
+    max_queries: int = field(kw_only=True)
+    fallback: Decider | None = field(default=None, kw_only=True)
     routes: tuple[str, ...] = field(default=("retrieve", "answer"), init=False)
 
     async def __call__(self, state: TurnState) -> str:

@@ -10,11 +10,11 @@ from attrs import define, field
 from ragloop._log import get_logger
 from ragloop.events import Progress
 from ragloop.llm.protocols import Grader
-from ragloop.retrievers.live import LiveSource
+from ragloop.policy import RoutingPolicy, next_step
 from ragloop.runner import emit
 from ragloop.state import Graded, Hit, TurnState, Verdict
 
-__all__ = ["Grade", "grade_all", "route_after_grading"]
+__all__ = ["Grade", "grade_all"]
 
 log = get_logger("ragloop.nodes.grade")
 
@@ -50,47 +50,24 @@ async def grade_all(
     return [g for g in out if g is not None]
 
 
-def route_after_grading(
-    state: TurnState,
-    live_sources: Sequence[LiveSource],
-    max_attempts: int,
-    *,
-    live_done: bool = False,
-    max_hops: int = 0,
-) -> str:
-    """Where a turn goes once its queries are graded: live, rewrite, hop or answer."""
-    short = [q for q in state.queries.values() if q.status in ("short", "failed") and not q.hop]
-    if not short:
-        return "hop" if len(state.hops) < max_hops else "answer"
-    if not live_done and any(not q.live_tried and any(s.signals(q.text) for s in live_sources) for q in short):
-        return "live"
-    if any(q.attempt < max_attempts for q in short):
-        return "rewrite"
-    return "answer"
-
-
 @define
 class Grade:
     """Grades the latest retrieve's hits per query and marks each query ``enough`` or ``short``.
 
     Attributes:
         grader: The judge.
-        live_sources: Live sources, to know whether a short query should go to ``live``.
-        max_attempts: Rewrites allowed per decide query (must match the rewrite node's).
+        policy: Where the turn goes next (:func:`ragloop.policy.next_step`).
         min_relevant: Relevant hits a query needs to count as answered; partial hits are kept as context
             but never make a query ``enough`` on their own.
         timeout_s: Time limit per grade; past it the chunk is kept (fail-open).
         max_concurrency: Grades run at once.
-        max_hops: Follow-up hops per turn when every query is answered (0: no ``hop`` node).
     """
 
     grader: Grader
-    live_sources: Sequence[LiveSource] = ()
-    max_attempts: int = 2
-    min_relevant: int = 1
-    timeout_s: float = 10.0
-    max_concurrency: int = 16
-    max_hops: int = 0
+    policy: RoutingPolicy = field(kw_only=True)
+    min_relevant: int = field(kw_only=True)
+    timeout_s: float = field(kw_only=True)
+    max_concurrency: int = field(kw_only=True)
     routes: tuple[str, ...] = field(default=("live", "rewrite", "hop", "answer"), init=False)
 
     async def __call__(self, state: TurnState) -> str:
@@ -98,11 +75,9 @@ class Grade:
         pairs = [(q.text, h) for q in current for h in q.hits]
         graded = await grade_all(self.grader, pairs, timeout_s=self.timeout_s, max_concurrency=self.max_concurrency)
         state.graded.extend(graded)
-        for g in graded:
-            if g.verdict.fail_open:
-                state.fail_open.append((g.query, g.hit.id, g.verdict.reason))
-        if any(g.verdict.fail_open for g in graded):
-            log.warning("grade.fail_open", count=sum(g.verdict.fail_open for g in graded))
+        failed_open = sum(g.verdict.fail_open for g in graded)
+        if failed_open:
+            log.warning("grade.fail_open", count=failed_open)
         for q in current:
             relevant = sum(1 for g in graded if g.query == q.text and g.verdict.label == "relevant")
             q.status = "enough" if relevant >= self.min_relevant else "short"
@@ -114,4 +89,4 @@ class Grade:
                 data={q.text: q.status for q in current},
             )
         )
-        return route_after_grading(state, self.live_sources, self.max_attempts, max_hops=self.max_hops)
+        return next_step(state, self.policy, after="grade")

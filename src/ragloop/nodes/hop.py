@@ -8,8 +8,9 @@ from attrs import define, field
 from ragloop._log import get_logger
 from ragloop.events import Progress
 from ragloop.llm.protocols import Bridger
+from ragloop.policy import RoutingPolicy, next_step
 from ragloop.runner import emit
-from ragloop.state import QueryState, TurnState
+from ragloop.state import HopAttempt, QueryState, TurnState
 
 __all__ = ["Hop"]
 
@@ -25,33 +26,34 @@ class Hop:
 
     Attributes:
         bridger: The judge; ``None`` disables hops (the node routes straight to answer).
+        policy: Where the turn goes next (:func:`ragloop.policy.next_step`).
         timeout_s: Time limit for the bridger.
     """
 
-    bridger: Bridger | None = None
-    timeout_s: float = 10.0
+    bridger: Bridger | None
+    policy: RoutingPolicy = field(kw_only=True)
+    timeout_s: float = field(kw_only=True)
     routes: tuple[str, ...] = field(default=("retrieve", "answer"), init=False)
 
     async def __call__(self, state: TurnState) -> str:
         roots = state.roots()
         if self.bridger is None or not roots:
-            return "answer"
+            return next_step(state, self.policy, after="hop")
         found = [g.hit.text for g in state.graded if g.verdict.label == "relevant"]
-        entry: dict[str, object] = {"found": len(found)}
+        failure = None
         try:
             with anyio.fail_after(self.timeout_s):
                 query = await self.bridger.follow_up(state.question, found, list(state.queries))
         except Exception as exc:  # noqa: BLE001 — fail-open: a failed hop only means no extra context
-            query, entry["reason"] = None, f"bridger failed: {type(exc).__name__}: {exc}"
+            query, failure = None, f"bridger failed: {type(exc).__name__}: {exc}"
         query = " ".join(query.split()) if query else None
         accepted = bool(query) and query not in state.queries
-        entry.update(query=query, accepted=accepted)
-        entry.setdefault("reason", "follow-up from the relevant passages" if accepted else "no follow-up needed")
-        state.hops.append(entry)
+        reason = failure or ("follow-up from the relevant passages" if accepted else "no follow-up needed")
+        state.hops.append(HopAttempt(query, len(found), accepted, reason))
         if not accepted or query is None:
-            return "answer"
+            return next_step(state, self.policy, after="hop")
         log.info("hop.follow_up", query=query)
         state.queries[query] = QueryState(text=query, root=roots[0], attempt=0, hop=True)
         state.pending = [query]
         await emit(Progress(node="hop", kind="hop", message=f"following up: {query}", data={"query": query}))
-        return "retrieve"
+        return next_step(state, self.policy, after="hop")

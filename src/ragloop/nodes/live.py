@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import anyio
+import attrs
 from attrs import define, field
 
 from ragloop._log import get_logger
 from ragloop.events import Progress
-from ragloop.nodes.grade import route_after_grading
+from ragloop.policy import RoutingPolicy, is_short, next_step
 from ragloop.retrievers.live import LiveRecord, LiveSource
 from ragloop.runner import emit
-from ragloop.state import Chunk, Graded, Hit, TurnState, Verdict
+from ragloop.state import Chunk, Graded, Hit, LiveLookup, TurnState, Verdict
 from ragloop.text.ids import id_matches
 
 __all__ = ["Live", "record_hit", "split_matches"]
@@ -47,38 +48,37 @@ class Live:
 
     Attributes:
         sources: The live sources.
-        max_attempts: Rewrites allowed per decide query (for routing afterwards).
+        policy: Where the turn goes next (:func:`ragloop.policy.next_step`).
         timeout_s: Time limit per lookup; a slow or failing source is recorded and the turn goes on.
     """
 
-    sources: Sequence[LiveSource] = ()
-    max_attempts: int = 2
-    timeout_s: float = 5.0
+    sources: Sequence[LiveSource]
+    policy: RoutingPolicy = field(kw_only=True)
+    timeout_s: float = field(kw_only=True)
     routes: tuple[str, ...] = field(default=("rewrite", "answer"), init=False)
 
     async def __call__(self, state: TurnState) -> str:
         jobs = [
             (q, source, source.signals(q.text))
             for q in state.queries.values()
-            if q.status in ("short", "failed") and not q.live_tried
+            if is_short(q) and not q.live_tried
             for source in self.sources
         ]
         jobs = [(q, s, ids) for q, s, ids in jobs if ids]
 
         async def one(q_text: str, source: LiveSource, ids: tuple[str, ...]) -> None:
-            entry: dict[str, object] = {"query": q_text, "source": source.name, "ids": list(ids)}
             try:
                 with anyio.fail_after(self.timeout_s):
                     records = list(await source.lookup(q_text, ids))
             except Exception as exc:  # noqa: BLE001 — fail-open: a down source must not sink the turn
-                entry["error"] = f"{type(exc).__name__}: {exc}"
-                log.warning("live.failed", source=source.name, error=entry["error"])
-                state.live.append(entry)
+                error = f"{type(exc).__name__}: {exc}"
+                log.warning("live.failed", source=source.name, error=error)
+                state.live.append(LiveLookup(q_text, source.name, ids, error=error))
                 return
             accepted, rejected = split_matches(ids, records)
-            entry["accepted"] = [r.id for r in accepted]
-            entry["mismatches"] = [r.id for r in rejected]
-            state.live.append(entry)
+            state.live.append(
+                LiveLookup(q_text, source.name, ids, tuple(r.id for r in accepted), tuple(r.id for r in rejected))
+            )
             if rejected:
                 log.info("live.mismatch", source=source.name, requested=list(ids), got=[r.id for r in rejected])
             query = state.queries[q_text]
@@ -99,7 +99,7 @@ class Live:
                 node="live",
                 kind="live",
                 message=f"asked {len(jobs)} live source(s)",
-                data={"lookups": list(state.live)},
+                data={"lookups": [attrs.asdict(lookup) for lookup in state.live]},
             )
         )
-        return route_after_grading(state, self.sources, self.max_attempts, live_done=True)
+        return next_step(state, self.policy, after="live")

@@ -338,5 +338,4 @@ class PlanNode:
             q.status = "enough"
             for h in hits:
                 state.graded.append(Graded(text, h, Verdict("relevant", reason=f"{sub.source}: {h.chunk.title}")))
-        state.hits = [h for q in state.queries.values() if q.status == "pending" for h in q.hits]
         return "grade" if to_grade else "answer"

@@ -90,13 +90,13 @@ class Retrieve:
     """
 
     retriever: Retriever
-    k: int = 8
-    per_query_budget: int = 6
-    total_budget: int = 12
-    timeout_s: float = 5.0
-    max_concurrency: int = 8
-    fast_path_confidence: float = 0.75
-    fast_path_min_hits: int = 2
+    k: int = field(kw_only=True)
+    per_query_budget: int = field(kw_only=True)
+    total_budget: int = field(kw_only=True)
+    timeout_s: float = field(kw_only=True)
+    max_concurrency: int = field(kw_only=True)
+    fast_path_confidence: float = field(kw_only=True)
+    fast_path_min_hits: int = field(kw_only=True)
     routes: tuple[str, ...] = field(default=("grade", "answer"), init=False)
 
     async def __call__(self, state: TurnState) -> str:
@@ -131,7 +131,6 @@ class Retrieve:
 
         budget = merge_budget(len(results), per_query=self.per_query_budget, total=self.total_budget)
         merged = merge_hits(results, budget=budget)
-        state.hits = merged
         state.shown.update(h.id for h in merged)
         for query in results:
             state.queries[query].hits = [h for h in merged if query in h.queries]

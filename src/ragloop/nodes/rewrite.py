@@ -11,9 +11,10 @@ from ragloop._log import get_logger
 from ragloop.events import Progress
 from ragloop.llm.guards import query_problem
 from ragloop.llm.protocols import Rewriter
+from ragloop.policy import RoutingPolicy, can_rewrite, next_step, short_queries
 from ragloop.retrievers.base import Embedder
 from ragloop.runner import emit
-from ragloop.state import QueryState, TurnState
+from ragloop.state import QueryState, RewriteAttempt, TurnState
 from ragloop.text.novelty import is_near_duplicate
 
 __all__ = ["Rewrite", "novelty_problem"]
@@ -32,11 +33,12 @@ def novelty_problem(candidate: str, tried: Sequence[str], *, threshold: float = 
 
 @define
 class Rewrite:
-    """Rewrites each short query from a different angle, up to ``max_attempts`` per decide query.
+    """Rewrites each short query from a different angle, up to the policy's ``max_attempts`` per decide query.
 
     Attributes:
         rewriter: The judge.
-        max_attempts: Rewrites allowed per decide query; after that the query is ``no_context``.
+        policy: Rewrites allowed per decide query (after that the query is ``no_context``) and where the
+            turn goes next.
         overlap_threshold: Normalised-term overlap at or above which a rewrite counts as a repeat.
         embedder: Optional; when given, a rewrite whose embedding cosine to a tried query reaches
             ``cosine_threshold`` is also a repeat.
@@ -45,22 +47,21 @@ class Rewrite:
     """
 
     rewriter: Rewriter
-    max_attempts: int = 2
-    overlap_threshold: float = 0.6
-    embedder: Embedder | None = None
-    cosine_threshold: float = 0.95
-    timeout_s: float = 10.0
+    policy: RoutingPolicy = field(kw_only=True)
+    overlap_threshold: float = field(kw_only=True)
+    cosine_threshold: float = field(kw_only=True)
+    timeout_s: float = field(kw_only=True)
+    embedder: Embedder | None = field(default=None, kw_only=True)
     routes: tuple[str, ...] = field(default=("retrieve", "answer"), init=False)
 
     async def __call__(self, state: TurnState) -> str:
-        short = [q for q in state.queries.values() if q.status in ("short", "failed") and not q.hop]
+        short = short_queries(state)
         tried = list(state.queries)
 
         async def one(q: QueryState) -> None:
-            if q.attempt >= self.max_attempts:
+            if not can_rewrite(q, self.policy):
                 q.status = "no_context"
                 return
-            entry: dict[str, object] = {"from": q.text, "root": q.root, "attempt": q.attempt + 1}
             try:
                 with anyio.fail_after(self.timeout_s):
                     candidate = " ".join((await self.rewriter.rewrite(state.question, q.text, tried)).split())
@@ -71,8 +72,9 @@ class Rewrite:
                     problem = await self._semantic_repeat(candidate, tried)
             except Exception as exc:  # noqa: BLE001 — fail-open: a failed rewrite ends this query's search, honestly
                 candidate, problem = "", f"rewriter failed: {type(exc).__name__}: {exc}"
-            entry.update(to=candidate, accepted=problem is None, reason=problem or "new angle")
-            state.rewrites.append(entry)
+            state.rewrites.append(
+                RewriteAttempt(q.text, q.root, q.attempt + 1, candidate, problem is None, problem or "new angle")
+            )
             if problem is not None or candidate in state.queries:
                 log.info("rewrite.rejected", query=q.text, candidate=candidate, reason=problem)
                 q.status = "no_context"
@@ -92,7 +94,7 @@ class Rewrite:
                 data={"queries": list(state.pending)},
             )
         )
-        return "retrieve" if state.pending else "answer"
+        return next_step(state, self.policy, after="rewrite")
 
     async def _semantic_repeat(self, candidate: str, tried: Sequence[str]) -> str | None:
         import numpy as np

@@ -1,0 +1,164 @@
+"""answer: outcomes, numbered blocks, citations, streaming with fallbacks, salvage past the deadline."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+
+from ragloop import END, Graph
+from ragloop.events import RunFinished, Token
+from ragloop.llm.offline import OfflineAnswerer
+from ragloop.nodes.answer import CUT_BY_TIME, NOT_IN_TIME, build_blocks, decide_outcome, resolve_citations
+from ragloop.state import ContextBlock, Decision, Graded, TurnState, Verdict
+from ragloop.testing import FakeAnswerer, make_hit
+from tests.strategies import turn_node, with_queries
+
+pytestmark = pytest.mark.anyio
+
+
+class TestAnswer:
+    async def test_outcomes(self) -> None:
+        """context / partial / none / direct follow the roots' statuses."""
+        state = with_queries("a", "b")
+        state.queries["a"].status = "enough"
+        state.queries["b"].status = "no_context"
+        assert decide_outcome(state) == ("partial", ("b",))
+        state.queries["b"].status = "enough"
+        assert decide_outcome(state) == ("context", ())
+        state.queries["a"].status = state.queries["b"].status = "short"
+        assert decide_outcome(state) == ("none", ("a", "b"))
+        state.decision = Decision(reply="hi")
+        assert decide_outcome(state)[0] == "direct"
+        assert decide_outcome(TurnState(question="x")) == ("none", ("x",))
+
+    async def test_blocks_fair_and_unique(self) -> None:
+        """Blocks interleave the queries, skip irrelevant hits and never repeat a chunk."""
+        state = with_queries("a", "b")
+        shared = make_hit("shared", chunk_id="s")
+        for q, texts in (("a", ["a1", "a2"]), ("b", ["b1"])):
+            for t in texts:
+                state.graded.append(Graded(q, make_hit(t, chunk_id=t), Verdict("relevant")))
+            state.graded.append(Graded(q, shared, Verdict("partial")))
+        state.graded.append(Graded("a", make_hit("junk", chunk_id="j"), Verdict("irrelevant")))
+        blocks = build_blocks(state, max_blocks=10)
+        assert [b.chunk_id for b in blocks] == ["a1", "b1", "a2", "s"]
+        assert [b.n for b in blocks] == [1, 2, 3, 4]
+
+    def test_citations_resolved_and_invalid_dropped(self) -> None:
+        """[n] markers resolve to blocks; markers naming no block are removed."""
+        blocks = [ContextBlock(1, "t", "a.md", "A", "c1"), ContextBlock(2, "u", "b.md", "B", "c2")]
+        text, cites, invalid = resolve_citations("Yes [1]. Also [2, 7]. Fake [9].", blocks)
+        assert text == "Yes [1]. Also [2]. Fake ."
+        assert [c.n for c in cites] == [1, 2] and invalid == [7, 9]
+
+    async def test_streams_tokens_and_falls_back(self) -> None:
+        """The primary answerer failing before any token hands over to the fallback."""
+        state = with_queries("a")
+        state.queries["a"].status = "enough"
+        state.graded.append(Graded("a", make_hit("x", chunk_id="x"), Verdict("relevant")))
+        node = turn_node("answer", answerer=FakeAnswerer(fail_after=0), fallback=FakeAnswerer())
+        assert await node(state) == END
+        assert state.answer == "context: [1]" and state.citations[0].chunk_id == "x"
+        assert state.errors and "fake answerer failure" in state.errors[0]
+
+    async def test_cut_stream_says_so(self) -> None:
+        """A failure after some tokens keeps them and says the answer was cut off."""
+        state = with_queries("a")
+        state.queries["a"].status = "enough"
+        state.graded.append(Graded("a", make_hit("x", chunk_id="x"), Verdict("relevant")))
+        await turn_node("answer", answerer=FakeAnswerer(fail_after=1), fallback=FakeAnswerer())(state)
+        assert state.answer.startswith("context:") and "cut off" in state.answer
+
+
+class _Stalls:
+    """An answerer that streams ``tokens`` and then never finishes (a model that stalls mid-answer)."""
+
+    def __init__(self, *tokens: str) -> None:
+        self.tokens = tokens
+
+    async def answer(self, *args: object, **kwargs: object) -> AsyncIterator[str]:
+        for token in self.tokens:
+            yield token
+        await anyio.sleep(60)
+
+
+def _answered(*, direct: str | None = None) -> TurnState:
+    """A state with one answered query and its relevant chunk (or a direct reply)."""
+    if direct is not None:
+        return TurnState(question="hi", decision=Decision(reply=direct))
+    state = with_queries("a", question="how often do keys rotate", status="enough")
+    state.graded.append(Graded("a", make_hit("Keys rotate every 90 days.", chunk_id="k"), Verdict("relevant")))
+    return state
+
+
+async def _run_past_deadline(node: object, state: TurnState) -> tuple[list[str], TurnState, str]:
+    """Run ``node`` as a one-node graph's finish node under a deadline it overruns; its tokens and the trace."""
+    graph = Graph({"answer": node}, start="answer", finish="answer", finish_grace_s=0.2)  # type: ignore[dict-item]
+    tokens: list[str] = []
+    result = None
+    with anyio.fail_after(5):
+        async for event in graph.stream(state, deadline_s=0.05):
+            if isinstance(event, Token):
+                tokens.append(event.text)
+            elif isinstance(event, RunFinished):
+                result = event.result
+    assert result is not None
+    return tokens, result.state, result.trace[-1].error or ""
+
+
+class TestSalvage:
+    async def test_streamed_tokens_kept_once_and_a_note_added(self) -> None:
+        """Cut mid-stream by the deadline: the tokens already sent stay, none is sent twice, a note says why."""
+        node = turn_node("answer", answerer=_Stalls("Keys ", "rotate [1] "))
+        tokens, state, error = await _run_past_deadline(node, _answered())
+        assert tokens == ["Keys ", "rotate [1] ", CUT_BY_TIME]
+        assert state.answer == ("Keys rotate [1] " + CUT_BY_TIME).strip()
+        assert state.outcome == "context" and [c.chunk_id for c in state.citations] == ["k"]
+        assert "salvaged" in error
+
+    async def test_nothing_streamed_gives_the_extractive_answer(self) -> None:
+        """Cut before the first token: the extractive answer from the chosen blocks, streamed once, cited."""
+        offline = OfflineAnswerer()
+        node = turn_node("answer", answerer=_Stalls(), extractive=offline)
+        tokens, state, _ = await _run_past_deadline(node, _answered())
+        expected = offline.compose(state.question, state.blocks, "context")
+        assert tokens == [expected] and state.answer == expected.strip() and "90 days" in state.answer
+        assert state.outcome == "context" and [c.chunk_id for c in state.citations] == ["k"]
+
+    async def test_nothing_streamed_without_extractive_says_so(self) -> None:
+        """With no composer, the reply is an honest "could not finish in time" and the outcome says none."""
+        node = turn_node("answer", answerer=_Stalls())
+        tokens, state, _ = await _run_past_deadline(node, _answered())
+        assert tokens == [NOT_IN_TIME] and state.answer == NOT_IN_TIME
+        assert state.outcome == "none" and state.missing == ("a",) and not state.citations
+
+    async def test_direct_reply_needs_no_composer(self) -> None:
+        """A small-talk turn cut before its first token still sends decide's reply."""
+        node = turn_node("answer", answerer=_Stalls())
+        tokens, state, _ = await _run_past_deadline(node, _answered(direct="Hello!"))
+        assert tokens == ["Hello!"] and state.answer == "Hello!" and state.outcome == "direct"
+
+    async def test_salvage_before_anything_was_chosen(self) -> None:
+        """Called on a state the answer node never touched, salvage still chooses blocks and answers."""
+        state = _answered()
+        await turn_node("answer", answerer=_Stalls(), extractive=OfflineAnswerer()).salvage(state)
+        assert state.outcome == "context" and state.blocks and "90 days" in state.answer
+
+    async def test_failing_composer_falls_back_to_the_note(self) -> None:
+        """A composer that raises is recorded; the reply is the honest note, never empty."""
+
+        class Broken:
+            def compose(self, *args: object, **kwargs: object) -> str:
+                raise ValueError("no sentences")
+
+        state = _answered()
+        await turn_node("answer", answerer=_Stalls(), extractive=Broken()).salvage(state)
+        assert state.answer == NOT_IN_TIME and "no sentences" in state.errors[-1]
+
+    def test_default_turn_salvages_with_the_offline_fallback(self) -> None:
+        """The default turn's answer node composes with the fallback answerer when it can (the offline one)."""
+        offline = OfflineAnswerer()
+        assert turn_node("answer", fallback_answerer=offline).extractive is offline
+        assert turn_node("answer", fallback_answerer=FakeAnswerer()).extractive is None
