@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -95,15 +96,26 @@ def sse_events(text: str) -> list[tuple[str, str]]:
 
 
 @contextlib.contextmanager
-def serving(app: Any) -> Iterator[str]:
-    """Run ``app`` with uvicorn on 127.0.0.1 (a free port) in a thread; yields its base URL."""
+def serving(app: Any, *, close: Callable[[], Awaitable[None]] | None = None) -> Iterator[str]:
+    """Run ``app`` with uvicorn on 127.0.0.1 (a free port) in a thread; yields its base URL.
+
+    ``close`` runs in the server's event loop after it stops (to close clients the app used there).
+    """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="error", lifespan="off", ws="none", timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+
+    async def main() -> None:
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            if close is not None:
+                await close()
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started:

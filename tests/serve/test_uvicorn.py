@@ -72,13 +72,46 @@ class TestOpenAISDK:
         assert "the limit is 8,000" in str(caught.value)
 
 
+class TestModelFailures:
+    async def test_a_failing_model_still_answers_and_the_metrics_count_it(self, sample_cache: Path) -> None:
+        """Every model call fails (HTTP 500): the offline fallbacks answer, the metrics count each failed judge
+        call and each grade that failed open, and no upstream error text reaches the client."""
+        async with ScriptedOpenAIServer() as model:  # an empty script: every request is a 500
+            llm = model.client()
+            rag = ChatRAG.sample(llm, cache_dir=sample_cache, fast_model="m")
+            with serving(create_app(rag), close=llm.close) as url:
+                async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                    r = await client.post("/v1/chat/completions", json=_ask("How do I rotate an API key?"))
+                    metrics = (await client.get("/metrics")).text
+        assert r.status_code == 200
+        body = r.json()
+        assert body["ragloop"]["citations"]
+        assert "script exhausted" not in r.text and "scripted server" not in r.text
+        assert 'ragloop_judge_errors_total{judge="decide"} 1.0' in metrics
+        assert "ragloop_grades_fail_open_total 0.0" not in metrics
+
+    async def test_readyz_probes_the_model_endpoint(self, rag: ChatRAG) -> None:
+        """/readyz is 200 while the model endpoint answers (here: another ragloop's /v1/models), 503 when it is
+        gone (connection refused)."""
+        with serving(create_app(rag)) as model_url:
+            llm = openai.AsyncOpenAI(base_url=model_url + "/v1", api_key="unused")
+            with serving(create_app(rag, llm=llm), close=llm.close) as url:
+                up = httpx.get(url + "/readyz")
+        llm = openai.AsyncOpenAI(base_url=model_url + "/v1", api_key="unused")
+        with serving(create_app(rag, llm=llm), close=llm.close) as url:  # the model server has stopped
+            down = httpx.get(url + "/readyz")
+        assert up.status_code == 200 and up.json()["checks"]["model"] == "ok"
+        assert down.status_code == 503 and down.json()["checks"]["model"] == "unreachable"
+
+
 class TestDisconnect:
     async def test_disconnect_cancels_the_turn_and_its_model_call(self, sample_cache: Path) -> None:
         """A client that goes away mid-turn cancels the turn: the model request in flight is dropped at once."""
         async with ScriptedOpenAIServer(script=[reply("never sent").delayed(30.0)]) as model:
-            rag = ChatRAG.sample(model.client(), cache_dir=sample_cache, fast_model="m")
+            llm = model.client()
+            rag = ChatRAG.sample(llm, cache_dir=sample_cache, fast_model="m")
             app = create_app(rag)
-            with serving(app) as url:
+            with serving(app, close=llm.close) as url:
                 async with httpx.AsyncClient(base_url=url, timeout=10) as client:
                     async with client.stream("POST", "/api/chat", json={"message": "How do I rotate an API key?"}):
                         await model.wait_for_requests(1)  # the decide call is waiting on the model
