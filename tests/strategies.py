@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -30,6 +33,7 @@ __all__ = [
     "markup_text",
     "plan_dags",
     "ticket_numbers",
+    "tiny_beir",
     "topic_words",
     "topics",
     "turn_node",
@@ -313,3 +317,30 @@ def graph_of(**overrides: Any) -> Graph:
     """The default chat-turn graph over in-memory fakes (weak hits for every query), with overrides."""
     settings = overrides.pop("settings", TurnSettings())
     return build_graph(default_nodes(settings=settings, **_fakes(**overrides)), settings)
+
+
+# --- evaluation -----------------------------------------------------------------------------------------
+
+
+def tiny_beir(root: Path) -> Path:
+    """A three-document BEIR folder (corpus.jsonl.gz, queries.jsonl, qrels/test.tsv) in ``root``: one query each."""
+    docs = [
+        {"_id": "p1", "title": "Passwords", "text": "Reset your password from the security settings page."},
+        {"_id": "p2", "title": "Billing", "text": "Invoices are emailed monthly and listed on the billing page."},
+        {"_id": "p3", "title": "Shipping", "text": "Parcels to Europe arrive in five to seven business days."},
+    ]
+    with gzip.open(root / "corpus.jsonl.gz", "wt", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(d) + "\n" for d in docs)
+    (root / "queries.jsonl").write_text(
+        "\n".join(
+            json.dumps(q)
+            for q in (
+                {"_id": "1", "text": "how to reset password"},
+                {"_id": "2", "text": "where are my invoices"},
+                {"_id": "3", "text": "delivery time to europe"},
+            )
+        )
+    )
+    (root / "qrels").mkdir()
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n1\tp1\t1\n2\tp2\t1\n3\tp3\t1\n")
+    return root

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from ragloop.cli import main
 from ragloop.retrievers.index import KnowledgeIndex
-from tests.retrievers.test_evaluate import _beir
+from tests.strategies import tiny_beir
 
 SECRET = "SECRET-OUTSIDE-THE-FOLDER"
 HIDDEN = "HIDDEN-INSTRUCTION-ignore-previous-instructions"
@@ -237,7 +237,7 @@ class TestOutTargets:
 class TestCacheAndErrors:
     def test_eval_index_cache_follows_the_same_rules(self, tmp_path: Path) -> None:
         """--index-cache may not be the BEIR folder or a non-index folder; a fresh cache folder is fine."""
-        beir = _beir(tmp_path)
+        beir = tiny_beir(tmp_path)
         (tmp_path / "notes").mkdir()
         (tmp_path / "notes" / "x.txt").write_text("mine")
         before = tree(tmp_path)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 
 import ir_measures
@@ -21,6 +19,7 @@ from ragloop.retrievers.evaluate import (
     percentile,
     rank_docs,
 )
+from tests.strategies import tiny_beir
 
 DOCS = [f"d{i}" for i in range(30)]
 
@@ -81,41 +80,18 @@ class TestMetrics:
         assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5 and percentile([], 95) == 0.0
 
 
-def _beir(root: Path) -> Path:
-    docs = [
-        {"_id": "p1", "title": "Passwords", "text": "Reset your password from the security settings page."},
-        {"_id": "p2", "title": "Billing", "text": "Invoices are emailed monthly and listed on the billing page."},
-        {"_id": "p3", "title": "Shipping", "text": "Parcels to Europe arrive in five to seven business days."},
-    ]
-    with gzip.open(root / "corpus.jsonl.gz", "wt", encoding="utf-8") as fh:
-        fh.writelines(json.dumps(d) + "\n" for d in docs)
-    (root / "queries.jsonl").write_text(
-        "\n".join(
-            json.dumps(q)
-            for q in (
-                {"_id": "1", "text": "how to reset password"},
-                {"_id": "2", "text": "where are my invoices"},
-                {"_id": "3", "text": "delivery time to europe"},
-            )
-        )
-    )
-    (root / "qrels").mkdir()
-    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n1\tp1\t1\n2\tp2\t1\n3\tp3\t1\n")
-    return root
-
-
 class TestEvaluateBeir:
     @pytest.mark.parametrize("mode", ["bm25", "hybrid"])
     def test_tiny_beir_folder(self, tmp_path: Path, mode: str) -> None:
         """An easy BEIR folder is solved perfectly and reports every key."""
-        got = evaluate_beir(_beir(tmp_path), mode=mode, embedder=HashEmbedder(64))  # type: ignore[arg-type]
+        got = evaluate_beir(tiny_beir(tmp_path), mode=mode, embedder=HashEmbedder(64))  # type: ignore[arg-type]
         assert tuple(got) == METRIC_KEYS
         assert got["ndcg@10"] == 1.0 and got["recall@2"] == 1.0 and got["queries"] == 3
         assert got["latency_ms_p95"] >= got["latency_ms_p50"] > 0
 
     def test_index_cache_is_reused(self, tmp_path: Path) -> None:
         """With index_dir the built index is written once and reused."""
-        folder, cache = _beir(tmp_path), tmp_path / "cache"
+        folder, cache = tiny_beir(tmp_path), tmp_path / "cache"
         evaluate_beir(folder, embedder=HashEmbedder(64), index_dir=cache)
         stamp = (cache / "manifest.json").stat().st_mtime_ns
         evaluate_beir(folder, embedder=HashEmbedder(64), index_dir=cache, mode="bm25")
@@ -124,4 +100,4 @@ class TestEvaluateBeir:
     def test_unknown_split(self, tmp_path: Path) -> None:
         """Asking for a split that is not there names the available ones."""
         with pytest.raises(InputError, match="available: test"):
-            evaluate_beir(_beir(tmp_path), split="dev", embedder=HashEmbedder(64))
+            evaluate_beir(tiny_beir(tmp_path), split="dev", embedder=HashEmbedder(64))

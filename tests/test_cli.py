@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ragloop.cli import main
-from tests.retrievers.test_evaluate import _beir
+from tests.strategies import tiny_beir
 
 
 def _docs(root: Path) -> Path:
@@ -33,13 +33,13 @@ class TestCLI:
 
     def test_eval_json(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """`eval --json` prints one JSON object with the metric keys."""
-        assert main(["eval", "--beir", str(_beir(tmp_path)), "--mode", "bm25", "--json"]) == 0
+        assert main(["eval", "--beir", str(tiny_beir(tmp_path)), "--mode", "bm25", "--json"]) == 0
         got = json.loads(capsys.readouterr().out)
         assert got["ndcg@10"] == 1.0 and got["queries"] == 3
 
     def test_eval_table(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """Without --json, eval prints a table row per metric."""
-        assert main(["eval", "--beir", str(_beir(tmp_path)), "--mode", "bm25"]) == 0
+        assert main(["eval", "--beir", str(tiny_beir(tmp_path)), "--mode", "bm25"]) == 0
         text = capsys.readouterr().out
         assert "ndcg@10" in text and "latency_ms_p95" in text
 
