@@ -109,6 +109,11 @@ class TestValidation:
                 "messages[0].content[0]",
                 "not supported",
             ),
+            (
+                {"messages": [{"role": "user", "content": "x" * 32_001}, {"role": "user", "content": "q"}]},
+                "messages[0].content",
+                "is 32,001 characters; the limit is 32,000",
+            ),
             ({"messages": [{"role": "user", "content": "q"}], "stream": "yes"}, "stream", "true or false"),
             ({"messages": [{"role": "user", "content": "q"}], "session_id": "a b"}, "session_id", "1–128"),
         ],

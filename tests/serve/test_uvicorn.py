@@ -225,3 +225,27 @@ def _wait_up(base: str, proc: subprocess.Popen[str]) -> httpx.Response:
         except httpx.TransportError:
             time.sleep(0.1)
     raise AssertionError("ragloop serve did not start in 60 s")
+
+
+class TestServeOptions:
+    def test_sessions_option(self, tmp_path: Path) -> None:
+        """--sessions takes memory, sqlite:PATH or a postgresql:// URL; anything else is a one-line error."""
+        from ragloop.cli_serve import _sessions
+        from ragloop.errors import ConfigError
+        from ragloop.serve import MemorySessionStore, SQLiteSessionStore
+
+        assert isinstance(_sessions("memory"), MemorySessionStore)
+        store = _sessions(f"sqlite:{tmp_path / 's.sqlite'}")
+        assert isinstance(store, SQLiteSessionStore)
+        anyio.run(store.aclose)
+        with pytest.raises(ConfigError, match="--sessions must be memory, sqlite:PATH or a postgresql:// URL"):
+            _sessions("redis://x")
+
+    def test_source_base_url_links_sources(self) -> None:
+        """--source-base-url links a file source under the base URL; URL sources keep their own."""
+        from ragloop.cli_serve import _source_url
+
+        link = _source_url("https://docs.example.com/kb")
+        assert link("guides/sso saml.md") == "https://docs.example.com/kb/guides/sso%20saml.md"
+        assert link("https://elsewhere.example/x") == "https://elsewhere.example/x"
+        assert _source_url(None) is None
