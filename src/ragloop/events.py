@@ -8,6 +8,10 @@ is a frozen attrs value, so a consumer can match on its class::
         match event:
             case Token(text=text): print(text, end="")
             case RunFinished(result=result): print(result.stopped_by)
+
+:class:`EventStream` is what :meth:`ragloop.Graph.stream` returns: it turns a run that sends its events to a
+callback into an async iterator with a bounded buffer, on asyncio or trio, and stops the run however the
+consumer leaves. It lives here, below the runner, so the runner module keeps to the graph walk.
 """
 
 from __future__ import annotations
@@ -246,7 +250,7 @@ class EventStream:
             self._start()
         try:
             return await self._receive.receive()
-        except anyio.EndOfStream:
+        except (anyio.EndOfStream, anyio.ClosedResourceError):  # the run ended, or this stream was stopped
             self._receive.close()
             if self._failure:
                 raise self._failure[0] from None

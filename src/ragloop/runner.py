@@ -43,8 +43,9 @@ END = "END"
 SALVAGE_S = 0.5
 
 _sink: contextvars.ContextVar[tuple[str, Sink] | None] = contextvars.ContextVar("ragloop_sink", default=None)
-# structlog's merge_contextvars picks up every context variable named "structlog_<key>"; setting these two
-# directly costs a tenth of bind_contextvars() on every step.
+# structlog's merge_contextvars picks up every context variable named "structlog_<key>"; setting these
+# directly costs a tenth of bind_contextvars(), once per run and on every step.
+_log_run: contextvars.ContextVar[Any] = contextvars.ContextVar("structlog_run_id", default=...)
 _log_step: contextvars.ContextVar[Any] = contextvars.ContextVar("structlog_step", default=...)
 _log_node: contextvars.ContextVar[Any] = contextvars.ContextVar("structlog_node", default=...)
 
@@ -166,20 +167,19 @@ class Graph:
             RouteError: A node returned a name it did not declare.
             Exception: Whatever the finish node raised (it is not run again), or any node with ``raise_errors``.
         """
-        import structlog  # first run only: keeps `import ragloop` light
-
         run_id = uuid.uuid4().hex[:16]
         deadline = math.inf if deadline_s is None else time.perf_counter() + deadline_s
         run = _Run(state, run_id, get_logger("ragloop.runner").bind(run_id=run_id), on_event, deadline, raise_errors)
-        tokens = _sink.set((run_id, on_event) if on_event else None), _log_step.set(0), _log_node.set(self.start)
+        tokens = _sink.set((run_id, on_event) if on_event else None), _log_run.set(run_id)
+        steps = _log_step.set(0), _log_node.set(self.start)
         try:
-            around = self.context(state) if self.context else contextlib.nullcontext()
-            with around, structlog.contextvars.bound_contextvars(run_id=run_id):
+            with self.context(state) if self.context else contextlib.nullcontext():
                 stopped_by, failure = await self._walk(run)
         finally:
             _sink.reset(tokens[0])
-            _log_step.reset(tokens[1])
-            _log_node.reset(tokens[2])
+            _log_run.reset(tokens[1])
+            _log_step.reset(steps[0])
+            _log_node.reset(steps[1])
         result = RunResult(run_id, state, tuple(run.trace), stopped_by, time.perf_counter() - run.t0, failure)
         result = evolve(result, record=self.summarize(result) if self.summarize is not None else None)
         timings = {k: round(v, 6) for k, v in result.timings.items()}
@@ -232,7 +232,7 @@ class Graph:
         exc: Exception | None = None
         error: str | None = None
         try:
-            with anyio.move_on_after(until - started) as scope:
+            with anyio.move_on_after(until - started) if until < math.inf else _UNLIMITED as scope:
                 nxt = await node(run.state)
         except Exception as e:
             run.log.error("node.failed", step=n, node=name, exc_info=e)
@@ -274,6 +274,21 @@ class Graph:
         if asyncio._get_running_loop() is not None or (trio is not None and trio.lowlevel.in_trio_run()):
             raise RagloopError("run_sync() was called inside a running event loop; use `await graph.run(state)`")
         return anyio.run(lambda: self.run(state, deadline_s=deadline_s, raise_errors=raise_errors))
+
+
+class _Unlimited:
+    """Stands in for a cancel scope when a run has no deadline (a real one costs more than the rest of a step)."""
+
+    cancelled_caught = False
+
+    def __enter__(self) -> _Unlimited:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+_UNLIMITED = _Unlimited()
 
 
 async def _salvage(salvage: Callable[[Any], Awaitable[None]], state: Any, budget: float) -> str:
