@@ -150,6 +150,24 @@ class TestDisconnect:
         assert statuses == [200, 200, 200]
         assert "ragloop_turns_cancelled_total 3.0" in metrics
 
+    async def test_client_gone_while_sending_the_body(self, rag: ChatRAG) -> None:
+        """A client that closes mid-body is counted as 499, not a server error, and holds no slot."""
+        import socket
+
+        with serving(create_app(rag)) as url:
+            host, port = url.removeprefix("http://").split(":")
+            with socket.create_connection((host, int(port))) as raw:
+                raw.sendall(
+                    b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b'Content-Length: 1000\r\n\r\n{"message": '
+                )
+            async with httpx.AsyncClient(base_url=url) as client:
+                with anyio.fail_after(5):
+                    while 'endpoint="api.chat",status="499"' not in (metrics := (await client.get("/metrics")).text):
+                        await anyio.sleep(0.02)
+        assert 'status="500"' not in metrics
+        assert "ragloop_turns_in_flight 0.0" in metrics
+
 
 class TestServeCommand:
     def test_ragloop_serve_answers_health_and_chat(self, sample_cache: Path, tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ import anyio
 from attrs import field, frozen
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
@@ -152,10 +152,13 @@ class _Server:
         if declared.isdigit() and int(declared) > limit:
             raise Rejected(413, f"request body is {int(declared):,} bytes; the limit is {limit:,}", param="body")
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise Rejected(413, f"request body is over the limit of {limit:,} bytes", param="body")
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise Rejected(413, f"request body is over the limit of {limit:,} bytes", param="body")
+        except ClientDisconnect:
+            raise Rejected(499, "the client went away while sending the request", param="body") from None
         try:
             obj = json.loads(body)
         except ValueError:
