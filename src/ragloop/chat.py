@@ -38,8 +38,10 @@ from ragloop.turn import TurnRecord, TurnSettings, build_graph, default_nodes, t
 if TYPE_CHECKING:
     import openai
 
+    from ragloop.llm.planner import Planner
     from ragloop.retrievers.index import KnowledgeIndex
     from ragloop.retrievers.postgres import PostgresStore
+    from ragloop.retrievers.sources import Source
 
 __all__ = ["ChatRAG", "Reply", "ReplyReady", "validate_question"]
 
@@ -208,6 +210,10 @@ class ChatRAG:
         fallback_decider: Used when ``decider`` fails (e.g. offline behind an LLM).
         fallback_answerer: Used when ``answerer`` fails before its first token.
         bridger: Proposes follow-up (second-hop) searches for multi-hop questions; ``None``: no hops.
+        planner: Plans retrieval across ``plan_sources`` (SQL, documents, live) in dependency waves; ``None``:
+            no plan node (see :mod:`ragloop.nodes.plan`).
+        plan_sources: The plan sources by name, the document source included.
+        fallback_planner: Used when ``planner`` fails or plans something invalid (the offline planner).
         max_question_chars: Longest question accepted.
     """
 
@@ -225,6 +231,9 @@ class ChatRAG:
         fallback_decider: Decider | None = None,
         fallback_answerer: Answerer | None = None,
         bridger: Bridger | None = None,
+        planner: Planner | None = None,
+        plan_sources: Mapping[str, Source] | None = None,
+        fallback_planner: Planner | None = None,
         max_question_chars: int = MAX_QUESTION_CHARS,
     ) -> None:
         self.settings = settings
@@ -242,6 +251,9 @@ class ChatRAG:
             fallback_decider=fallback_decider,
             fallback_answerer=fallback_answerer,
             bridger=bridger,
+            planner=planner,
+            plan_sources=plan_sources,
+            fallback_planner=fallback_planner,
         )
         self.graph = build_graph(self.nodes, settings)
         #: True when every judge is offline (no model calls).
@@ -263,6 +275,7 @@ class ChatRAG:
         glossary: Mapping[str, str] | None = None,
         timeout_s: float = 20.0,
         embedder: Embedder | None = None,
+        plan_sources: Sequence[Source] = (),
     ) -> ChatRAG:
         """A chat over an index directory (or a loaded :class:`~ragloop.retrievers.index.KnowledgeIndex`).
 
@@ -277,6 +290,8 @@ class ChatRAG:
             glossary: Extra abbreviations (``{"SSO": "single sign-on"}``), over those mined from the index.
             timeout_s: Per-call timeout of the LLM judges.
             embedder: Query embedder; by default the one the index was built with.
+            plan_sources: Structured sources to plan over besides the documents and the live sources (e.g. a
+                :class:`~ragloop.retrievers.sql.SQLiteSource`); given, the turn starts with the ``plan`` node.
         """
         from ragloop.retrievers.index import KnowledgeIndex
 
@@ -292,6 +307,7 @@ class ChatRAG:
             settings=settings,
             glossary=glossary,
             timeout_s=timeout_s,
+            plan_sources=plan_sources,
         )
 
     @classmethod
@@ -384,6 +400,7 @@ class ChatRAG:
         settings: TurnSettings = TurnSettings(),
         glossary: Mapping[str, str] | None = None,
         timeout_s: float = 20.0,
+        plan_sources: Sequence[Source] = (),
     ) -> ChatRAG:
         """A chat over any retriever; ``texts`` (every chunk's text) feed the offline judges' corpus statistics.
 
@@ -401,6 +418,7 @@ class ChatRAG:
             live_sources=live_sources,
             settings=settings,
             embedder=embedder,
+            **_planning(retriever, live_sources, plan_sources, llm, fast_model, timeout_s),
         )
         if llm is None:
             rag = cls(
@@ -534,6 +552,37 @@ class ChatRAG:
             await source.aclose()
         if self.store is not None:
             await self.store.aclose()
+
+
+def _planning(
+    retriever: Retriever,
+    live_sources: Sequence[LiveSource],
+    plan_sources: Sequence[Source],
+    llm: openai.AsyncOpenAI | None,
+    model: str | None,
+    timeout_s: float,
+) -> dict[str, Any]:
+    """The plan node's collaborators when the application gives plan sources (none: no plan node).
+
+    The documents (``documents``) and every live source (by its name) join ``plan_sources``; the offline planner
+    plans over the first source with a schema, and backs up the model planner when there is a model.
+    """
+    if not plan_sources:
+        return {}
+    from ragloop.llm.planner import OfflinePlanner, SchemaSource
+    from ragloop.retrievers.sources import DocumentSource, LiveLookupSource
+
+    sources: dict[str, Source] = {"documents": DocumentSource(retriever)}
+    sources.update({s.name: LiveLookupSource(s) for s in live_sources})
+    sources.update({s.name: s for s in plan_sources})
+    sql = next((s for s in plan_sources if isinstance(s, SchemaSource)), None)
+    offline = OfflinePlanner(sql, live={s.name: s.name for s in live_sources})
+    if llm is None or not model:
+        return {"planner": offline, "plan_sources": sources}
+    from ragloop.llm.openai_planner import OpenAIPlanner
+
+    planner = OpenAIPlanner(llm, model, tuple(sources.values()), timeout_s=timeout_s)
+    return {"planner": planner, "fallback_planner": offline, "plan_sources": sources}
 
 
 def _reply(result: RunResult) -> Reply:

@@ -35,6 +35,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=("hybrid", "bm25", "dense"), default="hybrid", help="retrieval mode")
     parser.add_argument("--tickets", metavar="SQLITE", help="ticket database for the live ticket source")
     parser.add_argument("--no-live", action="store_true", help="no live sources")
+    parser.add_argument(
+        "--no-plan", action="store_true", help="no retrieval planner over the sample CRM database (SQL, then documents)"
+    )
     parser.add_argument("--deadline", type=float, metavar="S", help="time limit per turn, in seconds")
     parser.add_argument("--cache-dir", metavar="DIR", help="where the sample index is cached (~/.cache/ragloop)")
     add_store_options(parser)
@@ -86,12 +89,21 @@ def _build(args: argparse.Namespace) -> tuple[ChatRAG, Any]:
     else:
         if not (args.cache_dir and os.path.isdir(args.cache_dir)):
             print("ragloop: loading the sample knowledge base (built on first use)…", file=sys.stderr)
+        if not args.no_plan:  # the sample's CRM database, for questions that need SQL before the documents
+            from ragloop.retrievers.sql import SQLiteSource
+            from ragloop.sample import SAMPLE_CRM_ALLOW, sample_crm_path
+
+            kwargs["plan_sources"] = (SQLiteSource(sample_crm_path(), SAMPLE_CRM_ALLOW),)
         rag = ChatRAG.sample(client, cache_dir=args.cache_dir, **kwargs)
     if client is None:
         print("ragloop: running offline (no model configured): extractive answers from the index", file=sys.stderr)
     else:
         print(f"ragloop: using model {fast} (answers: {answer}) at {client.base_url}", file=sys.stderr)
     return rag, client
+
+
+#: The progress events ``ask`` and ``chat`` print to stderr.
+_SHOWN = ("plan", "wave", "search", "retrieved", "graded", "live", "rewrite")
 
 
 def _print_sources(reply: Reply) -> None:
@@ -115,7 +127,7 @@ async def _turn(rag: ChatRAG, question: str, args: argparse.Namespace, history: 
         deadline_s=args.deadline,
         filters=parse_filters(args.filter),
     ):
-        if isinstance(event, Progress) and event.kind in ("search", "retrieved", "graded", "live", "rewrite"):
+        if isinstance(event, Progress) and event.kind in _SHOWN:
             print(f"  … {event.message}", file=sys.stderr, flush=True)
         elif isinstance(event, Token):
             print(event.text, end="", flush=True)

@@ -13,17 +13,21 @@ import attrs
 from attrs import frozen
 
 from ragloop.events import StoppedBy
+from ragloop.llm.planner import Planner
 from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
 from ragloop.nodes.answer import Answer, Extractive
 from ragloop.nodes.decide import Decide
 from ragloop.nodes.grade import Grade
 from ragloop.nodes.hop import Hop
 from ragloop.nodes.live import Live
+from ragloop.nodes.plan import PlanNode
 from ragloop.nodes.retrieve import Retrieve
 from ragloop.nodes.rewrite import Rewrite
+from ragloop.plan import PlanRun
 from ragloop.policy import RoutingPolicy
 from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.live import LiveSource
+from ragloop.retrievers.sources import Source
 from ragloop.runner import Graph, Node, RunResult
 from ragloop.state import HopAttempt, Label, LiveLookup, Outcome, QueryStatus, RewriteAttempt, TurnState
 from ragloop.usage import metering
@@ -49,7 +53,7 @@ class TurnSettings:
 
     Attributes:
         max_queries: Most queries decide may start.
-        k: Hits per query.
+        k: Hits per query (as deep as a single search: the final ranking fuses every query's list).
         per_query_budget: Merged hits kept for one query.
         total_budget: Most merged hits kept per retrieve, however many queries.
         retrieve_concurrency: Queries searched at once.
@@ -68,6 +72,9 @@ class TurnSettings:
         rewrite_timeout_s: Time limit per rewrite.
         hop_timeout_s: Time limit for the bridger's follow-up query.
         live_timeout_s: Time limit per live lookup.
+        max_subqueries: Most sub-queries a retrieval plan may hold (with a planner).
+        plan_timeout_s: Time limit per plan sub-query (a SQL statement, a search, a lookup).
+        plan_concurrency: Plan sub-queries running at once within a wave.
         max_steps: The runner's step cap. The longest regular turn with the defaults is 15 steps (decide; the
             first retrieve/grade round; two rewrite rounds, each after a live lookup; a hop round; answer:
             ``tests/test_policy.py`` checks the bound), so 16 leaves room and a cap means something went wrong.
@@ -75,7 +82,7 @@ class TurnSettings:
     """
 
     max_queries: int = 4
-    k: int = 8
+    k: int = 30
     per_query_budget: int = 6
     total_budget: int = 12
     retrieve_concurrency: int = 8
@@ -93,6 +100,9 @@ class TurnSettings:
     rewrite_timeout_s: float = 10.0
     hop_timeout_s: float = 10.0
     live_timeout_s: float = 5.0
+    max_subqueries: int = 6
+    plan_timeout_s: float = 5.0
+    plan_concurrency: int = 4
     max_steps: int = 16
     deadline_s: float | None = 60.0
 
@@ -123,15 +133,32 @@ def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYL
     fallback_decider: Decider | None = None,
     fallback_answerer: Answerer | None = None,
     bridger: Bridger | None = None,
+    planner: Planner | None = None,
+    plan_sources: Mapping[str, Source] | None = None,
+    fallback_planner: Planner | None = None,
 ) -> dict[str, Node]:
     """The seven nodes of the default turn, wired to the given collaborators (no bridger: no hops).
+
+    With a ``planner`` (and the ``plan_sources`` it plans over, the document source included), an eighth node,
+    ``plan``, starts the turn: it runs multi-source plans in dependency waves and sends every other question
+    to ``decide`` (see :mod:`ragloop.nodes.plan`).
 
     A ``fallback_answerer`` that can also compose a reply without I/O (the offline one: an
     :class:`~ragloop.nodes.answer.Extractive`) ends a reply the deadline cut short (``Answer.salvage``).
     """
     s = settings
     policy = s.policy(live_sources=live_sources, hops=bridger is not None)
-    return {
+    nodes: dict[str, Node] = {}
+    if planner is not None:  # the retrieval planner goes first; questions it does not plan go on to decide
+        nodes["plan"] = PlanNode(
+            planner,
+            dict(plan_sources or {}),
+            fallback=fallback_planner,
+            max_subqueries=s.max_subqueries,
+            timeout_s=s.plan_timeout_s,
+            max_concurrency=s.plan_concurrency,
+        )
+    return nodes | {
         "decide": Decide(decider, max_queries=s.max_queries, fallback=fallback_decider),
         "retrieve": Retrieve(
             retriever,
@@ -175,11 +202,12 @@ def build_graph(nodes: Mapping[str, Node], settings: TurnSettings = TurnSettings
     Its ``summarize`` hook is :func:`turn_record`: the runner builds the decision record once per run, logs it
     as the ``turn.finished`` event and keeps it as ``RunResult.record`` (which ``Reply.record`` is).
     """
+    planned = "plan" in nodes
     return Graph(
         nodes,
-        start="decide",
+        start="plan" if planned else "decide",
         finish="answer",
-        max_steps=settings.max_steps,
+        max_steps=settings.max_steps + (1 if planned else 0),  # the plan step precedes the longest regular turn
         summarize=turn_record,
         context=lambda state: metering(state.usage),
     )
@@ -302,6 +330,7 @@ class TurnRecord:
         tokens: Tokens those calls used.
         calls: Every judge call.
         errors: Failures the nodes absorbed, and the node error that stopped the run.
+        plan: The retrieval plan, its waves (ids, seconds) and each sub-query's fate, when the turn planned.
     """
 
     run_id: str
@@ -323,6 +352,7 @@ class TurnRecord:
     tokens: TokenCounts
     calls: tuple[CallRecord, ...]
     errors: tuple[str, ...]
+    plan: PlanRun | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (nested records as dicts, tuples as lists)."""
@@ -365,4 +395,5 @@ def turn_record(result: RunResult) -> TurnRecord:
         tokens=TokenCounts(prompt, completion, prompt + completion),
         calls=tuple(CallRecord(c.judge, c.model, round(c.seconds, 6), c.error) for c in calls),
         errors=(*state.errors, *(f"{step.node}: {step.error}" for step in result.trace if step.error)),
+        plan=state.plan,
     )

@@ -20,15 +20,16 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from attrs import define, field
 
-from ragloop.llm.offline.decide import split_topics
 from ragloop.plan import Plan, Slot, SubQuery
-from ragloop.retrievers.sql import SQLSchema
 from ragloop.state import Message
 from ragloop.usage import LLMCall, record_call
+
+if TYPE_CHECKING:
+    from ragloop.retrievers.sql import SQLSchema
 
 __all__ = ["OfflinePlanner", "Planner", "SchemaSource"]
 
@@ -98,6 +99,8 @@ class OfflinePlanner:
 
     def plan_sync(self, question: str, schema: SQLSchema) -> Plan | None:
         """Synchronous :meth:`plan` over a known schema."""
+        from ragloop.llm.offline.decide import split_topics
+
         assert self.sql is not None
         clauses = [" ".join(c.split()) for c in split_topics(question) if c.strip()]
         data = [self._is_data(c, schema) for c in clauses]

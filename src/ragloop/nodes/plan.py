@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import anyio
 import attrs
@@ -23,12 +23,14 @@ from attrs import define, field, frozen
 from ragloop._log import get_logger
 from ragloop.errors import PlanError, QueryRefused
 from ragloop.events import Progress
-from ragloop.llm.planner import Planner
 from ragloop.plan import Fate, FateStatus, Plan, PlanRun, SubQuery, WaveRun, build_waves, dependents, fill
 from ragloop.plan import validate_plan as _validate
 from ragloop.retrievers.sources import Filters, Source, SourceResult
 from ragloop.runner import emit
 from ragloop.state import Decision, Graded, QueryState, TurnState, Verdict
+
+if TYPE_CHECKING:
+    from ragloop.llm.planner import Planner
 
 __all__ = ["PlanExecution", "PlanNode", "Strategy", "execute_plan", "slot_values"]
 

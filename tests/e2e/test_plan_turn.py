@@ -1,0 +1,146 @@
+"""Planned turns end to end: the model planner and SQL writer through the real SDK against the scripted server,
+the offline planner over the sample, and ``ragloop ask`` on the sample CRM."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ragloop.chat import ChatRAG
+from ragloop.cli import main
+from ragloop.llm.openai_planner import OpenAISQLWriter
+from ragloop.retrievers.sql import SQLiteSource
+from ragloop.sample import SAMPLE_CRM_ALLOW, sample_crm_path
+from ragloop.testing import RecordedRequest, ScriptedOpenAIServer, ScriptedResponse, json_reply, server_error, stream
+
+pytestmark = pytest.mark.anyio
+
+QUESTION = "What plan is Harbor Lane Bank on, and how much does that plan cost per seat?"
+PLAN = {
+    "needs_sources": True,
+    "intent": "the customer's plan, then its price",
+    "notes": "",
+    "subqueries": [
+        {
+            "id": "sql1",
+            "source": "sql",
+            "query": "plan of the customer Harbor Lane Bank",
+            "depends_on": [],
+            "purpose": "find the plan",
+            "slots": [],
+            "filters": [],
+        },
+        {
+            "id": "docs1",
+            "source": "documents",
+            "query": "{plan} plan price per seat",
+            "depends_on": ["sql1"],
+            "purpose": "its price",
+            "slots": [{"name": "plan", "from": "sql1", "column": "plan"}],
+            "filters": [],
+        },
+    ],
+}
+SQL = {"sql": "SELECT name, plan FROM customers WHERE name = ?", "params": ["Harbor Lane Bank"], "reason": ""}
+
+
+def kind(request: RecordedRequest) -> str:
+    """Which call this is: plan and sql by their response_format name, else the kit's judge classifier."""
+    fmt = request.body.get("response_format") if isinstance(request.body, dict) else None
+    name = fmt.get("json_schema", {}).get("name") if isinstance(fmt, dict) else None
+    return {"retrieval_plan": "plan", "sql_query": "sql"}.get(str(name), request.judge)
+
+
+def matcher(*, plan_fails: bool = False) -> object:
+    def match(request: RecordedRequest) -> ScriptedResponse:
+        k = kind(request)
+        if k == "plan":
+            return server_error(500, "planner down") if plan_fails else json_reply(PLAN)
+        if k == "sql":
+            return json_reply(SQL)
+        if k == "grade":
+            return json_reply({"label": "relevant", "reason": "scripted"})
+        return stream("Harbor Lane Bank is on the Enterprise plan [1]. Enterprise is priced custom [2].", chunk_size=6)
+
+    return match
+
+
+def crm(client: object | None = None) -> SQLiteSource:
+    writer = OpenAISQLWriter(client, "fast-model") if client is not None else None  # type: ignore[arg-type]
+    return SQLiteSource(sample_crm_path(), SAMPLE_CRM_ALLOW, *((writer,) if writer else ()))
+
+
+async def test_model_plan_two_waves_cites_row_and_passage(sample_cache: Path) -> None:
+    """The model plans SQL then documents; the answer cites a row and a passage; the record shows two waves."""
+    async with ScriptedOpenAIServer(matcher=matcher()) as server, server.client(max_retries=0) as client:  # type: ignore[arg-type]
+        rag = ChatRAG.sample(
+            client,
+            cache_dir=sample_cache,
+            fast_model="fast-model",
+            answer_model="answer-model",
+            plan_sources=(crm(client),),
+        )
+        reply = await rag.ask(QUESTION)
+        await rag.aclose()
+    kinds = [kind(r) for r in server.chat_requests]
+    assert kinds[:2] == ["plan", "sql"] and kinds[-1] == "answer"
+    plan = reply.record.plan
+    assert plan is not None and plan.planner == "fast-model"
+    assert [w.ids for w in plan.waves] == [("sql1",), ("docs1",)]
+    assert [f.status for f in plan.fates] == ["ok", "ok"]
+    assert plan.fates[1].query == "Enterprise plan price per seat"
+    sources = [c.source for c in reply.citations]
+    assert sources[0] == "crm.sqlite#customers/8"
+    assert any("plans-and-pricing" in s for s in sources[1:])
+    assert reply.record.path[0] == "plan"
+    assert json.dumps(reply.record.as_dict())  # the record stays JSON
+
+
+async def test_model_planner_failure_falls_back_offline(sample_cache: Path) -> None:
+    """A failing model planner is recorded; the offline planner's plan runs with the same two waves."""
+    async with ScriptedOpenAIServer(matcher=matcher(plan_fails=True)) as server, server.client(max_retries=0) as client:  # type: ignore[arg-type]
+        rag = ChatRAG.sample(client, cache_dir=sample_cache, fast_model="fast-model", plan_sources=(crm(),))
+        reply = await rag.ask(QUESTION)
+        await rag.aclose()
+    plan = reply.record.plan
+    assert plan is not None and plan.planner == "fallback: offline"
+    assert len(plan.waves) == 2
+    assert any(e.startswith("plan: ") for e in reply.record.errors)
+
+
+async def test_offline_gap_is_named(sample_cache: Path) -> None:
+    """Offline, a SQL part beyond the patterns is refused and named as missing; the document part answers."""
+    rag = ChatRAG.sample(cache_dir=sample_cache, plan_sources=(crm(),))
+    reply = await rag.ask("Which customers churned last quarter, and what happens to their data after they cancel?")
+    await rag.aclose()
+    plan = reply.record.plan
+    assert plan is not None
+    fates = {f.id: f for f in plan.fates}
+    assert fates["sql1"].status == "refused" and "cannot answer offline" in fates["sql1"].reason
+    assert fates["docs1"].status == "ok"
+    assert reply.outcome == "partial"
+    assert "Which customers churned last quarter" in reply.missing
+    assert any("data-retention" in c.source for c in reply.citations)
+
+
+async def test_simple_question_keeps_the_decide_route(sample_cache: Path) -> None:
+    """A documentation question with a planner configured still takes today's decide route."""
+    rag = ChatRAG.sample(cache_dir=sample_cache, plan_sources=(crm(),))
+    reply = await rag.ask("How much does the Business plan cost per seat?")
+    await rag.aclose()
+    assert reply.record.plan is None
+    assert reply.record.path[:2] == ("plan", "decide")
+
+
+def test_ragloop_ask_sql_then_documents(sample_cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ragloop ask` on the sample: citations to a row and a passage, and a record with two waves."""
+    status = main(["ask", QUESTION, "--json", "--cache-dir", str(sample_cache)])
+    assert status == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    sources = [c["source"] for c in out["citations"]]
+    assert "crm.sqlite#customers/8" in sources
+    assert any("plans-and-pricing" in s for s in sources)
+    waves = out["record"]["plan"]["waves"]
+    assert [w["ids"] for w in waves] == [["sql1"], ["docs1"]]
