@@ -1,4 +1,4 @@
-"""The graph runner: nodes, routes, a step cap, a deadline, a trace and one event stream.
+"""The graph runner: nodes, routes, a step cap, a deadline, a trace and one event stream (``Graph.stream``).
 
 It knows nothing about RAG. A node is any object with ``async def __call__(self, state) -> str`` returning the
 next node's name (or :data:`END`) and a ``routes`` tuple of the names it may return. The runner runs one node
@@ -102,7 +102,7 @@ class Graph:
         nodes: Node name → node.
         start: The first node.
         finish: The node that ends every run that does not end on its own; it may only return ``END``.
-        max_steps: Most nodes run before the finish node is forced.
+        max_steps: Most nodes run before the finish node is forced (a finish reached on its own is not cut).
         finish_grace_s: Time the finish node gets past the deadline before it is cancelled and salvaged.
         summarize: Optional ``RunResult → record`` built once per run: kept as ``RunResult.record`` and
             merged into the ``turn.finished`` log event (an attrs instance as ``attrs.asdict``, else a mapping).
