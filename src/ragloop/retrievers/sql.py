@@ -686,7 +686,7 @@ def _rows_result(  # noqa: PLR0913 - one call site per source, all keyword-free 
         fields = {c: "" if v is None else str(v) for c, v in zip(columns, row, strict=True)}
         out_rows.append(fields)
         ref = f"{table_name}/{fields[key]}" if key else f"{table_name}/{digest}#{i + 1}"
-        body = "; ".join(f"{c}: {v}" for c, v in fields.items() if v and c != key)
+        body = "; ".join(f"{c.replace('_', ' ')}: {v}" for c, v in fields.items() if v and c != key)
         what = f"{table_name} {key} {fields[key]}" if key else f"{table_name} result {i + 1}"
         chunk = Chunk(
             id=f"{name}:{ref}",
