@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
@@ -31,11 +30,11 @@ CAPS = {"decide": 32, "grade": 32, "rewrite": 16, "answer": 48}
 def recording_client(server: LlamaCppServer, bodies: list[dict[str, Any]]) -> openai.AsyncOpenAI:
     """An SDK client for ``server`` that keeps every request body it sends."""
 
-    async def keep(request: httpx.Request) -> None:
+    async def keep(request: Any) -> None:
         if request.url.path.endswith("/chat/completions"):
             bodies.append(json.loads(request.content))
 
-    http = httpx.AsyncClient(event_hooks={"request": [keep]}, timeout=120.0)
+    http = openai.DefaultAsyncHttpxClient(event_hooks={"request": [keep]}, timeout=120.0)
     return openai.AsyncOpenAI(base_url=server.base_url, api_key="none", max_retries=0, http_client=http)
 
 

@@ -253,6 +253,18 @@ class TestTruncation:
             with pytest.raises(JudgeTruncated):
                 await OpenAIDecider(client, "fast", mode="tools").decide("hello", (), PageContext())
 
+    async def test_cut_text_to_a_real_question_switches_to_json(self) -> None:
+        """Plain text cut at the cap for a question that needs a search (what SmolLM2 does behind a template
+        without tools): tools were dropped, so auto mode decides with json_schema."""
+        script = [
+            _cut(reply("To rotate an API key you need to use the npm"), "length"),
+            json_reply({"action": "search", "queries": ["rotate API key"], "reply": ""}),
+        ]
+        async with ScriptedOpenAIServer(script=script) as server, server.client() as client:
+            decider = OpenAIDecider(client, "fast")
+            decision = await decider.decide(QUESTION, (), PageContext())
+        assert decision.queries == ("rotate API key",) and decider.mode_in_use == "json"
+
     async def test_truncated_answer_is_marked(self, sample_cache: Path) -> None:
         """An answer ending with finish_reason=length says so in the reply and in the record."""
         cut = scripted(answer=lambda r: _stream_ending("Rotate the key under Settings then", "length"))

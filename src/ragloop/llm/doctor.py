@@ -123,9 +123,9 @@ async def _props(client: openai.AsyncOpenAI) -> tuple[Probe | None, int | None]:
     root = str(client.base_url).rstrip("/").removesuffix("/v1")
     t0 = time.perf_counter()
     try:
-        import httpx  # the openai SDK's own HTTP library
+        import httpx2  # the openai SDK's own HTTP library
 
-        async with httpx.AsyncClient(timeout=10.0) as http:
+        async with httpx2.AsyncClient(timeout=10.0) as http:
             response = await http.get(f"{root}/props")
         data = response.json() if response.status_code == 200 else None
     except Exception:  # noqa: BLE001 — /props is llama.cpp's extra: any failure just means "not llama.cpp"

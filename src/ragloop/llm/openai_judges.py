@@ -425,10 +425,13 @@ class OpenAIDecider:
         if finish == "content_filter":
             raise JudgeOutputError(f"decider: model {self.model!r} output was filtered (finish_reason=content_filter)")
         if finish == "length":
-            raise JudgeTruncated(
+            cut = (
                 f"decider: model {self.model!r} wrote text without a search call and stopped at the output cap "
                 f"({self.max_tokens} tokens); a cut reply is never shown"
             )
+            if is_small_talk(question):
+                raise JudgeTruncated(cut)
+            raise ToolsDropped(f"{cut}, and the question needs a search: the server may have dropped the tools")
         if not content.strip():
             raise JudgeOutputError(f"decider: model {self.model!r} returned neither a search call nor a reply")
         problem = reply_problem(content)
