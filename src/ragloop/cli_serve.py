@@ -39,6 +39,7 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--mode", choices=("hybrid", "bm25", "dense"), default="hybrid", help="retrieval mode")
     p.add_argument("--tickets", metavar="SQLITE", help="ticket database for the live ticket source")
     p.add_argument("--no-live", action="store_true", help="no live sources")
+    p.add_argument("--no-plan", action="store_true", help="no retrieval planner over the sample CRM database")
     p.add_argument("--cache-dir", metavar="DIR", help="where the sample index is cached (~/.cache/ragloop)")
     p.add_argument("--deadline", type=float, default=60.0, metavar="S", help="time limit per turn (default 60 s)")
     p.add_argument("--max-concurrency", type=int, default=64, metavar="N", help="turns at once; more get 429")
@@ -101,7 +102,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         if not hasattr(ChatRAG, "from_store"):
             raise ConfigError("this ragloop has no Postgres knowledge store yet; use --index DIR")
-    rag, client = _build(args)  # as `ragloop ask` builds it: --store, --index or the sample
+    rag, client = _build(_chat_args(args))  # as `ragloop ask` builds it: --store, --index or the sample
     keys = tuple(k.strip() for k in os.environ.get("RAGLOOP_API_KEYS", "").split(",") if k.strip())
     settings = ServeSettings(
         max_concurrent_turns=args.max_concurrency,
@@ -133,3 +134,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     anyio.run(run)
     return 0
+
+
+def _chat_args(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` completed with the defaults of every ``ragloop ask`` option that ``serve`` does not offer."""
+    from ragloop.cli_chat import _common
+
+    ask = argparse.ArgumentParser(add_help=False)
+    _common(ask)
+    merged = vars(ask.parse_args([]))
+    merged.update({key: value for key, value in vars(args).items() if key in merged})
+    return argparse.Namespace(**merged)
