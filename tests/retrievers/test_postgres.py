@@ -83,11 +83,14 @@ class TestSameAsLocal:
     async def test_hybrid_top_hits_and_confidences_equal_the_local_index(
         self, pg_url: str, collection: str, sample_chunks: list[Chunk]
     ) -> None:
-        """On the same corpus and embedder, the store returns the local index's top hits and confidences."""
+        """On the same corpus and embedder, the store returns the local index's top hits and confidences.
+
+        The collection is loaded by the bulk path (documents batched, HNSW index built at the end).
+        """
         embedder = HashEmbedder(256)
         local = KnowledgeIndex.build(sample_chunks, embedder)
         async with PostgresStore(pg_url, embedder, collection=collection) as store:
-            await store.sync(sample_chunks)
+            await store.sync(sample_chunks, bulk_threshold=1)
             for query in QUERIES:
                 want = await local.search(query, 5)
                 got = await store.search(query, 5)
