@@ -36,11 +36,17 @@ webdriver = pytest.importorskip("selenium.webdriver", reason=f"selenium is not i
 class _SlowTokens(ChatRAG):
     """The sample chat, with a pause after each answer token so that streaming is visible."""
 
+    pause_s = 0.03
+
     async def stream(self, question: str, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
         async for event in super().stream(question, **kwargs):
             yield event
             if isinstance(event, Token):
-                await anyio.sleep(0.03)
+                await anyio.sleep(self.pause_s)
+
+
+class _VerySlowTokens(_SlowTokens):
+    pause_s = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +151,25 @@ def test_partial_answer_says_what_is_missing_on_a_phone(browser: Any, sample_cac
             assert width <= 390, "no sideways scrolling on a phone"
         finally:
             browser.set_window_size(1100, 900)
+
+
+def test_escape_stops_the_answer_and_the_turn(browser: Any, sample_cache: Path) -> None:
+    """Esc while the answer streams stops it in the page and cancels the turn on the server."""
+    import httpx
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    rag = _VerySlowTokens.sample(cache_dir=sample_cache)
+    with serving(create_app(rag)) as url:
+        browser.get(url + "/")
+        _ask(browser, "How do I rotate an API key?")
+        bot = _wait(lambda: browser.find_elements(By.CSS_SELECTOR, ".msg.bot"))[-1]
+        answer = bot.find_element(By.CSS_SELECTOR, ".answer")
+        _wait(lambda: answer.text)
+        assert browser.find_element(By.ID, "send").text == "Stop"
+        browser.switch_to.active_element.send_keys(Keys.ESCAPE)
+        outcome = bot.find_element(By.CSS_SELECTOR, ".outcome")
+        _wait(lambda: outcome.text == "Stopped.")
+        assert outcome.get_attribute("role") == "alert"
+        assert browser.find_element(By.ID, "send").text == "Ask"
+        _wait(lambda: "ragloop_turns_cancelled_total 1.0" in httpx.get(url + "/metrics").text, timeout_s=5)
