@@ -104,5 +104,6 @@ class TestBenchRunner:
         assert report["peers"] == {}
         assert "per transition" in done.stdout
         overshoot = report["deadline_overshoot_ms"]
-        assert set(overshoot["asyncio"]) == {"mid_node_then_salvage", "mid_finish_then_salvage", "mid_finish_no_salvage"}
+        cases = {"mid_node_then_salvage", "mid_finish_then_salvage", "mid_finish_no_salvage"}
+        assert set(overshoot["asyncio"]) == cases
         assert overshoot["max_ms"] == max(v["max"] for k in ("asyncio", "trio") for v in overshoot[k].values())
