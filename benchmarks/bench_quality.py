@@ -39,6 +39,8 @@ import json
 import logging
 import math
 import platform
+import random
+import re
 import statistics
 import sys
 import time
@@ -54,6 +56,87 @@ from ragloop.retrievers.evaluate import evaluate_run, load_qrels, load_queries, 
 
 RESULTS = Path(__file__).parent / "results"
 KEYS = ("recall@2", "recall@5", "recall@10", "ndcg@10", "retrieval_calls_per_question", "seconds_per_question")
+ANSWER_KEYS = ("answer_recall", "supported_rate", "context_precision")
+#: The seed of the tuning/reporting split (stated in benchmarks/README.md; never change it after reporting).
+SPLIT_SEED = 13
+_CITED = re.compile(r"\[(\d+)\]")
+_ARTICLES = re.compile(r"\b(?:a|an|the)\b")
+
+
+def split_halves(qids: Sequence[str], seed: int = SPLIT_SEED) -> dict[str, list[str]]:
+    """The judged questions split into a tuning half and a reporting half (seeded shuffle of the sorted ids)."""
+    order = sorted(qids)
+    random.Random(seed).shuffle(order)
+    mid = len(order) // 2
+    return {"tuning": sorted(order[:mid]), "reporting": sorted(order[mid:]), "all": sorted(order)}
+
+
+def load_answers(folder: Path) -> dict[str, list[str]]:
+    """Gold answer strings per query id (``metadata.answers``; HotpotQA has them, SciFact does not)."""
+    out: dict[str, list[str]] = {}
+    with (folder / "queries.jsonl").open(encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                d = json.loads(line)
+                answers = (d.get("metadata") or {}).get("answers") or []
+                if answers:
+                    out[str(d["_id"])] = [str(a) for a in answers]
+    return out
+
+
+def normalise(text: str) -> str:
+    """SQuAD-style answer normalisation: lower case, no punctuation, no articles, single spaces."""
+    text = re.sub(r"[^\w\s]", " ", text.casefold())
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def has_answer(reply: str, answers: Sequence[str]) -> bool:
+    """Whether a normalised gold answer appears, as whole words, in the normalised reply."""
+    body = f" {normalise(reply)} "
+    return any(normalise(a) and f" {normalise(a)} " in body for a in answers)
+
+
+def sentence_support(reply: str, blocks: Sequence[Any]) -> tuple[int, int]:
+    """(supported, cited) sentences of a reply: a sentence carrying ``[n]`` is supported when at least 80 % of
+    its key terms occur in the blocks it cites. Independent of the turn's own verify step (plain key-term
+    overlap, no embeddings)."""
+    from ragloop.text.terms import key_terms, stem, tokenize
+
+    by_n = {b.n: {stem(t) for t in tokenize(b.text)} for b in blocks}
+    supported = cited = 0
+    for sentence in re.split(r"(?<=\])\s+|\n+", reply):
+        ns = [int(n) for n in _CITED.findall(sentence)]
+        if not ns:
+            continue
+        cited += 1
+        stems = set().union(*(by_n.get(n, set()) for n in ns))
+        terms = {t.stem for t in key_terms(_CITED.sub("", sentence))}
+        if terms and len(terms & stems) / len(terms) >= 0.8:
+            supported += 1
+    return supported, cited
+
+
+def answer_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """answer_recall, supported_rate and context_precision of one arm (``None`` without gold answers)."""
+    judged = [r for r in rows if r["answers"]]
+    cited = sum(r["cited"] for r in rows)
+    context = [r for r in judged if r["outcome"] == "context"]
+    return {
+        "answer_recall": sum(r["has_answer"] for r in judged) / len(judged) if judged else None,
+        "supported_rate": sum(r["supported"] for r in rows) / cited if cited else None,
+        "context_precision": sum(r["has_answer"] for r in context) / len(context) if context else None,
+    }
+
+
+def answer_row(reply_text: str, outcome: str, blocks: Sequence[Any], answers: Sequence[str]) -> dict[str, Any]:
+    supported, cited = sentence_support(reply_text, blocks)
+    return {
+        "answers": list(answers),
+        "has_answer": has_answer(reply_text, answers) if answers else None,
+        "outcome": outcome,
+        "supported": supported,
+        "cited": cited,
+    }
 
 
 class Recording:
@@ -109,23 +192,43 @@ def as_run(order: Sequence[str]) -> dict[str, float]:
     return {doc: float(len(order) - i) for i, doc in enumerate(order)}
 
 
-async def single_shot(index: Any, queries: dict[str, str], qids: list[str]) -> tuple[dict[str, Any], float]:
+async def single_shot(
+    index: Any, rag: Any, queries: dict[str, str], qids: list[str], answers: dict[str, list[str]]
+) -> tuple[dict[str, Any], float, list[dict[str, Any]]]:
+    """One hybrid search per question (k=30), documents by best chunk; answered by the offline answerer over
+    its top ``max_blocks`` chunks with outcome ``context`` (one search has no way to say it found nothing)."""
+    from ragloop.state import ContextBlock
+
     retriever = index.retriever("hybrid")
+    answer_node: Any = rag.nodes["answer"]
     await retriever.search(queries[qids[0]], 30)  # warm-up
     run: dict[str, dict[str, float]] = {}
+    found: dict[str, list[Any]] = {}
     t = time.perf_counter()
     for qid in qids:
-        docs = best_by_doc(index, await retriever.search(queries[qid], 30))
-        run[qid] = as_run(rank_docs(docs)[:10])
-    return run, (time.perf_counter() - t) / len(qids)
+        found[qid] = list(await retriever.search(queries[qid], 30))
+        run[qid] = as_run(rank_docs(best_by_doc(index, found[qid]))[:10])
+    seconds = (time.perf_counter() - t) / len(qids)
+    rows = []
+    for qid in qids:
+        q = queries[qid]
+        blocks = [
+            ContextBlock(n, h.chunk.text, h.chunk.source, h.chunk.title, h.id, q, h.chunk.url)
+            for n, h in enumerate(found[qid][: answer_node.max_blocks], start=1)
+        ]
+        text = answer_node.answerer.compose(q, blocks, "context")
+        rows.append(answer_row(text, "context", blocks, answers.get(qid, [])))
+    return run, seconds, rows
 
 
 async def agentic(
-    index: Any, queries: dict[str, str], qids: list[str], qrels: dict[str, dict[str, int]]
-) -> tuple[dict[str, Any], dict[str, Any], float, float, list[dict[str, Any]]]:
-    from ragloop.chat import ChatRAG
-
-    rag = ChatRAG.from_index(index)
+    index: Any,
+    rag: Any,
+    queries: dict[str, str],
+    qids: list[str],
+    qrels: dict[str, dict[str, int]],
+    answers: dict[str, list[str]],
+) -> tuple[dict[str, Any], dict[str, Any], float, float, list[dict[str, Any]], list[dict[str, Any]]]:
     node: Any = rag.nodes["retrieve"]
     recording = Recording(node.retriever)
     node.retriever = recording
@@ -135,6 +238,7 @@ async def agentic(
     calls: list[int] = []
     seconds: list[float] = []
     rows: list[dict[str, Any]] = []
+    answer_rows: list[dict[str, Any]] = []
     for qid in qids:
         recording.calls.clear()
         t = time.perf_counter()
@@ -142,16 +246,26 @@ async def agentic(
         seconds.append(time.perf_counter() - t)
         calls.append(len(recording.calls))
         block_docs = list(dict.fromkeys(doc_of(index, b.chunk_id) for b in reply.blocks))
-        pool: dict[str, float] = {}
-        for _, hits in recording.calls:
-            for doc, score in best_by_doc(index, hits).items():
-                pool[doc] = max(score, pool.get(doc, -math.inf))
-        rest = [d for d in rank_docs(pool) if d not in block_docs]
-        run[qid] = as_run([*block_docs, *rest][:10])
+        ranking = turn_ranking(queries[qid], reply.record, recording.calls)
+        run[qid] = as_run(list(dict.fromkeys(doc_of(index, h.id) for h in ranking))[:10])
         kept[qid] = as_run(block_docs[:10])
         rows.append(diagnose(index, qid, qrels[qid], reply, recording.calls, block_docs))
-    await rag.aclose()
-    return run, kept, sum(calls) / len(calls), statistics.mean(seconds), rows
+        answer_rows.append(answer_row(reply.text, reply.outcome, reply.blocks, answers.get(qid, [])))
+        rows[-1]["has_answer"] = answer_rows[-1]["has_answer"]
+    return run, kept, sum(calls) / len(calls), statistics.mean(seconds), rows, answer_rows
+
+
+def turn_ranking(question: str, record: Any, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
+    """The turn's final ranking, as the answer node computes it (``ragloop.nodes.answer.final_ranking``):
+    every search's list fused by rank, the grades as a signal, the question's own list protected."""
+    from ragloop.retrievers.fusion import anchor_query, fuse_searches
+
+    searches = {query: list(hits) for query, hits in calls}
+    grades: dict[str, list[Any]] = {}
+    for g in record.grades:
+        grades.setdefault(g.chunk_id, []).append(g.label)
+    anchor = anchor_query(question, record.decision.queries, searches)
+    return fuse_searches(searches, anchor=anchor, grades=grades)
 
 
 def diagnose(
@@ -186,6 +300,7 @@ def diagnose(
         "decide_queries": len(first),
         "queries": [q for q, _ in calls],
         "rewrites": len([r for r in record.rewrites if r.accepted]),
+        "hops": len([h for h in record.hops if h.accepted]),
         "fast_path": record.fast_path,
         "outcome": reply.outcome,
         "gold_fates": fates,
@@ -201,6 +316,7 @@ def summarise_diagnosis(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "split_into_2plus_queries": sum(r["decide_queries"] > 1 for r in rows) / len(rows),
         "mean_decide_queries": statistics.mean(r["decide_queries"] for r in rows),
         "with_accepted_rewrite": sum(r["rewrites"] > 0 for r in rows) / len(rows),
+        "with_hop": sum(r["hops"] > 0 for r in rows) / len(rows),
         "fast_path": sum(r["fast_path"] for r in rows) / len(rows),
         "outcomes": dict(Counter(r["outcome"] for r in rows)),
         "gold_fate_share": {k: v / total for k, v in fates.most_common()},
@@ -215,28 +331,44 @@ def main() -> None:
     parser.add_argument("--split", default=None, help="qrels split (default: the only one, else test)")
     parser.add_argument("--embedder", choices=("minilm", "hash"), default="minilm")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/ragloop-bench-quality"))
-    parser.add_argument("--limit", type=int, default=None, help="first N judged questions only (quick runs)")
-    parser.add_argument("--out", type=Path, default=None, help="report path (default results/quality-<name>.json)")
+    parser.add_argument(
+        "--half",
+        choices=("reporting", "tuning", "all"),
+        default="reporting",
+        help=f"which half of the judged questions (seeded split, seed {SPLIT_SEED}); tune only on 'tuning'",
+    )
+    parser.add_argument("--limit", type=int, default=None, help="first N questions of the half only (quick runs)")
+    parser.add_argument("--out", type=Path, default=None, help="report path (default results/quality-NAME-HALF.json)")
     parser.add_argument("--json", action="store_true", help="print {single_shot, agentic} as one JSON object")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
     qrels = {q: r for q, r in load_qrels(args.beir, args.split).items() if any(v > 0 for v in r.values())}
     queries = load_queries(args.beir)
-    qids = sorted(q for q in qrels if q in queries)[: args.limit]
+    answers = load_answers(args.beir)
+    halves = split_halves([q for q in qrels if q in queries])
+    qids = halves[args.half][: args.limit]
     qrels = {q: qrels[q] for q in qids}
     index = open_index(args.beir, args.embedder, args.cache)
 
     async def both() -> Any:
-        ss = await single_shot(index, queries, qids)
-        ag = await agentic(index, queries, qids, qrels)
+        from ragloop.chat import ChatRAG
+
+        rag = ChatRAG.from_index(index)
+        try:
+            ss = await single_shot(index, rag, queries, qids, answers)
+            ag = await agentic(index, rag, queries, qids, qrels, answers)
+        finally:
+            await rag.aclose()
         return ss, ag
 
-    (ss_run, ss_seconds), (ag_run, kept_run, ag_calls, ag_seconds, rows) = anyio.run(both)
+    started = time.perf_counter()
+    (ss_run, ss_seconds, ss_answers), (ag_run, kept_run, ag_calls, ag_seconds, rows, ag_answers) = anyio.run(both)
+    wall = time.perf_counter() - started
     report: dict[str, Any] = {}
-    for name, run, calls, secs in (
-        ("single_shot", ss_run, 1.0, ss_seconds),
-        ("agentic", ag_run, ag_calls, ag_seconds),
+    for name, run, calls, secs, arows in (
+        ("single_shot", ss_run, 1.0, ss_seconds, ss_answers),
+        ("agentic", ag_run, ag_calls, ag_seconds, ag_answers),
     ):
         m = evaluate_run(run, qrels)
         report[name] = {
@@ -246,6 +378,7 @@ def main() -> None:
             "ndcg@10": m["ndcg@10"],
             "retrieval_calls_per_question": calls,
             "seconds_per_question": secs,
+            **answer_metrics(arows),
         }
     kept = evaluate_run(kept_run, qrels)
     full = {
@@ -254,22 +387,31 @@ def main() -> None:
         "diagnosis": summarise_diagnosis(rows),
         "dataset": str(args.beir.name),
         "split": args.split,
+        "half": args.half,
+        "split_seed": SPLIT_SEED,
         "questions": len(qids),
+        "limit": args.limit,
+        "wall_seconds": wall,
         "embedder": index.embedder.name,
         "chunks": len(index.chunks),
         "machine": f"{platform.machine()} {platform.system()}, shared CPUs",
         "per_question": rows,
     }
-    out = args.out or RESULTS / f"quality-{args.beir.resolve().name}.json"
+    out = args.out or RESULTS / f"quality-{args.beir.resolve().name}-{args.half}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(full, indent=1) + "\n")
     if args.json:
         print(json.dumps(report))
         return
-    print(f"{args.beir.name} ({len(qids)} questions, {len(index.chunks)} chunks, {index.embedder.name}, hybrid)")
-    print(f"{'':<14}" + "".join(f"{k.replace('_per_question', '/q'):>18}" for k in KEYS))
+    print(
+        f"{args.beir.name}, {args.half} half (seed {SPLIT_SEED}; {len(qids)} questions, {len(index.chunks)} chunks, "
+        f"{index.embedder.name}, hybrid; {wall:.0f}s)"
+    )
+    cols = (*KEYS, *ANSWER_KEYS)
+    print(f"{'':<14}" + "".join(f"{k.replace('_per_question', '/q'):>18}" for k in cols))
     for name in ("single_shot", "agentic"):
-        print(f"{name:<14}" + "".join(f"{report[name][k]:>18.3f}" for k in KEYS))
+        cells = [report[name][k] for k in cols]
+        print(f"{name:<14}" + "".join(f"{'-':>18}" if v is None else f"{v:>18.3f}" for v in cells))
     print(f"{'kept only':<14}" + "".join(f"{full['agentic_kept_only'][k]:>18.3f}" for k in KEYS[:4]))
     print("diagnosis:", json.dumps(full["diagnosis"], indent=1))
 

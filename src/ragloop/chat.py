@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     import openai
 
     from ragloop.llm.planner import Planner
+    from ragloop.nodes.answer import Verifier
     from ragloop.retrievers.index import KnowledgeIndex
     from ragloop.retrievers.postgres import PostgresStore
     from ragloop.retrievers.sources import Source
@@ -215,6 +216,7 @@ class ChatRAG:
         plan_sources: The plan sources by name, the document source included.
         fallback_planner: Used when ``planner`` fails or plans something invalid (the offline planner).
         max_question_chars: Longest question accepted.
+        verifier: Checks each finished reply (offline: :class:`~ragloop.llm.offline.verify.OfflineVerifier`).
     """
 
     def __init__(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
@@ -235,6 +237,7 @@ class ChatRAG:
         plan_sources: Mapping[str, Source] | None = None,
         fallback_planner: Planner | None = None,
         max_question_chars: int = MAX_QUESTION_CHARS,
+        verifier: Verifier | None = None,
     ) -> None:
         self.settings = settings
         self.live_sources = tuple(live_sources)
@@ -254,6 +257,7 @@ class ChatRAG:
             planner=planner,
             plan_sources=plan_sources,
             fallback_planner=fallback_planner,
+            verifier=verifier,
         )
         self.graph = build_graph(self.nodes, settings)
         #: True when every judge is offline (no model calls).
@@ -408,6 +412,7 @@ class ChatRAG:
         """
         from ragloop.llm.offline import OfflineAnswerer, OfflineDecider, OfflineGrader, OfflineRewriter
         from ragloop.llm.offline.bridge import OfflineBridger
+        from ragloop.llm.offline.verify import OfflineVerifier
         from ragloop.text.terms import CorpusStats
 
         stats = CorpusStats.from_texts(texts)
@@ -427,6 +432,7 @@ class ChatRAG:
                 rewriter=OfflineRewriter(stats),
                 answerer=offline_answerer,
                 bridger=OfflineBridger(stats),  # with a model, the LLM decider writes bridge queries itself
+                verifier=OfflineVerifier(embedder=embedder),
                 **common,
             )
             rag.offline = True

@@ -36,6 +36,7 @@ __all__ = [
     "RewriteAttempt",
     "TurnState",
     "Verdict",
+    "Verification",
 ]
 
 #: How a turn ended up: answered from context, partly answered, nothing found, or no search needed.
@@ -334,6 +335,24 @@ class HopAttempt:
     reason: str
 
 
+@frozen
+class Verification:
+    """What the verify step found in the composed reply (answer).
+
+    Attributes:
+        checked: Sentences of the reply that cite a block.
+        unsupported: Sentences the blocks they cite do not support (dropped from the final reply).
+        uncovered: Key terms of the question the reply does not cover (named as missing when they downgrade
+            the outcome).
+        downgraded: True when the outcome went from ``context`` to ``partial`` because of them.
+    """
+
+    checked: int
+    unsupported: tuple[str, ...] = ()
+    uncovered: tuple[str, ...] = ()
+    downgraded: bool = False
+
+
 @define
 class TurnState:
     """The shared state of one chat turn; each field names the node that writes it.
@@ -348,11 +367,14 @@ class TurnState:
         queries: Every query of the turn, by text, in the order they were made (decide, rewrite).
         pending: Queries the next retrieve must run (decide, rewrite; retrieve clears it).
         shown: Chunk ids already retrieved this turn; the thrash guard (retrieve).
+        searches: Every search's hits as the retriever ranked them, by query, before the merge and the
+            thrash guard; the answer's final ranking fuses them (retrieve).
         fast_path: True when retrieve skipped grading (retrieve).
         graded: Every graded hit, per query (grade, live); a grader failure is a verdict with ``fail_open``.
         live: Every live-source lookup (live).
         rewrites: Every rewrite attempt (rewrite).
         hops: Every follow-up hop attempt (hop).
+        verification: What the verify step found in the reply, when it ran (answer).
         outcome: How the turn ended up (answer).
         missing: Queries left unanswered, for a partial or none outcome (answer).
         blocks: The numbered context handed to the answerer (answer).
@@ -371,11 +393,13 @@ class TurnState:
     queries: dict[str, QueryState] = field(factory=dict)
     pending: list[str] = field(factory=list)
     shown: set[str] = field(factory=set)
+    searches: dict[str, list[Hit]] = field(factory=dict)
     fast_path: bool = False
     graded: list[Graded] = field(factory=list)
     live: list[LiveLookup] = field(factory=list)
     rewrites: list[RewriteAttempt] = field(factory=list)
     hops: list[HopAttempt] = field(factory=list)
+    verification: Verification | None = None
     outcome: Outcome | None = None
     missing: tuple[str, ...] = ()
     blocks: tuple[ContextBlock, ...] = ()

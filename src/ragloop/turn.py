@@ -15,7 +15,7 @@ from attrs import frozen
 from ragloop.events import StoppedBy
 from ragloop.llm.planner import Planner
 from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
-from ragloop.nodes.answer import Answer, Extractive
+from ragloop.nodes.answer import Answer, Extractive, Verifier
 from ragloop.nodes.decide import Decide
 from ragloop.nodes.grade import Grade
 from ragloop.nodes.hop import Hop
@@ -29,7 +29,16 @@ from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.live import LiveSource
 from ragloop.retrievers.sources import Source
 from ragloop.runner import Graph, Node, RunResult
-from ragloop.state import HopAttempt, Label, LiveLookup, Outcome, QueryStatus, RewriteAttempt, TurnState
+from ragloop.state import (
+    HopAttempt,
+    Label,
+    LiveLookup,
+    Outcome,
+    QueryStatus,
+    RewriteAttempt,
+    TurnState,
+    Verification,
+)
 from ragloop.usage import metering
 
 __all__ = [
@@ -136,6 +145,7 @@ def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYL
     planner: Planner | None = None,
     plan_sources: Mapping[str, Source] | None = None,
     fallback_planner: Planner | None = None,
+    verifier: Verifier | None = None,
 ) -> dict[str, Node]:
     """The seven nodes of the default turn, wired to the given collaborators (no bridger: no hops).
 
@@ -145,6 +155,7 @@ def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYL
 
     A ``fallback_answerer`` that can also compose a reply without I/O (the offline one: an
     :class:`~ragloop.nodes.answer.Extractive`) ends a reply the deadline cut short (``Answer.salvage``).
+    A ``verifier`` checks every finished reply (:func:`ragloop.nodes.answer.verify_reply`).
     """
     s = settings
     policy = s.policy(live_sources=live_sources, hops=bridger is not None)
@@ -192,6 +203,7 @@ def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYL
             max_blocks=s.max_blocks,
             fallback=fallback_answerer,
             extractive=fallback_answerer if isinstance(fallback_answerer, Extractive) else None,
+            verifier=verifier,
         ),
     }
 
@@ -331,6 +343,8 @@ class TurnRecord:
         calls: Every judge call.
         errors: Failures the nodes absorbed, and the node error that stopped the run.
         plan: The retrieval plan, its waves (ids, seconds) and each sub-query's fate, when the turn planned.
+        verification: What the verify step found in the reply (unsupported sentences, uncovered terms), when
+            it ran.
     """
 
     run_id: str
@@ -353,6 +367,7 @@ class TurnRecord:
     calls: tuple[CallRecord, ...]
     errors: tuple[str, ...]
     plan: PlanRun | None = None
+    verification: Verification | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (nested records as dicts, tuples as lists)."""
@@ -396,4 +411,5 @@ def turn_record(result: RunResult) -> TurnRecord:
         calls=tuple(CallRecord(c.judge, c.model, round(c.seconds, 6), c.error) for c in calls),
         errors=(*state.errors, *(f"{step.node}: {step.error}" for step in result.trace if step.error)),
         plan=state.plan,
+        verification=state.verification,
     )

@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragloop.llm.offline.decide import OfflineDecider, page_subject, small_talk_kind, split_topics
+from ragloop.llm.offline.decide import (
+    OfflineDecider,
+    comparison_parts,
+    page_subject,
+    small_talk_kind,
+    split_topics,
+)
 from ragloop.state import Message, PageContext
 from ragloop.text.novelty import normalised_terms
 from ragloop.text.terms import CorpusStats
@@ -148,6 +154,67 @@ class TestSplitting:
     def test_split_never_crashes(self, text: str) -> None:
         """Any text splits into a list of strings."""
         assert all(isinstance(t, str) for t in split_topics(text))
+
+
+class TestComparisons:
+    @pytest.mark.parametrize(
+        ("question", "parts"),
+        [
+            ("Who is older, Annie Morton or Terry Richardson?", ["Annie Morton", "Terry Richardson"]),
+            ("who is younger Keith Bostic or Jerry Glanville ?", ["Keith Bostic", "Jerry Glanville"]),
+            (
+                "Which battle occurred first, the Battle of Hastings or the Battle of Agincourt?",
+                ["Battle of Hastings battle", "Battle of Agincourt battle"],
+            ),
+            (
+                "Were Scott Derrickson and Ed Wood of the same nationality?",
+                ["Scott Derrickson nationality", "Ed Wood nationality"],
+            ),
+            (
+                "Are Giuseppe Verdi and Ambroise Thomas both Opera composers?",
+                ["Giuseppe Verdi Opera composers", "Ambroise Thomas Opera composers"],
+            ),
+            (
+                "Both Truth in Science and Discovery embrace what campaign?",
+                ["Truth in Science embrace campaign", "Discovery embrace campaign"],
+            ),
+            (
+                "What nationality were social anthropologists Alfred Gell and Edmund Leach?",
+                ["Alfred Gell nationality social anthropologists", "Edmund Leach nationality social anthropologists"],
+            ),
+            ("Is SSO or SAML cheaper?", ["SSO cheaper", "SAML cheaper"]),
+        ],
+    )
+    def test_compared_names_become_queries(self, question: str, parts: list[str]) -> None:
+        """Alternatives ("A or B"), "are A and B both", "the same", "both A and B" and two full names split
+        into one query per name, each keeping what is asked about it."""
+        assert comparison_parts(question.rstrip("?")) == parts
+        assert split_topics(question) == parts
+
+    @pytest.mark.parametrize(
+        "question",
+        [
+            "What government position was held by the woman who portrayed Corliss Archer in the film Kiss and Tell?",
+            "Is the bowler who joined Kent in 2011 a left-hand or right-hand batsman?",
+            "How do I reset my password or change my email?",
+            "Does the pro plan include SSO and SCIM?",
+        ],
+    )
+    def test_titles_and_lower_case_alternatives_stay_whole(self, question: str) -> None:
+        """One-word sides of a title ("Kiss and Tell") and lower-case alternatives are not comparisons."""
+        assert comparison_parts(question) is None
+
+    def test_decider_searches_each_side(self) -> None:
+        """The offline decider starts one query per compared name (two topics)."""
+        decision = OfflineDecider().decide_sync("Who was born first, Pablo Picasso or Claude Monet?", (), NO_PAGE)
+        assert decision.queries == ("Pablo Picasso", "Claude Monet")
+        assert decision.reason.startswith("2 topics")
+
+    def test_several_questions_still_split(self) -> None:
+        """Several questions in one message still give one query each, comparisons inside them too."""
+        qs = queries("How do I enable SSO? Who is older, Annie Morton or Terry Richardson?")
+        assert qs[0].startswith("How do I enable SSO")
+        assert qs[1:] == ("Annie Morton", "Terry Richardson")
 
 
 class TestPronouns:

@@ -10,23 +10,28 @@ import re
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+import attrs
 from attrs import define, field
 
 from ragloop._log import get_logger
 from ragloop.errors import JudgeTruncated
 from ragloop.events import Progress, Token
 from ragloop.llm.protocols import Answerer
+from ragloop.retrievers.fusion import FusionSettings, anchor_query, fuse_searches
 from ragloop.runner import END, emit
-from ragloop.state import Citation, ContextBlock, Graded, Outcome, TurnState
+from ragloop.state import Citation, ContextBlock, Graded, Hit, Label, Outcome, TurnState, Verification
 
 __all__ = [
     "CUT_BY_TIME",
     "NOT_IN_TIME",
     "Answer",
     "Extractive",
+    "Verifier",
     "build_blocks",
     "decide_outcome",
+    "final_ranking",
     "resolve_citations",
+    "verify_reply",
 ]
 
 log = get_logger("ragloop.nodes.answer")
@@ -47,9 +52,26 @@ def decide_outcome(state: TurnState) -> tuple[Outcome, tuple[str, ...]]:
     return ("partial" if len(missing) < len(roots) else "none"), missing
 
 
+def final_ranking(state: TurnState, settings: FusionSettings | None = None) -> list[Hit]:
+    """Every hit the turn's searches returned, fused by rank with the grades as a signal
+    (:func:`ragloop.retrievers.fusion.fuse_searches`); the question's own list is the protected anchor."""
+    grades: dict[str, list[Label]] = {}
+    for g in state.graded:
+        grades.setdefault(g.hit.id, []).append(g.verdict.label)
+    decided = state.decision.queries if state.decision is not None else ()
+    anchor = anchor_query(state.question, decided, state.searches)
+    return fuse_searches(state.searches, anchor=anchor, grades=grades, settings=settings or FusionSettings())
+
+
 def build_blocks(state: TurnState, max_blocks: int) -> tuple[ContextBlock, ...]:
-    """Number the kept context: per decide query in turn (relevant before partial, best score first),
-    one chunk once, at most ``max_blocks``."""
+    """Number the kept context, one chunk once, at most ``max_blocks``.
+
+    With recorded searches: context the live sources added first, then the turn's :func:`final_ranking`,
+    skipping chunks every grader called irrelevant. Without (a state built by hand): per decide query in turn
+    (relevant before partial, best score first).
+    """
+    if state.searches:
+        return _ranked_blocks(state, max_blocks)
     roots = state.roots()
     per_root: dict[str, list[Graded]] = {r: [] for r in roots}
     for g in state.graded:
@@ -72,6 +94,38 @@ def build_blocks(state: TurnState, max_blocks: int) -> tuple[ContextBlock, ...]:
                 )
         depth += 1
     return tuple(blocks)
+
+
+def _ranked_blocks(state: TurnState, max_blocks: int) -> tuple[ContextBlock, ...]:
+    searched = {h.id for hits in state.searches.values() for h in hits}
+    verdicts: dict[str, list[Graded]] = {}
+    for g in state.graded:
+        verdicts.setdefault(g.hit.id, []).append(g)
+    # Live records are exact-id lookups, never in a search list: they lead.
+    live = [g for g in state.graded if g.hit.id not in searched and g.verdict.keep]
+    picked: list[tuple[Hit, str]] = [(g.hit, g.query) for g in live]
+    for hit in final_ranking(state):
+        graded = verdicts.get(hit.id, [])
+        if graded and not any(g.verdict.keep for g in graded):
+            continue
+        kept = [g for g in graded if g.verdict.keep]
+        picked.append((hit, kept[0].query if kept else hit.best_query or _finder(state, hit.id)))
+    blocks: list[ContextBlock] = []
+    seen: set[str] = set()
+    for hit, query in picked:
+        if len(blocks) >= max_blocks:
+            break
+        if hit.id in seen:
+            continue
+        seen.add(hit.id)
+        c = hit.chunk
+        blocks.append(ContextBlock(len(blocks) + 1, c.text, c.source, c.title, c.id, query, c.url))
+    return tuple(blocks)
+
+
+def _finder(state: TurnState, chunk_id: str) -> str:
+    """The first query (in search order) whose list holds the chunk."""
+    return next((q for q, hits in state.searches.items() if any(h.id == chunk_id for h in hits)), state.question)
 
 
 def resolve_citations(text: str, blocks: Sequence[ContextBlock]) -> tuple[str, tuple[Citation, ...], list[int]]:
@@ -113,6 +167,48 @@ class Extractive(Protocol):
         ...
 
 
+@runtime_checkable
+class Verifier(Protocol):
+    """Checks a finished reply against its blocks and the question (the offline verifier does)."""
+
+    async def verify(self, question: str, reply: str, blocks: Sequence[ContextBlock]) -> Verification:
+        """Which cited sentences the blocks do not support, and which key terms the reply leaves uncovered."""
+        ...
+
+
+async def verify_reply(verifier: Verifier, state: TurnState) -> None:
+    """The bounded verify step: one pass over the finished reply, no extra retrieval, recorded.
+
+    Sentences the blocks they cite do not support are dropped from the final text (a note says how many);
+    a ``context`` outcome whose reply leaves key terms of the question uncovered becomes ``partial``, with
+    those terms as what is missing, and the reply says so. A verifier failure leaves the reply as it is.
+    """
+    if state.outcome not in ("context", "partial") or not state.blocks or not state.answer:
+        return
+    try:
+        found = await verifier.verify(state.question, state.answer, state.blocks)
+    except Exception as exc:  # noqa: BLE001 — fail-open: an unverified reply is still the reply
+        state.errors.append(f"answer: verify: {type(exc).__name__}: {exc}")
+        return
+    for sentence in found.unsupported:
+        state.answer = _drop_sentence(state.answer, sentence)
+    if found.unsupported:
+        n = len(found.unsupported)
+        await _say(state, f"\n\n({n} sentence{'s' if n > 1 else ''} not supported by the cited passages removed.)")
+    if state.outcome == "context" and found.uncovered:
+        state.outcome, state.missing = "partial", found.uncovered
+        found = attrs.evolve(found, downgraded=True)
+        await _say(state, "\n\nI could not confirm from the sources: " + ", ".join(found.uncovered) + ".")
+    state.verification = found
+
+
+def _drop_sentence(text: str, sentence: str) -> str:
+    """``text`` without ``sentence`` and the citation markers right after it."""
+    words = [re.escape(w) for w in sentence.split()]
+    pattern = re.compile(r"\s*" + r"\s+".join(words) + r"(?:\s*\[\d+(?:\s*,\s*\d+)*\])*")
+    return pattern.sub("", text, count=1).strip()
+
+
 #: Said when nothing was streamed and nothing can be composed in the time left.
 NOT_IN_TIME = "Sorry, I could not finish an answer in time. Please try again."
 #: Appended after the tokens already streamed when the answer was cut short by the deadline.
@@ -132,12 +228,15 @@ class Answer:
         max_blocks: Most context blocks handed to the answerer.
         fallback: Optional answerer (the offline one) used when ``answerer`` fails before any token.
         extractive: Optional fast, I/O-free composer (the offline answerer) for :meth:`salvage`.
+        verifier: Optional check of the finished reply (:func:`verify_reply`): unsupported sentences dropped,
+            a ``context`` outcome whose reply leaves the question's key terms uncovered downgraded to ``partial``.
     """
 
     answerer: Answerer
     max_blocks: int = field(kw_only=True)
     fallback: Answerer | None = field(default=None, kw_only=True)
     extractive: Extractive | None = field(default=None, kw_only=True)
+    verifier: Verifier | None = field(default=None, kw_only=True)
     routes: tuple[str, ...] = field(default=(END,), init=False)
 
     async def __call__(self, state: TurnState) -> str:
@@ -165,6 +264,8 @@ class Answer:
         else:
             if not state.answer:
                 await _say(state, "Sorry, I could not write an answer just now. Please try again.")
+        if self.verifier is not None:
+            await verify_reply(self.verifier, state)
         _resolve(state)
         return END
 

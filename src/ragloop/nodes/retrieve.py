@@ -111,23 +111,34 @@ class Retrieve:
             async with limiter:
                 try:
                     with anyio.fail_after(self.timeout_s):
-                        if state.filters:  # only then: retrievers written before filters keep working
-                            found = list(await self.retriever.search(query, self.k, filters=state.filters))
-                        else:
-                            found = list(await self.retriever.search(query, self.k))
+                        found = await self._search(state, query)
                 except TimeoutError:
                     state.queries[query].error = f"timed out after {self.timeout_s}s"
                 except Exception as exc:  # noqa: BLE001 — fail-open: one failing query never cancels its siblings
                     state.queries[query].error = _describe(exc)
                 else:
+                    state.searches[query] = found
                     results[query] = [h for h in found if h.id not in state.shown]
             if state.queries[query].error:
                 state.queries[query].status = "failed"
                 log.warning("query.failed", query=query, error=state.queries[query].error)
 
+        async def anchor(question: str) -> None:
+            # The question as asked, searched beside its parts: the final ranking fuses its list too, so a
+            # split never loses what one search of the question would have found. Not graded, never short.
+            async with limiter:
+                try:
+                    with anyio.fail_after(self.timeout_s):
+                        state.searches[question] = await self._search(state, question)
+                except Exception as exc:  # noqa: BLE001 — fail-open: the parts' own searches still count
+                    state.errors.append(f"retrieve: the question's own search failed: {_describe(exc)}")
+
+        first_split = not state.searches and len(pending) > 1 and state.question not in state.queries
         async with anyio.create_task_group() as tg:
             for query in pending:
                 tg.start_soon(one, query)
+            if first_split:
+                tg.start_soon(anchor, state.question)
 
         budget = merge_budget(len(results), per_query=self.per_query_budget, total=self.total_budget)
         merged = merge_hits(results, budget=budget)
@@ -158,6 +169,11 @@ class Retrieve:
             )
             return "answer"
         return "grade"
+
+    async def _search(self, state: TurnState, query: str) -> list[Hit]:
+        if state.filters:  # only then: retrievers written before filters keep working
+            return list(await self.retriever.search(query, self.k, filters=state.filters))
+        return list(await self.retriever.search(query, self.k))
 
     def _fast_path(self, state: TurnState, pending: list[str]) -> list[Hit]:
         """The hits the fast path keeps (empty: grade as usual).

@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
+from typing import Literal
 
 from attrs import frozen
 
@@ -25,7 +26,7 @@ from ragloop.state import ContextBlock, Message, Outcome
 from ragloop.text.terms import CorpusStats, key_terms, stem, tokenize
 from ragloop.usage import LLMCall, record_call
 
-__all__ = ["INJECTION", "OfflineAnswerer", "split_sentences"]
+__all__ = ["INJECTION", "OfflineAnswerer", "asked_for", "has_asked_for", "split_sentences"]
 
 #: Sentences that address the assistant rather than inform the reader; never quoted.
 INJECTION = re.compile(
@@ -57,6 +58,39 @@ def split_sentences(text: str, *, headings: bool = True) -> list[str]:
     return out
 
 
+Asked = Literal["year", "number", "name"]
+_ASK_YEAR = re.compile(r"\b(?:(?:in )?(?:what|which) year|when|what (?:date|century|decade))\b", re.IGNORECASE)
+_ASK_NUMBER = re.compile(
+    r"\bhow (?:many|much|long|old|tall|far|big|high|large)\b|\bwhat (?:number|percentage|population|age)\b",
+    re.IGNORECASE,
+)
+_ASK_NAME = re.compile(r"\b(?:who|whom|whose)\b", re.IGNORECASE)
+_YEAR = re.compile(r"\b(?:1[0-9]{3}|20[0-9]{2})s?\b")
+_NUMBER = re.compile(r"\d")
+_CAPITALISED = re.compile(r"\b[A-Z][\w'’-]+")
+
+
+def asked_for(question: str) -> Asked | None:
+    """What kind of value the question asks for: ``year`` ("when", "what year"), ``number`` ("how many"),
+    ``name`` ("who"), or ``None``."""
+    if _ASK_YEAR.search(question):
+        return "year"
+    if _ASK_NUMBER.search(question):
+        return "number"
+    if _ASK_NAME.search(question):
+        return "name"
+    return None
+
+
+def has_asked_for(asked: Asked, text: str, question_words: Collection[str] = ()) -> bool:
+    """Whether ``text`` holds a value of the asked kind (a name must be one the question does not contain)."""
+    if asked == "year":
+        return _YEAR.search(text) is not None
+    if asked == "number":
+        return _NUMBER.search(text) is not None
+    return any(w.casefold() not in question_words for w in _CAPITALISED.findall(text)[1:])
+
+
 @frozen
 class _Sentence:
     block: int
@@ -81,6 +115,11 @@ class OfflineAnswerer:
         min_block_coverage: A block covering less of the question than this is ignored (other topic).
         min_sentence_coverage: A sentence covering less than this is never quoted.
         diversity: MMR trade-off; 1.0 ranks by relevance only, lower values penalise repetition more.
+        cover_weight: Weight of the question's key terms a sentence covers that no chosen sentence covers yet
+            (IDF share): the second sentence answers the part of the question the first one did not.
+        asked_bonus: Added to the relevance of a sentence holding what the question asks for (a year for
+            "when", a number for "how many", a name the question does not contain for "who"; see
+            :func:`asked_for`).
     """
 
     stats: CorpusStats | None = None
@@ -89,6 +128,8 @@ class OfflineAnswerer:
     min_block_coverage: float = 0.2
     min_sentence_coverage: float = 0.15
     diversity: float = 0.7
+    cover_weight: float = 1.0
+    asked_bonus: float = 0.1
 
     def _idf(self, blocks: Sequence[ContextBlock]) -> dict[str, float] | CorpusStats:
         if self.stats is not None:
@@ -136,6 +177,9 @@ class OfflineAnswerer:
             return weights.get(s, max(weights.values(), default=1.0))
 
         q_terms = {t.stem for t in key_terms(question)}
+        q_mass = sum(idf(t) for t in q_terms) or 1.0
+        asked = asked_for(question)
+        q_words = {w.casefold() for w in re.findall(r"\w+", question)}
         pool: list[_Sentence] = []
         for block in blocks:
             wanted = q_terms | {t.stem for t in key_terms(block.query)}
@@ -155,15 +199,19 @@ class OfflineAnswerer:
                 terms = frozenset(stem(t) for t in tokenize(text))
                 rel = sum(idf(t) for t in wanted & terms) / total
                 if len(terms) >= 3 and rel >= self.min_sentence_coverage:
+                    if asked is not None and has_asked_for(asked, text, q_words):
+                        rel += self.asked_bonus
                     pool.append(_Sentence(block.n, pos, text, terms, rel))
         chosen: list[_Sentence] = []
+        covered: set[str] = set()
         used = 0
         while pool and len(chosen) < self.max_sentences:
             best = max(
                 pool,
                 key=lambda s: (
                     self.diversity * s.relevance
-                    - (1 - self.diversity) * max((_jaccard(s.terms, c.terms) for c in chosen), default=0.0),
+                    - (1 - self.diversity) * max((_jaccard(s.terms, c.terms) for c in chosen), default=0.0)
+                    + self.cover_weight * sum(idf(t) for t in (q_terms & s.terms) - covered) / q_mass,
                     -s.block,
                     -s.position,
                 ),
@@ -174,6 +222,7 @@ class OfflineAnswerer:
             if chosen and used + len(best.text) > self.max_chars:
                 continue
             chosen.append(best)
+            covered |= q_terms & best.terms
             used += len(best.text)
         return sorted(chosen, key=lambda s: (s.block, s.position))
 

@@ -34,7 +34,15 @@ from ragloop.text.novelty import normalised_terms
 from ragloop.text.terms import CorpusStats, content_words, key_terms, merge_glossary, stem
 from ragloop.usage import LLMCall, record_call
 
-__all__ = ["REPLIES", "Glossary", "OfflineDecider", "page_subject", "small_talk_kind", "split_topics"]
+__all__ = [
+    "REPLIES",
+    "Glossary",
+    "OfflineDecider",
+    "comparison_parts",
+    "page_subject",
+    "small_talk_kind",
+    "split_topics",
+]
 
 SmallTalk = Literal["greeting", "thanks", "bye", "wellbeing", "identity", "ack"]
 
@@ -226,6 +234,10 @@ def split_topics(text: str) -> list[str]:
         clause = _LEADING_FILLER.sub("", clause or "").strip(" \t\n,;:.!?")
         if not clause:
             continue
+        compared = comparison_parts(clause)
+        if compared:
+            topics.extend(compared)
+            continue
         m = _COMPARE.match(clause)
         if m:
             pre = _surface(m.group("pre"))
@@ -241,6 +253,104 @@ def split_topics(text: str) -> list[str]:
                 continue
         topics.append(clause)
     return [t for t in topics if key_terms(t) or _PRONOUN.search(t)]
+
+
+# --- comparison and coordination ---------------------------------------------------------------------
+# A name: a run of capitalised words or numbers (small joining words allowed inside), or a quoted title.
+_NAME_WORD = r"(?:[A-Z0-9][\w'’.&-]*)"
+_NAME = (
+    r"(?:\"[^\"]+\"|“[^”]+”|(?:the\s+)?"
+    + _NAME_WORD
+    + r"(?:\s+(?:(?:of|the|and|de|du|von|van|la|le|in|on|for|a)\s+)*"
+    + _NAME_WORD
+    + r")*)"
+)
+# "Who is older, Annie Morton or Terry Richardson?", "who is younger Keith Bostic or Jerry Glanville",
+# "Which battle occurred first, the Battle of X or the Battle of Y?"
+_ALTERNATIVES = re.compile(r"^(?P<head>.*?)[\s,:]+(?P<a>" + _NAME + r")\s*,?\s+or\s+(?P<b>" + _NAME + r")\s*[?.!]*$")
+# "Are X and Y both …", "Were X and Y of the same nationality", "Which actor do X and Y have in common"
+_COORDINATED = re.compile(
+    r"^(?P<pre>(?:.*?\s)?)(?i:are|were|is|was|do|did|does|have|had|has)\s+(?P<a>"
+    + _NAME
+    + r")\s+and\s+(?P<b>"
+    + _NAME
+    + r")\s+(?P<rest>.*)$"
+)
+# "Is SSO or SAML cheaper?"
+_ALTERNATIVES_FIRST = re.compile(
+    r"^(?i:is|was|are|were|does|do|did)\s+(?P<a>"
+    + _NAME
+    + r")\s+or\s+(?P<b>"
+    + _NAME
+    + r")\s+(?P<rest>[^,]+?)\s*[?.!]*$"
+)
+# "Both X and Y embrace what campaign?", "known for both the songs "X" and "Y""
+_BOTH = re.compile(
+    r"^(?P<pre>.*?)\b(?i:both)\s+(?:the\s+\w+\s+)?(?P<a>" + _NAME + r")\s+and\s+(?P<b>" + _NAME + r")(?P<rest>.*)$"
+)
+# "What nationality were social anthropologists Alfred Gell and Edmund Leach?" (two names of 2+ words each)
+_TWO_NAMES = re.compile(
+    r"^(?P<pre>.*?\b[a-z]\w*)\s+(?P<a>"
+    + _NAME_WORD
+    + r"(?:\s+"
+    + _NAME_WORD
+    + r")+)\s+and\s+(?P<b>"
+    + _NAME_WORD
+    + r"(?:\s+"
+    + _NAME_WORD
+    + r")+)\s*[?.!]*$"
+)
+_SAME = re.compile(r"\b(?:both|all|each|(?:of|from|in|at)?\s*the same|in common|respectively)\b", re.IGNORECASE)
+_COMPARATIVE = re.compile(
+    r"\b(?:which|who|what|whom|whose|is|was|are|were|does|did|do|has|had|one|first|earlier|later|last|older|"
+    r"younger|more|most|less|least|longer|shorter|larger|smaller|bigger|higher|lower|taller|greater|better|"
+    r"worse|newer|earliest|latest|oldest|youngest|born|founded|occurred|happened|started|released|published|"
+    r"formed|established|created|opened)\b",
+    re.IGNORECASE,
+)
+
+
+def _attribute(text: str) -> str:
+    """What a comparison asks about, without question words and comparatives ("nationality", "battle")."""
+    return " ".join(_COMPARATIVE.sub(" ", _SAME.sub(" ", text)).split()).strip(" ,.;:?!")
+
+
+def _part(name: str, attribute: str) -> str:
+    name = re.sub(r"^the\s+", "", name.strip(), flags=re.IGNORECASE).strip('"“”')
+    return f"{name} {attribute}".strip() if attribute and key_terms(attribute) else name
+
+
+def comparison_parts(clause: str) -> list[str] | None:
+    """One query per compared or coordinated name of ``clause``, each with what is asked about them;
+    ``None`` when the clause compares nothing.
+
+    Forms: alternatives ("Who is older, A or B?", "which … first, A or B"), "Are A and B both …",
+    "Were A and B of the same …", "Both A and B …", and two multi-word names joined by "and" at the end
+    ("What nationality were A B and C D?"). Names are capitalised runs or quoted titles, so "left-hand or
+    right-hand" and "Kiss and Tell" (one-word sides) are not split.
+    """
+    text = clause.strip()
+    m = _ALTERNATIVES.match(text)
+    if m and key_terms(m.group("a")) and key_terms(m.group("b")):
+        attr = _attribute(m.group("head"))
+        return [_part(m.group("a"), attr), _part(m.group("b"), attr)]
+    m = _ALTERNATIVES_FIRST.match(text)
+    if m:
+        attr = _attribute(m.group("rest"))
+        return [_part(m.group("a"), attr), _part(m.group("b"), attr)]
+    m = _COORDINATED.match(text)
+    if m and _SAME.search(m.group("rest")):
+        attr = _attribute(f"{m.group('pre')} {m.group('rest')}")
+        return [_part(m.group("a"), attr), _part(m.group("b"), attr)]
+    m = _BOTH.match(text)
+    if m:
+        attr = _attribute(f"{m.group('pre')} {m.group('rest')}")
+        return [_part(m.group("a"), attr), _part(m.group("b"), attr)]
+    m = _TWO_NAMES.match(text)
+    if m:
+        attr = _attribute(m.group("pre"))
+        return [_part(m.group("a"), attr), _part(m.group("b"), attr)]
+    return None
 
 
 _WORD = re.compile(r"[\w&]+")

@@ -1,0 +1,140 @@
+"""The offline verifier: is each sentence of the reply supported by the block it cites, and does the reply
+cover the question?
+
+After the answer is composed, :meth:`OfflineVerifier.verify` reads it sentence by sentence:
+
+1. **Support.** A sentence that cites ``[n]`` is supported when most of its key terms (``min_support``, stems,
+   stopwords dropped) occur in the cited blocks, or, with an embedder, when its embedding is close to one of
+   the cited block's sentences (cosine at least ``min_cosine``). Unsupported sentences are listed; the answer
+   node drops them from the final text and says so.
+2. **Coverage.** The question's key terms that the supported reply does not contain are the *uncovered
+   aspects*, without the words that only frame a question ("name", "called", "located" …). A reply whose
+   outcome was ``context`` but leaves aspects uncovered is downgraded to ``partial``, and the aspects are
+   named as missing.
+
+It never calls anything: one pass over the text, no extra retrieval round.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import numpy as np
+from attrs import frozen
+
+from ragloop.retrievers.base import Embedder
+from ragloop.state import ContextBlock, Verification
+from ragloop.text.terms import key_terms, stem, tokenize
+
+__all__ = ["OfflineVerifier", "reply_sentences"]
+
+_CITED = re.compile(r"\[(\d+)\]")
+_SENTENCE = re.compile(r"(?<=\])\s+(?!\[)|(?<=[.!?])\s+(?=[A-Z])|\n\s*\n")
+#: Words that frame a question rather than name something it asks about.
+FRAMING = frozenset(
+    stem(w)
+    for w in [
+        "name",
+        "named",
+        "called",
+        "known",
+        "located",
+        "situated",
+        "based",
+        "kind",
+        "type",
+        "sort",
+        "part",
+        "member",
+        "also",
+        "one",
+        "many",
+        "much",
+        "long",
+        "first",
+        "last",
+        "later",
+        "earlier",
+        "older",
+        "younger",
+        "same",
+        "both",
+        "common",
+        "which",
+        "whose",
+        "who",
+        "whom",
+        "what",
+        "when",
+        "where",
+        "why",
+        "how",
+        "year",
+        "years",
+        "date",
+        "time",
+        "number",
+    ]
+)
+
+
+def reply_sentences(text: str) -> list[tuple[str, tuple[int, ...]]]:
+    """The reply's sentences that cite blocks, each with the block numbers it cites (notes are skipped)."""
+    out = []
+    for part in _SENTENCE.split(text):
+        cites = tuple(int(n) for n in _CITED.findall(part))
+        sentence = " ".join(_CITED.sub("", part).split())
+        if cites and sentence:
+            out.append((sentence, cites))
+    return out
+
+
+def _stems(text: str) -> set[str]:
+    return {stem(t) for t in tokenize(text)}
+
+
+@frozen
+class OfflineVerifier:
+    """Checks a composed reply against its blocks and the question (see the module docstring).
+
+    Attributes:
+        min_support: Share of a sentence's key terms the cited blocks must contain.
+        min_cosine: With an embedder, a sentence this close to a sentence of a cited block is supported too.
+        embedder: Optional dense embedder (the index's): support by meaning as well as by terms.
+    """
+
+    min_support: float = 0.6
+    min_cosine: float = 0.8
+    embedder: Embedder | None = None
+
+    async def verify(self, question: str, reply: str, blocks: Sequence[ContextBlock]) -> Verification:
+        """The verification of ``reply`` (pure apart from the optional embedder)."""
+        by_n = {b.n: b for b in blocks}
+        sentences = reply_sentences(reply)
+        unsupported = [
+            s for s, cites in sentences if not await self._supported(s, [by_n[n] for n in cites if n in by_n])
+        ]
+        kept = " ".join(s for s, _ in sentences if s not in unsupported)
+        present = _stems(kept)
+        uncovered = tuple(
+            dict.fromkeys(t.surface for t in key_terms(question) if t.stem not in present and t.stem not in FRAMING)
+        )
+        return Verification(checked=len(sentences), unsupported=tuple(unsupported), uncovered=uncovered)
+
+    async def _supported(self, sentence: str, cited: Sequence[ContextBlock]) -> bool:
+        if not cited:
+            return False
+        terms = {t.stem for t in key_terms(sentence)}
+        if not terms:
+            return True
+        source = set().union(*(_stems(b.text) for b in cited))
+        if len(terms & source) / len(terms) >= self.min_support:
+            return True
+        if self.embedder is None:
+            return False
+        candidates = [s for b in cited for s in re.split(r"(?<=[.!?])\s+", b.text) if s.strip()]
+        if not candidates:
+            return False
+        vectors = np.asarray(await self.embedder.embed([sentence, *candidates]), dtype=np.float32)
+        return float(np.max(vectors[1:] @ vectors[0])) >= self.min_cosine

@@ -1,0 +1,106 @@
+"""The offline verifier and the answer node's bounded verify step."""
+
+from __future__ import annotations
+
+import pytest
+
+from ragloop.llm.offline.verify import OfflineVerifier, reply_sentences
+from ragloop.nodes.answer import verify_reply
+from ragloop.retrievers.embed import HashEmbedder
+from ragloop.state import ContextBlock, Decision, TurnState, Verification
+
+pytestmark = pytest.mark.anyio
+
+TEMPLE = ContextBlock(
+    1,
+    "Shirley Temple was an American actress and diplomat. She served as Chief of Protocol of the United States.",
+    title="Shirley Temple",
+)
+FILM = ContextBlock(2, "Kiss and Tell is a 1945 American comedy film starring Shirley Temple as Corliss Archer.")
+QUESTION = "What government position was held by the woman who portrayed Corliss Archer in the film Kiss and Tell?"
+
+
+class TestReplySentences:
+    def test_cited_sentences_and_their_blocks(self) -> None:
+        """Sentences carrying [n] come back with their block numbers; uncited notes are skipped."""
+        text = "One thing [1]. Another [1][2].\n\nI could not confirm: x."
+        assert reply_sentences(text) == [("One thing .", (1,)), ("Another .", (1, 2))]
+
+
+class TestOfflineVerifier:
+    async def test_supported_reply_covering_the_question(self) -> None:
+        """A reply quoting its blocks and naming every key term of the question passes."""
+        reply = (
+            "Kiss and Tell is a 1945 American comedy film starring Shirley Temple as Corliss Archer. [2] "
+            "She served as Chief of Protocol of the United States, a government position she held. [1]"
+        )
+        found = await OfflineVerifier().verify(QUESTION, reply, [TEMPLE, FILM])
+        assert found.unsupported == ()
+        assert found.checked == 2
+
+    async def test_unsupported_sentence_is_listed(self) -> None:
+        """A sentence whose terms the cited block lacks is unsupported."""
+        reply = "Shirley Temple was an American actress. [1] She was elected mayor of Paris in 1990. [1]"
+        found = await OfflineVerifier().verify("Who was Shirley Temple?", reply, [TEMPLE])
+        assert found.unsupported == ("She was elected mayor of Paris in 1990.",)
+
+    async def test_uncovered_terms_are_named(self) -> None:
+        """Key terms of the question that the reply never mentions are uncovered; framing words are not."""
+        reply = "Kiss and Tell is a 1945 American comedy film starring Shirley Temple as Corliss Archer. [2]"
+        found = await OfflineVerifier().verify(QUESTION, reply, [TEMPLE, FILM])
+        assert {"government", "position", "held"} <= set(found.uncovered)
+        assert "film" not in found.uncovered
+
+    async def test_dense_support_rescues_a_paraphrase(self) -> None:
+        """With an embedder, a sentence identical in meaning to a block sentence is supported by cosine."""
+        sentence = "Shirley Temple was an American actress and diplomat."
+        block = ContextBlock(1, sentence)
+        strict = OfflineVerifier(min_support=1.01)
+        assert (await strict.verify("x", f"{sentence} [1]", [block])).unsupported
+        dense = OfflineVerifier(min_support=1.01, min_cosine=0.99, embedder=HashEmbedder())
+        assert (await dense.verify("x", f"{sentence} [1]", [block])).unsupported == ()
+
+
+class TestVerifyStep:
+    def _state(self, answer: str) -> TurnState:
+        state = TurnState(question=QUESTION, decision=Decision(queries=(QUESTION,)))
+        state.outcome, state.blocks, state.answer = "context", (TEMPLE, FILM), answer
+        return state
+
+    async def test_unsupported_sentence_dropped_and_outcome_downgraded(self) -> None:
+        """The verify step drops the unsupported sentence, says so, and turns context into partial naming
+        the uncovered terms; the record keeps what it found."""
+        state = self._state(
+            "Kiss and Tell is a 1945 American comedy film starring Shirley Temple as Corliss Archer. [2] "
+            "She was elected mayor of Paris in 1990. [1]"
+        )
+        await verify_reply(OfflineVerifier(), state)
+        assert "mayor" not in state.answer
+        assert "not supported by the cited passages removed" in state.answer
+        assert state.outcome == "partial"
+        assert "government" in state.missing
+        assert "I could not confirm from the sources: " in state.answer
+        assert state.verification is not None and state.verification.downgraded
+
+    async def test_covered_reply_keeps_context(self) -> None:
+        """A supported reply covering the question keeps outcome context and its text."""
+        text = (
+            "In the 1945 American comedy film Kiss and Tell, the woman who portrayed Corliss Archer was Shirley "
+            "Temple. [2] She served as Chief of Protocol of the United States, a government position she held. [1]"
+        )
+        state = self._state(text)
+        await verify_reply(OfflineVerifier(), state)
+        assert state.outcome == "context" and state.answer == text
+        assert state.verification == Verification(checked=2)
+
+    async def test_failing_verifier_leaves_the_reply(self) -> None:
+        """A verifier that raises is recorded as an error; the reply and outcome stay."""
+
+        class Broken:
+            async def verify(self, question: str, reply: str, blocks: object) -> Verification:
+                raise RuntimeError("boom")
+
+        state = self._state("Anything [1].")
+        await verify_reply(Broken(), state)  # type: ignore[arg-type]
+        assert state.outcome == "context" and state.answer == "Anything [1]."
+        assert state.errors and "boom" in state.errors[0]
