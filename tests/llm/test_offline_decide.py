@@ -249,6 +249,38 @@ class TestPronouns:
             "How do I enable SSO (single sign-on)",
         )
 
+    def test_third_turn_it_is_the_topic_not_the_follow_ups_verb(self) -> None:
+        """Three turns: a follow-up that only refers back ("How do I change it?") keeps the topic, so the third
+        turn's "it" is still the first turn's subject."""
+        history = (
+            Message("user", "What is the default pickle protocol?"),
+            Message("assistant", "Protocol 4 [1]."),
+            Message("user", "How do I change it?"),
+            Message("assistant", "Pass protocol= to dump [1]."),
+        )
+        assert queries("Is it faster than json?", history=history) == ("Is default pickle protocol faster than json",)
+
+    def test_a_new_subject_replaces_the_topic(self) -> None:
+        """Three turns: a turn that names a subject of its own becomes the topic for the next "it"."""
+        history = (
+            Message("user", "Tell me about webhooks"),
+            Message("user", "What about audit logs retention?"),
+        )
+        assert queries("How do I export them?", history=history) == ("How do I export audit logs retention",)
+
+    def test_page_then_two_follow_ups(self) -> None:
+        """Three turns on a page: "this page", then "it" twice, all mean the page's subject."""
+        page = PageContext(title="Webhooks | Widgets Docs")
+        history = (Message("user", "How do I set up this page?"), Message("user", "Does it retry?"))
+        assert queries("How do I sign it?", history=history, page=page) == ("How do I sign Webhooks",)
+
+    def test_topic_with_corpus_statistics(self) -> None:
+        """With corpus statistics a follow-up made only of common words still refers back."""
+        stats = CorpusStats.from_texts(OFFLINE_CORPUS)
+        decider = OfflineDecider(stats)
+        history = (Message("user", "How do I rotate an API key?"), Message("user", "Can I do it now?"))
+        assert decider.topic(history, NO_PAGE) == decider.topic(history[:1], NO_PAGE)
+
     def test_expletive_it_is_left(self) -> None:
         """'Is it possible …' does not refer to anything."""
         history = (Message("user", "webhooks"),)

@@ -144,7 +144,8 @@ SEARCH_TOOL: Mapping[str, Any] = {
         "name": "search",
         "description": (
             "Search the documentation. Call once per distinct topic of the user's question, all calls in "
-            "the same turn. The query must make sense on its own, without the conversation."
+            "the same turn; a comparison ('A or B', 'are A and B both') is one call per compared thing. "
+            "The query must make sense on its own, without the conversation."
         ),
         "parameters": {
             "type": "object",
@@ -183,9 +184,12 @@ def decide_system_prompt(page: PageContext, glossary: Mapping[str, str] | None =
         "- Greetings, thanks, small talk, and general-knowledge questions that do not depend on this "
         "documentation: do not search; reply directly in one or two short, friendly sentences.",
         "- Everything else: call the `search` tool once per distinct topic, all calls in this one turn "
-        "(in parallel). A question that compares or combines several things has one topic per thing.",
+        "(in parallel). A question that compares or combines several things has one topic per thing: "
+        "'Who is older, A or B?', 'which came first, A or B', 'Are A and B both …?', 'Were A and B of the "
+        "same …?' search A and B separately, each query naming what is asked about it ('A birth date').",
         "Every query must stand alone, as if read by someone who never saw the conversation:",
-        "- no vague pronouns or references ('it', 'this', 'that one', 'the above'): name the thing;",
+        "- no vague pronouns or references ('it', 'this', 'that one', 'the above'): name the thing - the "
+        "subject the conversation is about (what the earlier question asked about), not the last noun said;",
         "- resolve 'this project', 'this page', 'here' from the page below and from the conversation;",
         "- expand abbreviations (use the glossary below when it lists them);",
         "- keep exact identifiers verbatim: error codes, ticket numbers, versions, function names;",

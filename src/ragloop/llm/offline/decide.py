@@ -10,10 +10,15 @@ Steps, in order:
    ("How do I X and how do I Y?"), and inside comparisons ("compare A and B", "A vs B", "difference between A
    and B", lists "A, B and C"). Shared context is copied into every part: text before "compare", a trailing
    prepositional phrase ("… in the admin console"), a shared plural head ("the pro and enterprise *plans*") or
-   a shared leading head ("the *pricing of* pro and enterprise").
+   a shared leading head ("the *pricing of* pro and enterprise"). Comparisons of named things give one query
+   per name, each with what is asked about it (:func:`comparison_parts`): "Who is older, A or B?", "which …
+   first, A or B", "Are A and B both …", "Were A and B of the same …", "Both A and B …". The turn also
+   searches the question as asked beside its parts, and fuses every list (``ragloop.retrievers.fusion``).
 3. **Pronouns.** "this page / project / product …" is resolved from the page title or URL slug
    (``…/products/widgets/sso`` → "widgets sso"); a bare "it / this / that / they" from the previous part of the
-   same question, else the last user turn's key terms, else the page. Expletive "it" ("is it possible …") is left.
+   same question, else the conversation's topic (:meth:`OfflineDecider.topic`: the latest user turn that named
+   a subject of its own — a follow-up that only refers back keeps the topic), else the page. Expletive "it"
+   ("is it possible …") is left.
 4. **Abbreviations.** Glossary abbreviations are expanded in place and kept ("SSO (single sign-on)"); a long
    form gets its abbreviation added. The glossary is the configured one over the one mined from the corpus.
 """
@@ -420,10 +425,37 @@ class OfflineDecider:
     def _subject(self, index: int, previous: list[str], history: Sequence[Message], page: PageContext) -> str:
         if index > 0 and previous:
             return _surface(previous[-1], limit=3, stats=self.stats)
-        for message in reversed(history):
-            if message.role == "user" and key_terms(message.content):
-                return _surface(message.content, limit=3, stats=self.stats)
-        return page_subject(page)
+        return self.topic(history, page)
+
+    def topic(self, history: Sequence[Message], page: PageContext) -> str:
+        """What the conversation is about: the subject of the latest user turn that named one of its own.
+
+        A follow-up that only refers back ("How do I change it?", "Is that faster?": a pronoun and nothing
+        specific of its own) keeps the topic it refers to, so a third turn's "it" still means the first
+        turn's subject, not the follow-up's verb. Without such a turn, the page's subject.
+        """
+        page_subj = page_subject(page)
+        topic = ""
+        for message in history:
+            if message.role != "user":
+                continue
+            rest, _ = _strip_small_talk(message.content)
+            if not key_terms(rest):
+                continue
+            if (topic or page_subj) and self._refers_back(rest):
+                topic = topic or page_subj
+                continue
+            topic = _surface(self._resolve(rest, topic or page_subj, page_subj), limit=3, stats=self.stats)
+        return topic or page_subj
+
+    def _refers_back(self, text: str) -> bool:
+        """A follow-up: it carries a reference ("it", "this page") and names nothing specific of its own."""
+        if not (_PRONOUN.search(text) or _PAGE_REF.search(text)) or _EXPLETIVE.search(text):
+            return False
+        own = _PRONOUN.sub(" ", _PAGE_REF.sub(" ", text))
+        if self.stats is not None and self.stats.n_docs >= 2:
+            return all(self.stats.idf(t.stem) < self._rare_at() for t in key_terms(own))
+        return len(key_terms(own)) <= 1
 
     def _resolve(self, topic: str, subject: str, page_subj: str) -> str:
         # Replacements are functions so a backslash in a URL or title is text, not a group reference.
