@@ -81,7 +81,7 @@ class TestOpenAIPlanner:
         server.enqueue(json_reply(PLAN))
         await _planner(client).plan("q?")
         body = server.requests[0].body
-        assert body["temperature"] == 0.0
+        assert body["temperature"] == 0.0 and body["max_completion_tokens"] == 800
         schema = body["response_format"]["json_schema"]["schema"]
         source = schema["properties"]["subqueries"]["items"]["properties"]["source"]
         assert source["enum"] == ["sql", "documents"]
@@ -99,6 +99,12 @@ class TestOpenAIPlanner:
         """A reply that is not JSON is a JudgeOutputError (the node falls back to the offline planner)."""
         server.enqueue(reply("sure! here is a plan"))
         with pytest.raises(JudgeOutputError, match="not JSON"):
+            await _planner(client).plan("q")
+
+    async def test_output_cap(self, server: ScriptedOpenAIServer, client: openai.AsyncOpenAI) -> None:
+        """A plan cut at the output cap is a JudgeOutputError that says so (the node falls back)."""
+        server.enqueue(reply('{"needs_sources": true, "subq', finish_reason="length"))
+        with pytest.raises(JudgeOutputError, match="output cap"):
             await _planner(client).plan("q")
 
     def test_malformed_subquery(self) -> None:

@@ -163,16 +163,24 @@ async def _complete(
     messages: list[dict[str, str]],
     response_format: dict[str, Any],
     timeout_s: float,
+    max_tokens: int,
 ) -> str | None:
-    """One metered structured-output call at temperature 0; SDK errors become judge errors."""
+    """One metered structured-output call at temperature 0, output capped; SDK errors become judge errors."""
     started = time.perf_counter()
     prompt = completion = 0
     error: str | None = None
     create: Any = client.chat.completions.create
     try:
         result = await create(
-            model=model, messages=messages, temperature=0.0, response_format=response_format, timeout=timeout_s
+            model=model,
+            messages=messages,
+            temperature=0.0,
+            response_format=response_format,
+            max_completion_tokens=max_tokens,
+            timeout=timeout_s,
         )
+        if result.choices and result.choices[0].finish_reason == "length":
+            raise JudgeOutputError(f"{judge}: model {model!r} stopped at the output cap ({max_tokens} tokens)")
         if result.usage is not None:
             prompt, completion = result.usage.prompt_tokens or 0, result.usage.completion_tokens or 0
         if not result.choices:
@@ -207,6 +215,7 @@ class OpenAIPlanner:
         timeout_s: Per-request timeout.
         max_subqueries: Most sub-queries the model may plan.
         history_turns: Earlier messages shown to the model (for follow-ups).
+        max_tokens: Output cap of the plan request.
     """
 
     client: openai.AsyncOpenAI
@@ -215,6 +224,7 @@ class OpenAIPlanner:
     timeout_s: float = 15.0
     max_subqueries: int = 6
     history_turns: int = 4
+    max_tokens: int = 800
     _described: str | None = field(default=None, init=False, repr=False)
 
     @property
@@ -229,7 +239,7 @@ class OpenAIPlanner:
         messages += [{"role": m.role, "content": m.content} for m in history[-self.history_turns :]]
         messages.append({"role": "user", "content": question})
         fmt = plan_response_format([s.name for s in self.sources], self.max_subqueries)
-        content = await _complete(self.client, self.model, "plan", messages, fmt, self.timeout_s)
+        content = await _complete(self.client, self.model, "plan", messages, fmt, self.timeout_s, self.max_tokens)
         return plan_from_json(_object(content, "plan"))
 
     async def _describe(self) -> str:
@@ -254,11 +264,13 @@ class OpenAISQLWriter:
         client: The ``openai.AsyncOpenAI`` client.
         model: Model name.
         timeout_s: Per-request timeout.
+        max_tokens: Output cap of the request.
     """
 
     client: openai.AsyncOpenAI
     model: str
     timeout_s: float = 15.0
+    max_tokens: int = 400
 
     async def write(self, request: str, schema: SQLSchema) -> SQLQuery:
         """The model's statement; QueryRefused when it says the schema cannot answer. Judge errors on failure."""
@@ -266,7 +278,8 @@ class OpenAISQLWriter:
             {"role": "system", "content": _SQL_SYSTEM.format(schema=schema.describe())},
             {"role": "user", "content": request},
         ]
-        content = await _complete(self.client, self.model, "sql", messages, _sql_response_format(), self.timeout_s)
+        fmt = _sql_response_format()
+        content = await _complete(self.client, self.model, "sql", messages, fmt, self.timeout_s, self.max_tokens)
         obj = _object(content, "sql")
         sql = obj.get("sql")
         if not isinstance(sql, str):
