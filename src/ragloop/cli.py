@@ -91,7 +91,9 @@ class _Progress:
 def _add_index(sub: Any) -> None:
     p = sub.add_parser("index", help="ingest documents and build a searchable index")
     p.add_argument("path", help="a folder of .md/.txt/.html files, or a BEIR folder / corpus.jsonl[.gz]")
-    p.add_argument("--out", help="index directory to write (replaced atomically); or pass --store")
+    p.add_argument(
+        "--out", help="index folder to write: new, empty or a ragloop index (replaced atomically); or pass --store"
+    )
     p.add_argument(
         "--embedder",
         choices=("auto", "minilm", "hash"),
