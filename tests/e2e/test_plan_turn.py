@@ -13,7 +13,15 @@ from ragloop.cli import main
 from ragloop.llm.openai_planner import OpenAISQLWriter
 from ragloop.retrievers.sql import SQLiteSource
 from ragloop.sample import SAMPLE_CRM_ALLOW, sample_crm_path
-from ragloop.testing import RecordedRequest, ScriptedOpenAIServer, ScriptedResponse, json_reply, server_error, stream
+from ragloop.testing import (
+    RecordedRequest,
+    ScriptedOpenAIServer,
+    ScriptedResponse,
+    json_reply,
+    server_error,
+    stream,
+    verdicts,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -61,7 +69,7 @@ def matcher(*, plan_fails: bool = False) -> object:
         if k == "sql":
             return json_reply(SQL)
         if k == "grade":
-            return json_reply({"label": "relevant", "reason": "scripted"})
+            return verdicts(request, "relevant")
         return stream("Harbor Lane Bank is on the Enterprise plan [1]. Enterprise is priced custom [2].", chunk_size=6)
 
     return match
@@ -121,7 +129,10 @@ async def test_offline_gap_is_named(sample_cache: Path) -> None:
     assert fates["sql1"].status == "refused" and "cannot answer offline" in fates["sql1"].reason
     assert fates["docs1"].status == "ok"
     assert reply.outcome == "partial"
-    assert "Which customers churned last quarter" in reply.missing
+    assert [
+        m for m in reply.missing if m.startswith("Which customers churned last quarter (sql: cannot answer offline")
+    ]
+    assert "cannot answer offline" in reply.text
     assert any("data-retention" in c.source for c in reply.citations)
 
 

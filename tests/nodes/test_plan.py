@@ -248,13 +248,15 @@ class TestPlanNode:
         assert all(g.verdict.label == "relevant" for g in state.graded)
 
     async def test_gaps_are_no_context_with_reason(self) -> None:
-        """A refused sub-query and its skipped dependents end as no_context, with the reason as the error."""
+        """A refused sub-query and its skipped dependents end as no_context, named with the reason (the answer lists
+        them as missing)."""
         node = PlanNode(ScriptedPlanner(_bridge()), _sources(refuse=frozenset({"plan of Harbor Lane Bank"})))
         state = TurnState(question="q")
         assert await node(state) == "answer"
-        q = state.queries["plan of Harbor Lane Bank"]
+        q = state.queries["plan of Harbor Lane Bank (sql: cannot answer offline: test)"]
         assert q.status == "no_context" and q.error == "sql: cannot answer offline: test"
-        assert state.queries["{plan} price"].error == "documents: depends on 'cust', which was refused"
+        skipped = state.queries["[plan] price (documents: depends on 'cust', which was refused)"]
+        assert skipped.status == "no_context" and skipped.error == "documents: depends on 'cust', which was refused"
 
     async def test_failing_planner_falls_back(self) -> None:
         """A planner that raises is recorded and the fallback plans."""

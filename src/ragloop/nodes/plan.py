@@ -320,15 +320,18 @@ class PlanNode:
         to_grade = False
         for sub in plan.subqueries:
             fate = done.run.fate(sub.id)
-            text = done.queries.get(sub.id, sub.query)
+            result = done.results.get(sub.id)
+            gap = fate is None or fate.status != "ok" or result is None
+            reason = f"{sub.source}: {fate.reason if fate else 'did not run'}"
+            text = done.queries.get(sub.id) or fill(sub.query, {s.name: (f"[{s.name}]",) for s in sub.slots})
+            if gap:  # the answer names what found nothing, and why ("… (sql: cannot answer offline: …)")
+                text = f"{text} ({reason.split(';')[0]})"
             if text in state.queries:
                 text = f"{text} ({sub.id})"
             q = QueryState(text=text, root=text, live_tried=True)
             state.queries[text] = q
-            result = done.results.get(sub.id)
-            if fate is None or fate.status != "ok" or result is None:
-                q.status = "no_context"
-                q.error = f"{sub.source}: {fate.reason if fate else 'did not run'}"
+            if gap or result is None:
+                q.status, q.error = "no_context", reason
                 continue
             hits = [attrs.evolve(h, queries=(text,), best_query=text) for h in result.hits if h.id not in state.shown]
             state.shown.update(h.id for h in hits)
