@@ -107,6 +107,8 @@ def _add_index(sub: Any) -> None:
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
+    if args.store and args.out:
+        raise RagloopError("pass either --out DIR (a local index) or --store URL (a shared store), not both")
     url = store_url(args)
     if url and not args.out:
         return cmd_index_store(args, url)

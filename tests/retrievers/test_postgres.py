@@ -73,6 +73,15 @@ class TestRoundTrip:
             async with PostgresStore(pg_url, HashEmbedder(128), collection=collection):
                 pass
 
+    async def test_odd_text_round_trips(self, pg_url: str, collection: str) -> None:
+        """Quotes, backslashes, non-Latin words and a 3,000-byte "word" are stored and the rest stays findable."""
+        blob = "ж" * 1500
+        chunk = Chunk(id="odd", text=f"It's a back\\slash 'quoted' naïve café {blob} zyxwv", doc_id="odd.md")
+        async with _store(pg_url, collection) as store:
+            await store.sync([chunk])
+            hits = await store.search("café zyxwv", k=1)
+        assert [h.chunk for h in hits] == [chunk]
+
     async def test_bad_collection_name_is_refused(self, pg_url: str) -> None:
         """Collection names become table names: anything but [a-z0-9_] is refused."""
         with pytest.raises(ConfigError, match="lower-case"):

@@ -714,7 +714,10 @@ class PostgresStore:
             for seq, c in enumerate(chunks):
                 tokens = self.tokenizer(index_text(c))
                 new_len += len(tokens)
-                tf = Counter(tokens)
+                # A "word" of over 1,000 bytes (a base64 blob) cannot be a btree key or a lexeme; it still
+                # counts towards the length, as in the local index, but is not searchable here.
+                kept_tokens = [w for w in tokens if len(w) <= 250 or len(w.encode("utf-8", "replace")) <= 1000]
+                tf = Counter(kept_tokens)
                 tfs.append(tf)
                 deltas.update(tf.keys())
                 rows.append(
@@ -729,7 +732,7 @@ class PostgresStore:
                         c.url,
                         json.dumps(dict(c.metadata)),
                         c.text,
-                        _tsvector(tokens),
+                        _tsvector(kept_tokens),
                         len(tokens),
                         vectors[content_hash(c)],
                     )
