@@ -13,9 +13,9 @@ source), each source wrapped with a simulated latency (a real deployment's ballp
 
 A run is *correct* when every expected row (``customers/8`` …) and every expected document
 (``plans-and-pricing.md`` …) is among the results, and each dependent document search ran with the value it
-needed (``slot_query``: "Enterprise", "E6002" …). Questions the offline patterns cannot answer (p04: "last
-quarter") count as correct when their document part is found and their SQL part is refused, as in the
-waves run. Each (question, strategy) pair runs ``--repeats`` times, round-robin; the median is reported.
+needed (``slot_query``: "Enterprise", "E6002" …). For a question the offline patterns cannot fully answer
+(p04: "last quarter", ``"offline": false``) only its expected documents are checked: its SQL part is refused in
+every strategy. Each (question, strategy) pair runs ``--repeats`` times, round-robin; the median is reported.
 
 It asserts nothing; it prints a table and writes ``benchmarks/results/bench_plan.json``.
 
