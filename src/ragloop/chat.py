@@ -330,6 +330,7 @@ class ChatRAG:
         glossary: Mapping[str, str] | None = None,
         timeout_s: float = 20.0,
         embedder: Embedder | None = None,
+        plan_sources: Sequence[Source] = (),
     ) -> ChatRAG:
         """A chat over a PostgreSQL collection written by ``ragloop index DIR --store URL`` (``[postgres]`` extra).
 
@@ -351,6 +352,7 @@ class ChatRAG:
             glossary: As in :meth:`from_index`.
             timeout_s: Per-call timeout of the LLM judges.
             embedder: Query embedder; by default the one the collection was built with.
+            plan_sources: As in :meth:`from_index`.
         """
         import concurrent.futures
 
@@ -386,6 +388,7 @@ class ChatRAG:
             settings=settings,
             glossary=glossary,
             timeout_s=timeout_s,
+            plan_sources=plan_sources,
         )
         rag.store = store
         return rag
