@@ -2,7 +2,8 @@
 
 The runner runs every node inside a cancel scope that ends at the turn's deadline (and the finish node inside
 its grace period), so a judge can read how much time is left with :func:`time_left` without anything being
-threaded through. A model call then gets :meth:`CallBudget.seconds`: at most its own timeout, at most a share
+threaded through. That is the innermost deadline: a node that wraps each call in its own limit (grade, rewrite)
+shows the judge that limit instead. A model call then gets :meth:`CallBudget.seconds`: at most its own timeout, at most a share
 of what is left, and never so much that the offline fallbacks behind it (the offline decider, the offline
 answerer) lose their time to run. The budget covers the whole call, the SDK's retries included.
 
@@ -62,12 +63,14 @@ class CallBudget:
         return budget if budget >= self.min_s else 0.0
 
 
-#: Default budgets per judge. decide leaves room for the offline decider and the rest of the turn; answer only
-#: needs to leave the offline answerer its second.
+#: Default budgets per judge. decide and answer have offline fallbacks that run in the same node after a
+#: failure: decide leaves room for the offline decider and the rest of the turn, answer leaves the offline answerer
+#: its second. grade and rewrite fail open at once, so they may use all the time their node gives them — the
+#: innermost deadline is then the node's own per-call limit (``grade_timeout_s``), which a reserve would eat.
 DEFAULT_BUDGETS: dict[str, CallBudget] = {
     "decide": CallBudget(share=0.4, reserve_s=3.0),
-    "grade": CallBudget(share=0.5, reserve_s=3.0),
-    "rewrite": CallBudget(share=0.3, reserve_s=3.0),
+    "grade": CallBudget(share=1.0, reserve_s=0.0),
+    "rewrite": CallBudget(share=1.0, reserve_s=0.0),
     "answer": CallBudget(share=1.0, reserve_s=1.0),
 }
 
