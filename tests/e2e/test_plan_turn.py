@@ -155,3 +155,15 @@ def test_ragloop_ask_sql_then_documents(sample_cache: Path, capsys: pytest.Captu
     assert any("plans-and-pricing" in s for s in sources)
     waves = out["record"]["plan"]["waves"]
     assert [w["ids"] for w in waves] == [["sql1"], ["docs1"]]
+
+
+async def test_plan_and_waves_are_streamed(sample_cache: Path) -> None:
+    """The event stream carries the plan, then one progress event per wave with its fates and seconds."""
+    from ragloop.events import Progress
+
+    rag = ChatRAG.sample(cache_dir=sample_cache, plan_sources=(crm(),))
+    events = [e async for e in rag.stream(QUESTION) if isinstance(e, Progress) and e.node == "plan"]
+    await rag.aclose()
+    assert [e.kind for e in events] == ["plan", "wave", "wave"]
+    assert events[0].data["waves"] == [["sql1"], ["docs1"]]
+    assert [f["id"] for f in events[2].data["fates"]] == ["docs1"] and events[2].data["seconds"] >= 0
