@@ -34,6 +34,10 @@ live lookup:
 It asserts nothing; it prints tables and writes ``benchmarks/results/bench_turn.json``.
 
 Usage: ``python benchmarks/bench_turn.py [--turns 20] [--embedder minilm|hash] [--json]``
+
+With ``--base-url URL [--model NAME]`` it runs turns against a real OpenAI-compatible server instead (see
+``_real.py``: per node wall time, model time, calls and tokens, time to first token, ragloop's own share) and
+writes ``benchmarks/results/bench_turn_real.json``.
 """
 
 from __future__ import annotations
@@ -180,9 +184,17 @@ def main() -> None:
     parser.add_argument("--cache-dir", default="/tmp/ragloop-bench-cache", help="where the sample index is cached")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every simulated latency (smoke runs)")
     parser.add_argument("--scenarios", nargs="+", choices=list(SCENARIOS), default=list(SCENARIOS))
-    parser.add_argument("--out", default=str(RESULTS / "bench_turn.json"))
+    parser.add_argument("--out", default=None, help="JSON report path (default results/bench_turn[_real].json)")
     parser.add_argument("--json", action="store_true", help="print the JSON report instead of tables")
+    parser.add_argument("--base-url", default=None, help="a real OpenAI-compatible server (see _real.py)")
+    parser.add_argument("--model", default="smollm2", help="model name with --base-url")
     args = parser.parse_args()
+    if args.base_url:
+        import _real
+
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+        _real.main(args)
+        return
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     _sim.set_scale(args.scale)
 
@@ -219,8 +231,9 @@ def main() -> None:
             if f"fanout-{n}" in scenarios
         ],
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    out = Path(args.out or RESULTS / "bench_turn.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
     if args.json:
         print(json.dumps(report))
         return
