@@ -11,7 +11,7 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import structlog
+from ragloop._log import get_logger
 
 if TYPE_CHECKING:
     from ragloop.retrievers.base import Embedder
@@ -27,7 +27,7 @@ __all__ = [
     "sample_questions_path",
 ]
 
-log = structlog.get_logger("ragloop.sample")
+log = get_logger("ragloop.sample")
 _DATA = Path(__file__).parent / "data"
 
 

@@ -33,10 +33,10 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import structlog
 from attrs import field, frozen
 from attrs.validators import in_
 
+from ragloop._log import get_logger
 from ragloop.errors import InputError
 from ragloop.retrievers.chunking import check_limits, chunk_id, split_long, split_sections
 from ragloop.retrievers.clean import FORMATS, clean_text, clean_title, element_text, split_front_matter
@@ -58,7 +58,7 @@ __all__ = [
     "split_front_matter",
 ]
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 #: File suffixes :func:`load_folder` reads, and the format each is cleaned as.
 SUFFIXES = {".md": "markdown", ".markdown": "markdown", ".txt": "text", ".html": "html", ".htm": "html"}
