@@ -273,3 +273,45 @@ class TestPlanNode:
         state = TurnState(question="q")
         assert await node(state) == "decide"
         assert "unknown source 'crm'" in state.errors[0]
+
+
+class TestSlotInjection:
+    async def test_hostile_row_value_cannot_reach_sql_text(self, tmp_path: object) -> None:
+        """A value read in wave 1 (a customer named with SQL in it) fills a wave-2 SQL sub-query's text and filter:
+        both the offline writer and the filter bind it as a parameter, and the database is unchanged."""
+        import hashlib
+        import sqlite3
+        from pathlib import Path
+
+        from ragloop.retrievers.sql import SQLiteSource
+
+        path = Path(str(tmp_path)) / "hostile.sqlite"
+        hostile = "Evil'; DROP TABLE customers; --"
+        with sqlite3.connect(path) as db:
+            db.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT NOT NULL, plan TEXT NOT NULL)")
+            db.executemany("INSERT INTO customers VALUES (?, ?, ?)", [(1, hostile, "Team"), (2, "Acme", "Business")])
+        db.close()
+        before = hashlib.sha256(path.read_bytes()).hexdigest()
+        sql = SQLiteSource(path, {"customers": ("id", "name", "plan")})
+        plan = Plan(
+            (
+                SubQuery("who", "sql", "customer 1"),
+                SubQuery("text", "sql", "plan of {name}", depends_on=("who",), slots=(Slot("name", "who", "name"),)),
+                SubQuery(
+                    "filt",
+                    "sql",
+                    "customer 2",
+                    filters={"name": "{name}"},
+                    depends_on=("who",),
+                    slots=(Slot("name", "who", "name"),),
+                ),
+            )
+        )
+        done = await execute_plan(plan, {"sql": sql})
+        fates = {f.id: f for f in done.run.fates}
+        assert fates["who"].status == "ok"
+        # The hostile name is a known value of customers.name, so the writer matched it: bound as a parameter.
+        assert fates["text"].status == "ok" and [r["plan"] for r in done.results["text"].rows] == ["Team"]
+        assert fates["filt"].status == "empty"  # customer 2 is not named like customer 1: bound, compared, no row
+        assert all("DROP" not in s for s in sql.statements)
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == before
