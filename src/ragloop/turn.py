@@ -70,6 +70,8 @@ class TurnSettings:
         fast_path_min_hits: A single query with this many confident hits skips grading (only those are kept).
         min_relevant: Relevant hits a query needs to count as answered (partial hits never suffice alone).
         grade_concurrency: Grades run at once.
+        per_passage_grading: Grade each passage in its own model call, as before batch grading (by default a
+            grader that can grades all of a query's passages in one call: ``OpenAIGrader.grade_batch``).
         max_attempts: Rewrites per decide query before it is given up as ``no_context``.
         overlap_threshold: Normalised-term overlap at or above which a rewrite repeats a tried query.
         cosine_threshold: Embedding cosine at or above which a rewrite repeats a tried query (with an embedder).
@@ -99,6 +101,7 @@ class TurnSettings:
     fast_path_min_hits: int = 2
     min_relevant: int = 1
     grade_concurrency: int = 16
+    per_passage_grading: bool = False
     max_attempts: int = 2
     overlap_threshold: float = 0.6
     cosine_threshold: float = 0.95
@@ -187,6 +190,7 @@ def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYL
             min_relevant=s.min_relevant,
             timeout_s=s.grade_timeout_s,
             max_concurrency=s.grade_concurrency,
+            per_passage=s.per_passage_grading,
         ),
         "hop": Hop(bridger, policy=policy, timeout_s=s.hop_timeout_s),
         "live": Live(live_sources, policy=policy, timeout_s=s.live_timeout_s),

@@ -14,11 +14,11 @@ from ragloop.testing import (
     RecordedRequest,
     ScriptedOpenAIServer,
     ScriptedResponse,
-    json_reply,
     reply,
     server_error,
     stream,
     tool_calls,
+    verdicts,
 )
 from ragloop.turn import TurnSettings
 
@@ -43,7 +43,7 @@ def matcher(
         if judge == "decide":
             return decide(user_text(request))
         if judge == "grade":
-            return json_reply({"label": grade(user_text(request)), "reason": "scripted"})
+            return verdicts(request, grade(user_text(request)))
         if judge == "rewrite":
             return reply(rewrite(user_text(request)))
         return stream(answer, chunk_size=5)

@@ -35,7 +35,7 @@ import openai
 from attrs import define, field, frozen
 
 from ragloop.errors import ConfigError, JudgeError, JudgeOutputError, JudgeTimeout, JudgeTruncated
-from ragloop.llm import prompts
+from ragloop.llm import batch_grade, prompts
 from ragloop.llm.budget import DEFAULT_BUDGETS, DEFAULT_OUTPUT_TOKENS, CallBudget, time_left
 from ragloop.llm.guards import is_small_talk, query_problem, reply_problem
 from ragloop.state import ContextBlock, Decision, Hit, Label, Message, Outcome, PageContext, Verdict
@@ -678,6 +678,47 @@ class OpenAIGrader:
                     raise
                 self._json_schema = False
         return await chat.complete("grade", messages, _verdict_of, response_format={"type": "json_object"})
+
+    async def grade_batch(self, query: str, hits: Sequence[Hit]) -> list[Verdict | None]:
+        """Label all of ``query``'s hits in one call (:mod:`ragloop.llm.batch_grade`): one verdict per hit, in
+        order, ``None`` where the reply has no valid verdict for it (the node fails open for that hit alone).
+
+        The output cap is ``max_tokens`` per hit; each hit's text is cut to ``max_chars``.
+
+        Raises:
+            JudgeOutputError: the reply holds no valid verdict at all (JudgeTruncated when cut at the cap).
+            JudgeTimeout: the request timed out.
+            JudgeError: the server failed after the client's retries.
+        """
+        if not hits:
+            return []
+        nonce, n = prompts.new_nonce(), len(hits)
+        fenced = prompts.fence_blocks(batch_grade.batch_blocks(query, hits, self.max_chars), nonce)
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": batch_grade.batch_system_prompt(nonce, self.max_chars, n)},
+            {"role": "user", "content": batch_grade.batch_user_prompt(query, fenced)},
+        ]
+        cap = None if self.max_tokens is None else self.max_tokens * n
+        chat = _Chat(self.client, self.model, self.timeout_s, self.temperature, cap, self.budget, self.compat)
+
+        def parse(completion: ChatCompletion) -> list[Verdict | None]:
+            try:
+                return batch_grade.parse_verdicts(completion.choices[0].message.content or "", n)
+            except JudgeOutputError as exc:
+                if _finish_reason(completion) == "length":
+                    raise JudgeTruncated(f"batch grader reply stopped at the output cap: {exc}") from exc
+                raise
+
+        if self._json_schema:
+            try:
+                fmt = batch_grade.batch_response_format(n)
+                return await chat.complete("grade", messages, parse, response_format=fmt)
+            except JudgeError as exc:
+                cause = exc.__cause__
+                if not (isinstance(cause, openai.APIStatusError) and _json_schema_unsupported(cause)):
+                    raise
+                self._json_schema = False
+        return await chat.complete("grade", messages, parse, response_format={"type": "json_object"})
 
 
 def _verdict_of(completion: ChatCompletion) -> Verdict:

@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from ragloop.state import ContextBlock, Decision, Hit, Message, Outcome, PageContext, Verdict
 
-__all__ = ["Answerer", "Bridger", "Decider", "Grader", "Rewriter"]
+__all__ = ["Answerer", "BatchGrader", "Bridger", "Decider", "Grader", "Rewriter"]
 
 
 @runtime_checkable
@@ -31,6 +31,15 @@ class Grader(Protocol):
 
     async def grade(self, query: str, hit: Hit) -> Verdict:
         """Return ``relevant``, ``partial`` or ``irrelevant`` with a short reason."""
+        ...
+
+
+@runtime_checkable
+class BatchGrader(Protocol):
+    """Grades all of one query's chunks in one judgment (one model call instead of one per chunk)."""
+
+    async def grade_batch(self, query: str, hits: Sequence[Hit]) -> Sequence[Verdict | None]:
+        """One verdict per hit, in order; ``None`` where the judge gave no valid verdict for that hit."""
         ...
 
 

@@ -9,12 +9,12 @@ from attrs import define, field
 
 from ragloop._log import get_logger
 from ragloop.events import Progress
-from ragloop.llm.protocols import Grader
+from ragloop.llm.protocols import BatchGrader, Grader
 from ragloop.policy import RoutingPolicy, next_step
 from ragloop.runner import emit
 from ragloop.state import Graded, Hit, TurnState, Verdict
 
-__all__ = ["Grade", "grade_all"]
+__all__ = ["Grade", "grade_all", "grade_batches"]
 
 log = get_logger("ragloop.nodes.grade")
 
@@ -50,6 +50,46 @@ async def grade_all(
     return [g for g in out if g is not None]
 
 
+async def grade_batches(
+    grader: BatchGrader,
+    groups: Sequence[tuple[str, Sequence[Hit]]],
+    *,
+    timeout_s: float,
+    max_concurrency: int,
+) -> list[Graded]:
+    """Grade each ``(query, hits)`` group in one judge call, the groups concurrently, failing open.
+
+    A failed or timed-out call keeps all of its group's hits; a hit the reply gave no valid verdict for is kept
+    alone (``fail_open=True`` and the reason, in both cases). The result follows the order of ``groups``.
+    """
+    out: list[list[Graded]] = [[] for _ in groups]
+    limiter = anyio.CapacityLimiter(max(1, max_concurrency))
+
+    async def one(i: int, query: str, hits: Sequence[Hit]) -> None:
+        failed: str | None = None
+        verdicts: Sequence[Verdict | None] = ()
+        async with limiter:
+            try:
+                with anyio.fail_after(timeout_s):
+                    verdicts = await grader.grade_batch(query, hits)
+            except TimeoutError:
+                failed = f"grader timed out after {timeout_s}s"
+            except Exception as exc:  # noqa: BLE001 — fail-open: a grader failure keeps the chunks
+                failed = f"grader failed: {type(exc).__name__}: {exc}"
+        for j, hit in enumerate(hits):
+            verdict = verdicts[j] if failed is None and j < len(verdicts) else None
+            if verdict is None:
+                why = failed or "the batch reply had no valid verdict for this passage"
+                verdict = Verdict("relevant", reason=why, fail_open=True)
+            out[i].append(Graded(query, hit, verdict))
+
+    async with anyio.create_task_group() as tg:
+        for i, (query, hits) in enumerate(groups):
+            if hits:
+                tg.start_soon(one, i, query, hits)
+    return [g for group in out for g in group]
+
+
 @define
 class Grade:
     """Grades the latest retrieve's hits per query and marks each query ``enough`` or ``short``.
@@ -61,6 +101,8 @@ class Grade:
             but never make a query ``enough`` on their own.
         timeout_s: Time limit per grade; past it the chunk is kept (fail-open).
         max_concurrency: Grades run at once.
+        per_passage: Grade each hit in its own judge call even when the grader can grade a query's hits in
+            one (:class:`~ragloop.llm.protocols.BatchGrader`).
     """
 
     grader: Grader
@@ -68,12 +110,19 @@ class Grade:
     min_relevant: int = field(kw_only=True)
     timeout_s: float = field(kw_only=True)
     max_concurrency: int = field(kw_only=True)
+    per_passage: bool = field(default=False, kw_only=True)
     routes: tuple[str, ...] = field(default=("live", "rewrite", "hop", "answer"), init=False)
 
     async def __call__(self, state: TurnState) -> str:
         current = [q for q in state.queries.values() if q.status == "pending"]
-        pairs = [(q.text, h) for q in current for h in q.hits]
-        graded = await grade_all(self.grader, pairs, timeout_s=self.timeout_s, max_concurrency=self.max_concurrency)
+        if not self.per_passage and isinstance(self.grader, BatchGrader):
+            groups = [(q.text, tuple(q.hits)) for q in current]
+            graded = await grade_batches(
+                self.grader, groups, timeout_s=self.timeout_s, max_concurrency=self.max_concurrency
+            )
+        else:
+            pairs = [(q.text, h) for q in current for h in q.hits]
+            graded = await grade_all(self.grader, pairs, timeout_s=self.timeout_s, max_concurrency=self.max_concurrency)
         state.graded.extend(graded)
         failed_open = sum(g.verdict.fail_open for g in graded)
         if failed_open:

@@ -36,6 +36,7 @@ from ragloop.testing._fakes import (
     FakeRewriter,
     make_hit,
 )
+from ragloop.testing._grading import verdicts
 from ragloop.testing._recorded import RecordedRequest, ServerStats
 from ragloop.testing._script import (
     Latency,
@@ -81,4 +82,5 @@ __all__ = [
     "stream",
     "stream_tool_calls",
     "tool_calls",
+    "verdicts",
 ]
