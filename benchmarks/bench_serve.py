@@ -16,6 +16,11 @@ cycling over five questions (one topic, two topics, a rewrite, a ticket lookup, 
 records the time to the first ``token`` event (TTFT) and to the ``reply`` event (last token); a turn
 completes when its ``reply`` event arrives. Errors are non-200 statuses, ``error`` events, cut streams and
 client exceptions. The server runs with ``--max-concurrency`` above N, so nothing is refused with 429.
+It also reports the judge calls per turn (the server's ``ragloop_judge_calls_total``; with the scripted
+model, each is a model call), the CPU milliseconds per completed turn of the server process, of the model server process
+and of the clients (from ``/proc``): with two cores, 2000 / (their sum) bounds the turns per second. And it
+records the machine's 1-minute load average at the end of each level: on a shared machine, other work takes
+cores away from the server, and the latencies show it.
 
 The client and the server share the machine's cores: the figures include the clients' own CPU. It asserts
 nothing; it prints a table and writes ``benchmarks/results/bench_serve.json`` and ``.txt``.
@@ -61,6 +66,24 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def judge_calls(url: str) -> dict[str, float]:
+    """The server's ``ragloop_judge_calls_total`` per judge and backend (``grade/model``), from ``/metrics``."""
+    out: dict[str, float] = {}
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith("ragloop_judge_calls_total{"):
+            labels, value = line.rsplit(" ", 1)
+            judge = labels.split('judge="')[1].split('"')[0]
+            backend = labels.split('backend="')[1].split('"')[0]
+            out[f"{judge}/{backend}"] = float(value)
+    return out
 
 
 def build_index(embedder: str, out: Path) -> None:
@@ -129,8 +152,11 @@ async def one_turn(client: httpx.AsyncClient, question: str) -> dict[str, Any]:
     return {"ttft": first if first is not None else last, "last": last}
 
 
-async def level(url: str, n: int, turns: int) -> dict[str, Any]:
-    """N clients, each streaming ``turns`` questions in a row, all started together."""
+async def level(url: str, n: int, turns: int, pids: dict[str, int] | None = None) -> dict[str, Any]:
+    """N clients, each streaming ``turns`` questions in a row, all started together.
+
+    ``pids`` names processes (the server, the model server) whose CPU time per completed turn is reported.
+    """
     results: list[dict[str, Any]] = []
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     timeout = httpx.Timeout(180.0, connect=30.0)
@@ -140,11 +166,19 @@ async def level(url: str, n: int, turns: int) -> dict[str, Any]:
             for t in range(turns):
                 results.append(await one_turn(client, QUESTIONS[(i + t) % len(QUESTIONS)]))
 
+    pids = dict(pids or {})
+    cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    calls_before = judge_calls(url)
+    client_before = time.process_time()
     started = time.perf_counter()
     async with anyio.create_task_group() as tg:
         for i in range(n):
             tg.start_soon(client_task, i)
     wall = time.perf_counter() - started
+    load = os.getloadavg()[0]
+    calls = {judge: n - calls_before.get(judge, 0.0) for judge, n in judge_calls(url).items()}
+    cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in pids.items()}
+    cpu["clients"] = time.process_time() - client_before
     ok = [r for r in results if "last" in r]
     errors: dict[str, int] = {}
     for r in results:
@@ -164,6 +198,9 @@ async def level(url: str, n: int, turns: int) -> dict[str, Any]:
         "ttft_p95_ms": round(percentile(ttft, 95) * 1000, 1),
         "last_p50_ms": round(percentile(last, 50) * 1000, 1),
         "last_p95_ms": round(percentile(last, 95) * 1000, 1),
+        "load_average_1min": round(load, 2),
+        "judge_calls_per_turn": {judge: round(n / max(1, len(ok)), 1) for judge, n in sorted(calls.items())},
+        "cpu_ms_per_turn": {name: round(1000 * sec / max(1, len(ok)), 1) for name, sec in cpu.items()},
     }
 
 
@@ -190,9 +227,13 @@ def main() -> None:
                     if model is not None:
                         env |= {"OPENAI_BASE_URL": model.__enter__(), "OPENAI_API_KEY": "bench"}
                         env |= {"RAGLOOP_MODEL": "sim-fast", "RAGLOOP_ANSWER_MODEL": "sim-answer"}
-                    with Server(index, env, max_concurrency=max(64, 2 * n)) as url:
+                    server = Server(index, env, max_concurrency=max(64, 2 * n))
+                    with server as url:
                         anyio.run(level, url, 1, 1)  # warm-up turn (imports, first model connection)
-                        row = {"setup": setup, **anyio.run(level, url, n, args.turns)}
+                        pids = {"server": server.proc.pid}
+                        if model is not None:
+                            pids["model"] = model.proc.pid
+                        row = {"setup": setup, **anyio.run(level, url, n, args.turns, pids)}
                 finally:
                     if model is not None:
                         model.__exit__(None, None, None)
@@ -201,7 +242,7 @@ def main() -> None:
                     f"{setup:<9} N={n:<4} turns {row['completed']}/{row['turns']}  errors {row['errors']}  "
                     f"TTFT p50 {row['ttft_p50_ms']:.0f} ms p95 {row['ttft_p95_ms']:.0f} ms  "
                     f"last token p50 {row['last_p50_ms']:.0f} ms p95 {row['last_p95_ms']:.0f} ms  "
-                    f"{row['turns_per_s']:.1f} turns/s",
+                    f"{row['turns_per_s']:.1f} turns/s  CPU ms/turn {row['cpu_ms_per_turn']}",
                     flush=True,
                 )
     meta = {
@@ -209,9 +250,7 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
         "embedder": args.embedder,
         "turns_per_client": args.turns,
-        "latency": _sim.BASE_LATENCY
-        if args.scale == 1.0
-        else {k: v * args.scale for k, v in _sim.BASE_LATENCY.items()},
+        "latency_s": {k: round(v * args.scale, 4) for k, v in _sim.BASE_LATENCY.items()},
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     out = Path(args.out)
@@ -219,13 +258,14 @@ def main() -> None:
     out.write_text(json.dumps({"meta": meta, "levels": rows}, indent=2) + "\n")
     lines = [
         f"# {meta['command']}  ({meta['machine']}, {meta['date']})",
-        "setup      N     completed  errors  TTFT p50  TTFT p95  last p50  last p95  turns/s",
+        "setup      N     completed  errors  TTFT p50  TTFT p95  last p50  last p95  turns/s  server CPU/turn  load",
     ]
     for r in rows:
         lines.append(
             f"{r['setup']:<9} {r['clients']:>4}  {r['completed']:>5}/{r['turns']:<5} {r['errors']:>5}  "
             f"{r['ttft_p50_ms']:>6.0f} ms {r['ttft_p95_ms']:>6.0f} ms {r['last_p50_ms']:>6.0f} ms "
-            f"{r['last_p95_ms']:>6.0f} ms {r['turns_per_s']:>7.1f}"
+            f"{r['last_p95_ms']:>6.0f} ms {r['turns_per_s']:>7.1f}  "
+            f"{r['cpu_ms_per_turn']['server']:>6.1f} ms  {r['load_average_1min']:>5.1f}"
         )
     out.with_suffix(".txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

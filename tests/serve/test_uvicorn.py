@@ -88,6 +88,8 @@ class TestModelFailures:
         assert body["ragloop"]["citations"]
         assert "script exhausted" not in r.text and "scripted server" not in r.text
         assert 'ragloop_judge_errors_total{judge="decide"} 1.0' in metrics
+        assert 'ragloop_judge_calls_total{backend="model",judge="decide"} 1.0' in metrics
+        assert 'ragloop_judge_calls_total{backend="offline",judge="decide"} 1.0' in metrics  # the fallback
         assert "ragloop_grades_fail_open_total 0.0" not in metrics
 
     async def test_readyz_probes_the_model_endpoint(self, rag: ChatRAG) -> None:

@@ -34,6 +34,12 @@ class Metrics:
         self.fail_open = Counter(
             "ragloop_grades_fail_open", "Relevance grades that failed open (kept the hit).", registry=r
         )
+        self.judge_calls = Counter(
+            "ragloop_judge_calls",
+            "Judge calls by judge, and whether a model or the offline judge answered.",
+            ["judge", "backend"],
+            registry=r,
+        )
         self.judge_errors = Counter(
             "ragloop_judge_errors",
             "Judge calls that failed (the turn fell back to the offline judge or failed open).",
@@ -65,8 +71,13 @@ class Metrics:
         if isinstance(seconds, int | float):
             self.turn_seconds.observe(seconds)
         for call in record.get("calls") or ():
-            if isinstance(call, dict) and call.get("error"):
-                self.judge_errors.labels(judge=str(call.get("judge", "unknown"))).inc()
+            if not isinstance(call, dict):
+                continue
+            judge = str(call.get("judge", "unknown"))
+            backend = "offline" if call.get("model") == "offline" else "model"
+            self.judge_calls.labels(judge=judge, backend=backend).inc()
+            if call.get("error"):
+                self.judge_errors.labels(judge=judge).inc()
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric."""
