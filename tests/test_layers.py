@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "events", "_log"),  # what runs and what it raises and streams; logging
     ("runner", "mermaid"),  # the graph runner: knows nothing of RAG
     ("text",),  # leaf text analysis
-    ("usage",),  # judge-call metering
+    ("usage", "caches"),  # judge-call metering; the cache protocol and its in-memory default
     ("state", "plan"),  # the turn state and the frozen values that flow through a turn (a plan is one)
     ("policy",),  # the one pure routing function
     ("retrievers", "sample"),  # stores, embedders, live sources, ingestion; the bundled sample index

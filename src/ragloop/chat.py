@@ -38,6 +38,7 @@ from ragloop.turn import TurnRecord, TurnSettings, build_graph, default_nodes, t
 if TYPE_CHECKING:
     import openai
 
+    from ragloop.caches import Caches
     from ragloop.llm.planner import Planner
     from ragloop.nodes.answer import Verifier
     from ragloop.retrievers.index import KnowledgeIndex
@@ -217,6 +218,10 @@ class ChatRAG:
         fallback_planner: Used when ``planner`` fails or plans something invalid (the offline planner).
         max_question_chars: Longest question accepted.
         verifier: Checks each finished reply (offline: :class:`~ragloop.llm.offline.verify.OfflineVerifier`).
+        caches: Caches for query embeddings, search results and grades (:class:`~ragloop.caches.Caches`);
+            ``None``: nothing is cached.
+        index_version: The index's current version (e.g. ``lambda: index.version``), which search results
+            are cached under; default: the retriever's ``version`` attribute, if it has one.
     """
 
     def __init__(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
@@ -238,6 +243,8 @@ class ChatRAG:
         fallback_planner: Planner | None = None,
         max_question_chars: int = MAX_QUESTION_CHARS,
         verifier: Verifier | None = None,
+        caches: Caches | None = None,
+        index_version: Callable[[], str] | None = None,
     ) -> None:
         self.settings = settings
         self.live_sources = tuple(live_sources)
@@ -258,6 +265,8 @@ class ChatRAG:
             plan_sources=plan_sources,
             fallback_planner=fallback_planner,
             verifier=verifier,
+            caches=caches,
+            index_version=index_version,
         )
         self.graph = build_graph(self.nodes, settings)
         #: True when every judge is offline (no model calls).

@@ -6,13 +6,16 @@ building the nodes yourself and passing them to :class:`ragloop.Graph` (see :fun
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 from attrs import frozen
 
+from ragloop.caches import Caches
 from ragloop.events import StoppedBy
+from ragloop.llm.cached import CachedGrader
 from ragloop.llm.planner import Planner
 from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
 from ragloop.nodes.answer import Answer, Extractive, Verifier
@@ -26,6 +29,7 @@ from ragloop.nodes.rewrite import Rewrite
 from ragloop.plan import PlanRun
 from ragloop.policy import RoutingPolicy
 from ragloop.retrievers.base import Embedder, Retriever
+from ragloop.retrievers.cached import CachedEmbedder, CachedRetriever
 from ragloop.retrievers.live import LiveSource
 from ragloop.retrievers.sources import Source
 from ragloop.runner import Graph, Node, RunResult
@@ -39,7 +43,7 @@ from ragloop.state import (
     TurnState,
     Verification,
 )
-from ragloop.usage import metering
+from ragloop.usage import Price, cost_of, metering
 
 __all__ = [
     "CallRecord",
@@ -90,6 +94,8 @@ class TurnSettings:
             first retrieve/grade round; two rewrite rounds, each after a live lookup; a hop round; answer:
             ``tests/test_policy.py`` checks the bound), so 16 leaves room and a cap means something went wrong.
         deadline_s: Default time limit for a whole turn (``None``: no limit).
+        prices: The application's price table, model name → :class:`~ragloop.usage.Price` (per million input
+            and output tokens); each turn's record then carries its cost (``TurnRecord.cost``).
     """
 
     max_queries: int = 4
@@ -117,6 +123,7 @@ class TurnSettings:
     plan_concurrency: int = 4
     max_steps: int = 16
     deadline_s: float | None = 60.0
+    prices: Mapping[str, Price] = attrs.field(factory=dict, hash=False)
 
     def policy(self, *, live_sources: Sequence[LiveSource] = (), hops: bool = True) -> RoutingPolicy:
         """The routing policy for a turn with these live sources (and a bridger, when ``hops``)."""
@@ -149,6 +156,8 @@ def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYL
     plan_sources: Mapping[str, Source] | None = None,
     fallback_planner: Planner | None = None,
     verifier: Verifier | None = None,
+    caches: Caches | None = None,
+    index_version: Callable[[], str] | None = None,
 ) -> dict[str, Node]:
     """The seven nodes of the default turn, wired to the given collaborators (no bridger: no hops).
 
@@ -159,8 +168,20 @@ def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYL
     A ``fallback_answerer`` that can also compose a reply without I/O (the offline one: an
     :class:`~ragloop.nodes.answer.Extractive`) ends a reply the deadline cut short (``Answer.salvage``).
     A ``verifier`` checks every finished reply (:func:`ragloop.nodes.answer.verify_reply`).
+
+    With ``caches`` (:class:`~ragloop.caches.Caches`) the grader, the rewrite check's embedder and, when the
+    index's version is known (``index_version``, or a ``version`` attribute of the retriever), the retriever
+    remember their answers across turns (see :mod:`ragloop.caches`).
     """
     s = settings
+    if caches is not None:
+        version = index_version or _version_of(retriever)
+        if caches.retrieval is not None and version is not None:
+            retriever = CachedRetriever(retriever, caches.retrieval, version)
+        if caches.grades is not None:
+            grader = CachedGrader(grader, caches.grades)
+        if caches.embeddings is not None and embedder is not None:
+            embedder = CachedEmbedder(embedder, caches.embeddings)
     policy = s.policy(live_sources=live_sources, hops=bridger is not None)
     nodes: dict[str, Node] = {}
     if planner is not None:  # the retrieval planner goes first; questions it does not plan go on to decide
@@ -212,6 +233,13 @@ def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYL
     }
 
 
+def _version_of(retriever: Retriever) -> Callable[[], str] | None:
+    """A reader of the retriever's ``version`` attribute (an index or a store), or ``None`` without one."""
+    if not isinstance(getattr(retriever, "version", None), str):
+        return None
+    return lambda: str(getattr(retriever, "version", ""))
+
+
 def build_graph(nodes: Mapping[str, Node], settings: TurnSettings = TurnSettings()) -> Graph:
     """The default chat-turn graph over ``nodes`` (see :func:`default_nodes`).
 
@@ -224,7 +252,7 @@ def build_graph(nodes: Mapping[str, Node], settings: TurnSettings = TurnSettings
         start="plan" if planned else "decide",
         finish="answer",
         max_steps=settings.max_steps + (1 if planned else 0),  # the plan step precedes the longest regular turn
-        summarize=turn_record,
+        summarize=functools.partial(turn_record, prices=settings.prices) if settings.prices else turn_record,
         context=lambda state: metering(state.usage),
     )
 
@@ -297,12 +325,16 @@ class CallRecord:
         model: The model, or ``offline``.
         seconds: Its wall time.
         error: Its error, if it failed.
+        prompt_tokens: Its prompt tokens (server-reported).
+        completion_tokens: Its completion tokens.
     """
 
     judge: str
     model: str
     seconds: float
     error: str | None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
 
 
 @frozen
@@ -349,6 +381,9 @@ class TurnRecord:
         plan: The retrieval plan, its waves (ids, seconds) and each sub-query's fate, when the turn planned.
         verification: What the verify step found in the reply (unsupported sentences, uncovered terms), when
             it ran.
+        cost: What the turn's model calls cost under ``TurnSettings.prices`` (``None`` without a price table,
+            or when a model is missing from it).
+        cache_hits: Cache hits of the turn by cache (``embedding``, ``retrieval``, ``grade``, ``reply``).
     """
 
     run_id: str
@@ -372,14 +407,16 @@ class TurnRecord:
     errors: tuple[str, ...]
     plan: PlanRun | None = None
     verification: Verification | None = None
+    cost: float | None = None
+    cache_hits: Mapping[str, int] = attrs.field(factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (nested records as dicts, tuples as lists)."""
         return attrs.asdict(self)
 
 
-def turn_record(result: RunResult) -> TurnRecord:
-    """The decision record of a finished turn, from the run's result."""
+def turn_record(result: RunResult, *, prices: Mapping[str, Price] | None = None) -> TurnRecord:
+    """The decision record of a finished turn, from the run's result (its cost under ``prices``)."""
     state: TurnState = result.state
     calls = state.usage.calls
     prompt = sum(c.prompt_tokens for c in calls)
@@ -412,8 +449,13 @@ def turn_record(result: RunResult) -> TurnRecord:
         missing=state.missing,
         llm_calls=sum(1 for c in calls if c.model != "offline"),
         tokens=TokenCounts(prompt, completion, prompt + completion),
-        calls=tuple(CallRecord(c.judge, c.model, round(c.seconds, 6), c.error) for c in calls),
+        calls=tuple(
+            CallRecord(c.judge, c.model, round(c.seconds, 6), c.error, c.prompt_tokens, c.completion_tokens)
+            for c in calls
+        ),
         errors=(*state.errors, *(f"{step.node}: {step.error}" for step in result.trace if step.error)),
         plan=state.plan,
         verification=state.verification,
+        cost=cost_of(calls, prices or {}),
+        cache_hits=dict(state.usage.cache_hits),
     )

@@ -1,20 +1,32 @@
-"""Per-turn accounting of judge calls: how many, which, tokens used, failures.
+"""Per-turn accounting of judge calls: how many, which, tokens used, failures, cache hits, and their cost.
 
 A turn installs one :class:`UsageMeter` with :func:`metering`; every judge (LLM or offline) records its
-calls with :func:`record_call`. The meter travels in a context variable, so it reaches judges running in
-child tasks of the turn without being threaded through every signature; outside a turn the calls are
-simply not counted.
+calls with :func:`record_call`, and every cache its hits with :func:`record_cache`. The meter travels in a
+context variable, so it reaches judges running in child tasks of the turn without being threaded through every
+signature; outside a turn the calls are simply not counted. :func:`cost_of` prices a turn's calls with the
+application's price table (model → :class:`Price`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 
+import attrs
 from attrs import define, field, frozen
 
-__all__ = ["LLMCall", "UsageMeter", "current_meter", "metering", "record_call"]
+__all__ = [
+    "LLMCall",
+    "Price",
+    "UsageMeter",
+    "cost_of",
+    "current_meter",
+    "metering",
+    "record_cache",
+    "record_call",
+]
 
 
 @frozen
@@ -28,6 +40,9 @@ class LLMCall:
         completion_tokens: Completion tokens reported by the server (0 offline).
         seconds: Wall time of the call.
         error: The error's class and message when the call failed, else ``None``.
+        finish_reasons: The model's ``finish_reason`` per choice, when it gave one.
+        ended: ``time.time()`` when the call ended (set by :func:`record_call` when left at 0), so a tracer
+            can place the call in time.
     """
 
     judge: str
@@ -36,6 +51,41 @@ class LLMCall:
     completion_tokens: int = 0
     seconds: float = 0.0
     error: str | None = None
+    finish_reasons: tuple[str, ...] = ()
+    ended: float = 0.0
+
+
+@frozen
+class Price:
+    """What a model costs, in the application's currency per million tokens.
+
+    Attributes:
+        input_per_m: Per million prompt tokens.
+        output_per_m: Per million completion tokens.
+    """
+
+    input_per_m: float
+    output_per_m: float
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """The cost of that many prompt and completion tokens."""
+        return (prompt_tokens * self.input_per_m + completion_tokens * self.output_per_m) / 1e6
+
+
+def cost_of(calls: list[LLMCall] | tuple[LLMCall, ...], prices: Mapping[str, Price]) -> float | None:
+    """The cost of ``calls`` under ``prices`` (model → :class:`Price`); ``None`` when no price table is given
+    or a model call's model is missing from it (an unknown cost is not a zero cost). Offline calls cost 0."""
+    if not prices:
+        return None
+    total = 0.0
+    for call in calls:
+        if call.model == "offline":
+            continue
+        price = prices.get(call.model)
+        if price is None:
+            return None
+        total += price.cost(call.prompt_tokens, call.completion_tokens)
+    return total
 
 
 @define
@@ -43,10 +93,15 @@ class UsageMeter:
     """Collects the :class:`LLMCall` s of one turn."""
 
     calls: list[LLMCall] = field(factory=list)
+    cache_hits: dict[str, int] = field(factory=dict)
 
     def record(self, call: LLMCall) -> None:
         """Add one call."""
         self.calls.append(call)
+
+    def cache_hit(self, cache: str, n: int = 1) -> None:
+        """Count ``n`` hits of the cache named ``cache`` (``embedding``, ``retrieval``, ``grade``, ``reply``)."""
+        self.cache_hits[cache] = self.cache_hits.get(cache, 0) + n
 
     @property
     def prompt_tokens(self) -> int:
@@ -86,4 +141,11 @@ def record_call(call: LLMCall) -> None:
     """Record ``call`` on the running turn's meter; a no-op outside a turn."""
     meter = _meter.get()
     if meter is not None:
-        meter.record(call)
+        meter.record(call if call.ended else attrs.evolve(call, ended=time.time()))
+
+
+def record_cache(cache: str, n: int = 1) -> None:
+    """Count ``n`` hits of ``cache`` on the running turn's meter; a no-op outside a turn."""
+    meter = _meter.get()
+    if meter is not None and n:
+        meter.cache_hit(cache, n)

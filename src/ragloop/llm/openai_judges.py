@@ -73,6 +73,7 @@ class _Meter:
         self.model = model
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.finish_reasons: tuple[str, ...] = ()
         self._t0 = 0.0
 
     def usage(self, usage: Any) -> None:
@@ -95,6 +96,7 @@ class _Meter:
                 completion_tokens=self.completion_tokens,
                 seconds=time.perf_counter() - self._t0,
                 error=None if exc is None else f"{type(exc).__name__}: {exc}",
+                finish_reasons=self.finish_reasons,
             )
         )
 
@@ -231,6 +233,7 @@ class _Chat:
                     "the server or a proxy broke the response"
                 ) from exc
             meter.usage(completion.usage)
+            meter.finish_reasons = tuple(c.finish_reason for c in completion.choices if c.finish_reason)
             if not completion.choices:
                 raise JudgeOutputError(
                     f"{judge}: model {self.model!r} returned no choices (empty 'choices'); "
@@ -559,6 +562,7 @@ async def _stream_chunks(
                     meter.usage(chunk.usage)
                 if any(choice.finish_reason for choice in chunk.choices):
                     finished = True
+                    meter.finish_reasons = tuple(c.finish_reason for c in chunk.choices if c.finish_reason)
                 yield chunk
     except TimeoutError as exc:
         raise chat.timed_out(judge, anyio.current_time() - started, seconds, left) from exc

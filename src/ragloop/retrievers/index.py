@@ -21,6 +21,7 @@ index built with a different embedder.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
 import re
@@ -413,6 +414,7 @@ class KnowledgeIndex:
         self.weights = dict(weights) if weights is not None else {"bm25": 1.0, "dense": 1.0}
         self.rrf_k = rrf_k
         self._retrievers: dict[str, Retriever] = {}
+        self._version: str | None = None
 
     @property
     def chunks(self) -> tuple[Chunk, ...]:
@@ -422,6 +424,17 @@ class KnowledgeIndex:
     def chunk(self, chunk_id: str) -> Chunk | None:
         """The chunk with this id, if indexed."""
         return self._by_id.get(chunk_id)
+
+    @property
+    def version(self) -> str:
+        """A fingerprint of what the index holds (the embedder, every chunk's id and text, the fusion
+        settings): caches of search results key on it, so an index rebuilt with other content misses them."""
+        if self._version is None:
+            digest = hashlib.sha256(f"{self.embedder.name}\0{self.weights}\0{self.rrf_k}".encode())
+            for c in self._chunks:
+                digest.update(f"\0{c.id}\0{index_text(c)}\0{c.metadata}".encode())
+            self._version = digest.hexdigest()[:16]
+        return self._version
 
     @staticmethod
     def _dedupe(chunks: Iterable[Chunk]) -> list[Chunk]:

@@ -182,6 +182,7 @@ class PostgresStore:
         self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
         self._lock: anyio.Lock | None = None
         self._checked = False
+        self._generation = 0
         t = collection
         self._t = {
             "chunks": f"{t}_chunks",
@@ -697,6 +698,13 @@ class PostgresStore:
         result: dict[str, npt.NDArray[np.float32]] = await self._run(go)
         return result
 
+    @property
+    def version(self) -> str:
+        """What caches of this store's search results key on: the collection and how many times this process
+        changed it (writes from another process are not seen here; a cache's TTL bounds how long they stay
+        stale)."""
+        return f"{self.collection}:{self._generation}"
+
     async def _replace_documents(
         self, docs: Sequence[tuple[str, Sequence[Chunk]]], vectors: Mapping[str, npt.NDArray[np.float32]]
     ) -> None:
@@ -705,6 +713,7 @@ class PostgresStore:
         Each document is replaced whole or not at all; :meth:`sync` passes one document per transaction
         except when loading an empty collection, where it batches documents to save round trips.
         """
+        self._generation += 1  # cached search results of the old content no longer match (see ``version``)
         t = self._t
         rows = []
         tfs: list[Counter[str]] = []

@@ -1,0 +1,213 @@
+"""Caches: the in-memory TTL/LRU default, the cached retriever, embedder and grader, index versions, and a
+repeated question through the real SDK that hits the retrieval and grade caches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+
+from ragloop.caches import Cache, Caches, MemoryCache, cache_key
+from ragloop.chat import ChatRAG
+from ragloop.errors import ConfigError
+from ragloop.llm.cached import CachedGrader
+from ragloop.llm.openai_judges import OpenAIJudges
+from ragloop.retrievers.cached import CachedEmbedder, CachedRetriever
+from ragloop.retrievers.embed import HashEmbedder
+from ragloop.retrievers.index import KnowledgeIndex
+from ragloop.state import Chunk, Hit, Verdict
+from ragloop.testing import (
+    FakeGrader,
+    FakeRetriever,
+    RecordedRequest,
+    ScriptedOpenAIServer,
+    ScriptedResponse,
+    make_hit,
+    stream,
+    tool_calls,
+    verdicts,
+)
+from ragloop.turn import TurnSettings
+from ragloop.usage import UsageMeter, metering
+
+pytestmark = pytest.mark.anyio
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TestMemoryCache:
+    def test_is_a_cache(self) -> None:
+        """The default satisfies the protocol."""
+        assert isinstance(MemoryCache(), Cache)
+
+    def test_least_recently_used_is_evicted(self) -> None:
+        """Past max_items the entry used longest ago goes, not the one just read."""
+        cache: MemoryCache[int] = MemoryCache(max_items=2)
+        cache.set("a", 1)
+        cache.set("b", 2)
+        assert cache.get("a") == 1
+        cache.set("c", 3)
+        assert (cache.get("a"), cache.get("b"), cache.get("c")) == (1, None, 3)
+
+    def test_entries_expire(self) -> None:
+        """An entry is gone ttl_s after it was stored."""
+        clock = Clock()
+        cache: MemoryCache[str] = MemoryCache(ttl_s=10, clock=clock)
+        cache.set("k", "v")
+        clock.now = 9.9
+        assert cache.get("k") == "v"
+        clock.now = 10.0
+        assert cache.get("k") is None
+        assert len(cache) == 0
+
+    def test_bad_settings_say_what_to_do(self) -> None:
+        """A zero size or TTL is refused with the accepted ranges."""
+        with pytest.raises(ConfigError, match="max_items >= 1"):
+            MemoryCache(max_items=0)
+
+    def test_keys_are_stable_and_order_sensitive(self) -> None:
+        """The same parts give the same key; other parts another."""
+        assert cache_key("q", 1, [("a", "b")]) == cache_key("q", 1, [("a", "b")])
+        assert cache_key("q", 1) != cache_key(1, "q")
+
+
+class TestCachedRetriever:
+    async def test_repeat_hits_and_version_change_misses(self) -> None:
+        """The same search is served from the cache until the index version changes."""
+        inner = FakeRetriever({"ttl": [make_hit("Keys expire.")]})
+        version = ["v1"]
+        cached = CachedRetriever(inner, MemoryCache(), lambda: version[0])
+        meter = UsageMeter()
+        with metering(meter):
+            first = await cached.search("ttl", 5)
+            again = await cached.search("ttl", 5)
+            version[0] = "v2"
+            await cached.search("ttl", 5)
+        assert first == again and inner.calls == ["ttl", "ttl"]
+        assert meter.cache_hits == {"retrieval": 1}
+
+    async def test_depth_and_filters_are_part_of_the_key(self) -> None:
+        """Another k or other filters are other searches."""
+        inner = FakeRetriever({"ttl": [make_hit("Keys expire.")]})
+        cached = CachedRetriever(inner, MemoryCache(), lambda: "v")
+        await cached.search("ttl", 5)
+        await cached.search("ttl", 6)
+        assert len(inner.calls) == 2
+
+
+class TestCachedEmbedder:
+    async def test_only_misses_are_embedded(self) -> None:
+        """Rows come back in order; the second call embeds only the new text."""
+        inner = HashEmbedder()
+        seen: list[list[str]] = []
+
+        class Counting:
+            name, dim = inner.name, inner.dim
+
+            async def embed(self, texts: list[str]) -> np.ndarray:  # type: ignore[type-arg]
+                seen.append(list(texts))
+                return await inner.embed(texts)
+
+        cached = CachedEmbedder(Counting(), MemoryCache())
+        a = await cached.embed(["alpha", "beta"])
+        b = await cached.embed(["beta", "gamma"])
+        assert seen == [["alpha", "beta"], ["gamma"]]
+        assert np.allclose(b[0], a[1]) and b.shape == (2, inner.dim)
+
+
+class TestCachedGrader:
+    async def test_fail_open_is_never_cached_and_content_is_the_key(self) -> None:
+        """A verdict is reused for the same passage text; a fail-open one is asked again."""
+        grader = FakeGrader()
+        cached = CachedGrader(grader, MemoryCache(), model="m")
+        hit = make_hit("Keys expire.")
+        assert (await cached.grade("ttl", hit)).label == "relevant"
+        await cached.grade("ttl", make_hit("Keys expire.", chunk_id="other-id"))
+        assert len(grader.calls) == 1
+
+        class FailingOpen:
+            calls = 0
+
+            async def grade(self, query: str, hit: Hit) -> Verdict:
+                FailingOpen.calls += 1
+                return Verdict("relevant", reason="failed", fail_open=True)
+
+        flaky = CachedGrader(FailingOpen(), MemoryCache(), model="m")
+        await flaky.grade("ttl", hit)
+        await flaky.grade("ttl", hit)
+        assert FailingOpen.calls == 2
+
+
+class TestIndexVersion:
+    def test_content_changes_the_version(self) -> None:
+        """Two indexes with other chunk text have other versions; the same content the same one."""
+        emb = HashEmbedder()
+        one = KnowledgeIndex.build([Chunk(id="a", text="Keys expire after a TTL.")], emb)
+        same = KnowledgeIndex.build([Chunk(id="a", text="Keys expire after a TTL.")], emb)
+        other = KnowledgeIndex.build([Chunk(id="a", text="Keys never expire.")], emb)
+        assert one.version == same.version != other.version
+
+
+def _model(request: RecordedRequest) -> ScriptedResponse:
+    if request.judge == "decide":
+        return tool_calls([("search", {"query": "Business plan price per seat"})])
+    if request.judge == "grade":
+        return verdicts(request, "relevant")
+    return stream("The Business plan costs per seat [1].", chunk_size=8)
+
+
+class TestRepeatedQuestion:
+    async def test_second_identical_question_hits_retrieval_and_grade_caches(self, sample_cache: Path) -> None:
+        """Asked twice, the question's search and grades come from the caches: no grading request, the record
+        names the hits, and the answer is the same."""
+        from ragloop.sample import sample_index
+
+        index = sample_index(sample_cache)
+        async with ScriptedOpenAIServer(matcher=_model) as server, server.client() as client:
+            rag = _chat(index, client, Caches())
+            first = await rag.ask("How much does the Business plan cost per seat?")
+            before = len(server.chat_requests)
+            second = await rag.ask("How much does the Business plan cost per seat?")
+            after = server.chat_requests[before:]
+        assert first.record.cache_hits.get("retrieval", 0) == 0 and first.record.cache_hits.get("grade", 0) == 0
+        assert any(r.judge == "grade" for r in server.chat_requests[:before])
+        assert [r.judge for r in after] == ["decide", "answer"]
+        assert second.record.cache_hits["retrieval"] >= 1
+        assert second.record.cache_hits["grade"] == len(first.record.grades)
+        assert second.record.llm_calls == first.record.llm_calls - sum(c.judge == "grade" for c in first.record.calls)
+        assert [g.chunk_id for g in second.record.grades] == [g.chunk_id for g in first.record.grades]
+        assert second.text == first.text
+
+    async def test_without_caches_nothing_is_reused(self, sample_cache: Path) -> None:
+        """No caches: the second question pays for its grades again."""
+        from ragloop.sample import sample_index
+
+        index = sample_index(sample_cache)
+        async with ScriptedOpenAIServer(matcher=_model) as server, server.client() as client:
+            rag = _chat(index, client, None)
+            await rag.ask("How much does the Business plan cost per seat?")
+            second = await rag.ask("How much does the Business plan cost per seat?")
+        assert second.record.cache_hits == {}
+        assert sum(c.judge == "grade" for c in second.record.calls) >= 1
+
+
+def _chat(index: KnowledgeIndex, client: openai.AsyncOpenAI, caches: Caches | None) -> ChatRAG:
+    judges = OpenAIJudges.create(client, fast_model="fast", answer_model="answer")
+    return ChatRAG(
+        retriever=index.retriever("hybrid"),
+        decider=judges.decider,
+        grader=judges.grader,
+        rewriter=judges.rewriter,
+        answerer=judges.answerer,
+        caches=caches,
+        index_version=lambda: index.version,
+        settings=TurnSettings(fast_path_confidence=1.01),  # no fast path: the hits are graded
+    )
