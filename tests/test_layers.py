@@ -19,7 +19,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 #: Top-level modules and packages of ``ragloop``, lowest layer first. A module may import its own layer and the
 #: layers below it (``ragloop`` itself is the package's ``__init__``: the public facade, on top).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "events", "_log"),  # what runs and what it raises and streams; logging
+    ("errors", "events", "_log", "_redact"),  # what runs and what it raises and streams; logging, redaction
     ("runner", "mermaid"),  # the graph runner: knows nothing of RAG
     ("text",),  # leaf text analysis
     ("usage", "caches"),  # judge-call metering; the cache protocol and its in-memory default
@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("llm",),  # judge Protocols, OpenAI-compatible and offline judges
     ("nodes",),  # one module per node
     ("turn",),  # settings, default nodes, graph, decision record
-    ("chat",),  # ChatRAG, Reply
+    ("chat", "otel"),  # ChatRAG, Reply; OpenTelemetry spans of finished turns
     # the app, the CLI, the test kit, the facade
     ("serve", "cli", "cli_chat", "cli_doctor", "cli_serve", "cli_store", "testing", "ragloop"),
 )
