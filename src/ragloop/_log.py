@@ -10,13 +10,17 @@ HOWTO's rule for libraries), so every ragloop logger checks :func:`structlog.is_
   calls ``logging.basicConfig(level="INFO", format="%(message)s")`` gets JSON lines, the per-turn
   ``turn.finished`` decision record among them.
 
-Nothing is configured globally, and nothing is bound at import time.
+Nothing is configured globally, and nothing is bound at import time. Text values are redacted
+(:func:`ragloop._redact.redact`) and cut to 2,000 characters, so a log line never carries a credential or a
+megabyte of someone's input.
 """
 
 from __future__ import annotations
 
 import logging
 from typing import Any
+
+from ragloop._redact import bounded, redact
 
 __all__ = ["get_logger"]
 
@@ -47,6 +51,9 @@ class Logger:
 
     def _emit(self, method: str, event: str, values: dict[str, Any]) -> None:
         import structlog
+
+        # Text values (errors, queries) may hold credentials or a megabyte of user input: redacted and cut.
+        values = {k: bounded(redact(v)) if isinstance(v, str) else v for k, v in values.items()}
 
         if structlog.is_configured():
             getattr(structlog.get_logger(self._name).bind(**self._context), method)(event, **values)

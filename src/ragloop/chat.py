@@ -32,7 +32,7 @@ from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.filters import FiltersArg, normalize_filters
 from ragloop.retrievers.live import LiveSource
 from ragloop.runner import RunResult
-from ragloop.state import Citation, ContextBlock, Message, Outcome, PageContext, TurnState
+from ragloop.state import Caller, Citation, ContextBlock, Message, Outcome, PageContext, TurnState
 from ragloop.turn import TurnRecord, TurnSettings, build_graph, default_nodes, turn_record
 
 if TYPE_CHECKING:
@@ -154,27 +154,50 @@ def validate_question(question: object, *, max_chars: int = MAX_QUESTION_CHARS) 
     return cleaned
 
 
-def _history(history: object) -> tuple[Message, ...]:
+#: Most earlier messages accepted as history, and the longest one (characters), by default.
+MAX_HISTORY_MESSAGES = 50
+MAX_HISTORY_CHARS = 32_000
+
+
+def _history(
+    history: object, *, max_messages: int = MAX_HISTORY_MESSAGES, max_chars: int = MAX_HISTORY_CHARS
+) -> tuple[Message, ...]:
+    """Validated history: roles ``user``/``assistant`` only, string content, within the count and size caps.
+
+    ``Message`` objects are checked like dicts (a ``Message("system", …)`` is refused, not passed on).
+    """
     if history is None:
         return ()
     if isinstance(history, str | bytes) or not isinstance(history, Sequence):
         raise InputError(
             f"history must be a list of messages like {{'role': 'user', 'content': '…'}}, got {type(history).__name__}"
         )
+    if len(history) > max_messages:
+        raise InputError(
+            f"history has {len(history):,} messages; the limit is {max_messages:,} (max_history_messages). "
+            "Send only the latest messages."
+        )
     out = []
     for i, item in enumerate(history):
+        role: object
+        content: object
         if isinstance(item, Message):
-            out.append(item)
-            continue
-        if isinstance(item, Mapping):
+            role, content = item.role, item.content
+        elif isinstance(item, Mapping):
             role, content = item.get("role"), item.get("content")
-            if role in ("user", "assistant") and isinstance(content, str):
-                out.append(Message(role, _clean_text(content)))
-                continue
-        raise InputError(
-            f"history[{i}] must be a Message or a dict with role 'user'/'assistant' and string content, "
-            f"got {item!r:.80}"
-        )
+        else:
+            role = content = None
+        if role not in ("user", "assistant") or not isinstance(content, str):
+            shown = f"role {role!r}" if isinstance(role, str) else f"{item!r:.80}"
+            raise InputError(
+                f"history[{i}] must be a Message or a dict with role 'user'/'assistant' and string content, got {shown}"
+            )
+        if len(content) > max_chars:
+            raise InputError(
+                f"history[{i}] is {len(content):,} characters; the limit is {max_chars:,} (max_history_chars). "
+                "Shorten or drop it."
+            )
+        out.append(Message("user" if role == "user" else "assistant", _clean_text(content)))
     return tuple(out)
 
 
@@ -217,6 +240,8 @@ class ChatRAG:
         plan_sources: The plan sources by name, the document source included.
         fallback_planner: Used when ``planner`` fails or plans something invalid (the offline planner).
         max_question_chars: Longest question accepted.
+        max_history_messages: Most earlier messages accepted as ``history``.
+        max_history_chars: Longest history message accepted (characters).
         verifier: Checks each finished reply (offline: :class:`~ragloop.llm.offline.verify.OfflineVerifier`).
         caches: Caches for query embeddings, search results and grades (:class:`~ragloop.caches.Caches`);
             ``None``: nothing is cached.
@@ -243,12 +268,16 @@ class ChatRAG:
         fallback_planner: Planner | None = None,
         max_question_chars: int = MAX_QUESTION_CHARS,
         verifier: Verifier | None = None,
+        max_history_messages: int = MAX_HISTORY_MESSAGES,
+        max_history_chars: int = MAX_HISTORY_CHARS,
         caches: Caches | None = None,
         index_version: Callable[[], str] | None = None,
     ) -> None:
         self.settings = settings
         self.live_sources = tuple(live_sources)
         self.max_question_chars = max_question_chars
+        self.max_history_messages = max_history_messages
+        self.max_history_chars = max_history_chars
         self.nodes = default_nodes(
             retriever=retriever,
             decider=decider,
@@ -494,13 +523,17 @@ class ChatRAG:
         page_url: object = None,
         page_title: object = None,
         filters: FiltersArg | None = None,
+        caller: Caller | None = None,
     ) -> TurnState:
         """The validated state a turn starts from (raises :class:`InputError` on unusable input)."""
+        if caller is not None and not isinstance(caller, Caller):
+            raise InputError(f"caller must be a ragloop.state.Caller or None, got {type(caller).__name__}")
         return TurnState(
             question=validate_question(question, max_chars=self.max_question_chars),
-            history=_history(history),
+            history=_history(history, max_messages=self.max_history_messages, max_chars=self.max_history_chars),
             page=_page(page_url, page_title),
             filters=_filters(filters),
+            caller=caller,
         )
 
     def _deadline(self, deadline_s: float | None) -> float | None:
@@ -518,6 +551,7 @@ class ChatRAG:
         page_title: str | None = None,
         deadline_s: float | None = None,
         filters: FiltersArg | None = None,
+        caller: Caller | None = None,
     ) -> Reply:
         """Answer one question.
 
@@ -529,11 +563,15 @@ class ChatRAG:
             deadline_s: Time limit for the turn (default: ``settings.deadline_s``).
             filters: Metadata filters for every search of the turn: ``{"tenant": "acme"}`` (equality) or
                 ``{"version": ["1.0", "1.1"]}`` (any of); see :mod:`ragloop.retrievers.filters`.
+            caller: Who asks (``Caller(tenant="Acme", user="u1")``); every live lookup receives it, so a source
+                shows the user only what their organisation may see.
 
         Raises:
             InputError: The question, history, page context or filters are unusable; the message says why.
         """
-        state = self.new_state(question, history=history, page_url=page_url, page_title=page_title, filters=filters)
+        state = self.new_state(
+            question, history=history, page_url=page_url, page_title=page_title, filters=filters, caller=caller
+        )
         result = await self.graph.run(state, deadline_s=self._deadline(deadline_s))
         return _reply(result)
 
@@ -546,13 +584,16 @@ class ChatRAG:
         page_title: str | None = None,
         deadline_s: float | None = None,
         filters: FiltersArg | None = None,
+        caller: Caller | None = None,
     ) -> AsyncIterator[Event]:
         """Answer one question as a stream of events: progress, answer tokens, then :class:`ReplyReady`.
 
         Stopping the iteration (``break``, ``aclose()``, cancellation, a client that disconnects) cancels
-        the turn's in-flight work. ``filters`` are as in :meth:`ask`.
+        the turn's in-flight work. ``filters`` and ``caller`` are as in :meth:`ask`.
         """
-        state = self.new_state(question, history=history, page_url=page_url, page_title=page_title, filters=filters)
+        state = self.new_state(
+            question, history=history, page_url=page_url, page_title=page_title, filters=filters, caller=caller
+        )
         events = self.graph.stream(state, deadline_s=self._deadline(deadline_s))
         try:
             async for event in events:

@@ -15,7 +15,9 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ragloop._redact import redact
 from ragloop.cli_store import add_filter_option, add_store_options, parse_filters, store_url
+from ragloop.text.safety import terminal_safe
 
 if TYPE_CHECKING:
     from ragloop.chat import ChatRAG, Reply
@@ -98,7 +100,7 @@ def _build(args: argparse.Namespace) -> tuple[ChatRAG, Any]:
     if client is None:
         print("ragloop: running offline (no model configured): extractive answers from the index", file=sys.stderr)
     else:
-        print(f"ragloop: using model {fast} (answers: {answer}) at {client.base_url}", file=sys.stderr)
+        print(f"ragloop: using model {fast} (answers: {answer}) at {redact(str(client.base_url))}", file=sys.stderr)
     return rag, client
 
 
@@ -110,7 +112,7 @@ def _print_sources(reply: Reply) -> None:
     if reply.citations:
         print("\nSources:")
         for c in reply.citations:
-            print(f"  [{c.n}] {c.title} — {c.url or c.source}")
+            print(terminal_safe(f"  [{c.n}] {c.title} — {c.url or c.source}"))
 
 
 async def _turn(rag: ChatRAG, question: str, args: argparse.Namespace, history: list[dict[str, str]]) -> Reply:
@@ -128,9 +130,10 @@ async def _turn(rag: ChatRAG, question: str, args: argparse.Namespace, history: 
         filters=parse_filters(args.filter),
     ):
         if isinstance(event, Progress) and event.kind in _SHOWN:
-            print(f"  … {event.message}", file=sys.stderr, flush=True)
+            print(terminal_safe(f"  … {event.message}"), file=sys.stderr, flush=True)
         elif isinstance(event, Token):
-            print(event.text, end="", flush=True)
+            # Model and document text: no escape sequences (clipboard writes, clears, titles) reach the terminal.
+            print(terminal_safe(event.text), end="", flush=True)
         elif isinstance(event, ReplyReady):
             reply = event.reply
     print()
@@ -192,7 +195,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 try:
                     reply = await _turn(rag, line, args, history)
                 except InputError as exc:
-                    print(f"\n(error: {exc})", file=sys.stderr)
+                    print(terminal_safe(f"\n(error: {exc})"), file=sys.stderr)
                     continue
                 history.extend(({"role": "user", "content": line}, {"role": "assistant", "content": reply.text}))
         finally:

@@ -19,6 +19,7 @@ from ragloop.plan import PlanRun
 from ragloop.usage import UsageMeter
 
 __all__ = [
+    "Caller",
     "Chunk",
     "Citation",
     "ContextBlock",
@@ -69,6 +70,19 @@ class PageContext:
 
     url: str | None = None
     title: str | None = None
+
+
+@frozen
+class Caller:
+    """Who asks: handed to every live lookup so a source can show a user only what they may see.
+
+    Attributes:
+        tenant: The caller's organisation (the sample ticket source shows only that customer's tickets).
+        user: The caller's user id, for sources that check per-user access.
+    """
+
+    tenant: str | None = None
+    user: str | None = None
 
 
 def _metadata_items(value: Mapping[str, str] | tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
@@ -362,6 +376,7 @@ class TurnState:
         history: Earlier messages of the conversation (caller).
         page: Page the user asks from (caller).
         filters: Metadata filters every search of the turn applies: key → allowed values (caller).
+        caller: Who asks; every live lookup receives it (caller).
         decision: decide's choice (decide).
         plan: The retrieval plan, its waves and each sub-query's fate, when the turn planned (plan).
         queries: Every query of the turn, by text, in the order they were made (decide, rewrite).
@@ -388,6 +403,7 @@ class TurnState:
     history: tuple[Message, ...] = ()
     page: PageContext = field(factory=PageContext)
     filters: Mapping[str, tuple[str, ...]] = field(factory=dict)
+    caller: Caller | None = None
     decision: Decision | None = None
     plan: PlanRun | None = None
     queries: dict[str, QueryState] = field(factory=dict)

@@ -13,6 +13,7 @@ from typing import Any
 import attrs
 from attrs import frozen
 
+from ragloop._redact import redact
 from ragloop.caches import Caches
 from ragloop.events import StoppedBy
 from ragloop.llm.cached import CachedGrader
@@ -415,8 +416,16 @@ class TurnRecord:
         return attrs.asdict(self)
 
 
+def _redacted(error: str | None) -> str | None:
+    return None if error is None else redact(error)
+
+
 def turn_record(result: RunResult, *, prices: Mapping[str, Price] | None = None) -> TurnRecord:
-    """The decision record of a finished turn, from the run's result (its cost under ``prices``)."""
+    """The decision record of a finished turn, from the run's result (its cost under ``prices``).
+
+    Error texts are redacted (:func:`ragloop._redact.redact`): no credentials (URL user info, keys,
+    bearer tokens) and no upstream server's own message reach the record, its log line or ``Reply.as_dict()``.
+    """
     state: TurnState = result.state
     calls = state.usage.calls
     prompt = sum(c.prompt_tokens for c in calls)
@@ -434,15 +443,16 @@ def turn_record(result: RunResult, *, prices: Mapping[str, Price] | None = None)
             queries=decision.queries if decision else (),
         ),
         queries=tuple(
-            QueryRecord(q.text, q.root, q.attempt, q.status, len(q.hits), q.best_score, q.error, q.hop)
+            QueryRecord(q.text, q.root, q.attempt, q.status, len(q.hits), q.best_score, _redacted(q.error), q.hop)
             for q in state.queries.values()
         ),
         fast_path=state.fast_path,
         grades=tuple(
-            GradeRecord(g.query, g.hit.id, g.verdict.label, g.verdict.reason, g.verdict.fail_open) for g in state.graded
+            GradeRecord(g.query, g.hit.id, g.verdict.label, redact(g.verdict.reason), g.verdict.fail_open)
+            for g in state.graded
         ),
         fail_open=sum(g.verdict.fail_open for g in state.graded),
-        live=tuple(state.live),
+        live=tuple(attrs.evolve(lookup, error=_redacted(lookup.error)) for lookup in state.live),
         rewrites=tuple(state.rewrites),
         hops=tuple(state.hops),
         outcome=state.outcome or "none",
@@ -450,10 +460,12 @@ def turn_record(result: RunResult, *, prices: Mapping[str, Price] | None = None)
         llm_calls=sum(1 for c in calls if c.model != "offline"),
         tokens=TokenCounts(prompt, completion, prompt + completion),
         calls=tuple(
-            CallRecord(c.judge, c.model, round(c.seconds, 6), c.error, c.prompt_tokens, c.completion_tokens)
+            CallRecord(c.judge, c.model, round(c.seconds, 6), _redacted(c.error), c.prompt_tokens, c.completion_tokens)
             for c in calls
         ),
-        errors=(*state.errors, *(f"{step.node}: {step.error}" for step in result.trace if step.error)),
+        errors=tuple(
+            redact(e) for e in (*state.errors, *(f"{step.node}: {step.error}" for step in result.trace if step.error))
+        ),
         plan=state.plan,
         verification=state.verification,
         cost=cost_of(calls, prices or {}),

@@ -34,6 +34,7 @@ import attrs
 import openai
 from attrs import define, field, frozen
 
+from ragloop._redact import upstream
 from ragloop.errors import ConfigError, JudgeError, JudgeOutputError, JudgeTimeout, JudgeTruncated
 from ragloop.llm import batch_grade, prompts
 from ragloop.llm.budget import DEFAULT_BUDGETS, DEFAULT_OUTPUT_TOKENS, CallBudget, time_left
@@ -116,7 +117,7 @@ def _wrap(exc: openai.APIError, *, judge: str, model: str, timeout_s: float, cli
             404: "check the model name and base_url (it usually ends in /v1)",
             429: "the server is rate limiting; lower concurrency or raise max_retries",
         }.get(exc.status_code, "see the server's message")
-        return JudgeError(f"{where} failed with HTTP {exc.status_code} {retries}: {_message(exc)}; {hint}")
+        return JudgeError(f"{where} failed with HTTP {exc.status_code} {retries}: {upstream(_message(exc))}; {hint}")
     if isinstance(exc, openai.APIConnectionError):
         return JudgeError(f"{where} could not connect or the connection dropped ({retries}): {exc}; is the server up?")
     return JudgeError(f"{where} failed: {exc}")

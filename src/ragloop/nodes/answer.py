@@ -17,6 +17,7 @@ from ragloop._log import get_logger
 from ragloop.errors import JudgeTruncated
 from ragloop.events import Progress, Token
 from ragloop.llm.protocols import Answerer
+from ragloop.nodes._citations import MARKER, MAX_MARKER_CHARS, CitationGate, marker_numbers
 from ragloop.retrievers.fusion import FusionSettings, anchor_query, fuse_searches
 from ragloop.runner import END, emit
 from ragloop.state import Citation, ContextBlock, Graded, Hit, Label, Outcome, TurnState, Verification
@@ -35,7 +36,9 @@ __all__ = [
 ]
 
 log = get_logger("ragloop.nodes.answer")
-_CITE = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
+_CITE = MARKER
+#: Longest reply streamed by default (characters); the rest is cut and the cut recorded.
+MAX_ANSWER_CHARS = 20_000
 
 
 def decide_outcome(state: TurnState) -> tuple[Outcome, tuple[str, ...]]:
@@ -138,7 +141,9 @@ def resolve_citations(text: str, blocks: Sequence[ContextBlock]) -> tuple[str, t
     invalid: list[int] = []
 
     def fix(m: re.Match[str]) -> str:
-        ns = [int(x) for x in m.group(1).split(",")]
+        if len(m.group()) > MAX_MARKER_CHARS:  # not a marker: text (the gate streamed it as text too)
+            return m.group()
+        ns = marker_numbers(m.group(1))
         good = [n for n in ns if n in by_n]
         invalid.extend(n for n in ns if n not in by_n)
         for n in good:
@@ -230,6 +235,11 @@ class Answer:
         extractive: Optional fast, I/O-free composer (the offline answerer) for :meth:`salvage`.
         verifier: Optional check of the finished reply (:func:`verify_reply`): unsupported sentences dropped,
             a ``context`` outcome whose reply leaves the question's key terms uncovered downgraded to ``partial``.
+        max_chars: Longest reply streamed; a longer one is cut there, with a note, and the cut recorded.
+
+    Whatever an answerer yields is checked before it is streamed: a token that is not a string is skipped
+    (and recorded), and citation markers are held back until they close and keep only numbers that name a
+    block (:class:`~ragloop.nodes._citations.CitationGate`), so a marker of a missing block is never shown.
     """
 
     answerer: Answerer
@@ -237,6 +247,7 @@ class Answer:
     fallback: Answerer | None = field(default=None, kw_only=True)
     extractive: Extractive | None = field(default=None, kw_only=True)
     verifier: Verifier | None = field(default=None, kw_only=True)
+    max_chars: int = field(default=MAX_ANSWER_CHARS, kw_only=True)
     routes: tuple[str, ...] = field(default=(END,), init=False)
 
     async def __call__(self, state: TurnState) -> str:
@@ -313,13 +324,38 @@ class Answer:
             direct_reply=reply,
             history=state.history,
         )
+        gate = CitationGate(b.n for b in state.blocks)
+        skipped: set[str] = set()
         try:
             async for token in stream:
-                await _say(state, token)
+                if not isinstance(token, str):
+                    if type(token).__name__ not in skipped:
+                        skipped.add(type(token).__name__)
+                        state.errors.append(f"answer: skipped a stream token of type {type(token).__name__}")
+                    continue
+                if not await self._say_capped(state, gate.feed(token)):
+                    break
+            else:
+                await self._say_capped(state, gate.flush())
         finally:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
+            if gate.dropped:
+                dropped = sorted(set(gate.dropped))
+                state.errors.append(f"answer: removed citations to unknown blocks {dropped} before streaming")
+
+    async def _say_capped(self, state: TurnState, text: str) -> bool:
+        """Stream ``text`` within :attr:`max_chars`; False (after a note, recorded) once the cap is reached."""
+        room = self.max_chars - len(state.answer)
+        if len(text) <= room:
+            if text:
+                await _say(state, text)
+            return True
+        await _say(state, text[: max(room, 0)])
+        await _say(state, f"\n\n(The answer was cut at {self.max_chars:,} characters.)")
+        state.errors.append(f"answer: reply cut at the {self.max_chars:,}-character cap")
+        return False
 
 
 def _choose(state: TurnState, max_blocks: int) -> None:

@@ -66,10 +66,14 @@ class Live:
         ]
         jobs = [(q, s, ids) for q, s, ids in jobs if ids]
 
+        caller = state.caller
+
         async def one(q_text: str, source: LiveSource, ids: tuple[str, ...]) -> None:
             try:
                 with anyio.fail_after(self.timeout_s):
-                    records = list(await source.lookup(q_text, ids))
+                    # Only with a caller: sources written before callers existed keep working without one.
+                    found = source.lookup(q_text, ids, caller=caller) if caller else source.lookup(q_text, ids)
+                    records = list(await found)
             except Exception as exc:  # noqa: BLE001 — fail-open: a down source must not sink the turn
                 error = f"{type(exc).__name__}: {exc}"
                 log.warning("live.failed", source=source.name, error=error)

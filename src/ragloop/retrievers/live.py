@@ -7,7 +7,10 @@ returns #1233 is a mismatch, not an answer).
 
 :class:`SQLiteTicketSource` serves the sample ticket database that ships with ragloop. Its connections are
 persistent but lazy (opened on the first lookup, never at construction), pooled (one connection per worker,
-at most ``max_concurrency``), invalidated and re-opened after an error, and read-only.
+at most ``max_concurrency``), invalidated and re-opened after an error, and read-only. A lookup abandoned at its
+timeout still holds its place in ``max_concurrency`` until its thread really ends, so a hung database cannot
+grow threads without bound. Given a :class:`~ragloop.state.Caller` with a ``tenant``, it returns only that
+customer's tickets (``require_caller=True`` refuses lookups without one).
 
 Writing your own source takes a name, a signal detector and an async lookup::
 
@@ -24,7 +27,10 @@ Writing your own source takes a name, a signal detector and an async lookup::
         def signals(self, query: str) -> tuple[str, ...]:
             return tuple(dict.fromkeys(re.findall(r"\\bORD-(\\d{6})\\b", query)))
 
-        async def lookup(self, query: str, ids: Sequence[str]) -> Sequence[LiveRecord]:
+        async def lookup(
+            self, query: str, ids: Sequence[str], *, caller: Caller | None = None
+        ) -> Sequence[LiveRecord]:
+            # check here that ``caller`` may see each order
             return [LiveRecord(self.name, i, f"Order ORD-{i}", self._orders[i]) for i in ids if i in self._orders]
 
         async def aclose(self) -> None:
@@ -46,6 +52,7 @@ import anyio.to_thread
 from attrs import define, field, frozen
 
 from ragloop.errors import ConfigError, LiveSourceError
+from ragloop.state import Caller
 from ragloop.text import STOPWORDS, extract_ids, tokenize
 
 __all__ = [
@@ -103,8 +110,12 @@ class LiveSource(Protocol):
         """The ids this source can look up that ``query`` carries, in order; empty means "not triggered"."""
         ...
 
-    async def lookup(self, query: str, ids: Sequence[str]) -> Sequence[LiveRecord]:
-        """Records for ``ids`` (and possibly related ones; the caller checks ids). Raises LiveSourceError."""
+    async def lookup(self, query: str, ids: Sequence[str], *, caller: Caller | None = None) -> Sequence[LiveRecord]:
+        """Records for ``ids`` (and possibly related ones; the caller checks ids) that ``caller`` may see.
+
+        ``caller`` is who asks (tenant, user), as given to ``ChatRAG.ask(caller=...)``; the live node passes it
+        only when the application gave one. Raises LiveSourceError.
+        """
         ...
 
     async def aclose(self) -> None:
@@ -148,11 +159,12 @@ def _terms(text: str, limit: int = 6) -> list[str]:
 class _Slot:
     """The connection one worker call is using, so a timeout can interrupt it from the event loop."""
 
-    __slots__ = ("conn", "interrupted")
+    __slots__ = ("conn", "interrupted", "state")
 
     def __init__(self) -> None:
         self.conn: sqlite3.Connection | None = None
         self.interrupted = False
+        self.state = "pending"  # then "running" (the worker thread took it) or "abandoned" (given up first)
 
     def interrupt(self) -> None:
         self.interrupted = True
@@ -173,6 +185,7 @@ class SQLiteTicketSource:
             the query, when an id is unknown). Their ids differ from the requested ones; the live node must
             reject them. Off by default; useful to exercise the mismatch rule.
         related_limit: How many related tickets at most.
+        require_caller: Refuse lookups without a caller tenant (a multi-tenant service should set it).
         name: The source name.
         connects: Connections opened so far (tests: laziness and reconnects).
         lookups: ``lookup`` calls that reached the database.
@@ -185,6 +198,7 @@ class SQLiteTicketSource:
     timeout_s: float = field(default=2.0, kw_only=True)
     related: bool = field(default=False, kw_only=True)
     related_limit: int = field(default=3, kw_only=True)
+    require_caller: bool = field(default=False, kw_only=True)
     name: str = field(default="tickets", kw_only=True)
     connects: int = field(default=0, init=False)
     lookups: int = field(default=0, init=False)
@@ -195,6 +209,7 @@ class SQLiteTicketSource:
     _generation: int = field(default=0, init=False, repr=False)
     _lock: threading.Lock = field(factory=threading.Lock, init=False, repr=False)
     _limiter: anyio.CapacityLimiter = field(init=False, repr=False)
+    _threads: threading.BoundedSemaphore = field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.max_concurrency < 1:
@@ -202,6 +217,8 @@ class SQLiteTicketSource:
         if self.timeout_s <= 0:
             raise ConfigError(f"timeout_s must be positive, got {self.timeout_s}")
         self._limiter = anyio.CapacityLimiter(self.max_concurrency)
+        # Held from before a worker thread starts until it ends, even when its caller gave up on it.
+        self._threads = threading.BoundedSemaphore(self.max_concurrency)
 
     # -- LiveSource -----------------------------------------------------------------------------------------
 
@@ -209,18 +226,26 @@ class SQLiteTicketSource:
         """Ticket ids in ``query`` (``#1234``, "ticket 1234", "issue 1234"), as digits."""
         return parse_ticket_ids(query)
 
-    async def lookup(self, query: str, ids: Sequence[str]) -> Sequence[LiveRecord]:
+    async def lookup(self, query: str, ids: Sequence[str], *, caller: Caller | None = None) -> Sequence[LiveRecord]:
         """Tickets with exactly the requested ids (unknown ids are skipped), then related ones if enabled.
+
+        With a ``caller`` whose ``tenant`` is set, only that customer's tickets are returned (another
+        customer's ticket reads as unknown).
 
         Raises:
             LiveSourceError: The database is missing, unreadable or corrupt, or the lookup timed out. The
                 connection pool is dropped, so the next lookup reconnects.
         """
-        wanted = tuple(dict.fromkeys(int(i.lstrip("#")) for i in ids if i.lstrip("#").isdigit()))
+        tenant = caller.tenant if caller is not None else None
+        if self.require_caller and not tenant:
+            raise LiveSourceError(f"{self.name}: lookups need a caller tenant; pass caller=Caller(tenant=...) to ask")
+        wanted = tuple(
+            dict.fromkeys(int(i.lstrip("#")) for i in ids if i.lstrip("#").isdigit() and len(i.lstrip("#")) <= 12)
+        )
         if not wanted and not self.related:
             return ()
         self.lookups += 1
-        return await self._call(lambda conn: self._query(conn, query, wanted))
+        return await self._call(lambda conn: self._query(conn, query, wanted, tenant))
 
     async def aclose(self) -> None:
         """Close the pooled connections. The source stays usable: the next lookup reconnects."""
@@ -236,11 +261,15 @@ class SQLiteTicketSource:
 
     # -- database work (runs in worker threads) ---------------------------------------------------------------
 
-    def _query(self, conn: sqlite3.Connection, query: str, wanted: tuple[int, ...]) -> list[LiveRecord]:
+    def _query(
+        self, conn: sqlite3.Connection, query: str, wanted: tuple[int, ...], tenant: str | None
+    ) -> list[LiveRecord]:
         rows: list[tuple[Any, ...]] = []
+        scope, scope_args = ("customer = ? AND ", [tenant]) if tenant else ("", [])
         if wanted:
             marks = ",".join("?" * len(wanted))
-            by_id = {row[0]: row for row in conn.execute(f"{_SELECT} FROM tickets WHERE id IN ({marks})", wanted)}
+            found = conn.execute(f"{_SELECT} FROM tickets WHERE {scope}id IN ({marks})", [*scope_args, *wanted])
+            by_id = {row[0]: row for row in found}
             rows = [by_id[i] for i in wanted if i in by_id]
         if self.related:
             basis = " ".join(row[4] for row in rows) or re.sub(r"#?\d+", " ", query)
@@ -250,10 +279,10 @@ class SQLiteTicketSource:
                 exclude = ",".join("?" * len(wanted)) if wanted else "NULL"
                 anchor = wanted[0] if wanted else 0
                 sql = (
-                    f"{_SELECT}, ({score}) AS score FROM tickets WHERE id NOT IN ({exclude}) AND score > 0 "
+                    f"{_SELECT}, ({score}) AS score FROM tickets WHERE {scope}id NOT IN ({exclude}) AND score > 0 "
                     "ORDER BY score DESC, abs(id - ?) ASC, id ASC LIMIT ?"
                 )
-                params = [f"%{t}%" for t in terms] + list(wanted) + [anchor, self.related_limit]
+                params = [f"%{t}%" for t in terms] + scope_args + list(wanted) + [anchor, self.related_limit]
                 rows += [row[:-1] for row in conn.execute(sql, params)]
         return [self._record(row) for row in rows]
 
@@ -336,16 +365,34 @@ class SQLiteTicketSource:
             with self._lock:
                 self._in_flight -= 1
 
+    def _held_work(self, fn: Callable[[sqlite3.Connection], _T], slot: _Slot) -> _T:
+        """:meth:`_work` in the worker thread; gives the thread's place back when the thread ends."""
+        with self._lock:
+            if slot.state == "abandoned":  # the caller gave up before the thread started, and let go of it
+                raise sqlite3.OperationalError("interrupted")
+            slot.state = "running"
+        try:
+            return self._work(fn, slot)
+        finally:
+            self._threads.release()
+
     async def _call(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
         slot = _Slot()
         try:
             with anyio.fail_after(self.timeout_s):
+                while not self._threads.acquire(blocking=False):  # every place held by a running thread
+                    await anyio.sleep(0.005)
                 try:
                     return await anyio.to_thread.run_sync(
-                        self._work, fn, slot, limiter=self._limiter, abandon_on_cancel=True
+                        self._held_work, fn, slot, limiter=self._limiter, abandon_on_cancel=True
                     )
                 except anyio.get_cancelled_exc_class():
                     slot.interrupt()
+                    with self._lock:
+                        never_started = slot.state == "pending"
+                        slot.state = "abandoned"
+                    if never_started:
+                        self._threads.release()
                     raise
         except TimeoutError as exc:
             self._failed()

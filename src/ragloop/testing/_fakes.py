@@ -18,7 +18,7 @@ import anyio
 from attrs import define, field
 
 from ragloop.retrievers.live import LiveRecord
-from ragloop.state import Chunk, ContextBlock, Decision, Hit, Message, Outcome, PageContext, Verdict
+from ragloop.state import Caller, Chunk, ContextBlock, Decision, Hit, Message, Outcome, PageContext, Verdict
 
 __all__ = [
     "FakeAnswerer",
@@ -201,14 +201,16 @@ class FakeLiveSource:
     fail_times: int = 0
     name: str = "tickets"
     lookups: list[tuple[str, ...]] = field(factory=list)
+    callers: list[Caller | None] = field(factory=list)
 
     def signals(self, query: str) -> tuple[str, ...]:
         """Ticket ids (``#1234``) in the query."""
         return tuple(dict.fromkeys(_TICKET.findall(query)))
 
-    async def lookup(self, query: str, ids: Sequence[str]) -> Sequence[LiveRecord]:
-        """Records for ``ids`` (or the wrong ones)."""
+    async def lookup(self, query: str, ids: Sequence[str], *, caller: Caller | None = None) -> Sequence[LiveRecord]:
+        """Records for ``ids`` (or the wrong ones); the caller of each lookup is kept in ``callers``."""
         self.lookups.append(tuple(ids))
+        self.callers.append(caller)
         if self.fail_times > 0:
             self.fail_times -= 1
             raise ConnectionError("fake live source is down")
