@@ -273,6 +273,33 @@ class TestLimits:
         assert name == "reply"
         assert json.loads(data)["outcome"] in ("none", "partial")
 
+    async def test_a_stuck_turn_is_cut_off_after_the_grace(self) -> None:
+        """A turn deaf to its deadline is cancelled after the grace: 504 before the stream, an error event in it."""
+
+        class Stuck(ChatRAG):
+            async def stream(self, question: str, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+                async for event in super().stream(question, **kwargs):
+                    yield event
+                    if isinstance(event, Token):
+                        await anyio.sleep(60)  # deaf to the deadline
+
+        class StuckEarly(ChatRAG):
+            async def stream(self, question: str, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+                await anyio.sleep(60)
+                yield  # never reached
+
+        settings = ServeSettings(deadline_s=0.1, deadline_grace_s=0.3)
+        with anyio.fail_after(10):
+            async with asgi_client(create_app(fake_rag(cls=Stuck), settings=settings)) as client:
+                streamed = await client.post("/api/chat", json={"message": "How do I rotate an API key?"})
+            async with asgi_client(create_app(fake_rag(cls=StuckEarly), settings=settings)) as client:
+                whole = await client.post("/v1/chat/completions", json=_question())
+                metrics = (await client.get("/metrics")).text
+        assert streamed.status_code == 200
+        assert sse_events(streamed.text)[-1][0] == "error"
+        assert whole.status_code == 504 and whole.json()["error"]["type"] == "timeout"
+        assert "ragloop_turns_failed_total 1.0" in metrics
+
 
 class TestAuthAndCors:
     async def test_api_keys(self, rag: ChatRAG) -> None:

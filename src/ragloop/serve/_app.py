@@ -64,6 +64,8 @@ class ServeSettings:
         max_concurrent_turns: Turns that may run at once; one more gets 429 with ``Retry-After``.
         retry_after_s: The ``Retry-After`` value sent with 429, in seconds.
         deadline_s: Time limit of one turn (the turn then answers with what it has); ``None``: the rag's own.
+        deadline_grace_s: A turn still running this long after ``deadline_s`` is stuck: it is cancelled and
+            the client gets 504 (or, mid-stream, an error event).
         max_body_bytes: Largest request body (413 above it).
         max_messages: Most messages in one request (history plus question).
         max_message_chars: Longest history message, in characters (the question's limit is the rag's own).
@@ -77,6 +79,7 @@ class ServeSettings:
     max_concurrent_turns: int = 64
     retry_after_s: int = 1
     deadline_s: float | None = 60.0
+    deadline_grace_s: float = 15.0
     max_body_bytes: int = 256_000
     max_messages: int = 100
     max_message_chars: int = 32_000
@@ -506,7 +509,7 @@ class _Handlers:
         status = {"code": ""}
         deadline = server.settings.deadline_s
         # A turn overrunning its deadline by this much is stuck somewhere: cut it off.
-        hard_limit = None if deadline is None else deadline + 15.0
+        hard_limit = None if deadline is None else deadline + server.settings.deadline_grace_s
 
         async def produce(start: Start, body: Body) -> None:
             async def tracked_start(code: int, headers: Mapping[str, str]) -> None:
