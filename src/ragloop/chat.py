@@ -157,6 +157,9 @@ def validate_question(question: object, *, max_chars: int = MAX_QUESTION_CHARS) 
 #: Most earlier messages accepted as history, and the longest one (characters), by default.
 MAX_HISTORY_MESSAGES = 50
 MAX_HISTORY_CHARS = 32_000
+#: What a turn keeps of each history message: its last this-many characters (judging a megabyte of history
+#: would hold the event loop; the latest words are what a follow-up refers to).
+KEPT_HISTORY_CHARS = 8_000
 
 
 def _history(
@@ -164,7 +167,8 @@ def _history(
 ) -> tuple[Message, ...]:
     """Validated history: roles ``user``/``assistant`` only, string content, within the count and size caps.
 
-    ``Message`` objects are checked like dicts (a ``Message("system", …)`` is refused, not passed on).
+    ``Message`` objects are checked like dicts (a ``Message("system", …)`` is refused, not passed on). Each
+    message keeps its last :data:`KEPT_HISTORY_CHARS` characters.
     """
     if history is None:
         return ()
@@ -197,7 +201,8 @@ def _history(
                 f"history[{i}] is {len(content):,} characters; the limit is {max_chars:,} (max_history_chars). "
                 "Shorten or drop it."
             )
-        out.append(Message("user" if role == "user" else "assistant", _clean_text(content)))
+        kept = content[-KEPT_HISTORY_CHARS:]  # cut before cleaning: the cost stays bounded whatever the cap
+        out.append(Message("user" if role == "user" else "assistant", _clean_text(kept)))
     return tuple(out)
 
 

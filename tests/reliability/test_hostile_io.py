@@ -240,3 +240,62 @@ class TestTerminal:
         assert "Retried 8 times" in out and "ok" in out
         for bad in ("\x1b", "\x07", "\x9b", "\u202e", "\r"):
             assert bad not in out and bad not in err, repr(bad)
+
+
+class TestMegabyteHistory:
+    """A 1 MB history message (allowed by a raised cap): no loop stall, deadline held, cancellation fast."""
+
+    @staticmethod
+    def _rag() -> ChatRAG:
+        rag = offline_rag(settings=TurnSettings(deadline_s=1.0))
+        rag.max_history_chars = 2_000_000
+        return rag
+
+    @staticmethod
+    def _history() -> list[dict[str, str]]:
+        words = [f"w{i:05d}x" for i in range(20_000)]
+        big = " ".join(words[(i * 7919) % len(words)] for i in range(130_000))[:1_000_000]
+        return [{"role": "user", "content": big}, {"role": "assistant", "content": big}]
+
+    async def test_deadline_holds_and_loop_stays_responsive(self) -> None:
+        """The turn ends within its deadline and no step holds the event loop for more than 50 ms."""
+        rag, history = self._rag(), self._history()
+        gaps: list[float] = []
+        done = anyio.Event()
+
+        async def ticker() -> None:
+            last = time.perf_counter()
+            while not done.is_set():
+                await anyio.sleep(0.002)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            await anyio.sleep(0.01)
+            started = time.perf_counter()
+            reply = await rag.ask("How is it retried?", history=history)
+            took = time.perf_counter() - started
+            done.set()
+        assert reply.text and took < 1.0 + 0.25, took
+        assert max(gaps) < 0.05, max(gaps)
+        assert all(len(q) <= 200 for q in reply.record.decision.queries)
+
+    async def test_cancellation_within_100_ms(self) -> None:
+        """Cancelling a turn that carries 1 MB of history ends it within 100 ms."""
+        rag, history = self._rag(), self._history()
+        stopped: list[float] = []
+        async with anyio.create_task_group() as tg:
+
+            async def turn() -> None:
+                try:
+                    await rag.ask("How is it retried?", history=history)
+                finally:
+                    stopped.append(time.perf_counter())
+
+            tg.start_soon(turn)
+            cancelled_at = time.perf_counter() + 0.02  # when the cancel is due: a stalled loop delays it
+            await anyio.sleep(0.02)
+            tg.cancel_scope.cancel()
+        assert stopped and stopped[0] - cancelled_at < 0.1, stopped[0] - cancelled_at
