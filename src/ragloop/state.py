@@ -32,6 +32,7 @@ __all__ = [
     "Message",
     "Outcome",
     "PageContext",
+    "PromptCuts",
     "QueryState",
     "QueryStatus",
     "RewriteAttempt",
@@ -350,6 +351,25 @@ class HopAttempt:
 
 
 @frozen
+class PromptCuts:
+    """What the answer prompt's token budget cut (:class:`ragloop.prompt_budget.PromptBudget`).
+
+    Attributes:
+        counter: How tokens were counted (a tokenizer's name, or ``chars/3.2`` for the estimate).
+        context_tokens: Tokens of the context blocks sent.
+        history_tokens: Tokens of the history messages sent.
+        blocks_cut: Chunk ids of the blocks left out, lowest ranked last.
+        history_dropped: Earlier messages left out (oldest first).
+    """
+
+    counter: str
+    context_tokens: int
+    history_tokens: int
+    blocks_cut: tuple[str, ...] = ()
+    history_dropped: int = 0
+
+
+@frozen
 class Verification:
     """What the verify step found in the composed reply (answer).
 
@@ -390,6 +410,7 @@ class TurnState:
         rewrites: Every rewrite attempt (rewrite).
         hops: Every follow-up hop attempt (hop).
         verification: What the verify step found in the reply, when it ran (answer).
+        prompt_cuts: What the answer prompt's token budget left out, when a budget is set (answer).
         outcome: How the turn ended up (answer).
         missing: Queries left unanswered, for a partial or none outcome (answer).
         blocks: The numbered context handed to the answerer (answer).
@@ -416,6 +437,7 @@ class TurnState:
     rewrites: list[RewriteAttempt] = field(factory=list)
     hops: list[HopAttempt] = field(factory=list)
     verification: Verification | None = None
+    prompt_cuts: PromptCuts | None = None
     outcome: Outcome | None = None
     missing: tuple[str, ...] = ()
     blocks: tuple[ContextBlock, ...] = ()

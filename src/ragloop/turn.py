@@ -29,6 +29,7 @@ from ragloop.nodes.retrieve import Retrieve
 from ragloop.nodes.rewrite import Rewrite
 from ragloop.plan import PlanRun
 from ragloop.policy import RoutingPolicy
+from ragloop.prompt_budget import PromptBudget
 from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.cached import CachedEmbedder, CachedRetriever
 from ragloop.retrievers.live import LiveSource
@@ -39,6 +40,7 @@ from ragloop.state import (
     Label,
     LiveLookup,
     Outcome,
+    PromptCuts,
     QueryStatus,
     RewriteAttempt,
     TurnState,
@@ -95,6 +97,9 @@ class TurnSettings:
             first retrieve/grade round; two rewrite rounds, each after a live lookup; a hop round; answer:
             ``tests/test_policy.py`` checks the bound), so 16 leaves room and a cap means something went wrong.
         deadline_s: Default time limit for a whole turn (``None``: no limit).
+        prompt_budget: Token budgets of the answer prompt (context blocks, history) and how tokens are counted
+            (:class:`~ragloop.prompt_budget.PromptBudget`: the model's tokenizer, or the calibrated estimate);
+            ``None``: no budget.
         prices: The application's price table, model name → :class:`~ragloop.usage.Price` (per million input
             and output tokens); each turn's record then carries its cost (``TurnRecord.cost``).
     """
@@ -124,6 +129,7 @@ class TurnSettings:
     plan_concurrency: int = 4
     max_steps: int = 16
     deadline_s: float | None = 60.0
+    prompt_budget: PromptBudget | None = attrs.field(factory=PromptBudget)
     prices: Mapping[str, Price] = attrs.field(factory=dict, hash=False)
 
     def policy(self, *, live_sources: Sequence[LiveSource] = (), hops: bool = True) -> RoutingPolicy:
@@ -230,6 +236,7 @@ def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYL
             fallback=fallback_answerer,
             extractive=fallback_answerer if isinstance(fallback_answerer, Extractive) else None,
             verifier=verifier,
+            budget=s.prompt_budget,
         ),
     }
 
@@ -384,6 +391,8 @@ class TurnRecord:
             it ran.
         cost: What the turn's model calls cost under ``TurnSettings.prices`` (``None`` without a price table,
             or when a model is missing from it).
+        prompt_cuts: What the answer prompt's token budget left out (blocks, history messages), and the tokens
+            it counted.
         cache_hits: Cache hits of the turn by cache (``embedding``, ``retrieval``, ``grade``, ``reply``).
     """
 
@@ -410,6 +419,7 @@ class TurnRecord:
     verification: Verification | None = None
     cost: float | None = None
     cache_hits: Mapping[str, int] = attrs.field(factory=dict)
+    prompt_cuts: PromptCuts | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (nested records as dicts, tuples as lists)."""
@@ -470,4 +480,5 @@ def turn_record(result: RunResult, *, prices: Mapping[str, Price] | None = None)
         verification=state.verification,
         cost=cost_of(calls, prices or {}),
         cache_hits=dict(state.usage.cache_hits),
+        prompt_cuts=state.prompt_cuts,
     )

@@ -18,9 +18,10 @@ from ragloop.errors import JudgeTruncated
 from ragloop.events import Progress, Token
 from ragloop.llm.protocols import Answerer
 from ragloop.nodes._citations import MARKER, MAX_MARKER_CHARS, CitationGate, marker_numbers
+from ragloop.prompt_budget import PromptBudget
 from ragloop.retrievers.fusion import FusionSettings, anchor_query, fuse_searches
 from ragloop.runner import END, emit
-from ragloop.state import Citation, ContextBlock, Graded, Hit, Label, Outcome, TurnState, Verification
+from ragloop.state import Citation, ContextBlock, Graded, Hit, Label, Message, Outcome, TurnState, Verification
 
 __all__ = [
     "CUT_BY_TIME",
@@ -236,6 +237,8 @@ class Answer:
         verifier: Optional check of the finished reply (:func:`verify_reply`): unsupported sentences dropped,
             a ``context`` outcome whose reply leaves the question's key terms uncovered downgraded to ``partial``.
         max_chars: Longest reply streamed; a longer one is cut there, with a note, and the cut recorded.
+        budget: Token budgets of the answer prompt: blocks past it are left out whole (lowest ranked first),
+            history oldest first with a note; what was cut goes to ``state.prompt_cuts``.
 
     Whatever an answerer yields is checked before it is streamed: a token that is not a string is skipped
     (and recorded), and citation markers are held back until they close and keep only numbers that name a
@@ -248,10 +251,14 @@ class Answer:
     extractive: Extractive | None = field(default=None, kw_only=True)
     verifier: Verifier | None = field(default=None, kw_only=True)
     max_chars: int = field(default=MAX_ANSWER_CHARS, kw_only=True)
+    budget: PromptBudget | None = field(default=None, kw_only=True)
     routes: tuple[str, ...] = field(default=(END,), init=False)
 
     async def __call__(self, state: TurnState) -> str:
         _choose(state, self.max_blocks)
+        history: Sequence[Message] = state.history
+        if self.budget is not None:
+            state.blocks, history, state.prompt_cuts = self.budget.fit(state.blocks, state.history)
         await emit(
             Progress(node="answer", kind="answer", message="writing the answer", data={"outcome": state.outcome})
         )
@@ -259,7 +266,7 @@ class Answer:
             if judge is None:
                 continue
             try:
-                await self._stream(judge, state)
+                await self._stream(judge, state, history)
                 break
             except Exception as exc:  # noqa: BLE001 — fail-open: the caller always gets an answer, or an honest note of the failure
                 state.errors.append(f"answer: {type(exc).__name__}: {exc}")
@@ -314,7 +321,7 @@ class Answer:
             state.errors.append(f"answer: salvage: {type(exc).__name__}: {exc}")
             return ""
 
-    async def _stream(self, judge: Answerer, state: TurnState) -> None:
+    async def _stream(self, judge: Answerer, state: TurnState, history: Sequence[Message]) -> None:
         reply = state.decision.reply if state.decision is not None else None
         stream = judge.answer(
             state.question,
@@ -322,7 +329,7 @@ class Answer:
             state.outcome or "none",
             missing=state.missing,
             direct_reply=reply,
-            history=state.history,
+            history=history,
         )
         gate = CitationGate(b.n for b in state.blocks)
         skipped: set[str] = set()
