@@ -122,7 +122,7 @@ class TestDecider:
         await decider.decide("how does its TTL work?", history, PAGE)
         messages = server.requests[0].messages
         assert messages[0]["role"] == "system"
-        assert "Keyspace | Redis" in messages[0]["content"] and "- TTL: time to live" in messages[0]["content"]
+        assert "Keyspace | Redis" in messages[0]["content"] and '"TTL": "time to live"' in messages[0]["content"]
         assert [m["role"] for m in messages[1:]] == ["user", "assistant", "user"]
         assert messages[-1]["content"] == "how does its TTL work?"
 

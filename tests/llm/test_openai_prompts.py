@@ -114,7 +114,7 @@ class TestPrompts:
             PageContext(url="https://redis.io/docs/ttl", title="Key expiry"), {"TTL": "time to live"}
         )
         assert '"Key expiry"' in text and '"https://redis.io/docs/ttl"' in text
-        assert "- TTL: time to live" in text
+        assert '{"TTL": "time to live"}' in text
         assert "stand alone" in text and "parallel" in text
 
     def test_answer_prompts_differ_by_outcome(self) -> None:

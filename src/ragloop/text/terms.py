@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import field, frozen
 
+from ragloop.text.safety import glossary_problem
+
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
@@ -207,6 +209,8 @@ def mine_glossary(texts: Iterable[str]) -> dict[str, str]:
 
     Finds "Long Form (LF)" and "LF (Long Form)" and keeps a pair only when the long form's letters spell the
     abbreviation (Schwartz & Hearst). When a text defines an abbreviation several ways the most frequent wins.
+    Entries that are not short noun phrases (:func:`ragloop.text.safety.glossary_problem`: an instruction, a
+    link, more than eight words) are left out.
     """
     votes: dict[str, Counter[str]] = {}
     for text in texts:
@@ -224,7 +228,9 @@ def mine_glossary(texts: Iterable[str]) -> dict[str, str]:
             abbrev, long = m.group(1), m.group(2).strip()
             if len(long.split()) >= 2 and _long_form_for(abbrev, long.split()) == long:
                 votes.setdefault(abbrev, Counter())[long.lower()] += 1
-    return {abbrev: counts.most_common(1)[0][0] for abbrev, counts in votes.items()}
+    mined = {abbrev: counts.most_common(1)[0][0] for abbrev, counts in votes.items()}
+    # A document can define anything as an "abbreviation": only short noun phrases become entries.
+    return {abbrev: long for abbrev, long in mined.items() if glossary_problem(abbrev, long) is None}
 
 
 def merge_glossary(mined: Mapping[str, str], configured: Mapping[str, str]) -> dict[str, str]:
