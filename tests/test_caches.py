@@ -211,3 +211,33 @@ def _chat(index: KnowledgeIndex, client: openai.AsyncOpenAI, caches: Caches | No
         index_version=lambda: index.version,
         settings=TurnSettings(fast_path_confidence=1.01),  # no fast path: the hits are graded
     )
+
+
+class TestReplyCache:
+    async def test_off_by_default_and_reused_when_on(self) -> None:
+        """Caches() keeps no replies; with a reply cache the second ask runs no turn and says so."""
+        from ragloop.testing import FakeAnswerer, FakeDecider, FakeRewriter
+
+        def chat(caches: Caches) -> tuple[ChatRAG, FakeRetriever]:
+            retriever = FakeRetriever({"q": [make_hit("Keys expire after their TTL.")]})
+            rag = ChatRAG(
+                retriever=retriever,
+                decider=FakeDecider(),
+                grader=FakeGrader(),
+                rewriter=FakeRewriter(),
+                answerer=FakeAnswerer(),
+                caches=caches,
+                index_version=lambda: "v1",
+                settings=TurnSettings(fast_path_confidence=1.01),
+            )
+            return rag, retriever
+
+        assert Caches().replies is None
+        rag, retriever = chat(Caches(retrieval=None, grades=None, replies=MemoryCache()))
+        first = await rag.ask("q")
+        second = await rag.ask("q")
+        assert len(retriever.calls) == 1
+        assert second.text == first.text and second.record.cache_hits == {"reply": 1}
+        assert second.record.llm_calls == 0 and second.record.run_id != first.record.run_id
+        with_history = await rag.ask("q", history=[{"role": "user", "content": "earlier"}])
+        assert with_history.record.cache_hits == {} and len(retriever.calls) == 2

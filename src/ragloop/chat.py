@@ -248,8 +248,9 @@ class ChatRAG:
         max_history_messages: Most earlier messages accepted as ``history``.
         max_history_chars: Longest history message accepted (characters).
         verifier: Checks each finished reply (offline: :class:`~ragloop.llm.offline.verify.OfflineVerifier`).
-        caches: Caches for query embeddings, search results and grades (:class:`~ragloop.caches.Caches`);
-            ``None``: nothing is cached.
+        caches: Caches for query embeddings, search results and grades (:class:`~ragloop.caches.Caches`),
+            and, only when its ``replies`` cache is set, whole replies of :meth:`ask` to a question without
+            history (same page, filters, caller and index version); ``None``: nothing is cached.
         index_version: The index's current version (e.g. ``lambda: index.version``), which search results
             are cached under; default: the retriever's ``version`` attribute, if it has one.
     """
@@ -303,6 +304,9 @@ class ChatRAG:
             index_version=index_version,
         )
         self.graph = build_graph(self.nodes, settings)
+        #: The caches given (:meth:`ask` uses the reply cache, when there is one).
+        self.caches = caches
+        self._index_version = index_version or (lambda: str(getattr(retriever, "version", "")))
         #: True when every judge is offline (no model calls).
         self.offline = False
         #: The Postgres store this chat opened (:meth:`from_store`); :meth:`aclose` closes it.
@@ -577,8 +581,27 @@ class ChatRAG:
         state = self.new_state(
             question, history=history, page_url=page_url, page_title=page_title, filters=filters, caller=caller
         )
+        key = self._reply_key(state)
+        if key is not None and self.caches is not None and self.caches.replies is not None:
+            found = self.caches.replies.get(key)
+            if isinstance(found, Reply):
+                return _from_reply_cache(found)
         result = await self.graph.run(state, deadline_s=self._deadline(deadline_s))
-        return _reply(result)
+        reply = _reply(result)
+        if key is not None and self.caches is not None and self.caches.replies is not None and _reusable(reply):
+            self.caches.replies.set(key, reply)
+        return reply
+
+    def _reply_key(self, state: TurnState) -> str | None:
+        """The reply cache's key for a question without history (``None``: no reply cache, or history)."""
+        if self.caches is None or self.caches.replies is None or state.history:
+            return None
+        from ragloop.caches import cache_key
+
+        filters = sorted((k, list(v)) for k, v in state.filters.items())
+        caller = (state.caller.tenant, state.caller.user) if state.caller is not None else None
+        page = (state.page.url, state.page.title)
+        return cache_key("reply", state.question, page, filters, caller, self._index_version())
 
     async def stream(
         self,
@@ -647,6 +670,32 @@ def _planning(
 
     planner = OpenAIPlanner(llm, model, tuple(sources.values()), timeout_s=timeout_s)
     return {"planner": planner, "fallback_planner": offline, "plan_sources": sources}
+
+
+def _reusable(reply: Reply) -> bool:
+    """A reply worth caching: found in the documents, finished, with nothing failed along the way."""
+    record = reply.record
+    return reply.outcome in ("context", "partial") and record.stopped_by == "end" and not record.errors
+
+
+def _from_reply_cache(reply: Reply) -> Reply:
+    """A cached reply as this turn's: no calls, no tokens, no cost, and a record that says it came from the cache."""
+    import uuid
+
+    import attrs
+
+    from ragloop.turn import TokenCounts
+
+    record = attrs.evolve(
+        reply.record,
+        run_id=uuid.uuid4().hex[:16],
+        llm_calls=0,
+        calls=(),
+        tokens=TokenCounts(0, 0, 0),
+        cost=None if reply.record.cost is None else 0.0,
+        cache_hits={"reply": 1},
+    )
+    return attrs.evolve(reply, record=record)
 
 
 def _reply(result: RunResult) -> Reply:
