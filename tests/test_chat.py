@@ -122,6 +122,44 @@ class TestSampleTurns:
         tokens = "".join(e.text for e in events if isinstance(e, Token))
         assert tokens.strip() and last.reply.text.startswith(tokens.strip()[:40])
 
+    async def test_stream_checks_input_before_any_event(self, rag: ChatRAG) -> None:
+        """A bad question is refused by the stream() call itself, before a turn starts."""
+        with pytest.raises(InputError, match="question is empty"):
+            rag.stream("   ")
+
+    async def test_stream_as_context_manager(self, rag: ChatRAG) -> None:
+        """`async with rag.stream(q) as events` runs the turn in a task group and ends with ReplyReady."""
+        async with rag.stream("What is the maximum size of a CSV import file?") as events:
+            seen = [e async for e in events]
+        assert isinstance(seen[-1], ReplyReady) and seen[-1].reply.text
+
+    async def test_break_with_stream_still_held_cancels_the_turn(self, rag: ChatRAG) -> None:
+        """`break` out of `async for` stops the turn even while the caller still holds the stream object."""
+        import anyio
+
+        entered, cancelled = anyio.Event(), anyio.Event()
+        decide = rag.graph.nodes["decide"]
+
+        class Hang:
+            routes = decide.routes
+
+            async def __call__(self, state: object) -> str:
+                entered.set()
+                try:
+                    await anyio.sleep(30)
+                finally:
+                    cancelled.set()
+                return "answer"
+
+        rag.graph.nodes["decide"] = Hang()
+        events = rag.stream("How do I rotate an API key?")
+        async for _ in events:
+            await entered.wait()
+            break
+        with anyio.fail_after(2):
+            await cancelled.wait()
+        await events.aclose()
+
     async def test_every_sample_question_ends_with_an_outcome(self, rag: ChatRAG) -> None:
         """Every bundled sample question gets an answer and one of the four outcomes."""
         for line in sample_questions_path().read_text().splitlines():

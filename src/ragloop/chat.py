@@ -19,14 +19,14 @@ import math
 import os
 import re
 import unicodedata
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 
 from ragloop.errors import ConfigError, InputError
-from ragloop.events import Event, RunFinished
+from ragloop.events import Event, EventStream
 from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
 from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.filters import FiltersArg, normalize_filters
@@ -603,7 +603,7 @@ class ChatRAG:
         page = (state.page.url, state.page.title)
         return cache_key("reply", state.question, page, filters, caller, self._index_version())
 
-    async def stream(
+    def stream(
         self,
         question: str,
         *,
@@ -613,25 +613,18 @@ class ChatRAG:
         deadline_s: float | None = None,
         filters: FiltersArg | None = None,
         caller: Caller | None = None,
-    ) -> AsyncIterator[Event]:
+    ) -> EventStream:
         """Answer one question as a stream of events: progress, answer tokens, then :class:`ReplyReady`.
 
-        Stopping the iteration (``break``, ``aclose()``, cancellation, a client that disconnects) cancels
-        the turn's in-flight work. ``filters`` and ``caller`` are as in :meth:`ask`.
+        The input is checked here, before any event (an :class:`InputError` is raised by this call). Use it as
+        ``async for event in rag.stream(q)`` or ``async with rag.stream(q) as events``; stopping the iteration
+        (``break`` — even while the stream is still referenced —, ``aclose()``, cancellation, a client that
+        disconnects) cancels the turn's in-flight work. ``filters`` and ``caller`` are as in :meth:`ask`.
         """
         state = self.new_state(
             question, history=history, page_url=page_url, page_title=page_title, filters=filters, caller=caller
         )
-        events = self.graph.stream(state, deadline_s=self._deadline(deadline_s))
-        try:
-            async for event in events:
-                if isinstance(event, RunFinished):
-                    yield event
-                    yield ReplyReady(_reply(event.result), run_id=event.run_id)
-                else:
-                    yield event
-        finally:
-            await events.aclose()
+        return self.graph.stream(state, deadline_s=self._deadline(deadline_s), then=_reply_ready)
 
     async def aclose(self) -> None:
         """Close the live sources' connections (and the store's pool, for :meth:`from_store`)."""
@@ -670,6 +663,11 @@ def _planning(
 
     planner = OpenAIPlanner(llm, model, tuple(sources.values()), timeout_s=timeout_s)
     return {"planner": planner, "fallback_planner": offline, "plan_sources": sources}
+
+
+def _reply_ready(result: RunResult) -> tuple[Event, ...]:
+    """The event that ends a chat stream, after the runner's :class:`RunFinished`."""
+    return (ReplyReady(_reply(result), run_id=result.run_id),)
 
 
 def _reusable(reply: Reply) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextvars
 import sys
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -199,7 +199,13 @@ class EventStream:
     the loop drops on leaving, and dropping it cancels the run at once (CPython frees it there and then).
     """
 
-    def __init__(self, run: Callable[..., Awaitable[RunResult]], buffer: int) -> None:
+    def __init__(
+        self,
+        run: Callable[..., Awaitable[RunResult]],
+        buffer: int,
+        then: Callable[[RunResult], Iterable[Event]] | None = None,
+    ) -> None:
+        self._then = then
         self._send, self._receive = anyio.create_memory_object_stream[Event](buffer)
         self._run, self._scope, self._done, self._started = run, anyio.CancelScope(), anyio.Event(), False
         self._failure: list[Exception] = []
@@ -210,7 +216,9 @@ class EventStream:
             with self._scope:
                 async with self._send:
                     try:
-                        await self._run(on_event=self._send.send)
+                        result = await self._run(on_event=self._send.send)
+                        for event in self._then(result) if self._then is not None else ():
+                            await self._send.send(event)
                     except Exception as exc:  # noqa: BLE001 — RouteError, raise_errors, a failing finish: re-raised
                         self._failure.append(exc)  # to the consumer by __anext__, which sees it before the end
         finally:

@@ -23,7 +23,7 @@ import math
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
@@ -249,7 +249,13 @@ class Graph:
         return nxt, exc, scope.cancelled_caught
 
     def stream(
-        self, state: Any, *, deadline_s: float | None = None, raise_errors: bool = False, buffer: int = 64
+        self,
+        state: Any,
+        *,
+        deadline_s: float | None = None,
+        raise_errors: bool = False,
+        buffer: int = 64,
+        then: Callable[[RunResult], Iterable[Event]] | None = None,
     ) -> EventStream:
         """Run the graph and yield its events as they happen, ending with :class:`RunFinished`.
 
@@ -263,8 +269,10 @@ class Graph:
         The buffer is bounded: a slow consumer slows the run. When the consumer stops — ``break`` (even
         while it still holds the stream), ``aclose()``, leaving the ``async with``, an exception or the
         cancellation of the consuming task — every in-flight node and its child tasks are cancelled.
+        ``then`` maps the finished run to events sent after :class:`RunFinished` (the chat layer's reply).
         """
-        return EventStream(partial(self.run, state, deadline_s=deadline_s, raise_errors=raise_errors), buffer)
+        run = partial(self.run, state, deadline_s=deadline_s, raise_errors=raise_errors)
+        return EventStream(run, buffer, then)
 
     def run_sync(self, state: Any, *, deadline_s: float | None = None, raise_errors: bool = False) -> RunResult:
         """Blocking :meth:`run` for code without an event loop (scripts, worker processes)."""

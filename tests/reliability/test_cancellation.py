@@ -95,10 +95,9 @@ async def disconnect(
                 await anyio.sleep(0.002)
 
     if mode == "aclose":
-        events = rag.stream(question)
-        async for event in events:
-            if is_trigger(stage, event):
-                break
+        events = rag.stream(question)  # read with anext(): a `break` out of `async for` would stop the turn itself
+        while not is_trigger(stage, await anext(events)):
+            pass
         await until_in_flight()
         t0 = time.monotonic()
         await events.aclose()
@@ -185,14 +184,13 @@ async def test_dropped_iterator_cancels_the_turn() -> None:
     retriever = FaultyRetriever(index.retriever("hybrid"), hang_on=frozenset({"webhook"}))
     rag = offline_rag(index, retriever=retriever)
     baseline = set(asyncio.all_tasks())
-    events = rag.stream(QUESTION)
-    async for event in events:
-        if is_trigger("retrieve", event):
-            break
+    events = aiter(rag.stream(QUESTION))  # the iterator an `async for` would hold
+    while not is_trigger("retrieve", await anext(events)):
+        pass
     with anyio.fail_after(5):
         await retriever.hanging.wait()
     t0 = time.monotonic()
-    del events  # the async generator's finalizer closes it, which cancels the background run
+    del events  # dropping the loop's iterator (no aclose) cancels the run at once
     while not retriever.cancelled and time.monotonic() - t0 < 1.0:
         await anyio.sleep(0.002)
     await assert_no_turn_tasks(baseline)

@@ -32,7 +32,7 @@ from starlette.routing import Route
 from ragloop._log import get_logger
 from ragloop.chat import ReplyReady
 from ragloop.errors import ConfigError, InputError
-from ragloop.events import Event, NodeFinished, Progress, Token
+from ragloop.events import Event, EventStream, NodeFinished, Progress, Token
 from ragloop.serve._metrics import Metrics
 from ragloop.serve._sessions import MemorySessionStore, SessionLimits, SessionStore
 from ragloop.serve._stream import Body, Rejected, Start, TurnResponse, error_body, json_bytes
@@ -307,14 +307,18 @@ class _Server:
         history = turn.history
         if turn.session_id is not None:
             history = self.settings.history.cap(await self.sessions.load(turn.session_id))
-        stream: AsyncGenerator[Event, None] = self.rag.stream(  # type: ignore[assignment]
-            turn.question,
-            history=history,
-            page_url=turn.page_url,
-            page_title=turn.page_title,
-            deadline_s=self.settings.deadline_s,
-        )
         metrics = self.metrics
+        try:  # ChatRAG.stream checks its input when called; an override written as a generator checks it later
+            stream: EventStream | AsyncGenerator[Event, None] = self.rag.stream(
+                turn.question,
+                history=history,
+                page_url=turn.page_url,
+                page_title=turn.page_title,
+                deadline_s=self.settings.deadline_s,
+            )
+        except InputError as exc:
+            metrics.rejected.labels(reason="invalid").inc()
+            raise Rejected(400, str(exc), param=turn.question_param) from None
         async with aclosing(stream):
             try:
                 event = await anext(stream)
