@@ -4,32 +4,36 @@ Both arms search the same :class:`~ragloop.retrievers.index.KnowledgeIndex` of t
 mode: bm25s + dense, RRF-fused), built once with ``--embedder`` (MiniLM by default) and cached under
 ``--cache`` (``/tmp/ragloop-bench-quality``).
 
-- **single_shot**: the question as one query, ``search(question, k=30)``; documents ranked by their best
-  chunk's score (the ``ragloop eval`` convention), top 10 scored.
-- **agentic**: ``ChatRAG.from_index(index)`` — the default turn with the offline judges (decide's topic
-  splitting, grading, rewriting; no model, no network) — asked the question. Every ``search`` the turn makes
-  is recorded. Its documents are ranked as: first the documents of the answer's context blocks, in block
-  order (what the turn finally keeps and hands to the answerer); then every other document any of the turn's
-  queries retrieved (original and rewritten, including hits the grader rejected), by its best fused score
-  over those queries. Documents never retrieved are absent. The turn searches ``TurnSettings.k`` = 8 chunks
-  per query, so with a single query its pool is 8 documents: recall@10 can then be below single-shot's by
-  construction.
+**Tuning discipline.** The judged questions are split once into a *tuning* half and a *reporting* half: the
+sorted query ids shuffled with ``random.Random(13)`` (``SPLIT_SEED``), first half tuning. Thresholds are chosen
+with ``--half tuning``; figures are quoted from ``--half reporting`` (the default). ``--half all`` runs both.
 
-Metrics are :func:`ragloop.retrievers.evaluate.evaluate_run`'s (BEIR / trec_eval definitions): recall@2,
-recall@5, recall@10 of the judged documents and nDCG@10, plus retrieval calls and wall seconds per question
-(the agentic figure includes the offline judges). The full report — also ``kept_only`` recall (blocks only,
-no backfill) and a diagnosis of where the judged documents were lost (not retrieved, graded irrelevant, cut
-from the blocks), and how often decide split the question and a rewrite found a judged document — goes to
-``benchmarks/results/quality-<folder>.json``.
+- **single_shot**: the question as one query, ``search(question, k=30)``; documents ranked by their best
+  chunk's score (the ``ragloop eval`` convention), top 10 scored. Its answer is the offline answerer's over
+  its top ``max_blocks`` chunks, outcome ``context``.
+- **agentic**: ``ChatRAG.from_index(index)`` — the default turn with the offline judges (decide's splitting,
+  grading, rewriting, the hop, the verify step; no model, no network) — asked the question. Every ``search``
+  the turn makes is recorded. Its documents are ranked by the turn's final ranking
+  (:func:`ragloop.nodes.answer.final_ranking`, recomputed here from the recorded searches and the record's
+  grades): every search's list fused by rank, grades as a factor, the question's own top 5 protected.
+
+Metrics: :func:`ragloop.retrievers.evaluate.evaluate_run`'s recall@2, recall@5, recall@10 and nDCG@10 (BEIR /
+trec_eval definitions), retrieval calls and wall seconds per question (the agentic figure includes the offline
+judges), and per arm at answer level: ``answer_recall`` (a normalised gold answer, ``metadata.answers``,
+appears in the reply as whole words; ``None`` without gold answers), ``supported_rate`` (cited sentences with
+at least 80 % of their key terms in the blocks they cite) and ``context_precision`` (of the replies with
+outcome ``context``, the share that hold the gold answer). The full report — also ``kept_only`` recall (the
+answer's blocks alone) and a diagnosis (how often decide split the question, a rewrite or a hop ran, where
+the judged documents were lost) — goes to ``benchmarks/results/quality-<folder>-<half>.json``.
 
 Usage::
 
     python benchmarks/bench_quality.py --beir ../shared/data/hotpotqa-dev200 --split dev
-    python benchmarks/bench_quality.py --beir ../shared/data/scifact-train --split train --json
+    python benchmarks/bench_quality.py --beir ../shared/data/scifact-train --split train --half tuning --json
 
 With ``--json`` it prints one object ``{"single_shot": {...}, "agentic": {...}}``, each keyed ``recall@2``,
-``recall@5``, ``recall@10``, ``ndcg@10``, ``retrieval_calls_per_question``, ``seconds_per_question``.
-It never asserts anything.
+``recall@5``, ``recall@10``, ``ndcg@10``, ``retrieval_calls_per_question``, ``seconds_per_question``,
+``answer_recall``, ``supported_rate``, ``context_precision``. It never asserts anything.
 """
 
 from __future__ import annotations

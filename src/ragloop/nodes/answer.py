@@ -17,11 +17,12 @@ from ragloop._log import get_logger
 from ragloop.errors import JudgeTruncated
 from ragloop.events import Progress, Token
 from ragloop.llm.protocols import Answerer
-from ragloop.nodes._citations import MARKER, MAX_MARKER_CHARS, CitationGate, marker_numbers
+from ragloop.nodes._citations import CitationGate
 from ragloop.prompt_budget import PromptBudget
 from ragloop.retrievers.fusion import FusionSettings, anchor_query, fuse_searches
 from ragloop.runner import END, emit
 from ragloop.state import Citation, ContextBlock, Graded, Hit, Label, Message, Outcome, TurnState, Verification
+from ragloop.text.citations import MARKER, MARKER_RUN, MAX_MARKER_CHARS, marker_numbers
 
 __all__ = [
     "CUT_BY_TIME",
@@ -37,7 +38,6 @@ __all__ = [
 ]
 
 log = get_logger("ragloop.nodes.answer")
-_CITE = MARKER
 #: Longest reply streamed by default (characters); the rest is cut and the cut recorded.
 MAX_ANSWER_CHARS = 20_000
 
@@ -70,9 +70,9 @@ def final_ranking(state: TurnState, settings: FusionSettings | None = None) -> l
 def build_blocks(state: TurnState, max_blocks: int) -> tuple[ContextBlock, ...]:
     """Number the kept context, one chunk once, at most ``max_blocks``.
 
-    With recorded searches: context the live sources added first, then the turn's :func:`final_ranking`,
-    skipping chunks every grader called irrelevant. Without (a state built by hand): per decide query in turn
-    (relevant before partial, best score first).
+    With recorded searches: context the live sources added first, then the chunks a grader kept (relevant or
+    partial, or the fast path's), in the order of the turn's :func:`final_ranking`. Without (a state built by
+    hand): per decide query in turn (relevant before partial, best score first).
     """
     if state.searches:
         return _ranked_blocks(state, max_blocks)
@@ -109,11 +109,9 @@ def _ranked_blocks(state: TurnState, max_blocks: int) -> tuple[ContextBlock, ...
     live = [g for g in state.graded if g.hit.id not in searched and g.verdict.keep]
     picked: list[tuple[Hit, str]] = [(g.hit, g.query) for g in live]
     for hit in final_ranking(state):
-        graded = verdicts.get(hit.id, [])
-        if graded and not any(g.verdict.keep for g in graded):
-            continue
-        kept = [g for g in graded if g.verdict.keep]
-        picked.append((hit, kept[0].query if kept else hit.best_query or _finder(state, hit.id)))
+        kept = [g for g in verdicts.get(hit.id, []) if g.verdict.keep]
+        if kept:  # only graded context is handed to the answerer; the ranking orders it
+            picked.append((hit, kept[0].query))
     blocks: list[ContextBlock] = []
     seen: set[str] = set()
     for hit, query in picked:
@@ -127,13 +125,10 @@ def _ranked_blocks(state: TurnState, max_blocks: int) -> tuple[ContextBlock, ...
     return tuple(blocks)
 
 
-def _finder(state: TurnState, chunk_id: str) -> str:
-    """The first query (in search order) whose list holds the chunk."""
-    return next((q for q, hits in state.searches.items() if any(h.id == chunk_id for h in hits)), state.question)
-
-
 def resolve_citations(text: str, blocks: Sequence[ContextBlock]) -> tuple[str, tuple[Citation, ...], list[int]]:
     """Resolve ``[n]`` and ``[n, m]`` markers; drop markers that name no block.
+
+    Only free-standing markers count (:mod:`ragloop.text.citations`): ``arr[0]`` and ``pair[1]`` are code.
 
     Returns the cleaned text, the citations in order of first use, and the invalid numbers removed.
     """
@@ -142,17 +137,21 @@ def resolve_citations(text: str, blocks: Sequence[ContextBlock]) -> tuple[str, t
     invalid: list[int] = []
 
     def fix(m: re.Match[str]) -> str:
-        if len(m.group()) > MAX_MARKER_CHARS:  # not a marker: text (the gate streamed it as text too)
-            return m.group()
-        ns = marker_numbers(m.group(1))
-        good = [n for n in ns if n in by_n]
-        invalid.extend(n for n in ns if n not in by_n)
-        for n in good:
-            b = by_n[n]
-            cited.setdefault(n, Citation(n, b.source, b.title, b.chunk_id, b.url))
-        return "".join(f"[{n}]" for n in good)
+        out = []
+        for one in MARKER.finditer(m.group()):
+            if len(one.group()) > MAX_MARKER_CHARS:  # text, as the gate streamed it
+                out.append(one.group())
+                continue
+            ns = marker_numbers(one.group(1))
+            good = [n for n in ns if n in by_n]
+            invalid.extend(n for n in ns if n not in by_n)
+            for n in good:
+                b = by_n[n]
+                cited.setdefault(n, Citation(n, b.source, b.title, b.chunk_id, b.url))
+            out.extend(f"[{n}]" for n in good)
+        return "".join(out)
 
-    cleaned = _CITE.sub(fix, text)
+    cleaned = MARKER_RUN.sub(fix, text)
     return cleaned, tuple(cited.values()), invalid
 
 
