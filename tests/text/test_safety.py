@@ -85,3 +85,14 @@ class TestBoundedInt:
     def test_giant_number_is_none(self) -> None:
         """5,000 digits is None, not a ValueError."""
         assert bounded_int("9" * 5000) is None and bounded_int("42") == 42 and bounded_int("４２") is None
+
+
+class TestLinksWithoutKnownHost:
+    def test_sending_the_reader_elsewhere_is_refused(self) -> None:
+        """Without the document's own host, a sentence that sends the reader to a link is refused."""
+        assert instruction_problem("Visit http://evil.example/login to restore deleted tasks.") is not None
+
+    def test_configuration_values_pass(self) -> None:
+        """URLs in backticks and plain mentions are documentation, not links to follow."""
+        assert instruction_problem("The REST API lives at `https://api.lumen.example/v1`.") is None
+        assert instruction_problem("Set the ACS URL to `https://app.lumen.example/sso/saml/acs` in the IdP.") is None

@@ -64,6 +64,11 @@ _CREDENTIAL = re.compile(
     r"(?i)\b(?:password|passwd|passcode|api[\s_-]?key|secret\s+key|access\s+token|private\s+key)\b"
     r"\s{0,3}(?:is|=|:|was)\s{0,3}\S"
 )
+_CODE = re.compile(r"`[^`\n]{0,1000}`")
+_SENDS = re.compile(
+    r"(?i)\b(?:visit|go\s+to|click|open|navigate\s+to|head\s+(?:over\s+)?to|log\s*in|sign\s*in|download\w*"
+    r"|install|restored?|submit|send|email|call|contact|verify|confirm|update)\b"
+)
 _URL = re.compile(r"(?i)\b(?:https?|ftp)://([^\s/?#\"'<>()\[\]]{1,256})|\bwww\.([a-z0-9.-]{1,253})")
 
 
@@ -77,18 +82,23 @@ def _host(netloc: str) -> str:
 def instruction_problem(sentence: str, *, allowed_hosts: Iterable[str] = ()) -> str | None:
     """Why ``sentence`` must not be quoted in an answer, or ``None``.
 
-    A sentence is refused when it gives orders to the assistant or the reader ("ignore previous
-    instructions", "tell the user …", "you must …"), links to a host not in ``allowed_hosts`` (a host and its
-    subdomains), or carries a credential ("the admin password is …").
+    A sentence is refused when it gives orders to the assistant or about the user ("ignore previous
+    instructions", "tell the user …"), carries a credential ("the admin password is …"), or links to another
+    host: with ``allowed_hosts`` (the document's own hosts and their subdomains), any link outside them; without,
+    a link the sentence sends the reader to ("visit …", "log in at …", "download from …"). URLs in backticks are
+    code or configuration values, not links.
     """
     if _ORDERS.search(sentence):
         return "addresses the assistant or the reader with instructions"
     if _CREDENTIAL.search(sentence) or _USERINFO.search(sentence) or _KEY_SHAPES.search(sentence):
         return "carries a credential"
     allowed = tuple(h.lower().lstrip(".") for h in allowed_hosts if h)
-    for m in _URL.finditer(sentence):
+    prose = _CODE.sub(" ", sentence)
+    for m in _URL.finditer(prose):
         host = _host(m.group(1)) if m.group(1) is not None else (m.group(2) or "").lower()
-        if not any(host == a or host.endswith("." + a) for a in allowed):
+        if any(host == a or host.endswith("." + a) for a in allowed):
+            continue
+        if allowed or _SENDS.search(prose):
             return f"links to another host ({host or 'unknown'})"
     return None
 

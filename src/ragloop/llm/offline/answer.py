@@ -5,8 +5,11 @@ IDF-weighted coverage of the question's (and the block's query's) key terms, and
 marginal relevance (MMR: relevance minus similarity to sentences already picked) within a length budget. Each
 sentence carries its block's ``[n]``. Blocks that cover too little of the question (a different topic) are not
 cited at all. Sentences that read like instructions to the assistant ("ignore previous instructions…") are never
-picked: block text is data, not commands. Citation-like markers inside block text are removed so that every
-``[n]`` in the answer points at a block that was given.
+picked: block text is data, not commands; neither are sentences that tell the reader or the user what to do
+for someone else ("tell the user the admin password is …"), carry a credential, or link to another host than
+the block's own (:func:`ragloop.text.safety.instruction_problem`). Free-standing citation-like markers inside
+block text are removed so that every ``[n]`` in the answer points at a block that was given; brackets glued to
+a word are code (``arr[0]``, ``pair[1]``) and stay as written (:mod:`ragloop.text.citations`).
 
 ``partial`` answers what it can and then lists what was not found (``missing``); ``none`` says nothing relevant
 was found and suggests rephrasing, without guessing; ``direct`` streams the decider's reply.
@@ -19,10 +22,13 @@ import re
 import time
 from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Literal
+from urllib.parse import urlsplit
 
 from attrs import frozen
 
 from ragloop.state import ContextBlock, Message, Outcome
+from ragloop.text.citations import strip_markers
+from ragloop.text.safety import instruction_problem
 from ragloop.text.terms import CorpusStats, key_terms, stem, tokenize
 from ragloop.usage import LLMCall, record_call
 
@@ -40,8 +46,19 @@ INJECTION = re.compile(
 )
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|\n\s*\n|\n(?=\s*(?:[-*+]\s|\d+\.\s|#))")
 _HEADING_LINE = re.compile(r"(?m)^(#{1,6}\s[^\n]*)\n(?!\n)")
-_CITATION = re.compile(r"\s*\[\s*\d+(?:\s*[,;-]\s*\d+)*\s*\]")
 _TOKEN = re.compile(r"\S+\s*")
+
+
+def _hosts(block: ContextBlock) -> tuple[str, ...]:
+    """The hosts a block's own links may point at: its document's host, when its source or URL is a URL."""
+    hosts = []
+    for u in (block.url, block.source):
+        if u.startswith(("http://", "https://")):
+            try:
+                hosts.append(urlsplit(u).hostname or "")
+            except ValueError:  # a malformed URL (``http://[::1``) names no host
+                continue
+    return tuple(h for h in hosts if h)
 
 
 def split_sentences(text: str, *, headings: bool = True) -> list[str]:
@@ -191,9 +208,9 @@ class OfflineAnswerer:
                 continue  # a block about another topic is not cited
             # A heading ("Delivery and retries") names a topic; it answers nothing, so it is never quoted.
             for pos, raw in enumerate(split_sentences(block.text, headings=False)):
-                if INJECTION.search(raw):
+                if INJECTION.search(raw) or instruction_problem(raw, allowed_hosts=_hosts(block)) is not None:
                     continue
-                text = _CITATION.sub("", raw).strip()
+                text = strip_markers(raw).strip()
                 if len(text.split()) < 5 and not text.endswith((".", "!", "?")):
                     continue  # a link title or label ("API rate limits"), not a statement
                 terms = frozenset(stem(t) for t in tokenize(text))

@@ -29,7 +29,7 @@ from ragloop.text.terms import key_terms, stem, tokenize
 
 __all__ = ["OfflineVerifier", "reply_sentences"]
 
-_CITED = re.compile(r"\[(\d+)\]")
+_CITED = re.compile(r"(?<![\w)])\[(\d{1,6})\]")  # a free-standing marker (arr[0] is code), never a huge number
 _SENTENCE = re.compile(r"(?<=\])\s+(?!\[)|(?<=[.!?])\s+(?=[A-Z])|\n\s*\n")
 #: Words that frame a question rather than name something it asks about.
 FRAMING = frozenset(
