@@ -358,3 +358,16 @@ class TestMegabyteHistory:
             await anyio.sleep(0.02)
             tg.cancel_scope.cancel()
         assert stopped and stopped[0] - cancelled_at < 0.1, stopped[0] - cancelled_at
+
+
+class TestLiveRecordSize:
+    async def test_five_megabyte_ticket_is_cut_and_recorded(self) -> None:
+        """A 5 MB ticket body reaches the answer cut to the record cap; the cut is in the record."""
+        from ragloop.retrievers.live import LiveRecord
+        from ragloop.testing import FakeLiveSource
+
+        body = "SAML sign-in fails for the Sydney office. " + "x" * 5_000_000
+        fake = FakeLiveSource({"1234": LiveRecord("tickets", "1234", "Ticket #1234: SAML", body)})
+        reply = await _ticket_rag_fake(fake).ask("status of ticket #1234")
+        assert any("record 1234 cut from 5,000,042 to 8,000 characters" in e for e in reply.record.errors)
+        assert all(len(b.text) <= 8_002 for b in reply.blocks) and len(reply.text) < 20_100

@@ -20,6 +20,9 @@ __all__ = ["Live", "record_hit", "split_matches"]
 
 log = get_logger("ragloop.nodes.live")
 
+#: Longest live record text handed to the answer by default (characters).
+MAX_RECORD_CHARS = 8_000
+
 
 def split_matches(requested: Sequence[str], records: Sequence[LiveRecord]) -> tuple[list[LiveRecord], list[LiveRecord]]:
     """Split records into those whose id exactly matches a requested id and the mismatches (#1233 for #1234)."""
@@ -50,11 +53,13 @@ class Live:
         sources: The live sources.
         policy: Where the turn goes next (:func:`ragloop.policy.next_step`).
         timeout_s: Time limit per lookup; a slow or failing source is recorded and the turn goes on.
+        max_record_chars: Longest record text handed on (characters); a longer one is cut, and the cut recorded.
     """
 
     sources: Sequence[LiveSource]
     policy: RoutingPolicy = field(kw_only=True)
     timeout_s: float = field(kw_only=True)
+    max_record_chars: int = field(default=MAX_RECORD_CHARS, kw_only=True)
     routes: tuple[str, ...] = field(default=("rewrite", "answer"), init=False)
 
     async def __call__(self, state: TurnState) -> str:
@@ -87,6 +92,12 @@ class Live:
                 log.info("live.mismatch", source=source.name, requested=list(ids), got=[r.id for r in rejected])
             query = state.queries[q_text]
             for record in accepted:
+                if len(record.text) > self.max_record_chars:
+                    state.errors.append(
+                        f"live: {source.name} record {record.id[:40]} cut from {len(record.text):,} to "
+                        f"{self.max_record_chars:,} characters"
+                    )
+                    record = attrs.evolve(record, text=record.text[: self.max_record_chars] + " …")
                 hit = record_hit(record, q_text)
                 query.hits.append(hit)
                 verdict = Verdict("relevant", reason=f"{source.name}: exact id {record.id}", score=1.0)
