@@ -371,3 +371,17 @@ class TestLiveRecordSize:
         reply = await _ticket_rag_fake(fake).ask("status of ticket #1234")
         assert any("record 1234 cut from 5,000,042 to 8,000 characters" in e for e in reply.record.errors)
         assert all(len(b.text) <= 8_002 for b in reply.blocks) and len(reply.text) < 20_100
+
+
+class TestCallerOnThePlanPath:
+    async def test_plan_lookups_carry_the_caller(self) -> None:
+        """A live lookup a retrieval plan makes is scoped to the caller too: another customer's ticket is absent."""
+        from ragloop.nodes.plan import _for_caller
+        from ragloop.retrievers.sources import LiveLookupSource
+
+        tickets = SQLiteTicketSource()
+        sources = _for_caller({"tickets": LiveLookupSource(tickets)}, Caller(tenant="Granite Peak Outdoors"))
+        other = await sources["tickets"].run("ticket #1234", {"ids": ("1234",)})
+        own = await sources["tickets"].run("ticket #1233", {"ids": ("1233",)})
+        assert not other.hits and [h.chunk.title for h in own.hits][0].startswith("Ticket #1233")
+        await tickets.aclose()

@@ -25,9 +25,9 @@ from ragloop.errors import PlanError, QueryRefused
 from ragloop.events import Progress
 from ragloop.plan import Fate, FateStatus, Plan, PlanRun, SubQuery, WaveRun, build_waves, dependents, fill
 from ragloop.plan import validate_plan as _validate
-from ragloop.retrievers.sources import Filters, Source, SourceResult
+from ragloop.retrievers.sources import Filters, LiveLookupSource, Source, SourceResult
 from ragloop.runner import emit
-from ragloop.state import Decision, Graded, QueryState, TurnState, Verdict
+from ragloop.state import Caller, Decision, Graded, QueryState, TurnState, Verdict
 
 if TYPE_CHECKING:
     from ragloop.llm.planner import Planner
@@ -222,6 +222,13 @@ def _verb(status: FateStatus) -> str:
     }[status]
 
 
+def _for_caller(sources: Mapping[str, Source], caller: Caller | None) -> Mapping[str, Source]:
+    """The sources with the turn's caller handed to every live lookup (the plan path checks access too)."""
+    if caller is None:
+        return sources
+    return {k: attrs.evolve(s, caller=caller) if isinstance(s, LiveLookupSource) else s for k, s in sources.items()}
+
+
 @define
 class PlanNode:
     """Plans retrieval across sources and runs the plan in waves; simple questions keep the decide route.
@@ -283,7 +290,7 @@ class PlanNode:
 
         done = await execute_plan(
             plan,
-            self.sources,
+            _for_caller(self.sources, state.caller),
             timeout_s=self.timeout_s,
             max_concurrency=self.max_concurrency,
             planner=planner,

@@ -24,7 +24,7 @@ from attrs import field, frozen
 from ragloop.errors import SourceError
 from ragloop.retrievers.base import Retriever
 from ragloop.retrievers.live import LiveRecord, LiveSource
-from ragloop.state import Chunk, Hit
+from ragloop.state import Caller, Chunk, Hit
 from ragloop.text.ids import id_matches
 
 __all__ = ["DocumentSource", "Filters", "LiveLookupSource", "Row", "Source", "SourceResult", "live_hit"]
@@ -138,10 +138,12 @@ class LiveLookupSource:
     Attributes:
         source: The live source.
         description: What a planner reads.
+        caller: Who asks; handed to every lookup when set (the plan node sets the turn's caller).
     """
 
     source: LiveSource
     description: str = "support tickets by exact ticket id (#1234): status, priority, body, resolution"
+    caller: Caller | None = None
 
     @property
     def name(self) -> str:
@@ -158,7 +160,8 @@ class LiveLookupSource:
         if not ids:
             raise SourceError(f"{self.name}: no ids to look up; give an ids filter or name an id in the query")
         try:
-            records = await self.source.lookup(query, ids)
+            who = self.caller
+            records = await (self.source.lookup(query, ids, caller=who) if who else self.source.lookup(query, ids))
         except SourceError:
             raise
         except Exception as exc:
