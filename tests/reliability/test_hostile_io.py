@@ -383,5 +383,6 @@ class TestCallerOnThePlanPath:
         sources = _for_caller({"tickets": LiveLookupSource(tickets)}, Caller(tenant="Granite Peak Outdoors"))
         other = await sources["tickets"].run("ticket #1234", {"ids": ("1234",)})
         own = await sources["tickets"].run("ticket #1233", {"ids": ("1233",)})
-        assert not other.hits and [h.chunk.title for h in own.hits][0].startswith("Ticket #1233")
+        assert not other.hits and [h.chunk.title for h in own.hits] == [own.hits[0].chunk.title]
+        assert own.hits[0].chunk.title.startswith("Ticket #1233")
         await tickets.aclose()
