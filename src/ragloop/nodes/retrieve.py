@@ -66,6 +66,19 @@ def merge_hits(results: Mapping[str, Sequence[Hit]], *, budget: int) -> list[Hit
     return sorted(merged, key=lambda h: (-h.score, h.id))
 
 
+def _plain(text: str) -> str:
+    return " ".join(text.split()).rstrip(" .?!").casefold()
+
+
+def _needs_anchor(state: TurnState, pending: Sequence[str]) -> bool:
+    """Whether the first retrieve also searches the question as asked: decide split or reworded it (expanded
+    an abbreviation, dropped small talk), and the question stands alone (no conversation, no page to resolve
+    "it" or "this page" against; then decide's resolved query is the better anchor)."""
+    if state.searches or state.history or state.page.url or state.page.title or not pending:
+        return False
+    return _plain(state.question) not in {_plain(q) for q in pending}
+
+
 def _describe(exc: BaseException) -> str:
     """``"Type: message"`` of the error itself, not of the task group wrapping it (hybrid search runs two tasks)."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
@@ -124,8 +137,8 @@ class Retrieve:
                 log.warning("query.failed", query=query, error=state.queries[query].error)
 
         async def anchor(question: str) -> None:
-            # The question as asked, searched beside its parts: the final ranking fuses its list too, so a
-            # split never loses what one search of the question would have found. Not graded, never short.
+            # The question as asked, searched beside decide's queries: the final ranking fuses its list too, so
+            # a split or a rewording never loses what one search of the question would have found. Not graded.
             async with limiter:
                 try:
                     with anyio.fail_after(self.timeout_s):
@@ -133,11 +146,10 @@ class Retrieve:
                 except Exception as exc:  # noqa: BLE001 — fail-open: the parts' own searches still count
                     state.errors.append(f"retrieve: the question's own search failed: {_describe(exc)}")
 
-        first_split = not state.searches and len(pending) > 1 and state.question not in state.queries
         async with anyio.create_task_group() as tg:
             for query in pending:
                 tg.start_soon(one, query)
-            if first_split:
+            if _needs_anchor(state, pending):
                 tg.start_soon(anchor, state.question)
 
         budget = merge_budget(len(results), per_query=self.per_query_budget, total=self.total_budget)

@@ -12,7 +12,8 @@ asked) are kept inside the first ``depth`` places of the fused order whatever th
 grades say: a turn's ranking contains every passage single-shot retrieval ranks in its top ``protect``.
 
 ``k=10`` (sharper than the usual 60: a part's or a hop's first hit should count nearly as much as the
-question's own first hit) and the grade factors were chosen on the tuning half of HotpotQA dev200.
+question's own first hit), ``anchor_weight=1.5`` and the grade factors were chosen on the tuning halves of
+HotpotQA dev200 and SciFact train (``benchmarks/bench_quality.py --half tuning``).
 
 Pure and deterministic: ties break by chunk id; no sets are iterated in an order that depends on hashing.
 """
@@ -43,7 +44,7 @@ class FusionSettings:
     """
 
     k: float = field(default=10.0, validator=validators.ge(0))
-    anchor_weight: float = field(default=1.0, validator=validators.ge(0))
+    anchor_weight: float = field(default=1.5, validator=validators.ge(0))
     other_weight: float = field(default=1.0, validator=validators.ge(0))
     relevant_boost: float = field(default=1.25, validator=validators.ge(0))
     irrelevant_factor: float = field(default=0.6, validator=validators.ge(0))
@@ -51,8 +52,8 @@ class FusionSettings:
 
 
 def anchor_query(question: str, decide_queries: Sequence[str], searched: Collection[str]) -> str | None:
-    """The list to protect: the question itself when it was searched beside its parts, else decide's only
-    query (the question made standalone: pronouns resolved, abbreviations expanded); ``None`` otherwise."""
+    """The list to protect: the question itself when it was searched (beside decide's parts or rewording),
+    else decide's only query (the question made standalone: pronouns resolved); ``None`` otherwise."""
     if question in searched:
         return question
     if len(decide_queries) == 1 and decide_queries[0] in searched:
