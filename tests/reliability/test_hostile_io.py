@@ -341,6 +341,16 @@ class TestMegabyteHistory:
         assert max(gaps) < 0.05, max(gaps)
         assert all(len(q) <= 200 for q in reply.record.decision.queries)
 
+    async def test_logs_stay_small(self, caplog: pytest.LogCaptureFixture) -> None:
+        """Every log line of the turn, the decision record included, stays small (it was 20 MB)."""
+        import logging
+
+        rag, history = self._rag(), self._history()
+        with caplog.at_level(logging.DEBUG, logger="ragloop"):
+            await rag.ask("How is it retried? " + "retry " * 1000, history=history)
+        sizes = [len(r.getMessage()) for r in caplog.records if r.name.startswith("ragloop")]
+        assert sizes and sum(sizes) < 200_000, (len(sizes), sum(sizes), max(sizes))
+
     async def test_cancellation_within_100_ms(self) -> None:
         """Cancelling a turn that carries 1 MB of history ends it within 100 ms."""
         rag, history = self._rag(), self._history()
