@@ -3,7 +3,9 @@
 * :func:`matcher` answers every request of the OpenAI judges the way a model would, by looking at the
   request: ``tools`` present → decide (a direct reply for small talk, else one ``search`` call per topic);
   ``response_format`` present → grade (``relevant`` when the chunk shares a content word with the query,
-  ``partial`` otherwise, and ``irrelevant`` for the queries a scenario marks as coming up short);
+  ``partial`` otherwise, and ``irrelevant`` for the queries a scenario marks as coming up short; a per-query
+  batch request gets one such verdict per passage, and takes ``grade_per_verdict`` longer per verdict past
+  the first, for its longer output);
   ``stream=True`` → answer (a cited reply streamed token by token); anything else → rewrite.
   Each answer carries the per-call latency of :data:`LATENCY` (a real deployment's ballpark).
 * :class:`ModelServer` runs a :class:`ragloop.testing.ScriptedOpenAIServer` with that matcher in a child
@@ -27,7 +29,14 @@ from typing import Any
 import anyio
 
 #: Simulated model latency per judge, in seconds: decide, grade, rewrite; answer: first token, then per token.
-BASE_LATENCY = {"decide": 0.200, "grade": 0.150, "rewrite": 0.180, "answer_first": 0.300, "answer_token": 0.010}
+BASE_LATENCY = {
+    "decide": 0.200,
+    "grade": 0.150,
+    "grade_per_verdict": 0.020,
+    "rewrite": 0.180,
+    "answer_first": 0.300,
+    "answer_token": 0.010,
+}
 #: The latencies in use (:func:`set_scale` multiplies them, e.g. for quick smoke runs).
 LATENCY = dict(BASE_LATENCY)
 
@@ -82,7 +91,8 @@ def _answer_text(n_tokens: int = 60) -> str:
 
 def matcher(request: Any) -> Any:
     """Answer one chat request of the OpenAI judges like a model would (see the module docstring)."""
-    from ragloop.testing import json_reply, reply, stream, tool_calls
+    from ragloop.llm.prompts import FENCE_OPEN
+    from ragloop.testing import reply, stream, tool_calls, verdicts
 
     body = request.body if isinstance(request.body, dict) else {}
     messages = request.messages
@@ -100,22 +110,30 @@ def matcher(request: Any) -> Any:
             return reply(plan["reply"]).with_latency(LATENCY["decide"])
         return tool_calls([("search", {"query": q}) for q in plan["queries"]]).with_latency(LATENCY["decide"])
     if body.get("response_format"):
-        head, _, chunk = user.partition("\n\n")
+        head = user.partition("\n\n")[0]
         query = json.loads(head.removeprefix("Search query: ")) if head.startswith("Search query: ") else head
-        if query in SHORT:
-            verdict = {"label": "irrelevant", "reason": "another topic"}
-        elif _words(query) & _words(chunk):
-            verdict = {"label": "relevant", "reason": "covers the query's topic"}
-        else:
-            verdict = {"label": "partial", "reason": "related, but shares no key term"}
-        return json_reply(verdict).with_latency(LATENCY["grade"])
+
+        def label(text: str) -> str:
+            if query in SHORT:
+                return "irrelevant"
+            return "relevant" if _words(query) & _words(text) else "partial"
+
+        n = user.count(f"{FENCE_OPEN} id=")  # passages in this request: 1 per-passage, all of a query's in a batch
+        return verdicts(request, label, reason="simulated").with_latency(grade_seconds(n))
     failed = re.search(r"Query that failed: (.*)", user)
     old = failed.group(1).strip() if failed else user
     return reply(REWRITE.get(old, f"{old} overview")).with_latency(LATENCY["rewrite"])
 
 
+def grade_seconds(n: int) -> float:
+    """The simulated latency of grading ``n`` passages in one call."""
+    return LATENCY["grade"] + LATENCY["grade_per_verdict"] * max(0, n - 1)
+
+
 def simulated_seconds(judge: str, n_answer_tokens: int = 60) -> float:
     """The simulated model latency of one call to ``judge`` (for the answer: until its last chunk)."""
+    if judge.startswith("grade_batch:"):
+        return grade_seconds(int(judge.partition(":")[2]))
     if judge == "answer":
         # The server waits before every content delta after the first, and before the finish chunk.
         return LATENCY["answer_first"] + LATENCY["answer_token"] * n_answer_tokens
@@ -169,8 +187,11 @@ def _serve() -> None:
 # -- chats
 
 
-def build_chat(url: str, index: Any, settings: Any, max_connections: int | None = None) -> tuple[Any, Any]:
-    """``ChatRAG.from_index(index, llm)``'s wiring, with every external call wrapped in a timing span."""
+def build_chat(
+    url: str, index: Any, settings: Any, max_connections: int | None = None, caches: Any = None
+) -> tuple[Any, Any]:
+    """``ChatRAG.from_index(index, llm)``'s wiring, with every external call wrapped in a timing span (and
+    ``caches``, if given, keyed on the index's version)."""
     import openai
 
     from ragloop.chat import ChatRAG
@@ -202,6 +223,8 @@ def build_chat(url: str, index: Any, settings: Any, max_connections: int | None 
         embedder=Timed(index.embedder, "embed"),
         fallback_decider=offline_decider,
         fallback_answerer=OfflineAnswerer(stats),
+        caches=caches,
+        index_version=lambda: index.version,
     )
     return rag, client
 
@@ -289,6 +312,13 @@ class Timed:
         finally:
             _span("grade", t)
 
+    async def grade_batch(self, query: str, hits: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return await self._inner.grade_batch(query, hits)
+        finally:
+            _span(f"grade_batch:{len(hits)}", t)
+
     async def rewrite(self, *args: Any, **kw: Any) -> Any:
         t = time.perf_counter()
         try:
@@ -358,7 +388,8 @@ def simulated_critical_path(spans: Sequence[tuple[str, float, float]]) -> float:
     total = 0.0
     cluster_end, cluster_max = float("-inf"), 0.0
     for kind, s, e in sorted(spans, key=lambda x: x[1]):
-        cost = simulated_seconds(kind) if kind in ("decide", "grade", "rewrite", "answer") else e - s
+        modelled = kind in ("decide", "grade", "rewrite", "answer") or kind.startswith("grade_batch:")
+        cost = simulated_seconds(kind) if modelled else e - s
         if s > cluster_end:
             total += cluster_max
             cluster_end, cluster_max = e, cost

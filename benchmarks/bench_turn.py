@@ -16,7 +16,16 @@ Scenarios (round-robin, so machine noise hits all alike; one untimed warm-up tur
 - ``rewrite``: the first query's hits are all graded irrelevant, one rewrite finds them;
 - ``ticket``: "status of ticket #1234" — the knowledge base comes up short, the live ticket source answers;
 - ``fanout-1`` … ``fanout-4``: 1–4 topics, to show that grading N queries' hits costs about one grade
-  latency, not N.
+  latency, not N;
+- ``single-graded``: the single-topic question with the fast path off (``fast_path_confidence=1.01``), so its
+  hits are graded (per query: one grading call);
+- ``single-graded-per-passage``, ``two-topic-per-passage``: the same questions with ``per_passage_grading=True``,
+  one grading call per passage as before per-query grading (issue 16): the "before" of the comparison;
+- ``repeat``: ``single-graded``'s question asked a second time in a row on a chat with caches
+  (``ragloop.caches.Caches``, emptied before each first ask): what the second identical question costs.
+
+Every turn is priced with an illustrative price table (``PRICES``, per million input/output tokens, passed as
+``TurnSettings.prices``); the cost column is ``TurnRecord.cost``.
 
 Per turn it records the wall time (``ChatRAG.stream`` until ``ReplyReady``), the time to the first answer
 token, per-node time (``TurnRecord.timings``), LLM calls and tokens (server-reported; the scripted server
@@ -53,24 +62,34 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import attrs
 import structlog
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _sim
 
+from ragloop.caches import Caches
 from ragloop.chat import ChatRAG, ReplyReady
 from ragloop.events import Token
 from ragloop.retrievers.evaluate import percentile
 from ragloop.turn import TurnSettings
+from ragloop.usage import Price
 
 RESULTS = Path(__file__).parent / "results"
 NODES = ("decide", "retrieve", "grade", "live", "rewrite", "answer")
 SINGLE = "How much does the Business plan cost per seat?"
+TWO = "Compare the plan pricing and how to set up SSO with SAML."
+#: Illustrative prices per million input/output tokens (a small and a large hosted model's ballpark).
+PRICES = {"sim-fast": Price(0.15, 0.60), "sim-answer": Price(2.50, 10.00)}
 SCENARIOS = {
     "greeting": "Hi there!",
     "single": SINGLE,
+    "single-graded": SINGLE,
+    "single-graded-per-passage": SINGLE,
     "single-fast": SINGLE,
-    "two-topic": "Compare the plan pricing and how to set up SSO with SAML.",
+    "two-topic": TWO,
+    "two-topic-per-passage": TWO,
+    "repeat": SINGLE,
     "rewrite": "Does Lumen have a Salesforce connector?",
     "ticket": "What is the status of ticket #1234?",
     **{f"fanout-{n}": _sim.fanout_question(n) for n in (1, 2, 3, 4)},
@@ -106,6 +125,10 @@ async def one_turn(rag: ChatRAG, question: str) -> dict[str, Any]:
         "llm_calls": record.llm_calls,
         "grade_calls": sum(1 for c in record.calls if c.judge == "grade"),
         "tokens": record.tokens.total,
+        "prompt_tokens": record.tokens.prompt,
+        "completion_tokens": record.tokens.completion,
+        "cost": record.cost or 0.0,
+        "cache_hits": dict(record.cache_hits),
         "outcome": reply.outcome,
         "simulated": simulated,
         "transport": covered - simulated,
@@ -126,6 +149,10 @@ def p(xs: list[float], q: float) -> float:
     return float(percentile(xs, q))
 
 
+def _hit_kinds(turns: list[dict[str, Any]]) -> list[str]:
+    return sorted({k for t in turns for k in t["cache_hits"]})
+
+
 def summarise(turns: list[dict[str, Any]]) -> dict[str, Any]:
     walls = [t["wall"] for t in turns]
     out: dict[str, Any] = {
@@ -139,6 +166,10 @@ def summarise(turns: list[dict[str, Any]]) -> dict[str, Any]:
         "llm_calls": statistics.mean(t["llm_calls"] for t in turns),
         "grade_calls": statistics.mean(t["grade_calls"] for t in turns),
         "tokens": statistics.mean(t["tokens"] for t in turns),
+        "prompt_tokens": statistics.mean(t["prompt_tokens"] for t in turns),
+        "completion_tokens": statistics.mean(t["completion_tokens"] for t in turns),
+        "cost_usd": statistics.mean(t["cost"] for t in turns),
+        "cache_hits": {k: statistics.mean(t["cache_hits"].get(k, 0) for t in turns) for k in _hit_kinds(turns)},
         "simulated_ms_p50": p([t["simulated"] for t in turns], 50) * 1e3,
         "transport_ms_p50": p([t["transport"] for t in turns], 50) * 1e3,
         "orchestration_ms": {
@@ -157,21 +188,38 @@ def summarise(turns: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def run_all(url: str, index: Any, turns: int, names: list[str]) -> tuple[dict[str, list[dict[str, Any]]], float]:
-    settings = TurnSettings()
-    fast_settings = TurnSettings(fast_path_confidence=await fast_threshold(index, settings))
+    settings = TurnSettings(prices=PRICES)
+    fast_settings = TurnSettings(fast_path_confidence=await fast_threshold(index, settings), prices=PRICES)
     default_rag, c1 = _sim.build_chat(url, index, settings)
     fast_rag, c2 = _sim.build_chat(url, index, fast_settings)
+    per_passage_rag, c3 = _sim.build_chat(url, index, TurnSettings(per_passage_grading=True, prices=PRICES))
+    graded = TurnSettings(fast_path_confidence=1.01, prices=PRICES)  # no fast path: the hits are graded
+    graded_rag, c5 = _sim.build_chat(url, index, graded)
+    graded_pp_rag, c6 = _sim.build_chat(url, index, attrs.evolve(graded, per_passage_grading=True))
+    caches = Caches()
+    cached_rag, c4 = _sim.build_chat(url, index, graded, caches=caches)
+    rags = {
+        "single-fast": fast_rag,
+        "single-graded": graded_rag,
+        "single-graded-per-passage": graded_pp_rag,
+        "two-topic-per-passage": per_passage_rag,
+    }
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     try:
         for round_ in range(turns + 1):
             for name in names:
                 question = SCENARIOS[name]
-                rag = fast_rag if name == "single-fast" else default_rag
+                rag = rags.get(name, default_rag)
+                if name == "repeat":  # the first ask fills the emptied caches; the second is measured
+                    caches.clear()
+                    await one_turn(cached_rag, question)
+                    rag = cached_rag
                 result = await one_turn(rag, question)
                 if round_ > 0:  # round 0 warms connections, the embedder and the caches
                     results[name].append(result)
     finally:
-        for rag, client in ((default_rag, c1), (fast_rag, c2)):
+        pairs = ((default_rag, c1), (fast_rag, c2), (per_passage_rag, c3), (cached_rag, c4), (graded_rag, c5))
+        for rag, client in (*pairs, (graded_pp_rag, c6)):
             await rag.aclose()
             await client.close()
     return results, fast_settings.fast_path_confidence
@@ -209,6 +257,33 @@ def main() -> None:
     nothing: dict[str, Any] = {"total_ms": {"p50": 0.0}, "llm_calls": 0.0}
     single, fast = scenarios.get("single", nothing), scenarios.get("single-fast", nothing)
     grade_latency_ms = _sim.LATENCY["grade"] * 1e3
+    compare = [
+        {
+            "scenario": name,
+            "llm_calls_per_passage": scenarios[f"{name}-per-passage"]["llm_calls"],
+            "llm_calls_per_query": scenarios[name]["llm_calls"],
+            "tokens_per_passage": scenarios[f"{name}-per-passage"]["tokens"],
+            "tokens_per_query": scenarios[name]["tokens"],
+            "prompt_tokens_per_passage": scenarios[f"{name}-per-passage"]["prompt_tokens"],
+            "prompt_tokens_per_query": scenarios[name]["prompt_tokens"],
+            "cost_per_passage_usd": scenarios[f"{name}-per-passage"]["cost_usd"],
+            "cost_per_query_usd": scenarios[name]["cost_usd"],
+            "total_ms_p50_per_passage": scenarios[f"{name}-per-passage"]["total_ms"]["p50"],
+            "total_ms_p50_per_query": scenarios[name]["total_ms"]["p50"],
+        }
+        for name in ("single-graded", "two-topic")
+        if name in scenarios and f"{name}-per-passage" in scenarios
+    ]
+    repeat = None
+    if "repeat" in scenarios and "single-graded" in scenarios:
+        first = scenarios["single-graded"]
+        repeat = {
+            "first_llm_calls": first["llm_calls"],
+            "second_llm_calls": scenarios["repeat"]["llm_calls"],
+            "first_total_ms_p50": first["total_ms"]["p50"],
+            "second_total_ms_p50": scenarios["repeat"]["total_ms"]["p50"],
+            "second_cache_hits": scenarios["repeat"]["cache_hits"],
+        }
     report: dict[str, Any] = {
         "machine": f"{platform.machine()} {platform.system()}, {__import__('os').cpu_count()} CPUs (shared)",
         "python": sys.version.split()[0],
@@ -216,6 +291,9 @@ def main() -> None:
         "embedder": embedder.name,
         "latency_s": dict(_sim.LATENCY),
         "fast_path_confidence_used": threshold,
+        "prices_per_million_usd": {m: [p.input_per_m, p.output_per_m] for m, p in PRICES.items()},
+        "per_query_vs_per_passage_grading": compare,
+        "repeated_question": repeat,
         "scenarios": scenarios,
         "fast_path_saves_ms_p50": single["total_ms"]["p50"] - fast["total_ms"]["p50"],
         "fast_path_saves_llm_calls": single["llm_calls"] - fast["llm_calls"],
@@ -248,26 +326,47 @@ def print_tables(report: dict[str, Any]) -> None:
         f"{lat['answer_token'] * 1e3:.0f} ms; embedder {report['embedder']}; "
         f"{report['args']['turns']} turns per scenario\n"
     )
-    head = f"{'scenario':<12}{'path':<52}{'calls':>6}{'tokens':>7}{'TTFT p50':>9}{'total p50':>10}{'p95':>7}"
+    head = (
+        f"{'scenario':<26}{'path':<40}{'calls':>6}{'tokens':>7}{'cost $':>10}{'TTFT p50':>9}{'total p50':>10}{'p95':>7}"
+    )
     print(head)
     for name, s in report["scenarios"].items():
         path = "→".join(x[:3] for x in s["path"]) + (" (fast)" if s["fast_path"] else "")
         print(
-            f"{name:<12}{path:<52}{s['llm_calls']:>6.0f}{s['tokens']:>7.0f}{s['ttft_ms']['p50']:>9.0f}"
-            f"{s['total_ms']['p50']:>10.0f}{s['total_ms']['p95']:>7.0f}"
+            f"{name:<26}{path:<40}{s['llm_calls']:>6.0f}{s['tokens']:>7.0f}{s['cost_usd']:>10.6f}"
+            f"{s['ttft_ms']['p50']:>9.0f}{s['total_ms']['p50']:>10.0f}{s['total_ms']['p95']:>7.0f}"
+        )
+    prices = ", ".join(f"{m} ${i}/${o}" for m, (i, o) in report["prices_per_million_usd"].items())
+    print(f"(cost: illustrative prices per million input/output tokens: {prices})")
+    if report["per_query_vs_per_passage_grading"]:
+        print("\ngrading per passage (before) → per query (after): model calls, tokens, cost per turn")
+        for row in report["per_query_vs_per_passage_grading"]:
+            print(
+                f"  {row['scenario']:<14} calls {row['llm_calls_per_passage']:.0f} → {row['llm_calls_per_query']:.0f}, "
+                f"tokens {row['tokens_per_passage']:.0f} → {row['tokens_per_query']:.0f} "
+                f"(prompt {row['prompt_tokens_per_passage']:.0f} → {row['prompt_tokens_per_query']:.0f}), "
+                f"total p50 {row['total_ms_p50_per_passage']:.0f} → {row['total_ms_p50_per_query']:.0f} ms, "
+                f"cost ${row['cost_per_passage_usd']:.6f} → ${row['cost_per_query_usd']:.6f}"
+            )
+    rep = report["repeated_question"]
+    if rep:
+        print(
+            f"\nrepeated question (caches on): model calls {rep['first_llm_calls']:.0f} → "
+            f"{rep['second_llm_calls']:.0f}, total p50 {rep['first_total_ms_p50']:.0f} → "
+            f"{rep['second_total_ms_p50']:.0f} ms; cache hits of the second ask: {rep['second_cache_hits']}"
         )
     print("\nper node, ms p50 / p95 (summed over visits)")
-    print(f"{'scenario':<12}" + "".join(f"{n:>16}" for n in NODES))
+    print(f"{'scenario':<26}" + "".join(f"{n:>16}" for n in NODES))
     for name, s in report["scenarios"].items():
         cells = [
             f"{s['nodes_ms'][n]['p50']:.0f} / {s['nodes_ms'][n]['p95']:.0f}" if n in s["nodes_ms"] else "–"
             for n in NODES
         ]
-        print(f"{name:<12}" + "".join(f"{c:>16}" for c in cells))
+        print(f"{name:<26}" + "".join(f"{c:>16}" for c in cells))
     print("\nwhere the time goes, ms p50: simulated model + retrieval | transport (SDK+HTTP) | ragloop orchestration")
     for name, s in report["scenarios"].items():
         print(
-            f"{name:<12}{s['simulated_ms_p50']:>9.1f}{s['transport_ms_p50']:>9.1f}"
+            f"{name:<26}{s['simulated_ms_p50']:>9.1f}{s['transport_ms_p50']:>9.1f}"
             f"{s['orchestration_ms']['p50']:>9.2f}  ({s['orchestration_pct_p50']:.2f} % of the turn; "
             f"wall − simulated = {s['overhead_vs_simulated_pct_p50']:.1f} %)"
         )

@@ -54,6 +54,21 @@ class TestBenchTurn:
         assert report["fast_path_saves_llm_calls"] > 0
         assert json.loads(out.read_text()) == report
 
+    def test_compares_grading_modes_and_the_repeated_question(self, cache: Path, tmp_path: Path) -> None:
+        """bench_turn puts per-passage and per-query grading side by side (calls, tokens, cost) and reports the
+        second identical question on a chat with caches."""
+        report = run_json(
+            "bench_turn.py", "--turns", "1", "--scale", "0.01", "--embedder", "hash",
+            "--cache-dir", str(cache), "--out", str(tmp_path / "turn.json"), "--json",
+            "--scenarios", "single-graded", "single-graded-per-passage", "repeat",
+        )  # fmt: skip
+        (row,) = report["per_query_vs_per_passage_grading"]
+        assert row["scenario"] == "single-graded" and row["llm_calls_per_query"] < row["llm_calls_per_passage"]
+        assert report["scenarios"]["single-graded"]["cost_usd"] > 0
+        repeat = report["repeated_question"]
+        assert repeat["second_llm_calls"] < repeat["first_llm_calls"]
+        assert repeat["second_cache_hits"].get("retrieval", 0) >= 1 and repeat["second_cache_hits"].get("grade", 0) >= 1
+
 
 class TestBenchConcurrency:
     def test_reports_each_level_for_each_setup(self, cache: Path, tmp_path: Path) -> None:
