@@ -241,3 +241,14 @@ class TestReplyCache:
         assert second.record.llm_calls == 0 and second.record.run_id != first.record.run_id
         with_history = await rag.ask("q", history=[{"role": "user", "content": "earlier"}])
         assert with_history.record.cache_hits == {} and len(retriever.calls) == 2
+
+
+class TestFromIndex:
+    async def test_from_index_takes_caches_keyed_on_the_index_version(self, sample_cache: Path) -> None:
+        """ChatRAG.from_index(..., caches=...) caches searches under the index's version (offline judges too)."""
+        from ragloop.sample import sample_index
+
+        rag = ChatRAG.from_index(sample_index(sample_cache), caches=Caches())
+        await rag.ask("How do I rotate an API key?")
+        again = await rag.ask("How do I rotate an API key?")
+        assert again.record.cache_hits.get("retrieval", 0) >= 1

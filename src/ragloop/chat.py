@@ -327,6 +327,7 @@ class ChatRAG:
         timeout_s: float = 20.0,
         embedder: Embedder | None = None,
         plan_sources: Sequence[Source] = (),
+        caches: Caches | None = None,
     ) -> ChatRAG:
         """A chat over an index directory (or a loaded :class:`~ragloop.retrievers.index.KnowledgeIndex`).
 
@@ -343,6 +344,7 @@ class ChatRAG:
             embedder: Query embedder; by default the one the index was built with.
             plan_sources: Structured sources to plan over besides the documents and the live sources (e.g. a
                 :class:`~ragloop.retrievers.sql.SQLiteSource`); given, the turn starts with the ``plan`` node.
+            caches: Caches (:class:`~ragloop.caches.Caches`); search results are keyed on the index's version.
         """
         from ragloop.retrievers.index import KnowledgeIndex
 
@@ -359,6 +361,8 @@ class ChatRAG:
             glossary=glossary,
             timeout_s=timeout_s,
             plan_sources=plan_sources,
+            caches=caches,
+            index_version=lambda: idx.version,
         )
 
     @classmethod
@@ -378,6 +382,7 @@ class ChatRAG:
         timeout_s: float = 20.0,
         embedder: Embedder | None = None,
         plan_sources: Sequence[Source] = (),
+        caches: Caches | None = None,
     ) -> ChatRAG:
         """A chat over a PostgreSQL collection written by ``ragloop index DIR --store URL`` (``[postgres]`` extra).
 
@@ -400,6 +405,7 @@ class ChatRAG:
             timeout_s: Per-call timeout of the LLM judges.
             embedder: Query embedder; by default the one the collection was built with.
             plan_sources: As in :meth:`from_index`.
+            caches: As in :meth:`from_index` (search results keyed on the store's version).
         """
         import concurrent.futures
 
@@ -436,6 +442,7 @@ class ChatRAG:
             glossary=glossary,
             timeout_s=timeout_s,
             plan_sources=plan_sources,
+            caches=caches,
         )
         rag.store = store
         return rag
@@ -455,6 +462,8 @@ class ChatRAG:
         glossary: Mapping[str, str] | None = None,
         timeout_s: float = 20.0,
         plan_sources: Sequence[Source] = (),
+        caches: Caches | None = None,
+        index_version: Callable[[], str] | None = None,
     ) -> ChatRAG:
         """A chat over any retriever; ``texts`` (every chunk's text) feed the offline judges' corpus statistics.
 
@@ -473,6 +482,8 @@ class ChatRAG:
             live_sources=live_sources,
             settings=settings,
             embedder=embedder,
+            caches=caches,
+            index_version=index_version,
             **_planning(retriever, live_sources, plan_sources, llm, fast_model, timeout_s),
         )
         if llm is None:
