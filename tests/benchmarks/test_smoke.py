@@ -82,8 +82,13 @@ class TestBenchConcurrency:
             assert [r["turns"] for r in rows] == [1, 3]
             for r in rows:
                 assert {"throughput_per_s", "p50_ms", "p95_ms", "peak_rss_mib", "cpu_ms_per_turn"} <= set(r)
-                # offline judges add the hop check (no follow-up needed for this question)
-                assert r["paths"] in (["decide→retrieve→grade→answer"], ["decide→retrieve→grade→hop→answer"])
+                # offline judges add the hop check; the bridger may follow up once (the first passage leaves
+                # part of the question uncovered)
+                assert r["paths"] in (
+                    ["decide→retrieve→grade→answer"],
+                    ["decide→retrieve→grade→hop→answer"],
+                    ["decide→retrieve→grade→hop→retrieve→grade→answer"],
+                )
 
 
 class TestBenchQuality:

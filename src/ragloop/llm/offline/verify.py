@@ -7,8 +7,9 @@ After the answer is composed, :meth:`OfflineVerifier.verify` reads it sentence b
    stopwords dropped) occur in the cited blocks, or, with an embedder, when its embedding is close to one of
    the cited block's sentences (cosine at least ``min_cosine``). Unsupported sentences are listed; the answer
    node drops them from the final text and says so.
-2. **Coverage.** The question's key terms that the supported reply does not contain are the *uncovered
-   aspects*, without the words that only frame a question ("name", "called", "located" …). A reply whose
+2. **Coverage.** The question's key terms that neither the supported sentences nor the titles of the blocks
+   they cite contain are the *uncovered aspects*, without the words that only frame a question ("name",
+   "called", "located" …). A reply whose
    outcome was ``context`` but leaves aspects uncovered is downgraded to ``partial``, and the aspects are
    named as missing.
 
@@ -115,8 +116,11 @@ class OfflineVerifier:
         unsupported = [
             s for s, cites in sentences if not await self._supported(s, [by_n[n] for n in cites if n in by_n])
         ]
-        kept = " ".join(s for s, _ in sentences if s not in unsupported)
-        present = _stems(kept)
+        kept = [(s, cites) for s, cites in sentences if s not in unsupported]
+        # A term the reply's cited pages are titled with is covered: "How often are webhooks retried?" is
+        # answered by "Failed deliveries are retried 8 times [1]" from the page "Webhooks".
+        titles = " ".join(by_n[n].title for _, cites in kept for n in cites if n in by_n)
+        present = _stems(" ".join(s for s, _ in kept)) | _stems(titles)
         uncovered = tuple(
             dict.fromkeys(t.surface for t in key_terms(question) if t.stem not in present and t.stem not in FRAMING)
         )
