@@ -91,9 +91,9 @@ async def test_turn_against_llamacpp(llamacpp: LlamaCppServer, sample_cache: Pat
     assert isinstance(judges.decider, OpenAIDecider) and judges.decider.mode_in_use == "json"
     kinds = [_kind(b) for b in bodies]
     assert kinds[:2] == ["decide", "decide_json"] and "grade" in kinds and kinds[-1] == "answer"
-    assert all(
-        b.get("max_completion_tokens") == CAPS[k.removesuffix("_json")] for b, k in zip(bodies, kinds, strict=True)
-    )
+    for body, kind in zip(bodies, kinds, strict=True):  # a per-query grading call gets the grade cap per passage
+        cap, sent = CAPS[kind.removesuffix("_json")], body.get("max_completion_tokens")
+        assert sent == cap or (kind == "grade" and isinstance(sent, int) and sent % cap == 0)
     assert len(tokens) > 1 and record["llm_calls"] == len(bodies)
 
 
