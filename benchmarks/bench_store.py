@@ -49,6 +49,7 @@ import attrs
 import numpy as np
 import numpy.typing as npt
 
+from ragloop.errors import RetrievalError
 from ragloop.retrievers.chunking import chunk_id
 from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder
 from ragloop.retrievers.evaluate import evaluate_run, load_qrels, load_queries, percentile, rank_docs
@@ -157,13 +158,18 @@ async def _latency(store: PostgresStore, local: KnowledgeIndex, queries: list[st
         await local.search(q, 10)
         loc.append((time.perf_counter() - started) * 1000)
     conc: list[float] = []
+    errors: list[str] = []
     todo = list(queries)
 
     async def worker() -> None:
         while todo:
             q = todo.pop()
             started = time.perf_counter()
-            await store.search(q, 10)
+            try:
+                await store.search(q, 10)
+            except RetrievalError as exc:  # counted, not fatal: the report says how many failed and why
+                errors.append(str(exc)[:200])
+                continue
             conc.append((time.perf_counter() - started) * 1000)
 
     started = time.perf_counter()
@@ -177,7 +183,14 @@ async def _latency(store: PostgresStore, local: KnowledgeIndex, queries: list[st
         f"postgres_{concurrency}_concurrent_ms": {"p50": percentile(conc, 50), "p95": percentile(conc, 95)},
         f"postgres_{concurrency}_concurrent_searches_per_s": len(conc) / wall,
         "searches": len(queries),
+        f"postgres_{concurrency}_concurrent_errors": len(errors),
+        "errors": errors[:5],
     }
+
+
+def _save(report: dict[str, Any], out: Path) -> None:
+    """Write the report so far (a long run keeps what it measured if a later phase is stopped)."""
+    out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -200,11 +213,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "chunks": len(chunks),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "command": " ".join(["python", "benchmarks/bench_store.py", *sys.argv[1:]]),
+        "load_average_at_start": os.getloadavg(),
     }
     try:
         if not args.skip_quality:
             embedder = RecordingEmbedder(MiniLMEmbedder())
-            async with PostgresStore(url, embedder, collection="quality", pool_size=args.pool_size) as store:
+            async with PostgresStore(
+                url, embedder, collection="quality", pool_size=args.pool_size, statement_timeout_s=args.timeout
+            ) as store:
                 print(f"full build: {len(chunks)} chunks, embedding with {embedder.name} …", file=sys.stderr)
                 full = await store.sync(chunks)
                 started = time.perf_counter()
@@ -229,19 +245,23 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     "local_update": {**local_upd.as_dict(), "seconds": local_update_s},
                     "local_assemble_seconds": local_assemble_s,
                 }
+                _save(report, Path(args.out))
         hash_embedder = RecordingEmbedder(HashEmbedder(384))
         query_texts = [queries[q] for q in sorted(qrels)][: args.queries]
         report["scale"] = {}
         for size in args.sizes:
             data = _scaled(chunks, size)
             name = f"scale{size}"
-            async with PostgresStore(url, hash_embedder, collection=name, pool_size=args.pool_size) as store:
+            async with PostgresStore(
+                url, hash_embedder, collection=name, pool_size=args.pool_size, statement_timeout_s=args.timeout
+            ) as store:
                 print(f"loading {size} chunks …", file=sys.stderr)
                 load = await store.sync(data)
                 local = await anyio.to_thread.run_sync(functools.partial(KnowledgeIndex.build, data, hash_embedder))
                 print(f"searching at {size} …", file=sys.stderr)
                 lat = await _latency(store, local, query_texts, args.concurrency)
                 report["scale"][str(size)] = {"load": load.as_dict(), "local_dense": local.dense.kind, **lat}
+                _save(report, Path(args.out))
     finally:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -280,7 +300,8 @@ def _table(r: dict[str, Any]) -> str:
             f"  postgres hybrid, one at a time   p50 {s['postgres_sequential_ms']['p50']:.2f} ms  "
             f"p95 {s['postgres_sequential_ms']['p95']:.2f} ms",
             f"  postgres hybrid, {n} concurrent   p50 {s[c]['p50']:.2f} ms  p95 {s[c]['p95']:.2f} ms  "
-            f"({s[f'postgres_{n}_concurrent_searches_per_s']:.0f} searches/s)",
+            f"({s[f'postgres_{n}_concurrent_searches_per_s']:.0f} searches/s, "
+            f"{s.get(f'postgres_{n}_concurrent_errors', 0)} failed)",
             f"  local hybrid ({s['local_dense']}), one at a time  p50 {s['local_sequential_ms']['p50']:.2f} ms  "
             f"p95 {s['local_sequential_ms']['p95']:.2f} ms",
         ]
@@ -295,6 +316,7 @@ def main() -> int:
     p.add_argument("--queries", type=int, default=300, help="queries for the latency runs")
     p.add_argument("--concurrency", type=int, default=50)
     p.add_argument("--pool-size", type=int, default=10)
+    p.add_argument("--timeout", type=float, default=30.0, help="statement timeout of every search, seconds")
     p.add_argument("--edit-share", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=14)
     p.add_argument("--skip-quality", action="store_true")
@@ -304,7 +326,7 @@ def main() -> int:
     text = _table(report)
     print(text)
     out = Path(args.out)
-    out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    _save(report, out)
     out.with_suffix(".txt").write_text(text + "\n", encoding="utf-8")
     print(f"\nwrote {out}", file=sys.stderr)
     return 0

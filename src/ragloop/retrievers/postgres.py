@@ -40,6 +40,7 @@ which :meth:`~PostgresStore.sync` runs when a large share of the collection chan
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections import Counter
@@ -71,6 +72,7 @@ __all__ = ["SCHEMA_VERSION", "PostgresStore", "StoreInfo"]
 SCHEMA_VERSION = 2
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 _APP = "ragloop"
+_NULL = logging.NullHandler()
 
 
 def _tsvector(tokens: Sequence[str]) -> str:
@@ -921,6 +923,10 @@ def _as_array(value: Any) -> Any:
 
 
 def _psycopg() -> Any:
+    # psycopg logs a warning when a query is cancelled (a turn's retrieval timeout) and the pool logs failed
+    # reconnects; with logging unconfigured, Python's last-resort handler would print them on stderr. A
+    # NullHandler keeps the library silent then, and the records still propagate to the application's handlers.
+    logging.getLogger("psycopg").addHandler(_NULL)
     try:
         import pgvector.psycopg
         import psycopg
