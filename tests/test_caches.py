@@ -252,3 +252,15 @@ class TestFromIndex:
         await rag.ask("How do I rotate an API key?")
         again = await rag.ask("How do I rotate an API key?")
         assert again.record.cache_hits.get("retrieval", 0) >= 1
+
+    async def test_query_embeddings_are_cached_for_searches(self, sample_cache: Path) -> None:
+        """With the retrieval cache off, a query is embedded once: the second turn's searches hit the embedding
+        cache (the first turn already hits it when the rewrite check embeds a query it searched)."""
+        from ragloop.sample import sample_index
+
+        rag = ChatRAG.from_index(sample_index(sample_cache), caches=Caches(retrieval=None))
+        first = await rag.ask("How do I rotate an API key?")
+        again = await rag.ask("How do I rotate an API key?")
+        searches = sum(1 for step in again.record.path if step == "retrieve")
+        assert again.record.cache_hits["embedding"] >= first.record.cache_hits.get("embedding", 0) + searches
+        assert "retrieval" not in again.record.cache_hits

@@ -349,8 +349,14 @@ class ChatRAG:
         from ragloop.retrievers.index import KnowledgeIndex
 
         idx = index if isinstance(index, KnowledgeIndex) else KnowledgeIndex.load(index, embedder)
+        searched = idx
+        if caches is not None and caches.embeddings is not None:  # the searches' query embeddings are cached too
+            from ragloop.retrievers.cached import CachedEmbedder
+
+            cached = CachedEmbedder(idx.embedder, caches.embeddings)
+            searched = KnowledgeIndex(idx.chunks, idx.bm25, idx.dense, cached, weights=idx.weights, rrf_k=idx.rrf_k)
         return cls.from_retriever(
-            idx.retriever(mode),  # type: ignore[arg-type]
+            searched.retriever(mode),  # type: ignore[arg-type]
             [c.text for c in idx.chunks],
             llm,
             embedder=idx.embedder,
