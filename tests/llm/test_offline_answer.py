@@ -148,3 +148,20 @@ def test_headings_are_never_quoted() -> None:
     assert split_sentences("## Delivery and retries\nFailed deliveries are retried 8 times.", headings=False) == [
         "Failed deliveries are retried 8 times."
     ]
+
+
+@pytest.mark.anyio
+async def test_dense_scores_rank_sentences_by_cosine_with_the_question() -> None:
+    """With an embedder and a dense weight, every candidate sentence gets its cosine with the question; the
+    sentence equal to the question scores highest. Without either, no scores."""
+    from ragloop.retrievers.embed import HashEmbedder
+
+    block = ContextBlock(1, "Webhooks retry failed deliveries eight times. Billing is monthly and per seat.")
+    answerer = OfflineAnswerer(embedder=HashEmbedder(), dense_weight=0.5)
+    scores = await answerer.dense_scores("Webhooks retry failed deliveries eight times.", [block])
+    assert scores is not None and set(scores) == {
+        "Webhooks retry failed deliveries eight times.",
+        "Billing is monthly and per seat.",
+    }
+    assert scores["Webhooks retry failed deliveries eight times."] > scores["Billing is monthly and per seat."]
+    assert await OfflineAnswerer(embedder=HashEmbedder()).dense_scores("x", [block]) is None
