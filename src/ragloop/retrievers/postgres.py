@@ -266,6 +266,8 @@ class PostgresStore:
             await register_vector_async(c)
             await c.execute(f"set statement_timeout = {timeout_ms}")
             await c.execute(f"set hnsw.ef_search = {max(self.ef_search, self.depth)}")
+            # A search is a short query; parallel workers cost more to start than they save.
+            await c.execute("set max_parallel_workers_per_gather = 0")
 
         pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
             self.url,
@@ -473,8 +475,9 @@ class PostgresStore:
             )
         sql = f"""
         with st as (select n, greatest(total_len::float8 / nullif(n, 0), 1e-9) as avgdl from {t["stats"]}),
-        qt as (
-            select q.term, q.cnt, ln(1 + (st.n - tm.df + 0.5) / (tm.df + 0.5)) as idf, tm.max_w
+        qt as materialized (
+            select q.term, q.cnt::float8 as cnt, ln(1 + (st.n - tm.df + 0.5) / (tm.df + 0.5))::float8 as idf,
+                tm.max_w, st.avgdl
             from unnest(%(terms)s::text[], %(cnts)s::int[]) as q(term, cnt)
             join {t["terms"]} tm on tm.term = q.term and tm.df > 0, st
         ),
@@ -484,17 +487,24 @@ class PostgresStore:
         ),
         lexall as (
             select p.doc_id, p.chunk_id,
-                sum(qt.cnt * qt.idf * p.tf / (p.tf + %(k1)s * (1 - %(b)s + %(b)s * p.dl / st.avgdl))) as bm25
-            from qt join {t["postings"]} p on p.term = qt.term cross join st
+                sum(qt.cnt * qt.idf * p.tf / (p.tf + %(k1)s * (1 - %(b)s + %(b)s * p.dl / qt.avgdl))) as bm25
+            from qt cross join lateral (
+                -- one index range scan per query term (a plain join lets the planner scan every posting)
+                select p0.doc_id, p0.chunk_id, p0.tf, p0.dl from {t["postings"]} p0 where p0.term = qt.term
+                offset 0
+            ) p
             where {lexfilter}
             group by p.doc_id, p.chunk_id
         ),
         lex as materialized (select * from lexall order by bm25 desc, chunk_id limit %(depth)s),
         knnlex as materialized (
             select p.doc_id, p.chunk_id,
-                sum(qt.cnt * qt.idf * p.tf / (p.tf + %(k1)s * (1 - %(b)s + %(b)s * p.dl / st.avgdl))) as bm25
-            from knn join {t["postings"]} p on p.doc_id = knn.doc_id and p.chunk_id = knn.chunk_id
-            join qt on qt.term = p.term cross join st
+                sum(qt.cnt * qt.idf * p.tf / (p.tf + %(k1)s * (1 - %(b)s + %(b)s * p.dl / qt.avgdl))) as bm25
+            from knn cross join qt cross join lateral (
+                select p0.doc_id, p0.chunk_id, p0.tf, p0.dl from {t["postings"]} p0
+                where p0.term = qt.term and p0.doc_id = knn.doc_id and p0.chunk_id = knn.chunk_id
+                offset 0
+            ) p
             group by p.doc_id, p.chunk_id
         ),
         cand as (select doc_id, chunk_id from knn union select doc_id, chunk_id from lex)
