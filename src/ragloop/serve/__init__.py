@@ -17,7 +17,7 @@ with uvicorn. Needs the ``[serve]`` extra (starlette, uvicorn, prometheus-client
 
 from __future__ import annotations
 
-from ragloop.serve._app import ServeSettings, create_app
+from ragloop.serve._app import create_app
 from ragloop.serve._sessions import (
     MemorySessionStore,
     PostgresSessionStore,
@@ -25,6 +25,7 @@ from ragloop.serve._sessions import (
     SessionStore,
     SQLiteSessionStore,
 )
+from ragloop.serve._settings import ServeSettings
 
 __all__ = [
     "MemorySessionStore",

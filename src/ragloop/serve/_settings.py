@@ -1,0 +1,50 @@
+"""The app's limits and switches."""
+
+from __future__ import annotations
+
+from attrs import field, frozen
+
+from ragloop.errors import ConfigError
+from ragloop.serve._sessions import SessionLimits
+
+
+@frozen
+class ServeSettings:
+    """Limits and switches of the app.
+
+    Attributes:
+        max_concurrent_turns: Turns that may run at once; one more gets 429 with ``Retry-After``.
+        retry_after_s: The ``Retry-After`` value sent with 429, in seconds.
+        deadline_s: Time limit of one turn (the turn then answers with what it has); ``None``: the rag's own.
+        deadline_grace_s: A turn still running this long after ``deadline_s`` is stuck: it is cancelled and
+            the client gets 504 (or, mid-stream, an error event).
+        max_body_bytes: Largest request body (413 above it).
+        max_messages: Most messages in one request (history plus question).
+        max_message_chars: Longest history message, in characters (the question's limit is the rag's own).
+        history: Caps on the history a turn sees (oldest dropped first), for sessions and sent history alike.
+        api_keys: Bearer keys that may call the API; empty: no authentication.
+        cors_origins: Origins allowed to call the API from a browser; empty: CORS off.
+        model_name: The model id reported by the OpenAI-compatible endpoint.
+        page: Serve the chat page at ``/``.
+    """
+
+    max_concurrent_turns: int = 64
+    retry_after_s: int = 1
+    deadline_s: float | None = 60.0
+    deadline_grace_s: float = 15.0
+    max_body_bytes: int = 256_000
+    max_messages: int = 100
+    max_message_chars: int = 32_000
+    history: SessionLimits = field(factory=SessionLimits)
+    api_keys: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()
+    model_name: str = "ragloop"
+    page: bool = True
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_concurrent_turns < 1:
+            raise ConfigError(f"max_concurrent_turns must be at least 1, got {self.max_concurrent_turns}")
+        if self.deadline_s is not None and not self.deadline_s > 0:
+            raise ConfigError(f"deadline_s must be a positive number of seconds or None, got {self.deadline_s}")
+        if any(not key for key in self.api_keys):
+            raise ConfigError("api_keys must not contain an empty key")
