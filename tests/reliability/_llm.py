@@ -10,12 +10,12 @@ from ragloop.testing import (
     RecordedRequest,
     ScriptedResponse,
     empty_choices,
-    json_reply,
     rate_limited,
     reply,
     server_error,
     stream,
     tool_calls,
+    verdicts,
 )
 
 __all__ = ["FAULTS", "JUDGES", "TIMEOUT_S", "fault_for", "good_response", "turn_matcher"]
@@ -35,7 +35,8 @@ def good_response(request: RecordedRequest, *, grade_label: str = "relevant") ->
     if judge == "decide":
         return tool_calls([("search", {"query": _question(request)})])
     if judge == "grade":
-        return json_reply({"label": grade_label, "reason": "scripted"})
+        # Per-query (batch) grading by default, per-passage when TurnSettings.per_passage_grading is set.
+        return verdicts(request, grade_label)
     if judge == "rewrite":
         return reply(f"zebra angle {request.index}")
     return stream("Deliveries are retried 8 times [1].", chunk_size=6)
