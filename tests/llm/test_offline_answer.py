@@ -165,3 +165,27 @@ async def test_dense_scores_rank_sentences_by_cosine_with_the_question() -> None
     }
     assert scores["Webhooks retry failed deliveries eight times."] > scores["Billing is monthly and per seat."]
     assert await OfflineAnswerer(embedder=HashEmbedder()).dense_scores("x", [block]) is None
+
+
+TABLE_BLOCK = ContextBlock(
+    3,
+    "## Retention\n\nHow long Lumen keeps each kind of data after deletion.\n\n"
+    "| Data | Kept for |\n|---|---|\n| Items in the trash | 30 days, then purged |\n| Audit log | 1 year |\n\n"
+    "```python\nclient.purge(items[0])\n```\n",
+    query="how long are deleted items kept in the trash",
+)
+
+
+class TestTablesAndCode:
+    def test_split_keeps_a_table_and_a_code_block_whole(self) -> None:
+        """A markdown table and a fenced code block are one unit each, line breaks kept."""
+        units = split_sentences(TABLE_BLOCK.text, headings=False)
+        table = "| Data | Kept for |\n|---|---|\n| Items in the trash | 30 days, then purged |\n| Audit log | 1 year |"
+        assert table in units
+        assert "```python\nclient.purge(items[0])\n```" in units
+
+    def test_a_quoted_table_stands_on_its_own_lines_with_its_citation_after(self) -> None:
+        """The reply quotes the table row by row, never flattened into one line, and cites it on the next line."""
+        text = OfflineAnswerer(STATS).compose("How long are items in the trash kept?", [TABLE_BLOCK], "context")
+        assert "\n| Items in the trash | 30 days, then purged |\n" in text
+        assert "| Audit log | 1 year |\n\n[3]" in text

@@ -104,3 +104,13 @@ class TestVerifyStep:
         await verify_reply(Broken(), state)  # type: ignore[arg-type]
         assert state.outcome == "context" and state.answer == "Anything [1]."
         assert state.errors and "boom" in state.errors[0]
+
+
+def test_a_table_is_cited_by_the_marker_on_the_line_after_it() -> None:
+    """A quoted table followed by its own `[n]` line counts as a cited sentence of block n."""
+    from ragloop.llm.offline.verify import reply_sentences
+
+    reply = "Items go to the trash. [1]\n\n| Data | Kept for |\n|---|---|\n| Trash | 30 days |\n\n[2]"
+    found = reply_sentences(reply)
+    assert found[0] == ("Items go to the trash.", (1,))
+    assert found[1][1] == (2,) and "| Trash | 30 days |" in found[1][0]

@@ -134,8 +134,16 @@ class Grade:
             Progress(
                 node="grade",
                 kind="graded",
-                message=f"{sum(g.verdict.keep for g in graded)} of {len(graded)} passages relevant",
+                message=_graded_message(graded, len(current)),
                 data={q.text: q.status for q in current},
             )
         )
         return next_step(state, self.policy, after="grade")
+
+
+def _graded_message(graded: Sequence[Graded], queries: int) -> str:
+    """ "5 of 8 passages relevant": distinct passages, a passage counted once however many queries found it."""
+    kept = {g.hit.id for g in graded if g.verdict.keep}
+    seen = {g.hit.id for g in graded}
+    per = f" ({len(graded)} grades for {queries} queries)" if queries > 1 else ""
+    return f"{len(kept)} of {len(seen)} passages relevant{per}"

@@ -33,7 +33,7 @@ from ragloop.text.safety import instruction_problem
 from ragloop.text.terms import CorpusStats, key_terms, stem, tokenize
 from ragloop.usage import LLMCall, record_call
 
-__all__ = ["INJECTION", "OfflineAnswerer", "asked_for", "has_asked_for", "split_sentences"]
+__all__ = ["INJECTION", "OfflineAnswerer", "asked_for", "has_asked_for", "is_block_unit", "split_sentences"]
 
 #: Sentences that address the assistant rather than inform the reader; never quoted.
 INJECTION = re.compile(
@@ -48,6 +48,8 @@ INJECTION = re.compile(
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|\n\s*\n|\n(?=\s*(?:[-*+]\s|\d+\.\s|#))")
 _HEADING_LINE = re.compile(r"(?m)^(#{1,6}\s[^\n]*)\n(?!\n)")
 _TOKEN = re.compile(r"\S+\s*")
+#: A fenced code block, or two or more table rows (``| a | b |``), each kept whole.
+_ATOMIC = re.compile(r"(?ms)^[ \t]*```[^\n]*\n.*?^[ \t]*```[ \t]*$|(?:^[ \t]*\|[^\n]*\|[ \t]*(?:\n|\Z)){2,}")
 
 
 def _hosts(block: ContextBlock) -> tuple[str, ...]:
@@ -64,7 +66,25 @@ def _hosts(block: ContextBlock) -> tuple[str, ...]:
 
 def split_sentences(text: str, *, headings: bool = True) -> list[str]:
     """Sentences (and list items, headings unless ``headings=False``) of ``text``, whitespace-collapsed,
-    empty ones dropped."""
+    empty ones dropped. A fenced code block or a markdown table is one unit, kept line by line as written
+    (flattened, a table or code loses its meaning)."""
+    out = []
+    start = 0
+    for m in _ATOMIC.finditer(text):
+        out += _prose_sentences(text[start : m.start()], headings)
+        unit = "\n".join(line.rstrip() for line in m.group(0).strip("\n").splitlines())
+        if unit.strip():
+            out.append(unit)
+        start = m.end()
+    return out + _prose_sentences(text[start:], headings)
+
+
+def is_block_unit(sentence: str) -> bool:
+    """True for a unit :func:`split_sentences` kept whole (a code block or a table)."""
+    return "\n" in sentence
+
+
+def _prose_sentences(text: str, headings: bool) -> list[str]:
     out = []
     text = _HEADING_LINE.sub(r"\1\n\n", text)  # a heading line is its own part even without a blank line
     for part in _SENTENCE_END.split(text):
@@ -186,7 +206,13 @@ class OfflineAnswerer:
                 "I couldn't find anything relevant to that in the knowledge base, so I won't guess. "
                 "Try rephrasing, or add a detail such as a product name, a feature or an error message."
             )
-        body = " ".join(f"{s.text} [{s.block}]" for s in picked)
+        body = ""
+        for s in picked:  # a table or code block stands on its own lines, its citation on the line after it
+            if is_block_unit(s.text):
+                body = f"{body.rstrip()}\n\n{s.text}\n\n[{s.block}]\n\n"
+            else:
+                body += f"{s.text} [{s.block}] "
+        body = body.strip()
         gaps = [m for m in missing if m.strip()]
         if outcome == "partial" and gaps:
             body += "\n\nI couldn't find information about: " + "; ".join(gaps) + "."

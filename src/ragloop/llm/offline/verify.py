@@ -83,9 +83,13 @@ FRAMING = frozenset(
 def reply_sentences(text: str) -> list[tuple[str, tuple[int, ...]]]:
     """The reply's sentences that cite blocks, each with the block numbers it cites (notes are skipped)."""
     out = []
+    uncited = ""  # a table or code block is cited by a marker on its own line after it
     for part in _SENTENCE.split(text):
         cites = tuple(int(n) for n in _CITED.findall(part))
         sentence = " ".join(_CITED.sub("", part).split())
+        if cites and not sentence and uncited:
+            sentence = uncited
+        uncited = "" if cites else sentence
         if cites and sentence:
             out.append((sentence, cites))
     return out
