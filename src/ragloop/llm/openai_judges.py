@@ -707,8 +707,14 @@ class OpenAIGrader:
         chat = _Chat(self.client, self.model, self.timeout_s, self.temperature, cap, self.budget, self.compat)
 
         def parse(completion: ChatCompletion) -> list[Verdict | None]:
+            message = completion.choices[0].message
+            if message.content is None:
+                refusal = getattr(message, "refusal", None)
+                raise JudgeOutputError(
+                    f"batch grader reply has no content{f' (refusal: {refusal!r})' if refusal else ''}"
+                )
             try:
-                return batch_grade.parse_verdicts(completion.choices[0].message.content or "", n)
+                return batch_grade.parse_verdicts(message.content, n)
             except JudgeOutputError as exc:
                 if _finish_reason(completion) == "length":
                     raise JudgeTruncated(f"batch grader reply stopped at the output cap: {exc}") from exc
