@@ -3,9 +3,9 @@
 The runner runs every node inside a cancel scope that ends at the turn's deadline (and the finish node inside
 its grace period), so a judge can read how much time is left with :func:`time_left` without anything being
 threaded through. That is the innermost deadline: a node that wraps each call in its own limit (grade, rewrite)
-shows the judge that limit instead. A model call then gets :meth:`CallBudget.seconds`: at most its own timeout, at most a share
-of what is left, and never so much that the offline fallbacks behind it (the offline decider, the offline
-answerer) lose their time to run. The budget covers the whole call, the SDK's retries included.
+shows the judge that limit instead. A model call then gets :meth:`CallBudget.seconds`: at most its own timeout,
+at most a share of what is left, and never so much that the offline fallbacks behind it (the offline decider,
+the offline answerer) lose their time to run. The budget covers the whole call, the SDK's retries included.
 
 Everything here is pure apart from reading the running task's deadline.
 """
