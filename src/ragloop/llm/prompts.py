@@ -224,8 +224,8 @@ DECIDE_RESPONSE_FORMAT: Mapping[str, Any] = {
             "type": "object",
             "properties": {
                 "action": {"type": "string", "enum": ["search", "reply"]},
-                "queries": {"type": "array", "items": {"type": "string", "maxLength": 120}, "maxItems": 4},
-                "reply": {"type": "string", "maxLength": 300},
+                "queries": {"type": "array", "items": {"type": "string", "maxLength": 80}, "maxItems": 4},
+                "reply": {"type": "string", "maxLength": 200},
             },
             "required": ["action", "queries", "reply"],
             "additionalProperties": False,
