@@ -50,14 +50,14 @@ def marker(kind: str, judge: str) -> str:
     return MARKERS[kind]
 
 
-def llm_rag(client: object) -> ChatRAG:
-    """The small index with OpenAI judges (offline fallbacks) and a short per-call timeout."""
+def llm_rag(client: object, timeout_s: float = TIMEOUT_S) -> ChatRAG:
+    """The small index with OpenAI judges (offline fallbacks) and a short per-call timeout (retries included)."""
     return ChatRAG.from_index(
         small_index(),
         client,
         fast_model="fast",
         answer_model="big",
-        timeout_s=TIMEOUT_S,
+        timeout_s=timeout_s,
         settings=TurnSettings(deadline_s=DEADLINE_S),
     )
 
@@ -158,7 +158,8 @@ async def test_rate_limit_retry_after_is_honoured() -> None:
 
     async with ScriptedOpenAIServer(matcher=first_decide_limited) as server:
         async with server.client(max_retries=2) as client:
-            reply, _ = await ask_within_deadline(llm_rag(client))
+            # A judge's time budget covers the SDK's retries: give this one room for the wait the server asks.
+            reply, _ = await ask_within_deadline(llm_rag(client, timeout_s=1.0))
         decides = [r for r in server.chat_requests if r.judge == "decide"]
     count("rate_limited", 1, group="faults_injected")
     count("turns_llm_faults")
