@@ -97,3 +97,17 @@ class TestFakeLiveSource:
             await source.lookup("q", ["1234"])
         assert [r.id for r in await source.lookup("q", ["1234"])] == ["9999"]
         assert source.lookups == [("1234",), ("1234",)]
+
+
+async def test_fake_retriever_applies_metadata_filters() -> None:
+    """FakeRetriever takes the retrievers' `filters` argument and keeps only the hits whose metadata match."""
+    import attrs
+
+    from ragloop.testing import FakeRetriever, make_hit
+
+    acme, other = make_hit("Acme's page", chunk_id="a"), make_hit("Other page", chunk_id="b")
+    acme = attrs.evolve(acme, chunk=attrs.evolve(acme.chunk, metadata={"tenant": "acme"}))
+    other = attrs.evolve(other, chunk=attrs.evolve(other.chunk, metadata={"tenant": "globex"}))
+    fake = FakeRetriever({"q": [acme, other]})
+    assert [h.id for h in await fake.search("q", filters={"tenant": ("acme",)})] == ["a"]
+    assert [h.id for h in await fake.search("q")] == ["a", "b"]

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 import anyio
 from attrs import define, field
 
+from ragloop.retrievers.filters import matches
 from ragloop.retrievers.live import LiveRecord
 from ragloop.state import Caller, Chunk, ContextBlock, Decision, Hit, Message, Outcome, PageContext, Verdict
 
@@ -76,8 +77,10 @@ class FakeRetriever:
     calls: list[str] = field(factory=list)
     concurrency: _Concurrency = field(factory=_Concurrency)
 
-    async def search(self, query: str, k: int = 10) -> Sequence[Hit]:
-        """Return the scripted hits for ``query`` (at most ``k``)."""
+    async def search(
+        self, query: str, k: int = 10, filters: Mapping[str, tuple[str, ...]] | None = None
+    ) -> Sequence[Hit]:
+        """Return the scripted hits for ``query`` (at most ``k``) whose chunk metadata matches ``filters``."""
         self.calls.append(query)
         self.concurrency.enter()
         try:
@@ -86,6 +89,8 @@ class FakeRetriever:
             if query in self.errors:
                 raise self.errors[query]
             found = self.results(query) if callable(self.results) else self.results.get(query, ())
+            if filters:
+                found = [h for h in found if matches(h.chunk, filters)]
             return list(found)[:k]
         finally:
             self.concurrency.leave()
