@@ -196,11 +196,7 @@ def cmd_index_update(args: argparse.Namespace) -> int:
         index, summary = update_index(old, chunks, progress=embedding)
     finally:
         embedding.close()
-    import inspect
-
-    # Index saves that know the ingested source refuse to write inside it.
-    takes_source = "source" in inspect.signature(index.save).parameters
-    saved = index.save(out, source=args.path) if takes_source else index.save(out)  # type: ignore[call-arg,unused-ignore]
+    saved = index.save(out, source=args.path)  # refuses to write inside the ingested source
     _report(summary, result, str(saved), args.json)
     return 0
 
