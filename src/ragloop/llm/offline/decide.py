@@ -325,6 +325,11 @@ def _part(name: str, attribute: str) -> str:
     return f"{name} {attribute}".strip() if attribute and key_terms(attribute) else name
 
 
+def _pair(m: re.Match[str], attribute: str) -> list[str]:
+    """The two compared names of ``m`` (groups ``a`` and ``b``), each with ``attribute``."""
+    return [_part(m.group("a"), attribute), _part(m.group("b"), attribute)]
+
+
 def comparison_parts(clause: str) -> list[str] | None:
     """One query per compared or coordinated name of ``clause``, each with what is asked about them;
     ``None`` when the clause compares nothing.
@@ -337,24 +342,19 @@ def comparison_parts(clause: str) -> list[str] | None:
     text = clause.strip()
     m = _ALTERNATIVES.match(text)
     if m and key_terms(m.group("a")) and key_terms(m.group("b")):
-        attr = _attribute(m.group("head"))
-        return [_part(m.group("a"), attr), _part(m.group("b"), attr)]
+        return _pair(m, _attribute(m.group("head")))
     m = _ALTERNATIVES_FIRST.match(text)
     if m:
-        attr = _attribute(m.group("rest"))
-        return [_part(m.group("a"), attr), _part(m.group("b"), attr)]
+        return _pair(m, _attribute(m.group("rest")))
     m = _COORDINATED.match(text)
     if m and _SAME.search(m.group("rest")):
-        attr = _attribute(f"{m.group('pre')} {m.group('rest')}")
-        return [_part(m.group("a"), attr), _part(m.group("b"), attr)]
+        return _pair(m, _attribute(f"{m.group('pre')} {m.group('rest')}"))
     m = _BOTH.match(text)
     if m:
-        attr = _attribute(f"{m.group('pre')} {m.group('rest')}")
-        return [_part(m.group("a"), attr), _part(m.group("b"), attr)]
+        return _pair(m, _attribute(f"{m.group('pre')} {m.group('rest')}"))
     m = _TWO_NAMES.match(text)
     if m:
-        attr = _attribute(m.group("pre"))
-        return [_part(m.group("a"), attr), _part(m.group("b"), attr)]
+        return _pair(m, _attribute(m.group("pre")))
     return None
 
 
