@@ -225,11 +225,12 @@ class OfflineAnswerer:
     ) -> list[_Sentence]:
         """The sentences to quote, in block and reading order."""
         weights = self._idf(blocks)
+        unseen = 1.0 if isinstance(weights, CorpusStats) else max(weights.values(), default=1.0)
 
         def idf(s: str) -> float:
             if isinstance(weights, CorpusStats):
                 return weights.idf(s)
-            return weights.get(s, max(weights.values(), default=1.0))
+            return weights.get(s, unseen)  # a stem in no block weighs as the rarest one
 
         q_terms = {t.stem for t in key_terms(question)}
         q_mass = sum(idf(t) for t in q_terms) or 1.0
@@ -244,9 +245,10 @@ class OfflineAnswerer:
             block_stems = {stem(t) for t in tokenize(block.text)}
             if sum(idf(t) for t in wanted & block_stems) / total < self.min_block_coverage:
                 continue  # a block about another topic is not cited
+            hosts = _hosts(block)  # once per block, not per sentence
             # A heading ("Delivery and retries") names a topic; it answers nothing, so it is never quoted.
             for pos, raw in enumerate(split_sentences(block.text, headings=False)):
-                if INJECTION.search(raw) or instruction_problem(raw, allowed_hosts=_hosts(block)) is not None:
+                if INJECTION.search(raw) or instruction_problem(raw, allowed_hosts=hosts) is not None:
                     continue
                 text = strip_markers(raw).strip()
                 if len(text.split()) < 5 and not text.endswith((".", "!", "?")):
