@@ -460,3 +460,80 @@ class TestClientDict:
             "url": "https://x.example/api-keys.md",
         }
         json.dumps(out)
+
+
+class TestHostileInput:
+    async def test_deeply_nested_json_is_a_400_not_a_crash(self, rag: ChatRAG) -> None:
+        """[[[[…]]]] within the body limit makes json.loads recurse past Python's limit: still a 400."""
+        deep = b'{"messages":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        async with asgi_client(create_app(rag, settings=ServeSettings(max_body_bytes=300_000))) as client:
+            for path in ("/v1/chat/completions", "/api/chat"):
+                r = await client.post(path, content=deep)
+                assert r.status_code == 400, r.text
+                assert r.json()["error"] == {
+                    "message": "request body is nested too deeply to be a chat request",
+                    "type": "invalid_request_error",
+                    "param": "body",
+                    "code": "invalid_json",
+                }
+
+    @pytest.mark.parametrize(
+        ("path", "payload", "param"),
+        [
+            (
+                "/v1/chat/completions",
+                {"messages": [{"role": "user", "content": "rotate \ud800 key"}]},
+                "messages[0].content",
+            ),
+            (
+                "/v1/chat/completions",
+                {"messages": [{"role": "user", "content": [{"type": "text", "text": "\udc80"}]}]},
+                "messages[0].content",
+            ),
+            ("/api/chat", {"message": "rotate \ud800 key", "session_id": "s1"}, "message"),
+            ("/api/chat", {"message": "q", "history": [{"role": "user", "content": "\udfff"}]}, "history[0].content"),
+            ("/api/chat", {"message": "q", "page_title": "\ud800"}, "page_title"),
+        ],
+    )
+    async def test_lone_surrogates_are_refused_before_they_reach_a_store(
+        self, tmp_path: Any, path: str, payload: dict[str, Any], param: str
+    ) -> None:
+        """JSON's "\\ud800" decodes to no character: UTF-8 stores (SQLite sessions) and model clients choke on it."""
+        from ragloop.serve import SQLiteSessionStore
+
+        store = SQLiteSessionStore(tmp_path / "s.db")
+        try:
+            async with asgi_client(create_app(fake_rag(), sessions=store)) as client:
+                r = await client.post(path, content=json.dumps(payload).encode())  # ASCII, "\\ud800" escaped
+        finally:
+            await store.aclose()
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == param
+        assert "lone surrogate" in error["message"]
+
+    async def test_nul_bidi_and_emoji_in_a_question_are_answered(self, rag: ChatRAG) -> None:
+        """Odd but valid Unicode is the chat's business, not a refusal or a crash."""
+        async with asgi_client(create_app(rag)) as client:
+            r = await client.post(
+                "/api/chat", json={"message": "rotate\x00 \u202eapi\u202c key 🔑", "session_id": "a.b"}
+            )
+        assert r.status_code == 200
+        assert sse_events(r.text)[-1][0] == "reply"
+
+    @pytest.mark.parametrize(
+        ("method", "path", "status"),
+        [("GET", "/nope", 404), ("GET", "/v1/chat/completions", 405), ("PUT", "/api/chat", 405)],
+    )
+    async def test_unknown_paths_and_methods_get_json_errors(
+        self, rag: ChatRAG, method: str, path: str, status: int
+    ) -> None:
+        """Starlette's 404/405 come in the same OpenAI error shape as every other refusal (its SDK reads them)."""
+        async with asgi_client(create_app(rag)) as client:
+            r = await client.request(method, path)
+        assert r.status_code == status
+        assert r.headers["content-type"] == "application/json"
+        assert r.json()["error"]["type"] == "invalid_request_error"
+        assert path in r.json()["error"]["message"]
+        if status == 405:
+            assert "POST" in r.headers["allow"]

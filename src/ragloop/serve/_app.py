@@ -17,15 +17,18 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from ragloop.serve._handlers import _Handlers
+from ragloop.serve._replies import _JSON
 from ragloop.serve._server import _Server
 from ragloop.serve._sessions import MemorySessionStore, SessionStore
 from ragloop.serve._settings import ServeSettings
+from ragloop.serve._stream import Rejected
 
 if TYPE_CHECKING:
     import openai
@@ -95,10 +98,18 @@ def create_app(
                 allow_headers=["authorization", "content-type"],
             )
         )
-    app = Starlette(routes=routes, middleware=middleware)
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_error})
     app.state.ragloop_metrics = server.metrics.registry
     app.state.ragloop_sessions = server.sessions
     return app
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (unknown path, wrong method) in the same JSON shape as every other error."""
+    assert isinstance(exc, HTTPException)
+    what = {404: "no such endpoint", 405: "method not allowed"}.get(exc.status_code, str(exc.detail))
+    error = Rejected(exc.status_code, f"{what}: {request.method} {request.url.path:.200}")
+    return Response(error.body(), status_code=exc.status_code, headers={**(exc.headers or {}), **_JSON})
 
 
 def _page() -> tuple[str, str]:

@@ -19,6 +19,7 @@ from ragloop.serve._stream import Rejected
 from ragloop.state import Message
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @frozen
@@ -72,6 +73,10 @@ class _RequestChecks:
             obj = json.loads(body)
         except ValueError:
             raise Rejected(400, "request body is not valid JSON", param="body", code="invalid_json") from None
+        except RecursionError:  # [[[[…]]]]: the decoder recurses once per level
+            raise Rejected(
+                400, "request body is nested too deeply to be a chat request", param="body", code="invalid_json"
+            ) from None
         if not isinstance(obj, dict):
             raise Rejected(400, f"request body must be a JSON object, got {type(obj).__name__}", param="body")
         return obj
@@ -93,6 +98,14 @@ class _RequestChecks:
             value = "\n".join(parts)
         if not isinstance(value, str):
             raise Rejected(400, f"{param} must be a string, got {type(value).__name__}", param=param)
+        lone = _LONE_SURROGATE.search(value)
+        if lone is not None:  # JSON lets "\ud800" through; it is no character and cannot be stored or sent on
+            raise Rejected(
+                400,
+                f"{param} holds a lone surrogate (\\u{ord(lone.group()):04x}) at character {lone.start():,}: "
+                "not valid Unicode",
+                param=param,
+            )
         if limit is not None and len(value) > limit:
             raise Rejected(
                 400, f"{param} is {len(value):,} characters; the limit is {limit:,}", param=param, code="too_long"
