@@ -297,24 +297,10 @@ class DenseRetriever:
     async def search_vector(self, vector: npt.NDArray[np.float32], k: int = 10) -> list[Hit]:
         """Search with an already embedded query."""
         rows = await anyio.to_thread.run_sync(self.index.search_sync, vector, k)
-        return [
-            Hit(
-                chunk=self.chunks[cid],
-                score=cos,
-                confidence=cosine_confidence(cos, self.low, self.high),
-                ranks={self.name: rank},
-                scores={self.name: cos},
-            )
-            for rank, (cid, cos) in enumerate(rows[0], start=1)
-            if cid in self.chunks
-        ]
+        return self._hits(rows[0])
 
-    async def search(self, query: str, k: int = 10, filters: Filters | None = None) -> list[Hit]:
-        """Return at most ``k`` hits by cosine, best first, among chunks matching ``filters``."""
-        vector = await self.embed_query(query)
-        if not filters:
-            return await self.search_vector(vector, k)
-        rows = await anyio.to_thread.run_sync(self.search_filtered, vector, k, filters)
+    def _hits(self, rows: Sequence[tuple[str, float]]) -> list[Hit]:
+        """Hits from ``(chunk_id, cosine)`` rows, ranked in the given order (ids without a chunk are skipped)."""
         return [
             Hit(
                 chunk=self.chunks[cid],
@@ -324,7 +310,15 @@ class DenseRetriever:
                 scores={self.name: cos},
             )
             for rank, (cid, cos) in enumerate(rows, start=1)
+            if cid in self.chunks
         ]
+
+    async def search(self, query: str, k: int = 10, filters: Filters | None = None) -> list[Hit]:
+        """Return at most ``k`` hits by cosine, best first, among chunks matching ``filters``."""
+        vector = await self.embed_query(query)
+        if not filters:
+            return await self.search_vector(vector, k)
+        return self._hits(await anyio.to_thread.run_sync(self.search_filtered, vector, k, filters))
 
     def subset(self, filters: Filters) -> tuple[list[str], npt.NDArray[np.float32]]:
         """The ids of the chunks matching ``filters`` and their vectors (cached per filter)."""
