@@ -13,7 +13,7 @@ from attrs import define, field
 
 from ragloop._log import get_logger
 from ragloop.events import Progress
-from ragloop.retrievers.base import Retriever
+from ragloop.retrievers.base import Retriever, search_with_filters
 from ragloop.runner import emit
 from ragloop.state import Graded, Hit, TurnState, Verdict
 from ragloop.text.ids import missing_ids
@@ -183,9 +183,7 @@ class Retrieve:
         return "grade"
 
     async def _search(self, state: TurnState, query: str) -> list[Hit]:
-        if state.filters:  # only then: retrievers written before filters keep working
-            return list(await self.retriever.search(query, self.k, filters=state.filters))
-        return list(await self.retriever.search(query, self.k))
+        return await search_with_filters(self.retriever, query, self.k, state.filters)
 
     def _fast_path(self, state: TurnState, pending: list[str]) -> list[Hit]:
         """The hits the fast path keeps (empty: grade as usual).

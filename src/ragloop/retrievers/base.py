@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
     from ragloop.state import Hit
 
-__all__ = ["Embedder", "Retriever"]
+__all__ = ["Embedder", "Retriever", "search_with_filters"]
 
 
 @runtime_checkable
@@ -40,3 +40,13 @@ class Retriever(Protocol):
         ``filters`` maps a metadata key to its allowed values (see :mod:`ragloop.retrievers.filters`).
         """
         ...
+
+
+async def search_with_filters(
+    retriever: Retriever, query: str, k: int, filters: Mapping[str, tuple[str, ...]] | None
+) -> list[Hit]:
+    """``retriever.search(query, k)``, passing ``filters`` only when there are some, so that retrievers written
+    before filters (``search(query, k)``) keep working."""
+    if filters:
+        return list(await retriever.search(query, k, filters=filters))
+    return list(await retriever.search(query, k))

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ragloop.caches import Cache, cache_key
-from ragloop.retrievers.base import Embedder, Retriever
+from ragloop.retrievers.base import Embedder, Retriever, search_with_filters
 from ragloop.state import Hit
 from ragloop.usage import record_cache
 
@@ -40,9 +40,7 @@ class CachedRetriever:
         if found is not None:
             record_cache("retrieval")
             return list(found)
-        hits = list(
-            await self.inner.search(query, k, filters=filters) if filters else await self.inner.search(query, k)
-        )
+        hits = await search_with_filters(self.inner, query, k, filters)
         self.cache.set(key, tuple(hits))
         return hits
 
