@@ -48,3 +48,25 @@ class TestCLI:
         assert main(["search", str(tmp_path / "missing"), "q"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "ragloop index" in err and "Traceback" not in err
+
+    @pytest.mark.parametrize(
+        "store",
+        [
+            "postgresql://u:hunter2@127.0.0.1:1/db",
+            "postgresql://u:hunter2@[::1",  # libpq quotes a URL it cannot parse in its own message
+            "postgresql://u:hun/ter@2@127.0.0.1:1/db",  # an unescaped / and @ in the password
+            "postgresql://u@127.0.0.1:1/db?password=hunter2",
+            "host=127.0.0.1 port=1 user=u password=hunter2 dbname=db",
+        ],
+    )
+    @pytest.mark.parametrize("command", ["search", "ask"])
+    def test_a_dead_store_is_one_line_without_the_password(
+        self, store: str, command: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """--store pointing at no server: exit 2, one line on stderr, no traceback, the password nowhere."""
+        pytest.importorskip("psycopg")
+        assert main([command, "--store", store, "how do I reset my password?"]) == 2
+        captured = capsys.readouterr()
+        err = captured.err
+        assert err.count("\n") == 1 and "cannot connect" in err and "Traceback" not in err, err
+        assert "hunter2" not in err + captured.out and "hun/ter" not in err

@@ -53,6 +53,7 @@ import numpy as np
 import numpy.typing as npt
 from attrs import frozen
 
+from ragloop._redact import redact
 from ragloop.errors import ConfigError, IndexError_, RetrievalError
 from ragloop.retrievers.base import Embedder
 from ragloop.retrievers.bm25 import Tokenizer
@@ -85,6 +86,12 @@ def _tsvector(tokens: Sequence[str]) -> str:
         quoted = tok.replace("\\", "\\\\").replace("'", "''")
         parts.append(f"'{quoted}':{','.join(map(str, where[:256]))}")
     return " ".join(parts)
+
+
+def _hide_password(text: str) -> str:
+    """``text`` without the passwords of URLs (even unescaped ``/`` or ``@`` in one), ``password=`` settings
+    (keyword conninfo, ``?password=``) or other credentials :func:`ragloop._redact.redact` knows."""
+    return redact(re.sub(r"(?i)(postgres(?:ql)?://[^:@/\s]*):\S*@", r"\1:***@", text))
 
 
 def _install_hint(dbname: str) -> str:
@@ -233,7 +240,7 @@ class PostgresStore:
         try:
             conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, application_name=_APP)
         except psycopg.Error as exc:
-            raise ConfigError(f"cannot connect to {self._redacted()}: {exc}".strip()) from exc
+            raise ConfigError(f"cannot connect to {self._redacted()}: {self._hidden(str(exc))}") from exc
         async with conn:
             await self._ensure_schema(conn)
             self._checked = True
@@ -283,7 +290,7 @@ class PostgresStore:
             await pool.open(wait=True, timeout=10.0)
         except Exception as exc:
             await pool.close()
-            raise ConfigError(f"cannot open a connection pool to {self._redacted()}: {exc}") from exc
+            raise ConfigError(f"cannot open a connection pool to {self._redacted()}: {self._hidden(str(exc))}") from exc
         return pool
 
     async def aclose(self) -> None:
@@ -293,7 +300,11 @@ class PostgresStore:
             await pool.close()
 
     def _redacted(self) -> str:
-        return re.sub(r"://([^:@/]*):[^@/]*@", r"://\1:***@", self.url)
+        return _hide_password(self.url)
+
+    def _hidden(self, message: str) -> str:
+        """A driver's error on one line, the password gone (libpq quotes a URL it cannot parse whole)."""
+        return " ".join(_hide_password(message).replace(self.url, self._redacted()).split())
 
     async def _ensure_schema(self, conn: AsyncConnection[Any]) -> None:
         import psycopg
