@@ -11,7 +11,7 @@ from attrs import define, field
 from ragloop._log import get_logger
 from ragloop.events import Progress
 from ragloop.policy import RoutingPolicy, is_short, next_step
-from ragloop.retrievers.live import LiveRecord, LiveSource
+from ragloop.retrievers.live import LiveRecord, LiveSource, lookup_for
 from ragloop.runner import emit
 from ragloop.state import Chunk, Graded, Hit, LiveLookup, TurnState, Verdict
 from ragloop.text.ids import id_matches
@@ -76,9 +76,7 @@ class Live:
         async def one(q_text: str, source: LiveSource, ids: tuple[str, ...]) -> None:
             try:
                 with anyio.fail_after(self.timeout_s):
-                    # Only with a caller: sources written before callers existed keep working without one.
-                    found = source.lookup(q_text, ids, caller=caller) if caller else source.lookup(q_text, ids)
-                    records = list(await found)
+                    records = list(await lookup_for(source, q_text, ids, caller))
             except Exception as exc:  # noqa: BLE001 — fail-open: a down source must not sink the turn
                 error = f"{type(exc).__name__}: {exc}"
                 log.warning("live.failed", source=source.name, error=error)

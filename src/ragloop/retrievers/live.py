@@ -60,6 +60,7 @@ __all__ = [
     "LiveSource",
     "SQLiteTicketSource",
     "default_tickets_path",
+    "lookup_for",
     "parse_ticket_ids",
 ]
 
@@ -121,6 +122,14 @@ class LiveSource(Protocol):
     async def aclose(self) -> None:
         """Release connections. Safe to call twice."""
         ...
+
+
+async def lookup_for(source: LiveSource, query: str, ids: Sequence[str], caller: Caller | None) -> Sequence[LiveRecord]:
+    """``source.lookup`` on behalf of ``caller``, passed only when there is one, so that sources written before
+    callers existed (``lookup(query, ids)``) keep working without one."""
+    if caller:
+        return await source.lookup(query, ids, caller=caller)
+    return await source.lookup(query, ids)
 
 
 def parse_ticket_ids(text: str) -> tuple[str, ...]:

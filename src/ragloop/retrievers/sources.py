@@ -23,7 +23,7 @@ from attrs import field, frozen
 
 from ragloop.errors import SourceError
 from ragloop.retrievers.base import Retriever
-from ragloop.retrievers.live import LiveRecord, LiveSource
+from ragloop.retrievers.live import LiveRecord, LiveSource, lookup_for
 from ragloop.state import Caller, Chunk, Hit
 from ragloop.text.ids import id_matches
 
@@ -160,8 +160,7 @@ class LiveLookupSource:
         if not ids:
             raise SourceError(f"{self.name}: no ids to look up; give an ids filter or name an id in the query")
         try:
-            who = self.caller
-            records = await (self.source.lookup(query, ids, caller=who) if who else self.source.lookup(query, ids))
+            records = await lookup_for(self.source, query, ids, self.caller)
         except SourceError:
             raise
         except Exception as exc:
