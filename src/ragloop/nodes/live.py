@@ -11,9 +11,9 @@ from attrs import define, field
 from ragloop._log import get_logger
 from ragloop.events import Progress
 from ragloop.policy import RoutingPolicy, is_short, next_step
-from ragloop.retrievers.live import LiveRecord, LiveSource, lookup_for
+from ragloop.retrievers.live import LiveRecord, LiveSource, lookup_for, record_hit
 from ragloop.runner import emit
-from ragloop.state import Chunk, Graded, Hit, LiveLookup, TurnState, Verdict
+from ragloop.state import Graded, LiveLookup, TurnState, Verdict
 from ragloop.text.ids import id_matches
 
 __all__ = ["Live", "record_hit", "split_matches"]
@@ -31,18 +31,6 @@ def split_matches(requested: Sequence[str], records: Sequence[LiveRecord]) -> tu
     for record in records:
         (accepted if any(id_matches(r, record.id) for r in requested) else rejected).append(record)
     return accepted, rejected
-
-
-def record_hit(record: LiveRecord, query: str) -> Hit:
-    """A live record as a hit, so the answer node can cite it like any chunk."""
-    chunk = Chunk(
-        id=f"{record.source}:{record.id}",
-        text=record.text,
-        source=record.url or f"{record.source}:{record.id}",
-        title=record.title,
-        doc_id=f"{record.source}:{record.id}",
-    )
-    return Hit(chunk, score=1.0, confidence=1.0, queries=(query,), best_query=query)
 
 
 @define

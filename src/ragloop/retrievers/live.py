@@ -52,7 +52,7 @@ import anyio.to_thread
 from attrs import define, field, frozen
 
 from ragloop.errors import ConfigError, LiveSourceError
-from ragloop.state import Caller
+from ragloop.state import Caller, Chunk, Hit
 from ragloop.text import STOPWORDS, extract_ids, tokenize
 
 __all__ = [
@@ -62,6 +62,7 @@ __all__ = [
     "default_tickets_path",
     "lookup_for",
     "parse_ticket_ids",
+    "record_hit",
 ]
 
 _T = TypeVar("_T")
@@ -130,6 +131,13 @@ async def lookup_for(source: LiveSource, query: str, ids: Sequence[str], caller:
     if caller:
         return await source.lookup(query, ids, caller=caller)
     return await source.lookup(query, ids)
+
+
+def record_hit(record: LiveRecord, query: str) -> Hit:
+    """A live record as a hit with full confidence, so the answer can cite it like any chunk."""
+    ref = f"{record.source}:{record.id}"
+    chunk = Chunk(id=ref, text=record.text, source=record.url or ref, title=record.title, doc_id=ref)
+    return Hit(chunk, score=1.0, confidence=1.0, queries=(query,), best_query=query)
 
 
 def parse_ticket_ids(text: str) -> tuple[str, ...]:

@@ -23,11 +23,11 @@ from attrs import field, frozen
 
 from ragloop.errors import SourceError
 from ragloop.retrievers.base import Retriever
-from ragloop.retrievers.live import LiveRecord, LiveSource, lookup_for
-from ragloop.state import Caller, Chunk, Hit
+from ragloop.retrievers.live import LiveSource, lookup_for, record_hit
+from ragloop.state import Caller, Hit
 from ragloop.text.ids import id_matches
 
-__all__ = ["DocumentSource", "Filters", "LiveLookupSource", "Row", "Source", "SourceResult", "live_hit"]
+__all__ = ["DocumentSource", "Filters", "LiveLookupSource", "Row", "Source", "SourceResult"]
 
 #: Filters as a source receives them: each filter's values, slots already filled.
 Filters = Mapping[str, tuple[str, ...]]
@@ -121,13 +121,6 @@ class DocumentSource:
         return SourceResult(hits=hits, rows=rows, detail=f"{len(hits)} passage(s)")
 
 
-def live_hit(record: LiveRecord, query: str) -> Hit:
-    """A live record as a hit with full confidence, citeable like a passage."""
-    ref = f"{record.source}:{record.id}"
-    chunk = Chunk(id=ref, text=record.text, source=record.url or ref, title=record.title, doc_id=ref)
-    return Hit(chunk, score=1.0, confidence=1.0, queries=(query,), best_query=query)
-
-
 @frozen
 class LiveLookupSource:
     """A live source (ticket system, …) as a plan source: exact-id lookups only.
@@ -167,4 +160,4 @@ class LiveLookupSource:
             raise SourceError(f"{self.name}: lookup of {list(ids)} failed: {type(exc).__name__}: {exc}") from exc
         kept = [r for r in records if any(id_matches(i, r.id) for i in ids)]
         rows = [{"id": r.id, **{k: "" if v is None else str(v) for k, v in r.fields.items()}} for r in kept]
-        return SourceResult(hits=[live_hit(r, query) for r in kept], rows=rows, detail=f"looked up {', '.join(ids)}")
+        return SourceResult(hits=[record_hit(r, query) for r in kept], rows=rows, detail=f"looked up {', '.join(ids)}")
