@@ -11,10 +11,9 @@ from attrs import define, field
 from ragloop._log import get_logger
 from ragloop.events import Progress
 from ragloop.policy import RoutingPolicy, is_short, next_step
-from ragloop.retrievers.live import LiveRecord, LiveSource, lookup_for, record_hit
+from ragloop.retrievers.live import LiveSource, lookup_for, record_hit, split_matches
 from ragloop.runner import emit
 from ragloop.state import Graded, LiveLookup, TurnState, Verdict
-from ragloop.text.ids import id_matches
 
 __all__ = ["Live", "record_hit", "split_matches"]
 
@@ -22,15 +21,6 @@ log = get_logger("ragloop.nodes.live")
 
 #: Longest live record text handed to the answer by default (characters).
 MAX_RECORD_CHARS = 8_000
-
-
-def split_matches(requested: Sequence[str], records: Sequence[LiveRecord]) -> tuple[list[LiveRecord], list[LiveRecord]]:
-    """Split records into those whose id exactly matches a requested id and the mismatches (#1233 for #1234)."""
-    accepted: list[LiveRecord] = []
-    rejected: list[LiveRecord] = []
-    for record in records:
-        (accepted if any(id_matches(r, record.id) for r in requested) else rejected).append(record)
-    return accepted, rejected
 
 
 @define

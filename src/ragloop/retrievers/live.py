@@ -53,7 +53,7 @@ from attrs import define, field, frozen
 
 from ragloop.errors import ConfigError, LiveSourceError
 from ragloop.state import Caller, Chunk, Hit
-from ragloop.text import STOPWORDS, extract_ids, tokenize
+from ragloop.text import STOPWORDS, extract_ids, id_matches, tokenize
 
 __all__ = [
     "LiveRecord",
@@ -63,6 +63,7 @@ __all__ = [
     "lookup_for",
     "parse_ticket_ids",
     "record_hit",
+    "split_matches",
 ]
 
 _T = TypeVar("_T")
@@ -138,6 +139,15 @@ def record_hit(record: LiveRecord, query: str) -> Hit:
     ref = f"{record.source}:{record.id}"
     chunk = Chunk(id=ref, text=record.text, source=record.url or ref, title=record.title, doc_id=ref)
     return Hit(chunk, score=1.0, confidence=1.0, queries=(query,), best_query=query)
+
+
+def split_matches(requested: Sequence[str], records: Sequence[LiveRecord]) -> tuple[list[LiveRecord], list[LiveRecord]]:
+    """Split records into those whose id exactly matches a requested id and the mismatches (#1233 for #1234)."""
+    accepted: list[LiveRecord] = []
+    rejected: list[LiveRecord] = []
+    for record in records:
+        (accepted if any(id_matches(r, record.id) for r in requested) else rejected).append(record)
+    return accepted, rejected
 
 
 def parse_ticket_ids(text: str) -> tuple[str, ...]:

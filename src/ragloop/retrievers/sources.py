@@ -23,9 +23,8 @@ from attrs import field, frozen
 
 from ragloop.errors import SourceError
 from ragloop.retrievers.base import Retriever
-from ragloop.retrievers.live import LiveSource, lookup_for, record_hit
+from ragloop.retrievers.live import LiveSource, lookup_for, record_hit, split_matches
 from ragloop.state import Caller, Hit
-from ragloop.text.ids import id_matches
 
 __all__ = ["DocumentSource", "Filters", "LiveLookupSource", "Row", "Source", "SourceResult"]
 
@@ -158,6 +157,6 @@ class LiveLookupSource:
             raise
         except Exception as exc:
             raise SourceError(f"{self.name}: lookup of {list(ids)} failed: {type(exc).__name__}: {exc}") from exc
-        kept = [r for r in records if any(id_matches(i, r.id) for i in ids)]
+        kept, _ = split_matches(ids, records)
         rows = [{"id": r.id, **{k: "" if v is None else str(v) for k, v in r.fields.items()}} for r in kept]
         return SourceResult(hits=[record_hit(r, query) for r in kept], rows=rows, detail=f"looked up {', '.join(ids)}")
