@@ -70,3 +70,22 @@ class TestCLI:
         err = captured.err
         assert err.count("\n") == 1 and "cannot connect" in err and "Traceback" not in err, err
         assert "hunter2" not in err + captured.out and "hun/ter" not in err
+
+    @pytest.mark.parametrize(
+        ("argv", "needle"),
+        [
+            (["--port", "99999"], "from 0 to 65535, got '99999'"),
+            (["--port", "-1"], "from 0 to 65535"),
+            (["--port", "http"], "from 0 to 65535"),
+            (["--log-level", "bogus"], "invalid choice: 'bogus'"),
+        ],
+    )
+    def test_serve_refuses_a_bad_port_or_log_level_up_front(
+        self, argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Both reached uvicorn and died with a traceback (OverflowError, KeyError) after loading the index."""
+        with pytest.raises(SystemExit) as exited:
+            main(["serve", *argv])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err

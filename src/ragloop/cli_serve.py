@@ -35,7 +35,7 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--collection", default="ragloop", help="collection (table prefix) in the store")
     p.add_argument("--pool-size", type=int, default=10, help="most connections to the store")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
     p.add_argument("--mode", choices=("hybrid", "bm25", "dense"), default="hybrid", help="retrieval mode")
     p.add_argument("--tickets", metavar="SQLITE", help="ticket database for the live ticket source")
     p.add_argument("--no-live", action="store_true", help="no live sources")
@@ -52,8 +52,25 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN", help="allow this browser origin")
     p.add_argument("--source-base-url", metavar="URL", help="link citations to URL + source (e.g. your docs site)")
     p.add_argument("--no-page", action="store_true", help="do not serve the chat page at /")
-    p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        type=str.lower,
+        choices=("critical", "error", "warning", "info", "debug", "trace"),
+        help="uvicorn log level (default warning)",
+    )
     p.set_defaults(func=cmd_serve)
+
+
+def _port(text: str) -> int:
+    """A TCP port number for argparse (0: any free port)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {text!r}")
+    return port
 
 
 def _sessions(where: str) -> Any:
