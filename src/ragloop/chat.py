@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -122,18 +121,17 @@ class ReplyReady(Event):
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 
 
+#: Unicode's control characters (category ``Cc``: U+0000-U+001F and U+007F-U+009F) but newline and tab.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
 def _clean_text(text: str) -> str:
     # Terminal escape sequences are pasted noise, not words: drop them whole. Lone surrogates cannot be
-    # encoded or sent anywhere: each becomes U+FFFD. Other control characters become spaces.
+    # encoded or sent anywhere: each becomes U+FFFD. Other control characters become spaces. (Two regex passes,
+    # not a per-character category lookup: every question and history message of every turn goes through here.)
     text = _ANSI.sub("", text)
-    return "".join(
-        "\ufffd"
-        if 0xD800 <= ord(ch) <= 0xDFFF
-        else " "
-        if ch not in "\n\t" and unicodedata.category(ch) == "Cc"
-        else ch
-        for ch in text
-    )
+    return _SURROGATE.sub("\ufffd", _CONTROL.sub(" ", text))
 
 
 def validate_question(question: object, *, max_chars: int = MAX_QUESTION_CHARS) -> str:
