@@ -116,9 +116,12 @@ class OfflineVerifier:
     async def verify(self, question: str, reply: str, blocks: Sequence[ContextBlock]) -> Verification:
         """The verification of ``reply`` (pure apart from the optional embedder)."""
         by_n = {b.n: b for b in blocks}
+        block_stems: dict[int, set[str]] = {}  # each cited block tokenized once, however many sentences cite it
         sentences = reply_sentences(reply)
         unsupported = [
-            s for s, cites in sentences if not await self._supported(s, [by_n[n] for n in cites if n in by_n])
+            s
+            for s, cites in sentences
+            if not await self._supported(s, [by_n[n] for n in cites if n in by_n], block_stems)
         ]
         kept = [(s, cites) for s, cites in sentences if s not in unsupported]
         # A term the reply's cited pages are titled with is covered: "How often are webhooks retried?" is
@@ -130,13 +133,16 @@ class OfflineVerifier:
         )
         return Verification(checked=len(sentences), unsupported=tuple(unsupported), uncovered=uncovered)
 
-    async def _supported(self, sentence: str, cited: Sequence[ContextBlock]) -> bool:
+    async def _supported(self, sentence: str, cited: Sequence[ContextBlock], block_stems: dict[int, set[str]]) -> bool:
         if not cited:
             return False
         terms = {t.stem for t in key_terms(sentence)}
         if not terms:
             return True
-        source = set().union(*(_stems(b.text) for b in cited))
+        for b in cited:
+            if b.n not in block_stems:
+                block_stems[b.n] = _stems(b.text)
+        source = set().union(*(block_stems[b.n] for b in cited))
         if len(terms & source) / len(terms) >= self.min_support:
             return True
         if self.embedder is None:
