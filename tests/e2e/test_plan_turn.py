@@ -167,3 +167,67 @@ async def test_plan_and_waves_are_streamed(sample_cache: Path) -> None:
     assert [e.kind for e in events] == ["plan", "wave", "wave"]
     assert events[0].data["waves"] == [["sql1"], ["docs1"]]
     assert [f["id"] for f in events[2].data["fates"]] == ["docs1"] and events[2].data["seconds"] >= 0
+
+
+def _lying_plan(change: str) -> dict[str, object]:
+    plan = json.loads(json.dumps(PLAN))
+    sql1, docs1 = plan["subqueries"]
+    if change == "unknown source":
+        sql1["source"] = "mongo"
+    elif change == "cycle":
+        sql1["depends_on"] = ["docs1"]
+    elif change == "huge id":  # a server that ignores max_completion_tokens
+        sql1["id"] = "x" * 100_000
+        docs1["depends_on"] = [sql1["id"]]
+        docs1["slots"][0]["from"] = sql1["id"]
+    return plan
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ("unknown source", "uses unknown source 'mongo'; known: documents, sql, tickets"),
+        ("cycle", "dependency cycle: sql1 -> docs1 -> sql1"),
+        ("huge id", "invalid retrieval plan: sub-query id 'xxx"),
+    ],
+)
+async def test_a_lying_planner_falls_back_and_the_record_says_why(sample_cache: Path, change: str, needle: str) -> None:
+    """An invalid model plan is refused whole: the offline plan answers, one bounded error names the fault."""
+    plan = _lying_plan(change)
+
+    def match(request: RecordedRequest) -> ScriptedResponse:
+        return json_reply(plan) if kind(request) == "plan" else matcher()(request)  # type: ignore[operator]
+
+    async with ScriptedOpenAIServer(matcher=match) as server, server.client(max_retries=0) as client:  # type: ignore[arg-type]
+        rag = ChatRAG.sample(client, cache_dir=sample_cache, fast_model="fast-model", plan_sources=(crm(client),))
+        reply = await rag.ask(QUESTION)
+        await rag.aclose()
+    assert reply.text and reply.outcome in ("context", "partial")
+    assert reply.record.plan is not None and reply.record.plan.planner == "fallback: offline"
+    (error,) = [e for e in reply.record.errors if e.startswith("plan: ")]
+    assert needle in error and len(error) < 1_200
+
+
+async def test_model_sql_that_is_not_a_select_is_refused_and_named(sample_cache: Path) -> None:
+    """A SQL writer proposing DELETE, or SELECT; DROP, runs nothing: the fate says why, the turn still answers."""
+    for sql, reason in [
+        ("DELETE FROM customers", "only a SELECT may run"),
+        ("SELECT name, plan FROM customers; DROP TABLE customers", "exactly one statement"),
+        ("SELECT sql FROM sqlite_master", "'sqlite_master' is not allowlisted"),
+    ]:
+
+        def match(request: RecordedRequest, sql: str = sql) -> ScriptedResponse:
+            if kind(request) == "sql":
+                return json_reply({"sql": sql, "params": [], "reason": ""})
+            return matcher()(request)  # type: ignore[operator,no-any-return]
+
+        async with ScriptedOpenAIServer(matcher=match) as server, server.client(max_retries=0) as client:  # type: ignore[arg-type]
+            rag = ChatRAG.sample(client, cache_dir=sample_cache, fast_model="fast-model", plan_sources=(crm(client),))
+            reply = await rag.ask(QUESTION)
+            await rag.aclose()
+        plan = reply.record.plan
+        assert plan is not None and plan.planner == "fast-model"
+        fates = {f.id: f for f in plan.fates}
+        assert fates["sql1"].status == "refused" and reason in fates["sql1"].reason, fates["sql1"].reason
+        assert fates["docs1"].status == "skipped"
+        assert reply.text

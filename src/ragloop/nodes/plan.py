@@ -21,6 +21,7 @@ import attrs
 from attrs import define, field, frozen
 
 from ragloop._log import get_logger
+from ragloop._redact import bounded
 from ragloop.errors import PlanError, QueryRefused
 from ragloop.events import Progress
 from ragloop.plan import Fate, FateStatus, Plan, PlanRun, SubQuery, WaveRun, build_waves, dependents, fill
@@ -310,11 +311,11 @@ class PlanNode:
                     return None
                 _validate(plan, names, max_subqueries=self.max_subqueries)
                 return plan, judge.name if judge is self.planner else f"fallback: {judge.name}"
-            except PlanError as exc:
-                state.errors.append(f"plan: {exc}")
+            except PlanError as exc:  # quotes the model's ids, which a server ignoring the output cap can inflate
+                state.errors.append(f"plan: {bounded(str(exc), 1_000)}")
                 log.warning("plan.invalid", planner=judge.name, error=str(exc))
             except Exception as exc:  # noqa: BLE001 - a failing planner falls back; the turn must still answer
-                state.errors.append(f"plan: {type(exc).__name__}: {exc}")
+                state.errors.append(f"plan: {type(exc).__name__}: {bounded(str(exc), 1_000)}")
                 log.warning("plan.failed", planner=judge.name, error=str(exc))
         return None
 
