@@ -182,15 +182,12 @@ class HybridRetriever:
         self.depth = depth
         self._bm25_pos = {cid: i for i, cid in enumerate(bm25.index.chunk_ids)}
 
-    def _lexical(self, query: str, depth: int) -> tuple[list[tuple[str, float, float]], npt.NDArray[np.float32], float]:
-        all_scores, best = self.bm25.index.scores(query)
-        return self.bm25.index.top(all_scores, best, depth), all_scores, best
-
-    def _lexical_filtered(
-        self, query: str, depth: int, filters: Filters
+    def _lexical(
+        self, query: str, depth: int, filters: Filters | None
     ) -> tuple[list[tuple[str, float, float]], npt.NDArray[np.float32], float]:
         all_scores, best = self.bm25.index.scores(query)
-        all_scores = all_scores * self.bm25.mask(filters)
+        if filters:  # chunks that do not match score 0
+            all_scores = all_scores * self.bm25.mask(filters)
         return self.bm25.index.top(all_scores, best, depth), all_scores, best
 
     async def search(self, query: str, k: int = 10, filters: Filters | None = None) -> list[Hit]:
@@ -205,10 +202,7 @@ class HybridRetriever:
 
         async def run_lexical() -> None:
             nonlocal lexical
-            if filters:
-                lexical = await anyio.to_thread.run_sync(self._lexical_filtered, query, depth, filters)
-            else:
-                lexical = await anyio.to_thread.run_sync(self._lexical, query, depth)
+            lexical = await anyio.to_thread.run_sync(self._lexical, query, depth, filters)
 
         async def run_semantic() -> None:
             nonlocal semantic, vec
