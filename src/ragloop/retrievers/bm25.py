@@ -25,7 +25,7 @@ import numpy.typing as npt
 from bm25s.stopwords import STOPWORDS_EN
 
 from ragloop.errors import ConfigError, IndexError_
-from ragloop.retrievers.filters import Filters, matches
+from ragloop.retrievers.filters import FilterKey, Filters, filter_key, matches
 from ragloop.state import Chunk, Hit
 from ragloop.text import has_snowball, stem, tokenize
 
@@ -198,7 +198,7 @@ class BM25Retriever:
         self.index = index
         self.chunks = chunks
         self.name = name
-        self._masks: dict[tuple[tuple[str, tuple[str, ...]], ...], npt.NDArray[np.float32]] = {}
+        self._masks: dict[FilterKey, npt.NDArray[np.float32]] = {}
 
     def search_sync(self, query: str, k: int = 10, filters: Filters | None = None) -> list[Hit]:
         """:meth:`search`, in the calling thread."""
@@ -209,7 +209,7 @@ class BM25Retriever:
 
     def mask(self, filters: Filters) -> npt.NDArray[np.float32]:
         """1.0 for the index positions whose chunk matches ``filters``, 0.0 elsewhere (cached per filter)."""
-        key = tuple(sorted(filters.items()))
+        key = filter_key(filters)
         found = self._masks.get(key)
         if found is None:
             found = np.fromiter(

@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from ragloop.errors import ConfigError, IndexError_, RetrievalError
 from ragloop.retrievers.base import Embedder
-from ragloop.retrievers.filters import Filters, matches
+from ragloop.retrievers.filters import FilterKey, Filters, filter_key, matches
 from ragloop.state import Chunk, Hit
 
 __all__ = ["DenseIndex", "DenseRetriever", "chunk_int_id", "cosine_confidence"]
@@ -287,7 +287,7 @@ class DenseRetriever:
         self.low = low
         self.high = high
         self.name = name
-        self._subsets: dict[tuple[tuple[str, tuple[str, ...]], ...], tuple[list[str], npt.NDArray[np.float32]]] = {}
+        self._subsets: dict[FilterKey, tuple[list[str], npt.NDArray[np.float32]]] = {}
 
     async def embed_query(self, query: str) -> npt.NDArray[np.float32]:
         """The query's unit vector."""
@@ -322,7 +322,7 @@ class DenseRetriever:
 
     def subset(self, filters: Filters) -> tuple[list[str], npt.NDArray[np.float32]]:
         """The ids of the chunks matching ``filters`` and their vectors (cached per filter)."""
-        key = tuple(sorted(filters.items()))
+        key = filter_key(filters)
         found = self._subsets.get(key)
         if found is None:
             ids = [cid for cid in self.index.chunk_ids() if cid in self.chunks and matches(self.chunks[cid], filters)]

@@ -14,12 +14,19 @@ from collections.abc import Collection, Mapping
 from ragloop.errors import ConfigError
 from ragloop.state import Chunk
 
-__all__ = ["Filters", "FiltersArg", "matches", "normalize_filters"]
+__all__ = ["FilterKey", "Filters", "FiltersArg", "filter_key", "matches", "normalize_filters"]
 
 #: Canonical filters: key → allowed values (sorted, distinct, at least one).
 Filters = Mapping[str, tuple[str, ...]]
 #: What callers may pass: key → one value or a collection of values.
 FiltersArg = Mapping[str, str | int | bool | Collection[str | int | bool]]
+#: Canonical filters as a hashable key (for caches of per-filter work).
+FilterKey = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+def filter_key(filters: Filters) -> FilterKey:
+    """``filters`` as a hashable key, the same for equal filters whatever their order."""
+    return tuple(sorted(filters.items()))
 
 
 def _value(key: str, value: object) -> str:
