@@ -22,6 +22,7 @@ MARKER = re.compile(r"\[(\d{1,6}(?:\s*,\s*\d{1,6})*)\]")
 MARKER_RUN = re.compile(r"(?<![\w)\]])(?:\[\d{1,6}(?:\s*,\s*\d{1,6})*\])+")
 #: Characters after which a ``[`` is an index or a call, not a citation.
 GLUED = re.compile(r"[\w)\]]")
+_MARKER_RUN_AND_SPACE = re.compile(r"\s*" + MARKER_RUN.pattern)
 
 
 def is_marker(text: str) -> bool:
@@ -36,4 +37,4 @@ def marker_numbers(inside: str) -> list[int]:
 
 def strip_markers(text: str) -> str:
     """``text`` without its free-standing marker runs (and the space before them); code brackets stay."""
-    return re.sub(r"\s*" + MARKER_RUN.pattern, "", text)
+    return _MARKER_RUN_AND_SPACE.sub("", text)
