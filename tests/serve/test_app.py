@@ -405,6 +405,21 @@ class TestSessions:
         assert name == "reply" and json.loads(data)["outcome"] == "context"
         assert "ragloop_session_errors_total 1.0" in metrics
 
+    async def test_a_session_store_that_cannot_load_costs_the_history_not_the_answer(self, rag: ChatRAG) -> None:
+        """A store that is down when the turn starts: the turn answers without history; the failure is counted."""
+
+        class Down(MemorySessionStore):
+            async def load(self, session_id: str) -> tuple[Message, ...]:
+                raise OSError("connection refused")
+
+        async with asgi_client(create_app(rag, sessions=Down())) as client:
+            r = await client.post("/api/chat", json={"message": "How do I rotate an API key?", "session_id": "s"})
+            metrics = (await client.get("/metrics")).text
+        assert r.status_code == 200
+        name, data = sse_events(r.text)[-1]
+        assert name == "reply" and json.loads(data)["outcome"] == "context"
+        assert "ragloop_session_errors_total 1.0" in metrics
+
     async def test_sent_history_is_capped_too(self) -> None:
         """History sent by the client is cut to the newest messages within the caps."""
         spy = decider()

@@ -97,3 +97,15 @@ class TestPostgresStore(_Shared):
     async def test_postgres_store(self, pg_url: str) -> None:
         """Postgres (a real server): capped history, concurrent appends, persistence across pools."""
         await self.check(lambda: _postgres(pg_url), "s1")
+
+
+async def test_a_postgres_session_store_that_is_down_fails_fast() -> None:
+    """No server behind the URL: load raises within wait_s (the app then answers without history), not 30 s."""
+    pytest.importorskip("psycopg_pool")
+    store = PostgresSessionStore("postgresql://u:hunter2@127.0.0.1:1/db", wait_s=0.5)
+    try:
+        with anyio.fail_after(10):
+            with pytest.raises(Exception, match=r"0\.50 sec"):
+                await store.load("s1")
+    finally:
+        await store.aclose()

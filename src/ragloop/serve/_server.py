@@ -77,7 +77,7 @@ class _Server:
         first_token = True
         history = turn.history
         if turn.session_id is not None:
-            history = self.settings.history.cap(await self.sessions.load(turn.session_id))
+            history = self.settings.history.cap(await self._recall(turn.session_id))
         metrics = self.metrics
         try:  # ChatRAG.stream checks its input when called; an override written as a generator checks it later
             stream: EventStream | AsyncGenerator[Event, None] = self.rag.stream(
@@ -112,6 +112,14 @@ class _Server:
                     event = await anext(stream)
                 except StopAsyncIteration:
                     return
+
+    async def _recall(self, session_id: str) -> tuple[Message, ...]:
+        try:
+            return await self.sessions.load(session_id)
+        except Exception:  # a session store outage costs the turn its history, not its answer (logged, counted)
+            log.exception("session store failed", session_store=type(self.sessions).__name__)
+            self.metrics.session_errors.inc()
+            return ()
 
     async def _remember(self, turn: _Turn, answer: str) -> None:
         assert turn.session_id is not None

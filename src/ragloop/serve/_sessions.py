@@ -183,15 +183,26 @@ class PostgresSessionStore:
         conninfo: A ``postgresql://`` URI or libpq connection string.
         limits: History caps per session.
         max_connections: Size of the connection pool.
+        wait_s: Longest wait for a connection; a store that is down then fails the load or save quickly
+            (the turn answers without history) instead of holding the turn to its deadline.
     """
 
-    def __init__(self, conninfo: str, *, limits: SessionLimits = SessionLimits(), max_connections: int = 10) -> None:
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        limits: SessionLimits = SessionLimits(),
+        max_connections: int = 10,
+        wait_s: float = 5.0,
+    ) -> None:
         try:
             from psycopg_pool import AsyncConnectionPool
         except ImportError as exc:
             raise ConfigError("PostgresSessionStore needs psycopg: pip install 'ragloop[serve,postgres]'") from exc
         self.limits = limits
-        self._pool: Any = AsyncConnectionPool(conninfo, min_size=1, max_size=max_connections, open=False)
+        self._pool: Any = AsyncConnectionPool(
+            conninfo, min_size=1, max_size=max_connections, open=False, timeout=wait_s
+        )
         self._ready = False
         self._setup = anyio.Lock()
 
@@ -232,6 +243,5 @@ class PostgresSessionStore:
             )
 
     async def aclose(self) -> None:
-        """Close the pool."""
-        if self._ready:
-            await self._pool.close()
+        """Close the pool (also one that never reached its server: its reconnect attempts stop)."""
+        await self._pool.close()
