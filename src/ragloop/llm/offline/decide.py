@@ -25,10 +25,11 @@ Steps, in order:
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 from urllib.parse import unquote, urlparse
 
@@ -130,6 +131,7 @@ _PAGE_REF = re.compile(
     re.IGNORECASE,
 )
 _PRONOUN = re.compile(r"\b(?:it|its|this|that|these|those|they|them)\b", re.IGNORECASE)
+_BARE_REF = re.compile(r"\b(?:it|its|they|them)\b", re.IGNORECASE)
 _EXPLETIVE = re.compile(
     r"\b(?:is it|it is|it's|it was|was it|does it (?:matter|make sense))\s+(?:possible|necessary|ok|okay|safe|"
     r"true|better|best|recommended|required|normal|easy|hard|worth|allowed|a good idea|free)\b"
@@ -457,14 +459,19 @@ class OfflineDecider:
             return all(self.stats.idf(t.stem) < self._rare_at() for t in key_terms(own))
         return len(key_terms(own)) <= 1
 
-    def _resolve(self, topic: str, subject: str, page_subj: str) -> str:
+    def _resolve(self, topic: str, subject: str | Callable[[], str], page_subj: str) -> str:
+        """``topic`` with page references and pronouns resolved; a callable ``subject`` is called only when the
+        topic has a pronoun to resolve (finding the conversation's topic reads the whole history)."""
         # Replacements are functions so a backslash in a URL or title is text, not a group reference.
         if page_subj:
             topic = _PAGE_REF.sub(lambda _: page_subj, topic)
-        if not subject or _EXPLETIVE.search(topic):
+        if _EXPLETIVE.search(topic) or not (_BARE_REF.search(topic) or _DEMONSTRATIVE_REF.search(topic)):
             return topic
-        topic = re.sub(r"\b(?:it|its|they|them)\b", lambda _: subject, topic, flags=re.IGNORECASE)
-        return _DEMONSTRATIVE_REF.sub(lambda _: subject, topic)
+        who = subject() if callable(subject) else subject
+        if not who:
+            return topic
+        topic = _BARE_REF.sub(lambda _: who, topic)
+        return _DEMONSTRATIVE_REF.sub(lambda _: who, topic)
 
     def decide_sync(self, question: str, history: Sequence[Message], page: PageContext) -> Decision:
         """The decision, synchronously (what :meth:`decide` awaits)."""
@@ -480,7 +487,7 @@ class OfflineDecider:
         notes: list[str] = []
         topics: list[str] = []  # resolved, before expansion: what a later pronoun refers to
         for i, topic in enumerate(split_topics(rest)):
-            resolved = self._resolve(topic, self._subject(i, topics, history, page), page_subj)
+            resolved = self._resolve(topic, functools.partial(self._subject, i, topics, history, page), page_subj)
             if i > 0 and topics and self._elliptical(resolved):
                 # "How do I set up SAML SSO, and which plan do I need?": the second clause means "for SAML SSO".
                 resolved = f"{resolved} for {self._specific_words(topics[0])}"
