@@ -89,3 +89,20 @@ class TestCLI:
         assert exited.value.code == 2
         err = capsys.readouterr().err
         assert needle in err and "Traceback" not in err
+
+    @pytest.mark.parametrize(
+        ("keys", "needle"),
+        [
+            (" , ", "is set but holds no key"),
+            ("good,ключ", "key 2 must be printable ASCII"),
+            ("a b", "key 1 must be printable ASCII without spaces"),
+        ],
+    )
+    def test_serve_refuses_api_keys_that_would_leave_it_open_or_unusable(
+        self, keys: str, needle: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """RAGLOOP_API_KEYS=',' served with no authentication; a non-ASCII key could never match a header."""
+        monkeypatch.setenv("RAGLOOP_API_KEYS", keys)
+        assert main(["serve", "--index", "/nonexistent", "--port", "0"]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and "ключ" not in err and err.count("\n") == 1

@@ -73,6 +73,21 @@ def _port(text: str) -> int:
     return port
 
 
+def _api_keys(raw: str) -> tuple[str, ...]:
+    """The keys in ``RAGLOOP_API_KEYS``; refuses a value that names no usable key rather than serving openly."""
+    from ragloop.errors import ConfigError
+
+    keys = tuple(k.strip() for k in raw.split(",") if k.strip())
+    if raw.strip() and not keys:
+        raise ConfigError(f"RAGLOOP_API_KEYS is set but holds no key ({raw!r}); unset it to serve without keys")
+    for n, key in enumerate(keys, 1):
+        if not (key.isascii() and key.isprintable()) or " " in key:
+            raise ConfigError(
+                f"RAGLOOP_API_KEYS key {n} must be printable ASCII without spaces (an HTTP header carries it)"
+            )
+    return keys
+
+
 def _sessions(where: str) -> Any:
     from ragloop.errors import ConfigError
     from ragloop.serve import MemorySessionStore, PostgresSessionStore, SQLiteSessionStore
@@ -119,15 +134,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         if not hasattr(ChatRAG, "from_store"):
             raise ConfigError("this ragloop has no Postgres knowledge store yet; use --index DIR")
-    rag, client = _build(_chat_args(args))  # as `ragloop ask` builds it: --store, --index or the sample
-    keys = tuple(k.strip() for k in os.environ.get("RAGLOOP_API_KEYS", "").split(",") if k.strip())
-    settings = ServeSettings(
+    keys = _api_keys(os.environ.get("RAGLOOP_API_KEYS", ""))
+    settings = ServeSettings(  # before the index loads: a bad setting fails in a moment
         max_concurrent_turns=args.max_concurrency,
         deadline_s=args.deadline,
         api_keys=keys,
         cors_origins=tuple(args.cors_origin),
         page=not args.no_page,
     )
+    rag, client = _build(_chat_args(args))  # as `ragloop ask` builds it: --store, --index or the sample
     sessions = _sessions(args.sessions)
     app = create_app(
         rag, settings=settings, sessions=sessions, source_url=_source_url(args.source_base_url), llm=client
