@@ -437,9 +437,9 @@ def turn_record(result: RunResult, *, prices: Mapping[str, Price] | None = None)
     bearer tokens) and no upstream server's own message reach the record, its log line or ``Reply.as_dict()``.
     """
     state: TurnState = result.state
-    calls = state.usage.calls
-    prompt = sum(c.prompt_tokens for c in calls)
-    completion = sum(c.completion_tokens for c in calls)
+    usage = state.usage
+    calls = usage.calls
+    prompt, completion = usage.prompt_tokens, usage.completion_tokens
     decision = state.decision
     return TurnRecord(
         run_id=result.run_id,
@@ -467,7 +467,7 @@ def turn_record(result: RunResult, *, prices: Mapping[str, Price] | None = None)
         hops=tuple(state.hops),
         outcome=state.outcome or "none",
         missing=state.missing,
-        llm_calls=sum(1 for c in calls if c.model != "offline"),
+        llm_calls=usage.llm_calls,
         tokens=TokenCounts(prompt, completion, prompt + completion),
         calls=tuple(
             CallRecord(c.judge, c.model, round(c.seconds, 6), _redacted(c.error), c.prompt_tokens, c.completion_tokens)
@@ -479,6 +479,6 @@ def turn_record(result: RunResult, *, prices: Mapping[str, Price] | None = None)
         plan=state.plan,
         verification=state.verification,
         cost=cost_of(calls, prices or {}),
-        cache_hits=dict(state.usage.cache_hits),
+        cache_hits=dict(usage.cache_hits),
         prompt_cuts=state.prompt_cuts,
     )
