@@ -138,7 +138,25 @@ class TestValidation:
         async with asgi_client(app) as client:
             r = await client.post("/v1/chat/completions", json={"messages": messages})
         assert r.status_code == 400
-        assert r.json()["error"]["message"] == "messages has 5 messages; the limit is 4"
+        assert r.json()["error"]["message"] == "messages has 6 messages with the question; the limit is 4"
+
+    async def test_max_messages_counts_the_question(self, rag: ChatRAG) -> None:
+        """max_messages is history plus question (as documented): exactly the limit passes, one more is refused."""
+        app = create_app(rag, settings=ServeSettings(max_messages=3))
+        history = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+        async with asgi_client(app) as client:
+            ok = await client.post("/v1/chat/completions", json={"messages": [*history, _question()["messages"][0]]})
+            over = await client.post(
+                "/v1/chat/completions", json={"messages": [*history, *history[:1], _question()["messages"][0]]}
+            )
+            api_ok = await client.post("/api/chat", json={"message": "How do I rotate an API key?", "history": history})
+            api_over = await client.post("/api/chat", json={"message": "q", "history": [*history, *history[:1]]})
+        assert ok.status_code == 200 and api_ok.status_code == 200
+        assert (
+            over.status_code == 400
+            and over.json()["error"]["message"] == "messages has 4 messages with the question; the limit is 3"
+        )
+        assert api_over.status_code == 400 and api_over.json()["error"]["param"] == "history"
 
     async def test_streaming_request_with_bad_question_never_starts_the_stream(self, rag: ChatRAG) -> None:
         """A question the chat rejects is a 400 even when streaming was asked for (no 200 with a broken body)."""

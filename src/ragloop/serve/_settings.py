@@ -46,5 +46,7 @@ class ServeSettings:
             raise ConfigError(f"max_concurrent_turns must be at least 1, got {self.max_concurrent_turns}")
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise ConfigError(f"deadline_s must be a positive number of seconds or None, got {self.deadline_s}")
+        if self.max_messages < 1:
+            raise ConfigError(f"max_messages must be at least 1 (the question), got {self.max_messages}")
         if any(not key for key in self.api_keys):
             raise ConfigError("api_keys must not contain an empty key")

@@ -129,9 +129,13 @@ class _RequestChecks:
             return ()
         if not isinstance(items, list):
             raise Rejected(400, f"{param} must be a list of messages", param=param)
-        limit = self.settings.max_messages
+        limit = self.settings.max_messages - 1  # the question is one of max_messages
         if len(items) > limit:
-            raise Rejected(400, f"{param} has {len(items):,} messages; the limit is {limit:,}", param=param)
+            raise Rejected(
+                400,
+                f"{param} has {len(items) + 1:,} messages with the question; the limit is {limit + 1:,}",
+                param=param,
+            )
         out: list[Message] = []
         for i, item in enumerate(items):
             where = f"{param}[{i}]"
