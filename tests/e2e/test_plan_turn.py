@@ -231,3 +231,25 @@ async def test_model_sql_that_is_not_a_select_is_refused_and_named(sample_cache:
         assert fates["sql1"].status == "refused" and reason in fates["sql1"].reason, fates["sql1"].reason
         assert fates["docs1"].status == "skipped"
         assert reply.text
+
+
+async def test_a_hung_planner_leaves_the_turn_time_to_answer(sample_cache: Path) -> None:
+    """A model server that never answers the plan call: within its share of the turn the offline plan takes over
+    and the turn answers from the sample (before: the planner's timeout and retries used the whole deadline)."""
+    from attrs import evolve
+
+    def match(request: RecordedRequest) -> ScriptedResponse:
+        if kind(request) == "plan":
+            return evolve(json_reply(PLAN), delay_s=60.0)
+        return matcher()(request)  # type: ignore[operator,no-any-return]
+
+    async with ScriptedOpenAIServer(matcher=match) as server, server.client() as client:  # type: ignore[arg-type]
+        rag = ChatRAG.sample(
+            client, cache_dir=sample_cache, fast_model="fast-model", plan_sources=(crm(client),), timeout_s=60.0
+        )
+        reply = await rag.ask(QUESTION, deadline_s=20.0)
+        await rag.aclose()
+    plan = reply.record.plan
+    assert plan is not None and plan.planner == "fallback: offline"
+    assert [e for e in reply.record.errors if "model planner did not answer within its budget" in e]
+    assert reply.outcome in ("context", "partial") and reply.citations

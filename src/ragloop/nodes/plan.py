@@ -22,11 +22,12 @@ from attrs import define, field, frozen
 
 from ragloop._log import get_logger
 from ragloop._redact import bounded
-from ragloop.errors import PlanError, QueryRefused
+from ragloop.errors import JudgeTimeout, PlanError, QueryRefused
 from ragloop.events import Progress
+from ragloop.llm.budget import CallBudget, time_left
 from ragloop.plan import Fate, FateStatus, Plan, PlanRun, SubQuery, WaveRun, build_waves, dependents, fill
 from ragloop.plan import validate_plan as _validate
-from ragloop.retrievers.sources import Filters, LiveLookupSource, Source, SourceResult
+from ragloop.retrievers.sources import DocumentSource, Filters, LiveLookupSource, Source, SourceResult
 from ragloop.runner import emit
 from ragloop.state import Caller, Decision, Graded, QueryState, TurnState, Verdict
 
@@ -36,6 +37,10 @@ if TYPE_CHECKING:
 __all__ = ["PlanExecution", "PlanNode", "Strategy", "execute_plan", "slot_values"]
 
 log = get_logger("ragloop.nodes.plan")
+
+#: The model planner's share of the turn: the offline planner, retrieval and the answer come after it.
+_PLANNER_BUDGET = CallBudget(share=0.3, reserve_s=3.0)
+_PLANNER_TIMEOUT_S = 30.0
 
 #: How to schedule a plan: dependency waves (correct), one at a time (correct, slow), or everything at once
 #: ignoring dependencies (fast, wrong whenever a slot was needed: for benchmarks).
@@ -223,11 +228,20 @@ def _verb(status: FateStatus) -> str:
     }[status]
 
 
-def _for_caller(sources: Mapping[str, Source], caller: Caller | None) -> Mapping[str, Source]:
-    """The sources with the turn's caller handed to every live lookup (the plan path checks access too)."""
-    if caller is None:
-        return sources
-    return {k: attrs.evolve(s, caller=caller) if isinstance(s, LiveLookupSource) else s for k, s in sources.items()}
+def _for_turn(
+    sources: Mapping[str, Source], caller: Caller | None, filters: Mapping[str, tuple[str, ...]]
+) -> Mapping[str, Source]:
+    """The sources scoped to the turn, as on the decide route: the caller handed to every live lookup, the
+    metadata filters to every document search (the plan path checks access too)."""
+
+    def scoped(source: Source) -> Source:
+        if caller is not None and isinstance(source, LiveLookupSource):
+            return attrs.evolve(source, caller=caller)
+        if filters and isinstance(source, DocumentSource):
+            return attrs.evolve(source, scope=dict(filters))
+        return source
+
+    return {k: scoped(s) for k, s in sources.items()}
 
 
 @define
@@ -291,7 +305,7 @@ class PlanNode:
 
         done = await execute_plan(
             plan,
-            _for_caller(self.sources, state.caller),
+            _for_turn(self.sources, state.caller, state.filters),
             timeout_s=self.timeout_s,
             max_concurrency=self.max_concurrency,
             planner=planner,
@@ -306,7 +320,7 @@ class PlanNode:
             if judge is None:
                 continue
             try:
-                plan = await judge.plan(state.question, state.history)
+                plan = await self._ask(judge, state)
                 if plan is None:
                     return None
                 _validate(plan, names, max_subqueries=self.max_subqueries)
@@ -318,6 +332,19 @@ class PlanNode:
                 state.errors.append(f"plan: {type(exc).__name__}: {bounded(str(exc), 1_000)}")
                 log.warning("plan.failed", planner=judge.name, error=str(exc))
         return None
+
+    async def _ask(self, judge: Planner, state: TurnState) -> Plan | None:
+        """``judge``'s plan; the model planner within a share of the turn's time, so a hung server leaves the
+        offline planner and the rest of the turn their time (its SDK retries would otherwise use it all)."""
+        if judge is not self.planner:
+            return await judge.plan(state.question, state.history)
+        seconds = _PLANNER_BUDGET.seconds(_PLANNER_TIMEOUT_S, time_left())
+        if seconds <= 0:
+            raise JudgeTimeout("the model planner was not asked: too little of the turn was left")
+        with anyio.move_on_after(seconds) as scope:
+            return await judge.plan(state.question, state.history)
+        assert scope.cancelled_caught
+        raise JudgeTimeout(f"the model planner did not answer within its budget of {seconds:.2f}s")
 
     def _hand_over(self, state: TurnState, plan: Plan, done: PlanExecution) -> str:
         """Turn each sub-query into a query of the turn: rows are context, passages go to grading."""
