@@ -21,7 +21,7 @@ from ragloop.chat import ChatRAG, ReplyReady
 from ragloop.errors import InputError, LiveSourceError
 from ragloop.events import Token
 from ragloop.retrievers.live import SQLiteTicketSource
-from ragloop.state import Caller, Message
+from ragloop.state import Caller, Hit, Message
 from ragloop.testing import RecordedRequest, ScriptedOpenAIServer, ScriptedResponse, error
 from ragloop.turn import TurnSettings
 from tests.reliability._llm import good_response
@@ -386,13 +386,33 @@ class TestLiveRecordSize:
 class TestCallerOnThePlanPath:
     async def test_plan_lookups_carry_the_caller(self) -> None:
         """A live lookup a retrieval plan makes is scoped to the caller too: another customer's ticket is absent."""
-        from ragloop.nodes.plan import _for_caller
+        from ragloop.nodes.plan import _for_turn
         from ragloop.retrievers.sources import LiveLookupSource
 
         tickets = SQLiteTicketSource()
-        sources = _for_caller({"tickets": LiveLookupSource(tickets)}, Caller(tenant="Granite Peak Outdoors"))
+        sources = _for_turn({"tickets": LiveLookupSource(tickets)}, Caller(tenant="Granite Peak Outdoors"), {})
         other = await sources["tickets"].run("ticket #1234", {"ids": ("1234",)})
         own = await sources["tickets"].run("ticket #1233", {"ids": ("1233",)})
         assert not other.hits and [h.chunk.title for h in own.hits] == [own.hits[0].chunk.title]
         assert own.hits[0].chunk.title.startswith("Ticket #1233")
         await tickets.aclose()
+
+    async def test_plan_document_searches_keep_the_turn_filters(self) -> None:
+        """A document search a retrieval plan makes applies the turn's metadata filters (another tenant's page is
+        absent), as the decide route's searches do."""
+        import attrs
+
+        from ragloop.nodes.plan import _for_turn
+        from ragloop.retrievers.sources import DocumentSource
+        from ragloop.testing import FakeRetriever, make_hit
+
+        def page(text: str, tenant: str) -> Hit:
+            hit = make_hit(text, chunk_id=tenant)
+            return attrs.evolve(hit, chunk=attrs.evolve(hit.chunk, metadata={"tenant": tenant}))
+
+        docs = FakeRetriever(lambda q: [page("Acme's escalation policy", "acme"), page("Globex's policy", "globex")])
+        sources = _for_turn({"documents": DocumentSource(docs)}, None, {"tenant": ("acme",)})
+        found = await sources["documents"].run("escalation policy", {})
+        assert [h.id for h in found.hits] == ["acme"]
+        unscoped = await DocumentSource(docs).run("escalation policy", {})
+        assert [h.id for h in unscoped.hits] == ["acme", "globex"]

@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 from attrs import field, frozen
 
 from ragloop.errors import SourceError
-from ragloop.retrievers.base import Retriever
+from ragloop.retrievers.base import Retriever, search_with_filters
 from ragloop.retrievers.live import LiveSource, lookup_for, record_hit, split_matches
 from ragloop.state import Caller, Hit
 
@@ -94,6 +94,8 @@ class DocumentSource:
         overfetch: Multiplier of ``k`` when filters apply.
         name: The source name.
         description: What a planner reads.
+        scope: The turn's metadata filters (``tenant``, ``version``…), applied to every search like the retrieve
+            node applies them; set by the plan node, never by a planner.
     """
 
     retriever: Retriever
@@ -101,6 +103,7 @@ class DocumentSource:
     overfetch: int = 4
     name: str = "documents"
     description: str = "help-center articles: how the product works, policies, prices, limits, error codes"
+    scope: Mapping[str, tuple[str, ...]] = field(factory=dict, eq=False, hash=False)
 
     async def run(self, query: str, filters: Filters) -> SourceResult:
         """Search, then apply the filters. Raises SourceError for an unknown filter."""
@@ -110,7 +113,7 @@ class DocumentSource:
         mentions = filters.get("mentions", ())
         sources = filters.get("source", ())
         want = self.k * (self.overfetch if mentions or sources else 1)
-        hits = list(await self.retriever.search(query, want))
+        hits = await search_with_filters(self.retriever, query, want, self.scope)
         if mentions:
             hits = [h for h in hits if any(_mentions(f"{h.chunk.title}\n{h.text}", v) for v in mentions)]
         if sources:
