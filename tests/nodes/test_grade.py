@@ -45,6 +45,16 @@ class TestGrade:
         await turn_node("grade", grader=FakeGrader(delay_s=5), timeout_s=0.02)(slow)
         assert [g.verdict.fail_open and "timed out" in g.verdict.reason for g in slow.graded] == [True]
 
+    async def test_grades_fail_open_before_the_turn_deadline(self) -> None:
+        """With less of the turn left than timeout_s, a hung grader fails open within half of it: the hits
+        reach the answer instead of being cancelled with the node at the deadline."""
+        state = with_queries("a")
+        state.queries["a"].hits = [make_hit("t")]
+        with anyio.move_on_after(1.0) as scope:
+            await turn_node("grade", grader=FakeGrader(delay_s=60), timeout_s=10.0)(state)
+        assert not scope.cancelled_caught
+        assert [g.verdict.fail_open and "timed out" in g.verdict.reason for g in state.graded] == [True]
+
     async def test_short_query_routes_to_rewrite_then_answer(self) -> None:
         """Short queries with attempts left go to rewrite; without, to answer."""
         state = with_queries("a")

@@ -9,6 +9,7 @@ from attrs import define, field
 
 from ragloop._log import get_logger
 from ragloop.events import Progress
+from ragloop.llm.budget import time_left
 from ragloop.llm.protocols import BatchGrader, Grader
 from ragloop.policy import RoutingPolicy, next_step
 from ragloop.runner import emit
@@ -115,14 +116,16 @@ class Grade:
 
     async def __call__(self, state: TurnState) -> str:
         current = [q for q in state.queries.values() if q.status == "pending"]
+        # Half of what is left of the turn at most: grades that outlive the deadline would be cancelled with the
+        # node and the hits lost, when failing open keeps them for the answer.
+        left = time_left()
+        timeout_s = self.timeout_s if left is None else max(0.05, min(self.timeout_s, left / 2))
         if not self.per_passage and isinstance(self.grader, BatchGrader):
             groups = [(q.text, tuple(q.hits)) for q in current]
-            graded = await grade_batches(
-                self.grader, groups, timeout_s=self.timeout_s, max_concurrency=self.max_concurrency
-            )
+            graded = await grade_batches(self.grader, groups, timeout_s=timeout_s, max_concurrency=self.max_concurrency)
         else:
             pairs = [(q.text, h) for q in current for h in q.hits]
-            graded = await grade_all(self.grader, pairs, timeout_s=self.timeout_s, max_concurrency=self.max_concurrency)
+            graded = await grade_all(self.grader, pairs, timeout_s=timeout_s, max_concurrency=self.max_concurrency)
         state.graded.extend(graded)
         failed_open = sum(g.verdict.fail_open for g in graded)
         if failed_open:
