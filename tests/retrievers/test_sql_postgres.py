@@ -115,3 +115,12 @@ class TestPostgresSQLSource:
         """An allowlist entry the schema lacks is a ConfigError naming it."""
         with pytest.raises(ConfigError, match="'invoices' is not in schema"):
             await PostgresSQLSource(pg_url, {"invoices": ("id",)}, schema_name=crm_schema).schema()
+
+
+async def test_a_dead_database_error_keeps_the_password_out() -> None:
+    """A database that is down, or a URL libpq cannot parse (it quotes it whole), is a SourceError on one line
+    without the URL's password."""
+    for url in ("postgresql://crm:s3cret-pw@127.0.0.1:1/crm", "postgresql://crm:s3cret-pw@[::1"):
+        with pytest.raises(SourceError, match="cannot connect to the database") as caught:
+            await PostgresSQLSource(url, SAMPLE_CRM_ALLOW)._connect()
+        assert "s3cret-pw" not in str(caught.value) and "\n" not in str(caught.value)

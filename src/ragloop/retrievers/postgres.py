@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from psycopg import AsyncConnection
     from psycopg_pool import AsyncConnectionPool
 
-__all__ = ["SCHEMA_VERSION", "PostgresStore", "StoreInfo"]
+__all__ = ["SCHEMA_VERSION", "PostgresStore", "StoreInfo", "hide_credentials"]
 
 #: Version of the table layout; a collection written by another version asks for a re-index.
 SCHEMA_VERSION = 2
@@ -92,6 +92,11 @@ def _hide_password(text: str) -> str:
     """``text`` without the passwords of URLs (even unescaped ``/`` or ``@`` in one), ``password=`` settings
     (keyword conninfo, ``?password=``) or other credentials :func:`ragloop._redact.redact` knows."""
     return redact(re.sub(r"(?i)(postgres(?:ql)?://[^:@/\s]*):\S*@", r"\1:***@", text))
+
+
+def hide_credentials(message: str, url: str) -> str:
+    """A driver's error about ``url`` on one line, the password gone (libpq quotes a URL it cannot parse whole)."""
+    return " ".join(_hide_password(message).replace(url, _hide_password(url)).split())
 
 
 def _install_hint(dbname: str) -> str:
@@ -303,8 +308,7 @@ class PostgresStore:
         return _hide_password(self.url)
 
     def _hidden(self, message: str) -> str:
-        """A driver's error on one line, the password gone (libpq quotes a URL it cannot parse whole)."""
-        return " ".join(_hide_password(message).replace(self.url, self._redacted()).split())
+        return hide_credentials(message, self.url)
 
     async def _ensure_schema(self, conn: AsyncConnection[Any]) -> None:
         import psycopg

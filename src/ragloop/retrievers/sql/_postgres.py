@@ -9,6 +9,7 @@ from typing import Any
 from attrs import define, field
 
 from ragloop.errors import ConfigError, QueryRefused, SourceError
+from ragloop.retrievers.postgres import hide_credentials
 from ragloop.retrievers.sources import Filters, SourceResult
 from ragloop.retrievers.sql._check import check_sql
 from ragloop.retrievers.sql._offline import OfflineSQLWriter
@@ -128,7 +129,8 @@ class PostgresSQLSource:
             conn = await psycopg.AsyncConnection.connect(self.url, autocommit=False)
             await conn.set_read_only(True)
         except psycopg.Error as exc:
-            raise SourceError(f"{self.name}: cannot connect to the database ({exc}); check the url") from exc
+            reason = hide_credentials(str(exc), self.url)
+            raise SourceError(f"{self.name}: cannot connect to the database ({reason}); check the url") from exc
         return conn
 
     async def _execute(self, sql: str, params: tuple[Param, ...]) -> tuple[list[str], list[tuple[Any, ...]]]:
