@@ -100,3 +100,19 @@ def test_report_lines_are_aligned() -> None:
 
     lines = anyio.run(run)
     assert lines[1] == "model         m" and lines[-1].startswith("decide mode   ok    tools")
+
+
+async def test_one_transient_server_error_is_tried_again() -> None:
+    """A 500 on one probe is tried once more (doctor's client makes no retries), so it is not reported as a
+    missing capability."""
+    script = [
+        tool_calls([("search", {"query": "rotate api key"})]),
+        json_reply({"answer": "yes"}),
+        stream("Hello there!"),
+        error(500, "slot busy"),
+        reply("one two three four five", finish_reason="length", usage=(9, 5)),
+    ]
+    async with ScriptedOpenAIServer(script=script) as server, server.client(max_retries=0) as client:
+        report = await diagnose(client, "m", max_tokens=16)
+        sent = len(server.chat_requests)
+    assert by_name(report)["output cap"][0] == "ok" and sent == 5

@@ -22,6 +22,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
+import anyio
 import openai
 from attrs import asdict, frozen
 
@@ -93,8 +94,21 @@ class DoctorReport:
 
 
 def _create(client: openai.AsyncOpenAI) -> Any:
-    # Typed as Any: the SDK's overloads want TypedDict messages and tools; ours are plain dicts.
-    return client.chat.completions.create
+    """``chat.completions.create``, tried once more after a dropped connection or a 5xx (never after a timeout:
+    a hung server must not cost two). doctor's client makes no retries of its own, so that one transient failure
+    is not reported as a missing capability."""
+    create: Any = client.chat.completions.create  # Any: the SDK's overloads want TypedDict messages and tools
+
+    async def once_more(**kwargs: Any) -> Any:
+        try:
+            return await create(**kwargs)
+        except openai.APITimeoutError:
+            raise
+        except (openai.APIConnectionError, openai.InternalServerError):
+            await anyio.sleep(0.2)
+            return await create(**kwargs)
+
+    return once_more
 
 
 def _error(exc: openai.APIError) -> str:
