@@ -221,8 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     text = table(report)
     out.with_suffix(".txt").write_text(text + "\n", encoding="utf-8")
-    if args.half == "validation" and args.out is None and args.data == DATA:
+    if args.half == "validation" and args.data == DATA:  # every look at the validation half is on record
         look = {k: report[k] for k in ("time", "commit", "embedder", "load_average", "totals")}
+        look["results"] = str(out.relative_to(ROOT.parent)) if out.is_relative_to(ROOT.parent) else str(out)
         with LOOKS.open("a", encoding="utf-8") as f:
             f.write(json.dumps(look) + "\n")
     print(json.dumps(report, ensure_ascii=False) if args.json else text)
