@@ -244,6 +244,20 @@ class TestPipedChat:
         assert "\x1b" not in done.stdout and "\x1b" not in done.stderr
         assert not (tmp_path / "state").exists()
 
+    def test_bad_lines_cost_one_line_not_the_chat(self, tmp_path: Path, index: Path) -> None:
+        """A question over the length limit and bytes that are not UTF-8 each get one line; the chat goes on to
+        answer the next question and ends with status 0."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "RAGLOOP_"))}
+        env.update(XDG_STATE_HOME=str(tmp_path / "state"), HF_HUB_OFFLINE="1")
+        stdin = b"x" * 9000 + b"\nwebhook \xff\xfe retries?\nHow are webhook deliveries retried?\n"
+        cmd = [sys.executable, "-m", "ragloop.cli", "chat", "--index", str(index), "--no-live", "--quiet"]
+        done = subprocess.run(cmd, input=stdin, capture_output=True, env=env, timeout=120, check=False)
+        out, err = done.stdout.decode(), done.stderr.decode()
+        assert done.returncode == 0, err
+        assert "(error: " in err and "Traceback" not in err
+        assert "you> webhook \ufffd\ufffd retries?" in out
+        assert out.count("Sources:") == 2
+
     def test_quiet_hides_progress(self, tmp_path: Path, index: Path) -> None:
         """--quiet: no progress lines on stderr."""
         done = _run_chat("How are webhook deliveries retried?\n", tmp_path, index, "--quiet")

@@ -63,12 +63,15 @@ class LineReader:
                     self.problem = f"could not read the chat history {self.history}: {exc.strerror or exc}"
 
     def read(self, prompt: str) -> str:
-        """The next line, without its newline; the prompt is shown only on a terminal."""
+        """The next line, without its newline; the prompt is shown only on a terminal. Bytes that are not UTF-8
+        become U+FFFD: a stray byte costs the character, never the chat."""
         if self.interactive:
             return input(prompt)
-        line = sys.stdin.readline()
-        if not line:
+        stream = getattr(sys.stdin, "buffer", None)
+        raw = stream.readline() if stream is not None else sys.stdin.readline()
+        if not raw:
             raise EOFError
+        line = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
         return line.rstrip("\r\n")
 
     def pending(self) -> str:

@@ -84,6 +84,9 @@ class ChatSession:
                 if self.reader.interactive:
                     self.terminal.say("")
                 return 0
+            except UnicodeDecodeError:
+                self.terminal.notice("(that line is not UTF-8 text; type it again)")
+                continue
             except KeyboardInterrupt:
                 if self.reader.pending().strip():
                     self.terminal.say("")  # a half-typed line is dropped, the chat goes on
