@@ -47,20 +47,21 @@ class TestData:
             assert abs(n[0] - n[1]) <= 1
 
 
-class TestScore:
-    CONV = {"kind": "answerable", "facts": ["365 days"], "sources": ["api-keys.md"], "topic_sources": ["error-codes.md"]}
+CONV = {"kind": "answerable", "facts": ["365 days"], "sources": ["api-keys.md"], "topic_sources": ["error-codes.md"]}
 
+
+class TestScore:
     def test_answered_needs_the_fact_and_the_source(self) -> None:
         """The fact in the reply (markdown emphasis ignored) and the expected source cited."""
-        assert bench.score(self.CONV, "A key lives at most **365 days** [1].", "context", ["api-keys.md"])["answered"]
-        assert not bench.score(self.CONV, "A key lives at most 365 days [1].", "context", ["webhooks.md"])["answered"]
-        assert not bench.score(self.CONV, "Keys expire [1].", "context", ["api-keys.md"])["answered"]
+        assert bench.score(CONV, "A key lives at most **365 days** [1].", "context", ["api-keys.md"])["answered"]
+        assert not bench.score(CONV, "A key lives at most 365 days [1].", "context", ["webhooks.md"])["answered"]
+        assert not bench.score(CONV, "Keys expire [1].", "context", ["api-keys.md"])["answered"]
 
     def test_on_topic_or_not_found(self) -> None:
         """Every citation on the conversation's topic, or nothing cited and outcome none; anything else is not ok."""
-        assert bench.score(self.CONV, "x", "context", ["api-keys.md", "error-codes.md"])["ok"]
-        assert bench.score(self.CONV, "I couldn't find anything", "none", [])["ok"]
-        off = bench.score(self.CONV, "x", "context", ["api-keys.md", "sso-saml.md"])
+        assert bench.score(CONV, "x", "context", ["api-keys.md", "error-codes.md"])["ok"]
+        assert bench.score(CONV, "I couldn't find anything", "none", [])["ok"]
+        off = bench.score(CONV, "x", "context", ["api-keys.md", "sso-saml.md"])
         assert not off["on_topic"] and not off["ok"] and off["lead_on_topic"]
 
 
