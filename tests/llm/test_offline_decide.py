@@ -398,3 +398,17 @@ class TestFollowups:
         """With no conversation, no question is rewritten as a follow-up."""
         decision = self.decider.decide_sync(f"and {question}?", (), NO_PAGE)
         assert "follow-up" not in decision.reason
+
+    def test_reads_only_the_start_of_recent_messages(self) -> None:
+        """What a follow-up is read against is bounded: a megabyte question resolves as its first 2,000
+        characters would, and a question more than 12 messages back is not the antecedent."""
+        head = "How much does the Pro plan cost? "
+        big = head + "padding words " * 80_000
+        short = head + ("padding words " * 80_000)[: 2_000 - len(head)]
+        for previous in (big, short):
+            history = _conversation(previous, "12 dollars [1].")
+            assert self.decider.decide_sync("and Enterprise?", history, NO_PAGE).queries == (
+                self.decider.decide_sync("and Enterprise?", _conversation(short, "12 dollars [1]."), NO_PAGE).queries
+            )
+        old = _conversation("How much does the Pro plan cost?", "12 dollars [1].", *["ok", "Glad that helps."] * 6)
+        assert "follow-up" not in self.decider.decide_sync("and Enterprise?", old, NO_PAGE).reason

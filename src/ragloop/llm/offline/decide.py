@@ -138,6 +138,8 @@ _PAGE_REF = re.compile(
     re.IGNORECASE,
 )
 _PRONOUN = re.compile(r"\b(?:it|its|this|that|these|those|they|them)\b", re.IGNORECASE)
+#: How much of the conversation a follow-up is read against: the last messages, the start of each.
+_RECENT_MESSAGES, _QUESTION_CHARS, _REPLY_CHARS = 12, 2_000, 4_000
 #: A question word alone or with a measure: "why not", "how", "and how fast" (a follow-up's whole question).
 _ASKS = re.compile(r"^\s*(?:how|why|when|where|what|which|who)\b", re.IGNORECASE)
 _BARE_REF = re.compile(r"\b(?:it|its|they|them)\b", re.IGNORECASE)
@@ -441,13 +443,14 @@ class OfflineDecider:
         conversation's subject, and the reply that answered that question."""
         page_subj = page_subject(page)
         previous, subject, reply = "", page_subj, ""
-        messages = list(history)
+        # What a follow-up refers to is in the last few turns, at the start of each: the cost stays bounded.
+        messages = list(history)[-_RECENT_MESSAGES:]
         for k, message in enumerate(messages):
             if message.role != "user":
                 continue
-            lead, _ = _drop_small_talk(message.content)
+            lead, _ = _drop_small_talk(message.content[:_QUESTION_CHARS])
             rest = _LEADING_FILLER.sub("", lead).strip(" \t\n,;:.!")
-            answer = next((m.content for m in messages[k + 1 : k + 2] if m.role == "assistant"), "")
+            answer = next((m.content[:_REPLY_CHARS] for m in messages[k + 1 : k + 2] if m.role == "assistant"), "")
             if not key_terms(rest) and not (previous and _ASKS.match(rest)):
                 continue
             followed = self._followups.resolve(lead, previous, subject, reply) if previous else None
