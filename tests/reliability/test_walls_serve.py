@@ -371,3 +371,121 @@ def _start_serve(extra: list[str], env: dict[str, str] | None = None) -> tuple[s
             time.sleep(0.1)
     proc.kill()
     raise AssertionError("ragloop serve did not start in 60 s")
+
+
+_HOSTILE = (
+    "Rotate\x1b[31m the key\x1b[0m from Settings, \x1b]8;;javascript:alert(1)\x07here\x1b]8;;\x07 [1].\r"
+    "\x1b]52;c;cm0gLXJmIH4=\x07\x9b2J\x9d0;pwned\x9c Then revoke the old one.\x1b[?25l"
+)
+_BAD = ("\x1b", "\x9b", "\x9d", "\x9c", "\x07", "\r", "javascript", "cm0gLXJm", "pwned", "[31m", "\\u001b", "\\u009b")
+
+
+def _texts(response: httpx.Response) -> str:
+    """Every string a client decodes from ``response`` (JSON bodies and SSE payloads), joined."""
+    out: list[str] = []
+
+    def walk(obj: Any) -> None:
+        if isinstance(obj, str):
+            out.append(obj)
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                walk(v)
+        elif isinstance(obj, list):
+            for v in obj:
+                walk(v)
+
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        for _, data in sse_events(response.text):
+            if data != "[DONE]":
+                walk(json.loads(data))
+    else:
+        walk(response.json())
+    return "\n".join(out)
+
+
+class TestCleanText:
+    async def test_model_escape_sequences_never_reach_a_client(self, tmp_path: Path) -> None:
+        """The model streams CSI colours, an OSC 8 javascript: link, an OSC 52 clipboard write, C1 CSI/OSC and a
+        carriage return, cut into 3-character deltas (sequences split across tokens): no byte of them reaches a
+        client on either endpoint, streamed or not, nor the stored session (before: all of it did)."""
+        from ragloop.chat import ChatRAG
+        from ragloop.serve import SQLiteSessionStore
+        from ragloop.testing import RecordedRequest, ScriptedOpenAIServer, ScriptedResponse, stream
+        from tests.reliability._llm import good_response
+        from tests.reliability._walls import tenant_index
+
+        def matcher(request: RecordedRequest) -> ScriptedResponse:
+            return stream(_HOSTILE, chunk_size=3) if request.judge == "answer" else good_response(request)
+
+        store = SQLiteSessionStore(tmp_path / "s.sqlite")
+        async with ScriptedOpenAIServer(matcher=matcher) as model:
+            llm = model.client()
+            rag = ChatRAG.from_index(tenant_index(), llm, fast_model="m", timeout_s=2.0)
+            app = create_app(rag, sessions=store)
+            question = "How do I rotate an API key?"
+            with serving(app, close=llm.close) as url:
+                async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                    whole = await client.post("/v1/chat/completions", json=_ask(question))
+                    chunks = await client.post("/v1/chat/completions", json=_ask(question, stream=True))
+                    sse = await client.post("/api/chat", json={"message": question, "new_session": True})
+        sid = json.loads(sse_events(sse.text)[-1][1])["session_id"]
+        saved = await store.load("anonymous", sid)
+        await store.aclose()
+        for response in (whole, chunks, sse):
+            assert response.status_code == 200, response.text
+            text = _texts(response)
+            assert "here" in text and "Then revoke the old one." in text  # the words themselves arrive
+            found = [b for b in _BAD if b in text or b in response.text]
+            assert not found, (found, response.text[:300])
+        assert saved is not None and not [b for m in saved for b in _BAD if b in m.content]
+
+
+class TestCitationLinks:
+    def _folder(self, root: Path) -> Path:
+        docs = root / "kb"
+        docs.mkdir()
+        (docs / "evil.md").write_text(
+            "---\nurl: javascript:alert(document.cookie)\n---\n# Rotating\x1b[5m keys\n\n"
+            "Rotate an API key from Settings, then revoke the old key within 24 hours.\n"
+        )
+        (docs / "data.md").write_text(
+            "---\nurl: data:text/html;base64,PHNjcmlwdD5hbGVydCgxKTwvc2NyaXB0Pg==\n---\n# Key rotation\n\n"
+            "API key rotation: create the new key first, then revoke the old API key.\n"
+        )
+        (docs / "good.md").write_text(
+            "---\nurl: https://docs.example.com/keys\n---\n# API keys\n\nAn API key is rotated from Settings.\n"
+        )
+        return docs
+
+    async def test_script_and_data_links_never_reach_a_client(self, tmp_path: Path) -> None:
+        """Front matter `url: javascript:…` and `url: data:…` (and a source_url that maps to javascript:) never
+        reach ragloop.citations[].url, the Sources footer or the SSE reply; an https link does (before: they all
+        went through as given)."""
+        from ragloop.retrievers.embed import HashEmbedder
+        from ragloop.retrievers.index import KnowledgeIndex
+        from ragloop.retrievers.ingest import ingest_path
+        from ragloop.retrievers.metadata import with_metadata
+        from tests.reliability._support import offline_rag
+
+        folder = self._folder(tmp_path)
+        chunks = with_metadata(ingest_path(folder).chunks, folder)
+        assert {c.url for c in chunks} >= {"javascript:alert(document.cookie)", "https://docs.example.com/keys"}
+        rag = offline_rag(KnowledgeIndex.build(chunks, HashEmbedder(256)))
+        question = "How do I rotate an API key?"
+        for source_url in (None, lambda source: "javascript:void(" + source + ")"):
+            app = create_app(rag, source_url=source_url)
+            with serving(app) as url:
+                async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                    whole = await client.post("/v1/chat/completions", json=_ask(question))
+                    chunked = await client.post("/v1/chat/completions", json=_ask(question, stream=True))
+                    sse = await client.post("/api/chat", json={"message": question})
+            citations = whole.json()["ragloop"]["citations"]
+            assert len(citations) >= 2, whole.text
+            for response in (whole, chunked, sse):
+                text = _texts(response)
+                assert "javascript:" not in text and "data:text" not in text, text
+                assert "\x1b" not in text
+            urls = {c["source"]: c["url"] for c in citations}
+            assert urls.get("evil.md") is None and urls.get("data.md") is None
+            if "good.md" in urls:
+                assert urls["good.md"] == "https://docs.example.com/keys"
