@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -489,3 +490,102 @@ class TestCitationLinks:
             assert urls.get("evil.md") is None and urls.get("data.md") is None
             if "good.md" in urls:
                 assert urls["good.md"] == "https://docs.example.com/keys"
+
+
+_COUNTER = iter(range(10_000))
+
+
+class TestStoreOutage:
+    async def _database(self, pg_url: str) -> tuple[str, str]:
+        """A database of its own (so it can be taken down without touching other tests) holding the tenants'
+        pages; returns its name and URL."""
+        import psycopg
+
+        from ragloop.retrievers.embed import HashEmbedder
+        from ragloop.retrievers.postgres import PostgresStore
+        from tests.reliability._walls import tenant_chunks
+
+        name = f"walls_outage_{os.getpid()}_{next(_COUNTER)}"
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+            await conn.execute(f"create database {name}")
+        url = _with_database(pg_url, name)
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute("create extension if not exists vector")
+        async with PostgresStore(url, HashEmbedder(256), collection="kb") as store:
+            await store.sync(tenant_chunks())
+        return name, url
+
+    async def _set_down(self, pg_url: str, name: str, down: bool) -> None:
+        """Take the database down (no new connections, every open one killed) or bring it back."""
+        import psycopg
+
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+            await conn.execute(f"alter database {name} with allow_connections {'false' if down else 'true'}")
+            if down:
+                await conn.execute("select pg_terminate_backend(pid) from pg_stat_activity where datname = %s", (name,))
+
+    async def test_a_store_outage_is_a_503_or_an_error_event_never_found_nothing(self, pg_url: str) -> None:
+        """The store's database goes down mid-service: /readyz turns 503 naming the store and the session store,
+        a whole completion is 503 store_unavailable, a stream ends with an error event or chunk saying the
+        knowledge base is unavailable, and no client reads "I couldn't find anything"; when the database comes
+        back, so do /readyz and the answers (before: 200 "I couldn't find anything relevant", /readyz ready)."""
+        import psycopg
+
+        from ragloop.chat import ChatRAG
+        from ragloop.serve import PostgresSessionStore
+        from ragloop.turn import TurnSettings
+
+        name, url = await self._database(pg_url)
+        try:
+            settings = TurnSettings(retrieve_timeout_s=1.0, deadline_s=10.0)
+            rag = ChatRAG.from_store(url, collection="kb", settings=settings)
+            sessions = PostgresSessionStore(url, wait_s=1.0)
+
+            async def close() -> None:
+                await sessions.aclose()
+                await rag.aclose()
+
+            app = create_app(rag, settings=ServeSettings(ready_interval_s=0.0), sessions=sessions)
+            question = "What is the webhook signing secret prefix?"
+            with serving(app, close=close) as base:
+                async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+                    up = await client.get("/readyz")
+                    fine = await client.post("/v1/chat/completions", json=_ask(question))
+                    await self._set_down(pg_url, name, True)
+                    down = await client.get("/readyz")
+                    whole = await client.post("/v1/chat/completions", json=_ask(question))
+                    chunked = await client.post("/v1/chat/completions", json=_ask(question, stream=True))
+                    sse = await client.post("/api/chat", json={"message": question})
+                    metrics = (await client.get("/metrics")).text
+                    await self._set_down(pg_url, name, False)
+                    with anyio.move_on_after(20):  # the pools reconnect with backoff
+                        while (back := await client.get("/readyz")).status_code != 200:
+                            await anyio.sleep(0.2)
+                    again = await client.post("/v1/chat/completions", json=_ask(question))
+        finally:
+            await self._set_down(pg_url, name, False)
+            async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+                await conn.execute(f"drop database if exists {name} with (force)")
+        assert up.status_code == 200 and up.json()["checks"]["store"] == "ok", up.text
+        assert (fine.status_code == 200 and "ACME-7731" in fine.text) or "GLOBEX-4412" in fine.text
+        assert down.status_code == 503, down.text
+        assert down.json()["checks"]["store"] == "unavailable" and down.json()["checks"]["sessions"] == "unavailable"
+        assert whole.status_code == 503 and whole.json()["error"]["code"] == "store_unavailable", whole.text
+        assert "knowledge base is unavailable" in whole.json()["error"]["message"]
+        data = [d for _, d in sse_events(chunked.text)]
+        assert data[-1] == "[DONE]" and json.loads(data[-2])["error"]["code"] == "store_unavailable", chunked.text
+        name_, payload = sse_events(sse.text)[-1]
+        assert name_ == "error" and json.loads(payload)["error"]["code"] == "store_unavailable", sse.text
+        for response in (whole, chunked, sse):
+            assert "couldn't find" not in response.text.lower()
+        assert 'ragloop_requests_rejected_total{reason="store_unavailable"} 3.0' in metrics
+        assert back.status_code == 200, back.text
+        assert again.status_code == 200 and "couldn't find" not in again.text
+
+
+def _with_database(url: str, name: str) -> str:
+    """``url`` with its database replaced by ``name`` (pgserver URLs: postgresql://user:@/db?host=/socket)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -609,3 +609,76 @@ class TestHostileInput:
         assert path in r.json()["error"]["message"]
         if status == 405:
             assert "POST" in r.headers["allow"]
+
+
+class TestStoreOutage:
+    """Every search failing is an outage (503 / an error event); some failing is not (the turn answers)."""
+
+    def _rag(self, errors: Mapping[str, BaseException], queries: tuple[str, ...]) -> ChatRAG:
+        from ragloop.state import Decision
+        from ragloop.testing import FakeDecider
+
+        decide = FakeDecider(lambda q: Decision(queries=queries, reason="test"))
+        return fake_rag(retriever=FakeRetriever(DOCS, errors=errors), decide=decide)
+
+    async def test_every_search_failing_is_a_503_and_an_error_event(self) -> None:
+        """The store raises on every query: 503 store_unavailable for a whole completion, an error event (and no
+        token of a "found nothing" answer) for /api/chat and a streamed completion."""
+        rag = self._rag(_Every(ConnectionError("store down")), ("rotate api key",))
+        async with asgi_client(create_app(rag)) as client:
+            whole = await client.post("/v1/chat/completions", json=_question())
+            sse = await client.post("/api/chat", json={"message": "rotate"})
+            chunked = await client.post("/v1/chat/completions", json={**_question(), "stream": True})
+        assert whole.status_code == 503 and whole.json()["error"]["code"] == "store_unavailable"
+        events = sse_events(sse.text)
+        assert events[-1][0] == "error" and json.loads(events[-1][1])["error"]["code"] == "store_unavailable"
+        assert "token" not in [name for name, _ in events]
+        data = [d for _, d in sse_events(chunked.text)]
+        assert data[-1] == "[DONE]" and json.loads(data[-2])["error"]["type"] == "server_error"
+        assert not any('"content":"none' in d for d in data)
+
+    async def test_a_partial_outage_still_answers(self) -> None:
+        """One of two searches fails: the turn answers from the other (200, the found passages cited)."""
+        rag = self._rag({"broken shard": ConnectionError("one shard down")}, ("rotate api key", "broken shard"))
+        async with asgi_client(create_app(rag)) as client:
+            r = await client.post("/v1/chat/completions", json=_question())
+        assert r.status_code == 200, r.text
+        assert r.json()["ragloop"]["citations"]
+
+
+class _Every(Mapping[str, BaseException]):
+    """A FakeRetriever ``errors`` mapping that fails every query (a store that is down), rewrites included."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __getitem__(self, key: str) -> BaseException:
+        return self.error
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+class TestReadiness:
+    async def test_readyz_probes_the_session_store_and_the_store(self, rag: ChatRAG) -> None:
+        """A session store whose ping fails and a store probe that fails: 503 naming both, no error text."""
+
+        class Down(MemorySessionStore):
+            async def ping(self) -> None:
+                raise OSError("10.0.0.7:5432 refused")
+
+        async def store() -> bool:
+            raise OSError("10.0.0.8:5432 refused")
+
+        async with asgi_client(create_app(rag, sessions=Down(), store_check=store)) as client:
+            r = await client.get("/readyz")
+        assert r.status_code == 503
+        checks = {"index": "ok", "model": "not configured", "sessions": "unavailable", "store": "unavailable"}
+        assert r.json() == {"status": "not ready", "checks": checks}
+        assert "10.0.0" not in r.text

@@ -16,7 +16,7 @@ from ragloop.chat import ReplyReady
 from ragloop.errors import InputError
 from ragloop.events import Event, EventStream, NodeFinished, Progress, Token
 from ragloop.serve._metrics import Metrics
-from ragloop.serve._outage import search_failed, store_unavailable
+from ragloop.serve._outage import searches, store_unavailable
 from ragloop.serve._scrub import TextScrubber, scrub
 from ragloop.serve._sessions import SessionStore
 from ragloop.serve._settings import ServeSettings
@@ -52,6 +52,7 @@ class _TurnView:
         self.scrubber = TextScrubber()
         #: Tokens kept back once a search failed, until the reply shows whether the knowledge base was down.
         self.held: list[Token] | None = None
+        self.failed = self.answered = 0
 
     async def show(self, event: Event) -> list[Event]:
         """The events to pass on for ``event`` (none while tokens are held); :class:`Rejected` 503 on an outage."""
@@ -59,7 +60,9 @@ class _TurnView:
         if isinstance(event, NodeFinished):
             metrics.node_seconds.labels(node=event.node).observe(event.duration)
         elif isinstance(event, Progress):
-            if self.held is None and search_failed(event):
+            failed, answered = searches(event)
+            self.failed, self.answered = self.failed + failed, self.answered + answered
+            if failed and self.held is None:
                 self.held = []
             event = attrs.evolve(event, message=scrub(event.message))
         elif isinstance(event, Token):
@@ -73,7 +76,7 @@ class _TurnView:
         elif isinstance(event, ReplyReady):
             reply = _clean(event.reply)
             metrics.observe_record(reply.outcome, reply.record.as_dict())
-            if store_unavailable(reply):
+            if store_unavailable(reply.outcome, self.failed, self.answered):
                 metrics.rejected.labels(reason="store_unavailable").inc()
                 log.error("knowledge base unavailable", errors=list(reply.record.errors)[:5])
                 raise Rejected(503, STORE_DOWN, kind="server_error", code="store_unavailable")
