@@ -589,3 +589,50 @@ def _with_database(url: str, name: str) -> str:
 
     parts = urlsplit(url)
     return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
+
+
+class TestShutdown:
+    @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+    async def test_a_signal_cancels_the_turns_in_flight_and_exits_0(self, sig: int, sample_cache: Path) -> None:
+        """SIGINT or SIGTERM while a turn waits on the model: the turn's stream ends with an error event saying the
+        server is shutting down, the model call is dropped, and `ragloop serve` exits 0 within seconds (before:
+        exit 130 on SIGINT, killed by SIGTERM)."""
+        from ragloop.testing import ScriptedOpenAIServer, reply
+
+        async with ScriptedOpenAIServer(script=[reply("never sent").delayed(30.0)]) as model:
+            env = {"OPENAI_BASE_URL": model.base_url, "OPENAI_API_KEY": "unused", "RAGLOOP_MODEL": "m"}
+            proc, base = _start_serve(["--cache-dir", str(sample_cache), "--no-live", "--no-plan"], env)
+            try:
+                question = {"message": "How do I rotate an API key?"}
+                async with (
+                    httpx.AsyncClient(base_url=base, timeout=30) as client,
+                    client.stream("POST", "/api/chat", json=question) as r,
+                ):
+                    await model.wait_for_requests(1, timeout_s=20)  # the decide call waits on the model
+                    proc.send_signal(sig)
+                    signalled = time.monotonic()
+                    body = "".join([chunk async for chunk in r.aiter_text()])
+                code = await anyio.to_thread.run_sync(lambda: proc.wait(timeout=20))
+                took = time.monotonic() - signalled
+                with anyio.fail_after(5):
+                    while model.stats.requests_aborted < 1:
+                        await anyio.sleep(0.05)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                _, err = proc.communicate(timeout=20)
+        assert code == 0, err
+        assert took < 8.0, took
+        name, data = sse_events(body)[-1]
+        assert name == "error" and json.loads(data)["error"]["code"] == "shutting_down", body
+        assert "Traceback" not in err, err
+
+    def test_an_idle_server_exits_0_on_sigterm(self, sample_cache: Path) -> None:
+        """No turn in flight: SIGTERM ends `ragloop serve` with exit 0 at once."""
+        proc, _ = _start_serve(["--cache-dir", str(sample_cache), "--no-live", "--no-plan"])
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=20)
+        finally:
+            _, err = proc.communicate(timeout=20)
+        assert code == 0 and "Traceback" not in err, err
