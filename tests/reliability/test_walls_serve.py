@@ -170,17 +170,15 @@ class TestPrincipals:
 
 
 class TestNoKeys:
-    def test_serve_without_keys_refuses_a_public_address(self, capsys: pytest.CaptureFixture[str]) -> None:
+    def test_serve_without_keys_refuses_a_public_address(
+        self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """`ragloop serve --host 0.0.0.0` with no keys: exit 2, one line naming the fix, nothing served (before:
         it served the whole knowledge base to the network)."""
         from ragloop.cli import main
 
-        env = {k: v for k, v in os.environ.items() if k == "RAGLOOP_API_KEYS"}
-        os.environ.pop("RAGLOOP_API_KEYS", None)
-        try:
-            assert main(["serve", "--host", "0.0.0.0", "--index", "/nonexistent", "--port", "0"]) == 2
-        finally:
-            os.environ.update(env)
+        monkeypatch.delenv("RAGLOOP_API_KEYS", raising=False)
+        assert main(["serve", "--host", "0.0.0.0", "--index", "/nonexistent", "--port", "0"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "without API keys" in err and "--keys" in err and "RAGLOOP_API_KEYS" in err
 

@@ -682,3 +682,40 @@ class TestReadiness:
         checks = {"index": "ok", "model": "not configured", "sessions": "unavailable", "store": "unavailable"}
         assert r.json() == {"status": "not ready", "checks": checks}
         assert "10.0.0" not in r.text
+
+
+class TestHostAllowlistUnit:
+    @pytest.mark.parametrize(
+        ("header", "host"),
+        [
+            ("docs.example.com", "docs.example.com"),
+            ("Docs.Example.COM:8443", "docs.example.com"),
+            ("127.0.0.1:8000", "127.0.0.1"),
+            ("[::1]:8000", "::1"),
+            ("[::1]", "::1"),
+            ("::1", "::1"),
+            ("example.com.", "example.com"),
+            ("[::1", ""),
+        ],
+    )
+    def test_host_of_strips_the_port_and_brackets(self, header: str, host: str) -> None:
+        """The host name of a Host header: lower case, no port, no IPv6 brackets, no trailing dot."""
+        from ragloop.serve._hosts import host_of
+
+        assert host_of(header) == host
+
+    async def test_a_missing_host_header_is_refused(self, rag: ChatRAG) -> None:
+        """A request without Host (HTTP/1.0 style) is refused when an allowlist is set."""
+        from ragloop.serve._hosts import HostAllowlist
+
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b""}
+
+        app = HostAllowlist(create_app(rag), ["localhost"])
+        await app({"type": "http", "headers": [], "method": "GET", "path": "/healthz"}, receive, send)
+        assert sent[0]["status"] == 400 and b"host_not_allowed" in sent[1]["body"]

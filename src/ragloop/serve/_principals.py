@@ -141,9 +141,9 @@ class ApiKey:
     def as_principal(self, tenant_key: str = "tenant") -> Principal:
         """The principal this key stands for."""
         filters = normalize_filters(self.filters)
-        if self.tenant is not None and tenant_key in filters:
+        if tenant_key in filters:  # the tenant is also what live sources see: it has one place, one value
             raise ConfigError(
-                f"API key of principal {self.principal!r}: set the tenant with tenant = …, not filters.{tenant_key}"
+                f'API key of principal {self.principal!r}: set the tenant with tenant = "…", not filters.{tenant_key}'
             )
         return Principal(self.principal, self.tenant, filter_key(filters))
 
