@@ -186,13 +186,14 @@ class TestNoKeys:
         """On 127.0.0.1 with no keys the start line says "loopback only"; a rebinding Host is refused."""
         proc, base = _start_serve(["--cache-dir", str(sample_cache), "--no-live", "--no-plan"])
         try:
-            ok = httpx.get(base + "/healthz", timeout=5)
-            rebound = httpx.get(base + "/healthz", headers={"host": "attacker.example"}, timeout=5)
-            by_name = httpx.get(base + "/healthz", headers={"host": f"localhost:{base.rsplit(':', 1)[1]}"}, timeout=5)
+            ok = httpx.get(base + "/v1/models", timeout=5)
+            rebound = httpx.get(base + "/v1/models", headers={"host": "attacker.example"}, timeout=5)
+            by_name = httpx.get(base + "/v1/models", headers={"host": f"localhost:{base.rsplit(':', 1)[1]}"}, timeout=5)
+            probe = httpx.get(base + "/healthz", headers={"host": "10.1.2.3:8000"}, timeout=5)
         finally:
             proc.send_signal(signal.SIGINT)
             _, err = proc.communicate(timeout=20)
-        assert ok.status_code == 200 and by_name.status_code == 200
+        assert ok.status_code == 200 and by_name.status_code == 200 and probe.status_code == 200
         assert rebound.status_code == 400 and rebound.json()["error"]["code"] == "host_not_allowed"
         assert "no API keys: loopback only" in err
 
@@ -229,11 +230,15 @@ class TestRequestHardening:
         with serving(app) as url:
             async with httpx.AsyncClient(base_url=url, timeout=30) as client:
                 statuses = {
-                    host: (await client.get("/healthz", headers={"host": host})).status_code
+                    host: (await client.get("/v1/models", headers={"host": host})).status_code
                     for host in ("docs.example.com", "DOCS.example.com:8443", "a.internal.example", "attacker.example",
                                  "internal.example", "docs.example.com.attacker.example", "127.0.0.1")
                 }  # fmt: skip
                 post = await client.post("/api/chat", headers={"host": "attacker.example"}, json={"message": "q"})
+                page = await client.get("/", headers={"host": "attacker.example"})
+                probes = [
+                    (await client.get(p, headers={"host": "10.0.0.9"})).status_code for p in ("/healthz", "/readyz")
+                ]
         assert statuses == {
             "docs.example.com": 200,
             "DOCS.example.com:8443": 200,
@@ -244,6 +249,7 @@ class TestRequestHardening:
             "127.0.0.1": 400,
         }
         assert post.status_code == 400 and post.json()["error"]["code"] == "host_not_allowed"
+        assert page.status_code == 400 and probes == [200, 200]  # health probes come by address
 
     def test_half_open_request_heads_are_closed_within_the_limit(self) -> None:
         """60 connections that send half a request head and stop are all closed within the head timeout (before:

@@ -717,5 +717,5 @@ class TestHostAllowlistUnit:
             return {"type": "http.request", "body": b""}
 
         app = HostAllowlist(create_app(rag), ["localhost"])
-        await app({"type": "http", "headers": [], "method": "GET", "path": "/healthz"}, receive, send)
+        await app({"type": "http", "headers": [], "method": "GET", "path": "/v1/models"}, receive, send)
         assert sent[0]["status"] == 400 and b"host_not_allowed" in sent[1]["body"]

@@ -4,7 +4,8 @@ Without it, a server on 127.0.0.1 can be reached from a web page through DNS reb
 that first resolves to their server, then to 127.0.0.1): the browser then treats the page and the API as one
 origin. ``ragloop serve`` on a loopback address allows only the loopback names unless ``--allowed-host`` says
 otherwise. Patterns are host names (``docs.example.com``), ``*.example.com`` for any subdomain, or addresses
-(``127.0.0.1``, ``::1``); the port is ignored.
+(``127.0.0.1``, ``::1``); the port is ignored. ``GET /healthz`` and ``GET /readyz`` answer whatever the host (a
+load balancer or Kubernetes probes by address, and they say nothing but "ok" and the checks' words).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ __all__ = ["LOOPBACK_HOSTS", "HostAllowlist", "host_of"]
 
 #: What ``ragloop serve`` allows on a loopback address when no ``--allowed-host`` is given.
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+_PROBES = frozenset({"/healthz", "/readyz"})
 
 
 def host_of(header: str) -> str:
@@ -59,7 +61,9 @@ class HostAllowlist:
             return
         raw = next((v for k, v in scope.get("headers", ()) if k == b"host"), b"")
         host = host_of(raw.decode("latin-1"))
-        if host and _allowed(host, self.allowed):
+        path, root = scope.get("path", ""), scope.get("root_path", "")
+        probe = scope.get("method") in ("GET", "HEAD") and path.removeprefix(root) in _PROBES
+        if probe or (host and _allowed(host, self.allowed)):
             await self.app(scope, receive, send)
             return
         error = Rejected(
