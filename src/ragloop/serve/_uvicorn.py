@@ -1,7 +1,9 @@
 """What ``ragloop serve`` adds to uvicorn: a request-head timeout and a clean exit on SIGINT/SIGTERM.
 
 uvicorn closes an idle keep-alive connection after ``timeout_keep_alive``, but a connection that sends part of a
-request head and then nothing (slowloris) stays open for good, each one holding a socket and a file descriptor.
+request head and then nothing (slowloris) stays open for good, each one holding a socket and a file descriptor:
+neither uvicorn (0.54) nor h11 has a head timeout (h11's ``max_incomplete_event_size``, uvicorn's
+``h11_max_incomplete_event_size``, bound the head's size, not its time).
 :func:`h11_protocol` is uvicorn's h11 protocol with a head timer: armed when a connection opens and after each
 response, disarmed when a whole request head has arrived; when it fires the connection is closed. (A body that
 trickles in is the app's ``body_timeout_s``; one the app never reads is cut by the same timer, re-armed after the
