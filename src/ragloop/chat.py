@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from ragloop.retrievers.postgres import PostgresStore
     from ragloop.retrievers.sources import Source
 
-__all__ = ["ChatRAG", "Reply", "ReplyReady", "validate_question"]
+__all__ = ["ChatRAG", "Reply", "ReplyReady", "client_url", "validate_question"]
 
 #: Longest question accepted by default (characters).
 MAX_QUESTION_CHARS = 8_000
@@ -86,7 +86,9 @@ class Reply:
     def client_dict(self, source_url: Callable[[str], str | None] | None = None) -> dict[str, Any]:
         """The reply as it may be sent to an end user: text, outcome, citations and what is missing.
 
-        Never the decision record (queries, grades, errors, model names): keep that for your logs.
+        Never the decision record (queries, grades, errors, model names): keep that for your logs. A citation's
+        ``url`` is an ``http(s)://`` URL or a relative path, or ``None``: a ``javascript:``, ``data:`` or other
+        link (from a document's front matter or ``source_url``) never reaches the client.
 
         Args:
             source_url: Maps a citation's source to a link; by default a source that is itself an
@@ -97,7 +99,8 @@ class Reply:
             "text": self.text,
             "outcome": self.outcome,
             "citations": [
-                {"n": c.n, "title": c.title, "source": c.source, "url": c.url or link(c.source)} for c in self.citations
+                {"n": c.n, "title": c.title, "source": c.source, "url": client_url(c.url or link(c.source))}
+                for c in self.citations
             ],
             "missing": list(self.missing),
         }
@@ -105,6 +108,28 @@ class Reply:
 
 def _own_url(source: str) -> str | None:
     return source if source.startswith(("https://", "http://")) else None
+
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+_URL_UNSAFE = re.compile(r"[\x00-\x20\x7f-\x9f\\]")
+
+
+def client_url(url: str | None) -> str | None:
+    """``url`` when it is safe to hand a client as a link: ``http(s)://host…`` or a relative path; else ``None``.
+
+    Refused: any other scheme (``javascript:``, ``data:``, ``vbscript:``, ``file:``), protocol-relative ``//host``
+    links, and URLs holding whitespace, control characters or backslashes (browsers drop tabs and newlines
+    from a URL and read ``\\`` as ``/``, so ``java\tscript:`` or ``/\\evil`` would pass a naive check).
+    """
+    if not url or len(url) > _MAX_URL_CHARS or _URL_UNSAFE.search(url):
+        return None
+    scheme = _SCHEME.match(url)
+    if scheme is None:
+        return None if url.startswith("//") else url
+    rest = url[scheme.end() :]
+    if scheme.group(1).lower() in ("http", "https") and rest.startswith("//") and len(rest) > 2 and rest[2] != "/":
+        return url
+    return None
 
 
 @frozen
