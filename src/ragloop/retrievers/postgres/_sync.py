@@ -1,0 +1,308 @@
+"""Writing a collection: sync by document hash, one transaction per document, term statistics kept exact."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ragloop.retrievers.index import index_text
+from ragloop.retrievers.postgres._common import Store, as_array, embed_batched, tsvector
+from ragloop.retrievers.update import SyncSummary, content_hash, diff_documents, document_hash, group_documents
+from ragloop.state import Chunk
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+
+
+async def sync(
+    store: Store,
+    chunks: Iterable[Chunk],
+    *,
+    scope: str = "",
+    delete_missing: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+    bulk_threshold: int = 1000,
+) -> SyncSummary:
+    """Make the collection hold exactly these chunks' documents (those under ``scope``), in place.
+
+    Documents are compared by a hash of their chunks, URL and metadata; a changed document's rows are
+    replaced in one transaction; chunks whose embedded text is already stored (same content hash)
+    reuse that embedding; documents under ``scope`` that are not among ``chunks`` are deleted.
+
+    Args:
+        chunks: The chunks of every document (grouped by ``Chunk.doc_id``).
+        scope: A document-id prefix that this sync owns (e.g. ``"acme/"``); only documents under it
+            are deleted when missing. ``""`` owns the whole collection.
+        delete_missing: Delete stored documents under ``scope`` that are not among ``chunks``.
+        progress: ``progress(done, total)`` while embedding.
+        bulk_threshold: Loading at least this many chunks into an empty collection batches documents
+            200 per transaction and builds the HNSW index once at the end.
+
+    Returns:
+        Counts of documents added/changed/removed/unchanged and chunks embedded/reused.
+    """
+    started = time.perf_counter()
+    docs = group_documents(chunks)
+    stored = {d: h for d, h in (await store.document_hashes()).items() if d.startswith(scope)}
+    diff = diff_documents(docs, stored, delete_missing=delete_missing)
+    todo = [c for d in (*diff.added, *diff.changed) for c in docs[d]]
+    hashes = sorted({content_hash(c) for c in todo})
+    known = await stored_vectors(store, hashes)
+    missing = [h for h in hashes if h not in known]
+    by_hash = {content_hash(c): c for c in todo}
+    texts = [index_text(by_hash[h]) for h in missing]
+    vectors = await embed_batched(store.embedder, texts, progress)
+    for h, v in zip(missing, vectors, strict=True):
+        known[h] = v
+    n_before = (await store.info()).chunks
+    # Loading an empty collection: many documents per transaction, and the HNSW index built once at the
+    # end (much faster than growing it row by row). Otherwise one transaction per document.
+    bulk = n_before == 0 and len(todo) >= bulk_threshold
+    if bulk:
+        await drop_vector_index(store)
+    per_tx = 200 if bulk else 1
+    work = [(d, docs[d]) for d in (*diff.added, *diff.changed)] + [(d, []) for d in diff.removed]
+    for start in range(0, len(work), per_tx):
+        await replace_documents(store, work[start : start + per_tx], known)
+    if bulk:
+        await create_vector_index(store)
+    if work:
+        await analyze(store, vacuum=bulk)
+    changed_chunks = len(todo) + sum(1 for _ in diff.removed)
+    if changed_chunks and (n_before == 0 or changed_chunks * 10 >= n_before):
+        await refresh_stats(store)
+    return SyncSummary(
+        added=len(diff.added),
+        changed=len(diff.changed),
+        removed=len(diff.removed),
+        unchanged=len(diff.unchanged),
+        embedded=len(missing),
+        reused=len(todo) - len(missing),
+        chunks=(await store.info()).chunks,
+        seconds=time.perf_counter() - started,
+    )
+
+
+async def stored_vectors(store: Store, hashes: Sequence[str]) -> dict[str, npt.NDArray[np.float32]]:
+    if not hashes:
+        return {}
+    t = store._t
+
+    async def go(conn: AsyncConnection[Any]) -> dict[str, npt.NDArray[np.float32]]:
+        out: dict[str, npt.NDArray[np.float32]] = {}
+        for start in range(0, len(hashes), 5000):
+            rows = await (
+                await conn.execute(
+                    f"select distinct on (content_hash) content_hash, embedding from {t['chunks']} "
+                    "where content_hash = any(%s)",
+                    (list(hashes[start : start + 5000]),),
+                )
+            ).fetchall()
+            out.update({r[0]: np.asarray(as_array(r[1]), dtype=np.float32) for r in rows})
+        return out
+
+    result: dict[str, npt.NDArray[np.float32]] = await store._run(go)
+    return result
+
+
+async def replace_documents(
+    store: Store, docs: Sequence[tuple[str, Sequence[Chunk]]], vectors: Mapping[str, npt.NDArray[np.float32]]
+) -> None:
+    """Replace (or, with no chunks, delete) documents' rows and term statistics, all in one transaction.
+
+    Each document is replaced whole or not at all; :meth:`sync` passes one document per transaction
+    except when loading an empty collection, where it batches documents to save round trips.
+    """
+    store._generation += 1  # cached search results of the old content no longer match (see ``version``)
+    t = store._t
+    rows = []
+    tfs: list[Counter[str]] = []
+    deltas: Counter[str] = Counter()
+    new_len = 0
+    for doc_id, chunks in docs:
+        for seq, c in enumerate(chunks):
+            tokens = store.tokenizer(index_text(c))
+            new_len += len(tokens)
+            # A "word" of over 1,000 bytes (a base64 blob) cannot be a btree key or a lexeme; it still
+            # counts towards the length, as in the local index, but is not searchable here.
+            kept_tokens = [w for w in tokens if len(w) <= 250 or len(w.encode("utf-8", "replace")) <= 1000]
+            tf = Counter(kept_tokens)
+            tfs.append(tf)
+            deltas.update(tf.keys())
+            rows.append(
+                (
+                    doc_id,
+                    c.id,
+                    seq,
+                    content_hash(c),
+                    c.title,
+                    list(c.title_path),
+                    c.source,
+                    c.url,
+                    json.dumps(dict(c.metadata)),
+                    c.text,
+                    tsvector(kept_tokens),
+                    len(tokens),
+                    vectors[content_hash(c)],
+                )
+            )
+    doc_ids = [d for d, _ in docs]
+    kept = [(d, document_hash(cs)) for d, cs in docs if cs]
+    gone_docs = [d for d, cs in docs if not cs]
+
+    async def go(conn: AsyncConnection[Any]) -> None:
+        async with conn.transaction():
+            await conn.execute("set local statement_timeout = 0")  # the search timeout is not for writes
+            await conn.execute("select pg_advisory_xact_lock(hashtext(%s))", (f"ragloop:{store.collection}",))
+            old = await (
+                await conn.execute(
+                    f"with gone as (delete from {t['chunks']} where doc_id = any(%s) returning n_terms) "
+                    "select count(*), coalesce(sum(n_terms), 0) from gone",
+                    (doc_ids,),
+                )
+            ).fetchone()
+            assert old is not None
+            old_terms = await (
+                await conn.execute(
+                    f"with gone as (delete from {t['postings']} where doc_id = any(%s) returning term) "
+                    "select term, count(*) from gone group by term",
+                    (doc_ids,),
+                )
+            ).fetchall()
+            delta = Counter(deltas)
+            delta.subtract({term: int(n) for term, n in old_terms})
+            removed_chunks, removed_tokens = int(old[0]), int(old[1])
+            st = await (
+                await conn.execute(
+                    f"update {t['stats']} set n = n + %s, total_len = total_len + %s returning n, total_len",
+                    (len(rows) - removed_chunks, new_len - removed_tokens),
+                )
+            ).fetchone()
+            assert st is not None
+            avgdl = max(float(st[1]) / st[0], 1e-9) if st[0] else 1.0
+            if rows:
+                async with conn.cursor() as cur:
+                    await cur.executemany(
+                        f"insert into {t['chunks']} (doc_id, chunk_id, seq, content_hash, title, title_path, "
+                        "source, url, metadata, text, tsv, n_terms, embedding) values "
+                        "(%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s::tsvector, %s, %s) "
+                        "on conflict (doc_id, chunk_id) do nothing",
+                        rows,
+                    )
+                    copy_sql = f"copy {t['postings']} (term, doc_id, chunk_id, tf, dl) from stdin"
+                    async with cur.copy(copy_sql) as copy:
+                        for r, tf in zip(rows, tfs, strict=True):
+                            for term, n in tf.items():
+                                await copy.write_row((term, r[0], r[1], n, r[11]))
+            # Highest term-frequency weight of each term among the new rows (raises the stored ceiling).
+            weights: dict[str, float] = {}
+            for r, tf in zip(rows, tfs, strict=True):
+                norm = store.k1 * (1 - store.b + store.b * r[11] / avgdl)
+                for term, n in tf.items():
+                    w = n / (n + norm)
+                    if w > weights.get(term, 0.0):
+                        weights[term] = w
+            changed = sorted(term for term, d in delta.items() if d != 0 or term in weights)
+            if changed:
+                await conn.execute(
+                    f"""
+                    insert into {t["terms"]} (term, df, max_w)
+                    select * from unnest(%s::text[], %s::int[], %s::float8[])
+                    on conflict (term) do update set df = {t["terms"]}.df + excluded.df,
+                        max_w = greatest({t["terms"]}.max_w, excluded.max_w)
+                    """,
+                    (changed, [delta[x] for x in changed], [weights.get(x, 0.0) for x in changed]),
+                )
+            if kept:
+                await conn.execute(
+                    f"insert into {t['docs']} (doc_id, hash) select * from unnest(%s::text[], %s::text[]) "
+                    "on conflict (doc_id) do update set hash = excluded.hash, updated = now()",
+                    ([d for d, _ in kept], [h for _, h in kept]),
+                )
+            if gone_docs:
+                await conn.execute(f"delete from {t['docs']} where doc_id = any(%s)", (gone_docs,))
+
+    await store._run(go)
+
+
+async def analyze(store: Store, *, vacuum: bool) -> None:
+    """Fresh planner statistics after a write (and, after a bulk load, a visibility map for index-only scans)."""
+    t = store._t
+    what = "vacuum (analyze)" if vacuum else "analyze"
+
+    async def go(conn: AsyncConnection[Any]) -> None:
+        await conn.execute("set statement_timeout = 0")
+        try:
+            for table in (t["chunks"], t["postings"], t["terms"]):
+                await conn.execute(f"{what} {table}")
+        finally:
+            await conn.execute(f"set statement_timeout = {max(1, round(store.statement_timeout_s * 1000))}")
+
+    await store._run(go)
+
+
+async def drop_vector_index(store: Store) -> None:
+    t = store._t
+
+    async def go(conn: AsyncConnection[Any]) -> None:
+        await conn.execute(f"drop index if exists {t['chunks']}_emb")
+
+    await store._run(go)
+
+
+async def create_vector_index(store: Store) -> None:
+    t = store._t
+
+    async def go(conn: AsyncConnection[Any]) -> None:
+        # No statement timeout for the build; more memory keeps the graph build in RAM.
+        async with conn.transaction():
+            await conn.execute("set local statement_timeout = 0")
+            await conn.execute("set local maintenance_work_mem = '512MB'")
+            await conn.execute(
+                f"create index if not exists {t['chunks']}_emb on {t['chunks']} "
+                "using hnsw (embedding vector_cosine_ops) with (m = 16, ef_construction = 64)"
+            )
+
+    await store._run(go)
+
+
+async def refresh_stats(store: Store) -> None:
+    """Recompute the term statistics exactly from the stored rows (one statement per table)."""
+    t = store._t
+
+    async def go(conn: AsyncConnection[Any]) -> None:
+        async with conn.transaction():
+            await conn.execute("set local statement_timeout = 0")  # the search timeout is not for writes
+            await conn.execute("select pg_advisory_xact_lock(hashtext(%s))", (f"ragloop:{store.collection}",))
+            await conn.execute(
+                f"update {t['stats']} set n = s.n, total_len = s.len from "
+                f"(select count(*) as n, coalesce(sum(n_terms), 0) as len from {t['chunks']}) s"
+            )
+            await conn.execute(f"delete from {t['terms']}")
+            await conn.execute(
+                f"""
+                insert into {t["terms"]} (term, df, max_w)
+                select p.term, count(*), max(p.tf::float8 / (p.tf + %s * (1 - %s + %s * p.dl / st.avgdl)))
+                from {t["postings"]} p,
+                    (select greatest(total_len::float8 / nullif(n, 0), 1e-9) as avgdl from {t["stats"]}) st
+                group by p.term
+                """,
+                (store.k1, store.b, store.b),
+            )
+
+    await store._run(go)
+
+
+async def delete_documents(store: Store, doc_ids: Iterable[str]) -> int:
+    """Delete documents by id (one transaction each); returns how many existed."""
+    stored = await store.document_hashes()
+    gone = [d for d in doc_ids if d in stored]
+    for d in gone:
+        await replace_documents(store, [(d, [])], {})
+    return len(gone)
