@@ -56,7 +56,7 @@ class TestUpdateIndex:
         embedder.texts.clear()
         (root / "a.md").write_text((root / "a.md").read_text().replace("Alpha two text.", "Alpha two, edited."))
         (root / "c.md").unlink()
-        new, summary = update_index(old, _chunks(root))
+        new, summary = update_index(old, _chunks(root), prune=True)  # 1 of 3 documents removed: over 20%
         assert (summary.added, summary.changed, summary.removed, summary.unchanged) == (0, 1, 1, 1)
         assert summary.embedded == 1 and len(embedder.texts) == 1 and "edited" in embedder.texts[0]
         assert summary.reused == len(new.chunks) - 1 == n_old - 2

@@ -14,7 +14,7 @@ import numpy.typing as npt
 from attrs import frozen
 
 from ragloop._redact import redact
-from ragloop.errors import ConfigError, IndexError_
+from ragloop.errors import ConfigError, IndexError_, StoreUnavailable
 from ragloop.retrievers.base import Embedder
 from ragloop.retrievers.bm25 import Tokenizer
 
@@ -62,6 +62,10 @@ class Store(Protocol):
     _t: dict[str, str]
     _embedder: Embedder | None
     _generation: int
+    missing_indexes: tuple[str, ...]
+    repaired: tuple[str, ...]
+    url: str
+    _keys: frozenset[str] | None
 
     @property
     def embedder(self) -> Embedder:
@@ -70,12 +74,16 @@ class Store(Protocol):
 
     async def _run(self, fn: Callable[[AsyncConnection[Any]], Any]) -> Any: ...
 
-    async def document_hashes(self) -> dict[str, str]:
-        """Stored document id → document hash."""
+    async def document_hashes(self, scope: Any = None) -> dict[str, str]:
+        """Stored document id → document hash, for one scope."""
         ...
 
     async def info(self) -> StoreInfo:
         """Counts and embedder of the collection."""
+        ...
+
+    async def read_metadata_keys(self) -> frozenset[str]:
+        """The metadata keys of the collection's chunks, read now."""
         ...
 
 
@@ -100,6 +108,24 @@ def hide_password(text: str) -> str:
 def hide_credentials(message: str, url: str) -> str:
     """A driver's error about ``url`` on one line, the password gone (libpq quotes a URL it cannot parse whole)."""
     return " ".join(hide_password(message).replace(url, hide_password(url)).split())
+
+
+async def probe(url: str, timeout_s: float) -> None:
+    """Open and close one connection to ``url`` within ``timeout_s``.
+
+    Raises:
+        StoreUnavailable: it failed (refused, no such host or socket, no answer); the message hides passwords.
+    """
+    psycopg = psycopg_module()
+    try:
+        with anyio.fail_after(timeout_s):
+            conn = await psycopg.AsyncConnection.connect(url, autocommit=True, application_name=_APP, connect_timeout=2)
+    except (psycopg.Error, TimeoutError) as exc:
+        reason = hide_credentials(str(exc), url) if isinstance(exc, psycopg.Error) else "no answer to a connection"
+        raise StoreUnavailable(
+            f"the Postgres store is unreachable ({reason}); check that the database at {hide_password(url)} is up"
+        ) from exc
+    await conn.close()
 
 
 def install_hint(dbname: str) -> str:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ragloop.retrievers.filters import Filters
+from ragloop.retrievers.filters import Filters, check_filter_keys
 from ragloop.retrievers.hybrid import hybrid_confidence, rrf_rank
 from ragloop.retrievers.postgres._common import Store
 from ragloop.state import Chunk, Hit
@@ -42,6 +42,11 @@ async def search(store: Store, query: str, k: int = 10, filters: Filters | None 
     Raises:
         RetrievalError: the server failed twice or a statement ran past the timeout.
     """
+    if filters:
+        known = store._keys
+        if known is None or any(key not in known for key in filters):
+            known = await store.read_metadata_keys()  # a key another process wrote since this one read them?
+        check_filter_keys(filters, known)
     if k < 1:
         return []
     depth = max(k, store.depth)
@@ -98,7 +103,8 @@ async def search(store: Store, query: str, k: int = 10, filters: Filters | None 
         (select coalesce(sum(qt.idf * qt.max_w * qt.cnt), 0) from qt) as best,
         (select coalesce(sum(qt.cnt), 0) from qt) as known,
         exists (select 1 from knn where knn.doc_id = c.doc_id and knn.chunk_id = c.chunk_id) as in_knn,
-        exists (select 1 from lex where lex.doc_id = c.doc_id and lex.chunk_id = c.chunk_id) as in_lex
+        exists (select 1 from lex where lex.doc_id = c.doc_id and lex.chunk_id = c.chunk_id) as in_lex,
+        (select array_agg(key) from {t["keys"]}) as keys
     from cand cross join lateral (
         select * from {t["chunks"]} c0 where c0.doc_id = cand.doc_id and c0.chunk_id = cand.chunk_id
     ) c
@@ -129,6 +135,8 @@ async def search(store: Store, query: str, k: int = 10, filters: Filters | None 
         return await (await conn.execute(sql, named)).fetchall()
 
     rows: list[Any] = await store._run(go)
+    if rows:  # every search refreshes the metadata keys (writes of other processes add some)
+        store._keys = frozenset(rows[0][14] or ())
     return fuse(store, rows, k, sum(counts.values()))
 
 

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ragloop.errors import ConfigError, RetrievalError
+from ragloop.errors import ConfigError, RetrievalError, StoreUnavailable
 from ragloop.retrievers.base import Embedder
 from ragloop.retrievers.bm25 import Tokenizer
 from ragloop.retrievers.filters import Filters
 from ragloop.retrievers.postgres import _schema, _search, _sync
-from ragloop.retrievers.postgres._common import _APP, StoreInfo, hide_credentials, hide_password, psycopg_module
-from ragloop.retrievers.update import SyncSummary
+from ragloop.retrievers.postgres._common import _APP, StoreInfo, hide_credentials, hide_password, probe, psycopg_module
+from ragloop.retrievers.scope import Scope
+from ragloop.retrievers.update import MAX_REMOVED_SHARE, SyncSummary
 from ragloop.state import Chunk, Hit
 
 if TYPE_CHECKING:
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
+#: How long a search waits for a pooled connection before it checks whether the server is reachable at all.
+_FIRST_WAIT_S = 1.0
 
 
 class PostgresStore:
@@ -96,6 +100,12 @@ class PostgresStore:
         self._lock: anyio.Lock | None = None
         self._checked = False
         self._generation = 0
+        self._down_at: float | None = None
+        self._keys: frozenset[str] | None = None
+        #: Secondary indexes found missing when a reader (``create=False``) opened the collection.
+        self.missing_indexes: tuple[str, ...] = ()
+        #: What opening the collection repaired (indexes recreated, a lost schema row recorded, an upgrade).
+        self.repaired: tuple[str, ...] = ()
         t = collection
         self._t = {
             "chunks": f"{t}_chunks",
@@ -103,6 +113,7 @@ class PostgresStore:
             "docs": f"{t}_docs",
             "terms": f"{t}_terms",
             "stats": f"{t}_stats",
+            "keys": f"{t}_keys",
         }
 
     @property
@@ -124,10 +135,15 @@ class PostgresStore:
     async def open(self) -> None:
         """Check (or create) the schema, then open the connection pool (searches also open it on first use).
 
+        A writer (``create=True``) creates a missing collection, upgrades a version-2 one in place and
+        recreates missing indexes (a killed bulk load leaves the HNSW index dropped); :attr:`repaired` says
+        what it did. A reader lists missing indexes in :attr:`missing_indexes`.
+
         Raises:
-            ConfigError: the server lacks the ``vector`` extension (the message says how to add it), or
-                the connection fails.
-            IndexError_: the collection was written with another embedder or schema version.
+            StoreUnavailable: the server cannot be reached.
+            ConfigError: the server lacks the ``vector`` extension (the message says how to add it).
+            IndexError_: the collection is missing, or was written with another embedder or schema version;
+                the message says what to do.
         """
         await self._pool_for_this_loop()
 
@@ -144,9 +160,17 @@ class PostgresStore:
         try:
             conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, application_name=_APP)
         except psycopg.Error as exc:
-            raise ConfigError(f"cannot connect to {self._redacted()}: {self._hidden(str(exc))}") from exc
+            raise StoreUnavailable(f"cannot connect to {self._redacted()}: {self._hidden(str(exc))}") from exc
         async with conn:
-            await self._ensure_schema(conn)
+            try:
+                await self._ensure_schema(conn)
+                self._keys = frozenset(
+                    r[0] for r in await (await conn.execute(f"select key from {self._t['keys']}")).fetchall()
+                )
+            except psycopg.OperationalError as exc:
+                raise StoreUnavailable(f"lost the connection to {self._redacted()}: {self._hidden(str(exc))}") from exc
+            except psycopg.Error as exc:
+                raise RetrievalError(f"the Postgres store failed: {self._hidden(str(exc))}") from exc
             self._checked = True
             if not texts:
                 return []
@@ -194,7 +218,9 @@ class PostgresStore:
             await pool.open(wait=True, timeout=10.0)
         except Exception as exc:
             await pool.close()
-            raise ConfigError(f"cannot open a connection pool to {self._redacted()}: {self._hidden(str(exc))}") from exc
+            raise StoreUnavailable(
+                f"cannot open a connection pool to {self._redacted()}: {self._hidden(str(exc))}"
+            ) from exc
         return pool
 
     async def aclose(self) -> None:
@@ -213,14 +239,31 @@ class PostgresStore:
         await _schema.ensure_schema(self, conn)
 
     async def _run(self, fn: Callable[[AsyncConnection[Any]], Any]) -> Any:
-        """Run ``fn(conn)`` with a pooled connection; retry once on a connection lost (a restart, a kill)."""
-        import psycopg
+        """Run ``fn(conn)`` with a pooled connection; retry once on a connection lost (a restart, a kill).
 
+        With the server down, a search fails fast (about :data:`_FIRST_WAIT_S`, then at once while it stays
+        down) with :class:`StoreUnavailable` instead of waiting on the pool.
+        """
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        if self._down_at is not None:
+            await self._probe()  # the last call found the server unreachable: ask it directly, do not queue
         pool = await self._pool_for_this_loop()
-        for attempt in (1, 2):
+        waits = [min(_FIRST_WAIT_S, self.statement_timeout_s), max(0.0, self.statement_timeout_s - _FIRST_WAIT_S)]
+        attempt = 0
+        while True:
             try:
-                async with pool.connection() as conn:
+                async with pool.connection(timeout=waits[0]) as conn:
                     return await fn(conn)
+            except PoolTimeout as exc:
+                await self._probe()  # raises StoreUnavailable when the server cannot be reached
+                waits.pop(0)
+                if not waits or waits[0] <= 0:
+                    raise RetrievalError(
+                        f"no free connection to the Postgres store within {self.statement_timeout_s}s (all "
+                        f"{self.pool_size} busy); raise pool_size or check the server's load"
+                    ) from exc
             except psycopg.errors.QueryCanceled as exc:
                 raise RetrievalError(
                     f"the Postgres statement ran past statement_timeout_s={self.statement_timeout_s}s ({exc}); "
@@ -228,10 +271,41 @@ class PostgresStore:
                 ) from exc
             except psycopg.OperationalError as exc:
                 # The pool drops the broken connection; the second attempt gets a fresh one.
+                attempt += 1
                 if attempt == 2:
-                    raise RetrievalError(f"Postgres connection failed twice: {exc}") from exc
+                    await self._probe()
+                    raise RetrievalError(f"Postgres connection failed twice: {self._hidden(str(exc))}") from exc
                 await anyio.sleep(0.05)
-        raise AssertionError("unreachable")  # pragma: no cover
+            except psycopg.Error as exc:
+                raise RetrievalError(f"the Postgres store failed: {self._hidden(str(exc))}") from exc
+
+    async def _probe(self) -> None:
+        """Connect once, outside the pool: raise :class:`StoreUnavailable` (and remember it) when that fails."""
+        try:
+            await probe(self.url, max(1.0, min(3.0, self.statement_timeout_s)))
+        except StoreUnavailable:
+            self._down_at = time.monotonic()
+            raise
+        if self._down_at is not None:
+            self._down_at = None
+            if self._pool is not None:
+                await self._pool.check()  # replace the pooled connections the outage broke
+
+    def metadata_keys(self) -> frozenset[str] | None:
+        """The metadata keys the collection's chunks have, as last read (opening, a sync, a search); ``None``
+        before the store has opened."""
+        return self._keys
+
+    async def read_metadata_keys(self) -> frozenset[str]:
+        """The metadata keys of the collection's chunks, read now."""
+        t = self._t
+
+        async def go(conn: AsyncConnection[Any]) -> frozenset[str]:
+            return frozenset(r[0] for r in await (await conn.execute(f"select key from {t['keys']}")).fetchall())
+
+        keys: frozenset[str] = await self._run(go)
+        self._keys = keys
+        return keys
 
     # --- search -----------------------------------------------------------------------------------------
 
@@ -241,6 +315,8 @@ class PostgresStore:
         ``Hit.ranks``/``Hit.scores`` carry ``bm25`` and ``dense`` as in the local hybrid retriever.
 
         Raises:
+            UnknownFilterKey: a filter key that no chunk of the collection has (the message lists them).
+            StoreUnavailable: the server cannot be reached.
             RetrievalError: the server failed twice or a statement ran past the timeout.
         """
         return await _search.search(self, query, k, filters)
@@ -270,15 +346,32 @@ class PostgresStore:
         result: list[str] = await self._run(go)
         return result
 
-    async def document_hashes(self) -> dict[str, str]:
-        """Stored document id → document hash."""
+    async def document_hashes(self, scope: Scope | Mapping[str, str] | None = None) -> dict[str, str]:
+        """Document id → document hash, for the documents stored under ``scope`` (``None``: the empty scope)."""
         t = self._t
+        label = Scope.of(scope).label
 
         async def go(conn: AsyncConnection[Any]) -> dict[str, str]:
-            rows = await (await conn.execute(f"select doc_id, hash from {t['docs']}")).fetchall()
+            rows = await (
+                await conn.execute(f"select doc_id, hash from {t['docs']} where scope = %s", (label,))
+            ).fetchall()
             return {r[0]: r[1] for r in rows}
 
         result: dict[str, str] = await self._run(go)
+        return result
+
+    async def scopes(self) -> dict[Scope, tuple[int, int]]:
+        """Documents and chunks stored per scope."""
+        t = self._t
+
+        async def go(conn: AsyncConnection[Any]) -> dict[Scope, tuple[int, int]]:
+            docs = await (await conn.execute(f"select scope, count(*) from {t['docs']} group by 1")).fetchall()
+            chunks = dict(
+                await (await conn.execute(f"select scope, count(*) from {t['chunks']} group by 1")).fetchall()
+            )
+            return {Scope.from_label(label): (int(n), int(chunks.get(label, 0))) for label, n in docs}
+
+        result: dict[Scope, tuple[int, int]] = await self._run(go)
         return result
 
     # --- writing ----------------------------------------------------------------------------------------
@@ -287,31 +380,53 @@ class PostgresStore:
         self,
         chunks: Iterable[Chunk],
         *,
-        scope: str = "",
+        scope: Scope | Mapping[str, str] | None = None,
         delete_missing: bool = True,
+        prune: bool = False,
+        max_removed: float = MAX_REMOVED_SHARE,
+        dry_run: bool = False,
         progress: Callable[[int, int], None] | None = None,
         bulk_threshold: int = 1000,
     ) -> SyncSummary:
-        """Make the collection hold exactly these chunks' documents (those under ``scope``), in place.
+        """Make ``scope``'s documents in the collection exactly these chunks' documents, in place.
 
+        Only documents of ``scope`` are added, changed or removed; every other scope's rows are left as they
+        are (a document is identified by its scope and id: ``guide.md`` of two tenants is two documents).
         Documents are compared by a hash of their chunks, URL and metadata; a changed document's rows are
         replaced in one transaction; chunks whose embedded text is already stored (same content hash)
-        reuse that embedding; documents under ``scope`` that are not among ``chunks`` are deleted.
+        reuse that embedding. Runs of one scope wait for each other (an advisory lock); runs of different
+        scopes go on at once.
 
         Args:
-            chunks: The chunks of every document (grouped by ``Chunk.doc_id``).
-            scope: A document-id prefix that this sync owns (e.g. ``"acme/"``); only documents under it
-                are deleted when missing. ``""`` owns the whole collection.
-            delete_missing: Delete stored documents under ``scope`` that are not among ``chunks``.
+            chunks: The chunks of every document (grouped by ``Chunk.doc_id``); stored as
+                :meth:`Scope.apply` makes them (the scope's pairs in their metadata, ids qualified).
+            scope: The scope this sync owns (``None``: the documents stored without one).
+            delete_missing: Delete the scope's stored documents that are not among ``chunks``.
+            prune: Allow removing more than ``max_removed`` of the scope's documents.
+            max_removed: The share of the scope's documents one sync may remove without ``prune``.
+            dry_run: Write nothing; the summary says what the sync would do (``dry_run=True``, the ids).
             progress: ``progress(done, total)`` while embedding.
             bulk_threshold: Loading at least this many chunks into an empty collection batches documents
                 200 per transaction and builds the HNSW index once at the end.
 
         Returns:
             Counts of documents added/changed/removed/unchanged and chunks embedded/reused.
+
+        Raises:
+            PruneRefused: more than ``max_removed`` of the scope would be removed and ``prune`` is off;
+                nothing was written.
+            StoreUnavailable: the server cannot be reached.
         """
         return await _sync.sync(
-            self, chunks, scope=scope, delete_missing=delete_missing, progress=progress, bulk_threshold=bulk_threshold
+            self,
+            chunks,
+            scope=Scope.of(scope),
+            delete_missing=delete_missing,
+            prune=prune,
+            max_removed=max_removed,
+            dry_run=dry_run,
+            progress=progress,
+            bulk_threshold=bulk_threshold,
         )
 
     @property
@@ -322,9 +437,9 @@ class PostgresStore:
         return f"{self.collection}:{self._generation}"
 
     async def refresh_stats(self) -> None:
-        """Recompute the term statistics exactly from the stored rows (one statement per table)."""
+        """Recompute the term statistics and the metadata keys exactly from the stored rows."""
         await _sync.refresh_stats(self)
 
-    async def delete_documents(self, doc_ids: Iterable[str]) -> int:
-        """Delete documents by id (one transaction each); returns how many existed."""
-        return await _sync.delete_documents(self, doc_ids)
+    async def delete_documents(self, doc_ids: Iterable[str], scope: Scope | Mapping[str, str] | None = None) -> int:
+        """Delete documents of ``scope`` by id (one transaction each); returns how many existed."""
+        return await _sync.delete_documents(self, doc_ids, Scope.of(scope))
