@@ -5,13 +5,15 @@ Needs the ``[postgres]`` extra (psycopg 3, psycopg_pool, pgvector) and a server 
 Per collection ``C`` (a lower-case identifier) the store keeps::
 
     ragloop_schema    one row per collection: schema version, embedder name and dim, BM25 settings
-    C_chunks          doc_id, chunk_id (content hash of the text), seq, content_hash (of the embedded text),
-                      title, title_path, source, url, metadata jsonb (GIN), text, tsv tsvector (GIN),
-                      n_terms, embedding vector(dim) (HNSW, vector_cosine_ops); primary key (doc_id, chunk_id)
+    C_chunks          scope, doc_id, chunk_id (content hash of the text, qualified by a non-empty scope), seq,
+                      content_hash (of the embedded text), title, title_path, source, url, metadata jsonb (GIN),
+                      text, tsv tsvector (GIN), n_terms, embedding vector(dim) (HNSW, vector_cosine_ops);
+                      primary key (doc_id, chunk_id)
     C_postings        term, doc_id, chunk_id, tf, dl: one row per term of a chunk (primary key by term)
-    C_docs            doc_id → hash of its chunks and metadata (what an update compares)
+    C_docs            (scope, doc_id) → hash of its chunks and metadata (what an update compares)
     C_terms           term → document frequency and the term's highest BM25 term-frequency weight
     C_stats           chunk count and total token count (for BM25's average length)
+    C_keys            every metadata key the chunks have (a filter on another key is refused)
 
 **Lexical search is ragloop's BM25, in SQL.** Chunks are tokenized by ragloop's own tokenizer (the same
 stopwords and Snowball stemmer as the local index): the ``tsv`` column (for Postgres full-text queries of
@@ -25,12 +27,23 @@ Python by :func:`~ragloop.retrievers.hybrid.rrf_rank`, with confidence from
 :func:`~ragloop.retrievers.hybrid.hybrid_confidence`: the same ranking and the same confidence signal as the
 local :class:`~ragloop.retrievers.hybrid.HybridRetriever`.
 
-**Updates in place.** :meth:`PostgresStore.sync` compares documents by hash: a changed document's rows are
-replaced in one transaction, chunks whose embedded text is unchanged (same content hash, anywhere in the
-collection) reuse their stored embedding, documents that are gone are deleted. Writers to one collection
-take a transaction-scoped advisory lock, so two writers interleave document by document without deadlocks.
-Loading an empty collection batches documents and builds the HNSW index once at the end; every sync ends
-with ``ANALYZE`` so that the planner knows the new sizes.
+**Updates in place, inside one scope.** :meth:`PostgresStore.sync` owns one
+:class:`~ragloop.retrievers.scope.Scope` (a tenant's ``--meta tenant=acme``) and compares that scope's documents
+by hash: a changed document's rows are replaced in one transaction, chunks whose embedded text is unchanged
+(same content hash, anywhere in the collection) reuse their stored embedding, and the scope's documents that are
+gone are deleted, after a check that refuses to remove more than 20% of the scope without ``prune=True``
+(:class:`~ragloop.errors.PruneRefused`); ``dry_run=True`` writes nothing. Other scopes' rows are never touched.
+Writers to one collection take a transaction-scoped advisory lock, so two writers interleave document by
+document without deadlocks; two syncs of one scope take turns (a session lock per scope). Loading an empty
+collection batches documents and builds the HNSW index once at the end; every sync ends with ``ANALYZE`` so
+that the planner knows the new sizes.
+
+**Self-repair and outages.** A writer opening a collection recreates missing secondary indexes (a bulk load
+killed after it dropped the HNSW index), records a lost ``ragloop_schema`` row again when its tables match the
+embedder, and upgrades a version-2 layout in place; a mismatch is one :class:`~ragloop.errors.IndexError_`
+that says what to do. :func:`diagnose_store` (``ragloop doctor --store``) reports all of it without writing.
+With the database down, a search fails within about a second with :class:`~ragloop.errors.StoreUnavailable`
+(then at once, until a direct connection succeeds again) instead of waiting on the pool.
 
 Term weights stay exact for document frequencies and lengths; each term's highest weight (the ceiling of the
 BM25 confidence) is raised as chunks arrive and recomputed exactly by :meth:`PostgresStore.refresh_stats`,
@@ -40,7 +53,17 @@ which :meth:`~PostgresStore.sync` runs when a large share of the collection chan
 from __future__ import annotations
 
 from ragloop.retrievers.postgres._common import StoreInfo, hide_credentials
+from ragloop.retrievers.postgres._doctor import CollectionReport, ScopeCount, StoreReport, diagnose_store
 from ragloop.retrievers.postgres._schema import SCHEMA_VERSION
 from ragloop.retrievers.postgres._store import PostgresStore
 
-__all__ = ["SCHEMA_VERSION", "PostgresStore", "StoreInfo", "hide_credentials"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "CollectionReport",
+    "PostgresStore",
+    "ScopeCount",
+    "StoreInfo",
+    "StoreReport",
+    "diagnose_store",
+    "hide_credentials",
+]
