@@ -236,7 +236,7 @@ def cmd_index_store(args: argparse.Namespace, url: str) -> int:
     import anyio
 
     from ragloop.cli import _make_embedder, _Progress
-    from ragloop.retrievers.postgres import PostgresStore
+    from ragloop.retrievers.postgres import PostgresStore, collection_exists
 
     started = time.perf_counter()
     scope = index_scope(args)  # a contradictory --scope is refused before any work
@@ -248,7 +248,13 @@ def cmd_index_store(args: argparse.Namespace, url: str) -> int:
 
     async def run() -> Any:
         nonlocal repaired
-        async with PostgresStore(url, embedder, collection=args.collection, pool_size=args.pool_size) as store:
+        if args.dry_run and not await collection_exists(url, args.collection):
+            return None
+        # A dry run opens as a reader: it creates, upgrades and repairs nothing either.
+        opened = PostgresStore(
+            url, embedder, collection=args.collection, pool_size=args.pool_size, create=not args.dry_run
+        )
+        async with opened as store:
             repaired = store.repaired
             return await store.sync(chunks, scope=scope, prune=args.prune, dry_run=args.dry_run, progress=embedding)
 
@@ -256,6 +262,13 @@ def cmd_index_store(args: argparse.Namespace, url: str) -> int:
         summary = anyio.run(run)
     finally:
         embedding.close()
+    if summary is None:
+        docs = len({c.doc_id for c in chunks})
+        print(
+            f"collection {args.collection} does not exist yet; dry run, nothing written: a run would create it and "
+            f"add {docs} documents ({len(chunks)} chunks)"
+        )
+        return 0
     for what in repaired:
         print(f"collection {args.collection}: repaired: {what}", file=sys.stdout if not args.json else sys.stderr)
     _report(summary, result, f"collection {args.collection}", args.json)
@@ -305,7 +318,7 @@ def _plan(old: Any, chunks: Sequence[Chunk], scope: Scope, prune: bool) -> SyncS
     """What ``--update`` would do to the local index (``--dry-run``): nothing embedded, nothing written."""
     from ragloop.retrievers.update import SyncSummary, check_removals, content_hash, plan_update
 
-    new, diff, stored = plan_update(old, chunks, scope=scope)
+    new, diff, stored, adopted = plan_update(old, chunks, scope=scope)
     try:
         check_removals(len(diff.removed), stored, scope=scope, where="the index", prune=prune)
         refusal = ""
@@ -322,6 +335,7 @@ def _plan(old: Any, chunks: Sequence[Chunk], scope: Scope, prune: bool) -> SyncS
         scope=scope,
         dry_run=True,
         refusal=refusal,
+        adopted=len(adopted),
     )
 
 

@@ -227,6 +227,33 @@ class TestSchemaMismatch:
             ).fetchone()
         assert row == (SCHEMA_VERSION,)
 
+    def test_an_upgraded_tenant_collection_is_taken_over_by_its_tenant_not_copied(
+        self, tmp_path: Path, pg_url: str, collection: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """acme indexed with --meta tenant=acme before scopes (version 2, so no scope): the next acme run moves
+        its 17 documents into scope tenant=acme instead of storing a second copy; nothing else moves."""
+        acme, _ = tenant_folders(tmp_path)
+        argv = ["index", str(acme), "--store", pg_url, "--collection", collection, "--embedder", "hash"]
+        assert main([*argv, "--meta", "tenant=acme"]) == 0
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        (shared / "shared.md").write_text("# Shared\n\nFor every tenant.\n")
+        assert main(["index", str(shared), *argv[2:]]) == 0
+        with psycopg.connect(pg_url, autocommit=True) as conn:  # what a version-2 collection upgraded looks like
+            for table in ("chunks", "docs"):
+                conn.execute(f"update {collection}_{table} set scope = ''")
+            for table in ("chunks", "postings"):
+                conn.execute(f"update {collection}_{table} set chunk_id = split_part(chunk_id, '~', 1)")
+        capsys.readouterr()
+        assert main([*argv, "--meta", "tenant=acme", "--dry-run"]) == 0
+        assert "17 of them indexed before scopes" in capsys.readouterr().out
+        assert main([*argv, "--meta", "tenant=acme", "--json"]) == 0
+        summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert (summary["added"], summary["adopted"], summary["embedded"]) == (17, 17, 0)
+        with psycopg.connect(pg_url) as conn:
+            per_scope = dict(conn.execute(f"select scope, count(*) from {collection}_docs group by 1").fetchall())
+        assert per_scope == {"": 1, '{"tenant":"acme"}': 17}
+
 
 class TestStoreDown:
     def test_a_search_with_the_database_down_fails_fast_with_a_store_error(
@@ -276,3 +303,27 @@ class TestStoreDown:
                 await rag.aclose()
 
         anyio.run(go)
+
+    async def test_a_busy_pool_is_not_an_outage(self, pg_url: str, collection: str) -> None:
+        """pool_size=1 held by a 1.5 s statement: a search waits past the first second (the probe finds the
+        server up) and then runs; it is never reported as StoreUnavailable."""
+        from ragloop.retrievers.postgres import PostgresStore
+
+        chunks = [Chunk(id=f"c{i}", text=f"how to rotate api key {i}", doc_id=f"d{i}.md") for i in range(3)]
+        async with PostgresStore(
+            pg_url, HashEmbedder(32), collection=collection, pool_size=1, statement_timeout_s=4
+        ) as store:
+            await store.sync(chunks)
+            found: list[Any] = []
+
+            async def hold(conn: Any) -> None:
+                await conn.execute("select pg_sleep(1.5)")
+
+            async def search() -> None:
+                await anyio.sleep(0.1)  # after hold took the only connection
+                found.extend(await store.search("rotate api key", 3))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(store._run, hold)
+                tg.start_soon(search)
+        assert found

@@ -147,6 +147,8 @@ class SyncSummary:
         changed_ids: The changed document ids.
         removed_ids: The removed document ids.
         refusal: For a dry run, why the real run would be refused (too many removals without ``prune``).
+        adopted: Added documents that were stored without a scope (indexed before scopes, with the scope's
+            metadata) and moved into this scope rather than copied.
     """
 
     added: int
@@ -163,6 +165,7 @@ class SyncSummary:
     changed_ids: tuple[str, ...] = ()
     removed_ids: tuple[str, ...] = ()
     refusal: str = ""
+    adopted: int = 0
 
     @classmethod
     def of(cls, diff: DocumentDiff, **counts: Any) -> SyncSummary:
@@ -180,14 +183,15 @@ class SyncSummary:
 
     def line(self) -> str:
         """One human-readable line (for a dry run: what would be done, and that nothing was written)."""
+        moved = f" ({self.adopted} of them indexed before scopes, moved into this one)" if self.adopted else ""
         if self.dry_run:
             return (
-                f"dry run, nothing written: documents: {self.added} to add, {self.changed} to change, "
+                f"dry run, nothing written: documents: {self.added} to add{moved}, {self.changed} to change, "
                 f"{self.removed} to remove, {self.unchanged} unchanged; chunks: {self.embedded} to embed, "
                 f"{self.reused} reused, {self.chunks} in the index now"
             )
         return (
-            f"documents: {self.added} added, {self.changed} changed, {self.removed} removed, "
+            f"documents: {self.added} added{moved}, {self.changed} changed, {self.removed} removed, "
             f"{self.unchanged} unchanged; chunks: {self.embedded} embedded, {self.reused} reused, "
             f"{self.chunks} in the index ({self.seconds:.1f}s)"
         )
@@ -204,6 +208,7 @@ class SyncSummary:
             "chunks": self.chunks,
             "seconds": self.seconds,
             "scope": dict(self.scope.pairs),
+            "adopted": self.adopted,
         }
         if self.dry_run:
             out.update(dry_run=True, added_ids=list(self.added_ids), changed_ids=list(self.changed_ids))
@@ -227,18 +232,29 @@ def _embed(embedder: Embedder, texts: Sequence[str], progress: Progress | None) 
 
 def plan_update(
     old: KnowledgeIndex, chunks: Iterable[Chunk], *, scope: Scope | Mapping[str, str] | None = None
-) -> tuple[list[Chunk], DocumentDiff, int]:
+) -> tuple[list[Chunk], DocumentDiff, int, frozenset[str]]:
     """What :func:`update_index` would do, without embedding anything (pure).
 
     Returns:
         The scope's new chunks (as the index stores them: :meth:`Scope.apply`), the diff against the documents
-        the index holds under that scope, and how many documents it holds there.
+        the index holds under that scope, how many documents it holds there, and the added documents that the
+        index holds without a scope but with the scope's metadata (indexed with the same ``--meta`` before
+        scopes existed): the update moves those into the scope instead of keeping a second copy.
     """
     scoped = Scope.of(scope)
     new = KnowledgeIndex._dedupe(scoped.apply(chunks))
     mine = [c for c in old.chunks if old.scope_of(c.id) == scoped]
     before = {d: document_hash(cs) for d, cs in group_documents(mine).items()}
-    return new, diff_documents(group_documents(new), before), len(before)
+    diff = diff_documents(group_documents(new), before)
+    adopted: frozenset[str] = frozenset()
+    if scoped.pairs:
+        added, pairs = set(diff.added), dict(scoped.pairs)
+        adopted = frozenset(
+            c.doc_id
+            for c in old.chunks
+            if c.doc_id in added and not old.scope_of(c.id).pairs and pairs.items() <= c.meta().items()
+        )
+    return new, diff, len(before), adopted
 
 
 def update_index(
@@ -271,9 +287,13 @@ def update_index(
     """
     started = time.perf_counter()
     scoped = Scope.of(scope)
-    mine, diff, stored = plan_update(old, chunks, scope=scoped)
+    mine, diff, stored, adopted = plan_update(old, chunks, scope=scoped)
     check_removals(len(diff.removed), stored, scope=scoped, where="the index", prune=prune, max_share=max_removed)
-    kept = [c for c in old.chunks if old.scope_of(c.id) != scoped]
+    kept = [
+        c
+        for c in old.chunks
+        if old.scope_of(c.id) != scoped and not (c.doc_id in adopted and not old.scope_of(c.id).pairs)
+    ]
     new = KnowledgeIndex._dedupe([*kept, *mine])
     scopes = {c.id: old.scope_of(c.id) for c in kept} | {c.id: scoped for c in mine}
     old_ids = {content_hash(c): c.id for c in old.chunks}
@@ -300,5 +320,6 @@ def update_index(
         chunks=len(new),
         seconds=time.perf_counter() - started,
         scope=scoped,
+        adopted=len(adopted),
     )
     return index, summary

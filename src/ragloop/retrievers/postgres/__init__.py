@@ -53,7 +53,13 @@ which :meth:`~PostgresStore.sync` runs when a large share of the collection chan
 from __future__ import annotations
 
 from ragloop.retrievers.postgres._common import StoreInfo, hide_credentials
-from ragloop.retrievers.postgres._doctor import CollectionReport, ScopeCount, StoreReport, diagnose_store
+from ragloop.retrievers.postgres._doctor import (
+    CollectionReport,
+    ScopeCount,
+    StoreReport,
+    collection_exists,
+    diagnose_store,
+)
 from ragloop.retrievers.postgres._schema import SCHEMA_VERSION
 from ragloop.retrievers.postgres._store import PostgresStore
 
@@ -64,6 +70,7 @@ __all__ = [
     "ScopeCount",
     "StoreInfo",
     "StoreReport",
+    "collection_exists",
     "diagnose_store",
     "hide_credentials",
 ]

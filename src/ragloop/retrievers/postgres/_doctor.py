@@ -14,7 +14,7 @@ from ragloop.retrievers.scope import Scope
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
 
-__all__ = ["CollectionReport", "ScopeCount", "StoreReport", "diagnose_store"]
+__all__ = ["CollectionReport", "ScopeCount", "StoreReport", "collection_exists", "diagnose_store"]
 
 
 @frozen
@@ -107,18 +107,38 @@ class StoreReport:
         return data
 
 
+async def _connect(url: str) -> Any:
+    psycopg = psycopg_module()
+    try:
+        return await psycopg.AsyncConnection.connect(url, autocommit=True, application_name=_APP, connect_timeout=5)
+    except psycopg.Error as exc:
+        raise StoreUnavailable(f"cannot connect to {hide_password(url)}: {hide_credentials(str(exc), url)}") from exc
+
+
+async def collection_exists(url: str, collection: str) -> bool:
+    """Whether ``collection`` has a row in ``ragloop_schema`` or tables (read-only).
+
+    Raises:
+        StoreUnavailable: the server cannot be reached.
+    """
+    async with await _connect(url) as conn:
+        row = await (
+            await conn.execute(
+                "select to_regclass(%s) is not null or (to_regclass('ragloop_schema') is not null and exists "
+                "(select 1 from ragloop_schema where collection = %s))",
+                (f"{collection}_chunks", collection),
+            )
+        ).fetchone()
+    return bool(row and row[0])
+
+
 async def diagnose_store(url: str, collection: str | None = None) -> StoreReport:
     """Read (never write) what the database at ``url`` holds: every collection, or just ``collection``.
 
     Raises:
         StoreUnavailable: the server cannot be reached.
     """
-    psycopg = psycopg_module()
-    try:
-        conn = await psycopg.AsyncConnection.connect(url, autocommit=True, application_name=_APP, connect_timeout=5)
-    except psycopg.Error as exc:
-        raise StoreUnavailable(f"cannot connect to {hide_password(url)}: {hide_credentials(str(exc), url)}") from exc
-    async with conn:
+    async with await _connect(url) as conn:
         server = str((await (await conn.execute("show server_version")).fetchone() or ("?",))[0])
         row = await (await conn.execute("select extversion from pg_extension where extname = 'vector'")).fetchone()
         vector = str(row[0]) if row else None

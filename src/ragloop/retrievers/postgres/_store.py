@@ -101,6 +101,8 @@ class PostgresStore:
         self._checked = False
         self._generation = 0
         self._down_at: float | None = None
+        self._probe_lock: anyio.Lock | None = None
+        self._probed: tuple[float, str] | None = None  # when the last probe ran, and its error ("" when fine)
         self._keys: frozenset[str] | None = None
         #: Secondary indexes found missing when a reader (``create=False``) opened the collection.
         self.missing_indexes: tuple[str, ...] = ()
@@ -280,12 +282,25 @@ class PostgresStore:
                 raise RetrievalError(f"the Postgres store failed: {self._hidden(str(exc))}") from exc
 
     async def _probe(self) -> None:
-        """Connect once, outside the pool: raise :class:`StoreUnavailable` (and remember it) when that fails."""
-        try:
-            await probe(self.url, max(1.0, min(3.0, self.statement_timeout_s)))
-        except StoreUnavailable:
-            self._down_at = time.monotonic()
-            raise
+        """Connect once, outside the pool: raise :class:`StoreUnavailable` (and remember it) when that fails.
+
+        One probe at a time, and its answer stands for a second: searches queued on a busy pool, or failing
+        during an outage, do not each open a connection of their own.
+        """
+        if self._probe_lock is None:
+            self._probe_lock = anyio.Lock()
+        async with self._probe_lock:
+            if self._probed is not None and time.monotonic() - self._probed[0] < 1.0:
+                if self._probed[1]:
+                    raise StoreUnavailable(self._probed[1])
+                return
+            try:
+                await probe(self.url, max(1.0, min(3.0, self.statement_timeout_s)))
+            except StoreUnavailable as exc:
+                self._down_at = time.monotonic()
+                self._probed = (self._down_at, str(exc))
+                raise
+            self._probed = (time.monotonic(), "")
         if self._down_at is not None:
             self._down_at = None
             if self._pool is not None:

@@ -84,6 +84,7 @@ async def sync(  # noqa: PLR0913 — the options of PostgresStore.sync, which do
             if not dry_run:
                 raise
             refusal = str(exc)  # a dry run reports it
+        adopted = await legacy_documents(store, scope, diff.added)
         todo = [c for d in (*diff.added, *diff.changed) for c in docs[d]]
         hashes = sorted({content_hash(c) for c in todo})
         known = await stored_vectors(store, hashes)
@@ -99,6 +100,7 @@ async def sync(  # noqa: PLR0913 — the options of PostgresStore.sync, which do
                 scope=scope,
                 dry_run=True,
                 refusal=refusal,
+                adopted=len(adopted),
             )
         by_hash = {content_hash(c): c for c in todo}
         vectors = await embed_batched(store.embedder, [index_text(by_hash[h]) for h in missing], progress)
@@ -114,6 +116,8 @@ async def sync(  # noqa: PLR0913 — the options of PostgresStore.sync, which do
         work = [(d, docs[d]) for d in (*diff.added, *diff.changed)] + [(d, []) for d in diff.removed]
         for start in range(0, len(work), per_tx):
             await replace_documents(store, work[start : start + per_tx], known, scope=scope)
+        for d in adopted:  # after the scope's copy is in: a crash in between leaves a duplicate, never a gap
+            await replace_documents(store, [(d, [])], {}, scope=Scope())
         if bulk:
             await create_vector_index(store)
         if work:
@@ -128,8 +132,32 @@ async def sync(  # noqa: PLR0913 — the options of PostgresStore.sync, which do
             chunks=(await store.info()).chunks,
             seconds=time.perf_counter() - started,
             scope=scope,
+            adopted=len(adopted),
         )
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def legacy_documents(store: Store, scope: Scope, doc_ids: Sequence[str]) -> list[str]:
+    """Of ``doc_ids`` (new to ``scope``), those stored in the empty scope with every pair of ``scope`` in their
+    metadata: the same documents, indexed with the same ``--meta`` before scopes existed (a version-2
+    collection upgraded in place). The sync moves them into ``scope`` instead of adding a second copy."""
+    if not scope.pairs or not doc_ids:
+        return []
+    t = store._t
+
+    async def go(conn: AsyncConnection[Any]) -> list[str]:
+        rows = await (
+            await conn.execute(
+                f"select d.doc_id from {t['docs']} d where d.scope = '' and d.doc_id = any(%s) and exists "
+                f"(select 1 from {t['chunks']} c where c.scope = '' and c.doc_id = d.doc_id "
+                "and c.metadata @> %s::jsonb) order by 1",
+                (list(doc_ids), json.dumps(dict(scope.pairs))),
+            )
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    result: list[str] = await store._run(go)
+    return result
 
 
 async def stored_vectors(store: Store, hashes: Sequence[str]) -> dict[str, npt.NDArray[np.float32]]:
