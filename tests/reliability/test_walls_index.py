@@ -19,6 +19,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -71,6 +73,30 @@ class TestTenantRecipe:
                      "--filter", "tenant=acme"]) == 0  # fmt: skip
         hits = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
         assert hits and {h["metadata"]["tenant"] for h in hits} == {"acme"}
+
+    def test_the_readme_recipe_runs_as_written(
+        self, tmp_path: Path, pg_url: str, collection: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Every line of the README's tenant recipe, through the CLI (the store URL, folders and collection put
+        in, and the hash embedder added so that no model is needed): each exits 0 and acme keeps its 17."""
+        readme = (ROOT / "README.md").read_text(encoding="utf-8")
+        block = re.search(r"The tenant recipe.*?```bash\n(.*?)```", readme, re.S)
+        assert block is not None
+        acme, globex = tenant_folders(tmp_path)
+        lines = [line for line in block.group(1).splitlines() if line.strip()]
+        assert len(lines) == 5
+        for line in lines:
+            line = line.split("   #")[0].replace('"$RAGLOOP_STORE"', pg_url)
+            line = line.replace("acme-docs/", str(acme)).replace("globex-docs/", str(globex))
+            argv = shlex.split(line.replace("--collection kb", f"--collection {collection}"))
+            assert argv[0] == "ragloop"
+            if argv[1] == "index":
+                argv += ["--embedder", "hash"]
+            capsys.readouterr()
+            assert main(argv[1:]) == 0, (line, capsys.readouterr())
+            if "globex" in line:
+                assert tenant_counts(pg_url, collection) == {"acme": 17, "globex": 17}
+        assert "tenant=acme: 17 documents" in capsys.readouterr().out
 
     def test_rerunning_one_tenant_touches_only_that_tenant(
         self, tmp_path: Path, pg_url: str, collection: str, capsys: pytest.CaptureFixture[str]
@@ -371,6 +397,10 @@ class TestConcurrentRuns:
             assert len(await a.document_hashes({"tenant": "acme"})) == 9
             assert len(await a.document_hashes({"tenant": "globex"})) == 9
             assert (await a.info()).chunks == 18
+            assert {s.describe(): n for s, n in (await b.scopes()).items()} == {
+                "tenant=acme": (9, 9),
+                "tenant=globex": (9, 9),
+            }
 
 
 class TestLocalUpdate:

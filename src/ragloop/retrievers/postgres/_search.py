@@ -174,3 +174,14 @@ def fuse(store: Store, rows: Sequence[Any], k: int, n_tokens: int) -> list[Hit]:
         )
         hits.append(Hit(chunk=chunk, score=score, confidence=conf, ranks=ranks, scores=scores))
     return hits
+
+
+async def read_keys(store: Store) -> frozenset[str]:
+    """The metadata keys of the collection's chunks, read now."""
+    t = store._t
+
+    async def go(conn: AsyncConnection[Any]) -> frozenset[str]:
+        return frozenset(r[0] for r in await (await conn.execute(f"select key from {t['keys']}")).fetchall())
+
+    result: frozenset[str] = await store._run(go)
+    return result

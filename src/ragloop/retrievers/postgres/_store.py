@@ -313,14 +313,8 @@ class PostgresStore:
 
     async def read_metadata_keys(self) -> frozenset[str]:
         """The metadata keys of the collection's chunks, read now."""
-        t = self._t
-
-        async def go(conn: AsyncConnection[Any]) -> frozenset[str]:
-            return frozenset(r[0] for r in await (await conn.execute(f"select key from {t['keys']}")).fetchall())
-
-        keys: frozenset[str] = await self._run(go)
-        self._keys = keys
-        return keys
+        self._keys = await _search.read_keys(self)
+        return self._keys
 
     # --- search -----------------------------------------------------------------------------------------
 
@@ -377,17 +371,7 @@ class PostgresStore:
 
     async def scopes(self) -> dict[Scope, tuple[int, int]]:
         """Documents and chunks stored per scope."""
-        t = self._t
-
-        async def go(conn: AsyncConnection[Any]) -> dict[Scope, tuple[int, int]]:
-            docs = await (await conn.execute(f"select scope, count(*) from {t['docs']} group by 1")).fetchall()
-            chunks = dict(
-                await (await conn.execute(f"select scope, count(*) from {t['chunks']} group by 1")).fetchall()
-            )
-            return {Scope.from_label(label): (int(n), int(chunks.get(label, 0))) for label, n in docs}
-
-        result: dict[Scope, tuple[int, int]] = await self._run(go)
-        return result
+        return await _sync.scope_counts(self)
 
     # --- writing ----------------------------------------------------------------------------------------
 

@@ -418,3 +418,16 @@ async def delete_documents(store: Store, doc_ids: Iterable[str], scope: Scope) -
     for d in gone:
         await replace_documents(store, [(d, [])], {}, scope=scope)
     return len(gone)
+
+
+async def scope_counts(store: Store) -> dict[Scope, tuple[int, int]]:
+    """Documents and chunks stored per scope."""
+    t = store._t
+
+    async def go(conn: AsyncConnection[Any]) -> dict[Scope, tuple[int, int]]:
+        docs = await (await conn.execute(f"select scope, count(*) from {t['docs']} group by 1")).fetchall()
+        chunks = dict(await (await conn.execute(f"select scope, count(*) from {t['chunks']} group by 1")).fetchall())
+        return {Scope.from_label(label): (int(n), int(chunks.get(label, 0))) for label, n in docs}
+
+    result: dict[Scope, tuple[int, int]] = await store._run(go)
+    return result
