@@ -200,11 +200,12 @@ class BM25Retriever:
         self.name = name
         self._masks: dict[FilterKey, npt.NDArray[np.float32]] = {}
         self._keys: frozenset[str] | None = None
+        self._keys_read = False
 
-    def metadata_keys(self) -> frozenset[str]:
-        """Every metadata key of the indexed chunks (a filter on another key is refused)."""
-        if self._keys is None:
-            self._keys = metadata_keys(self.chunks.values())
+    def metadata_keys(self) -> frozenset[str] | None:
+        """Every metadata key of the indexed chunks (a filter on another key is refused); ``None``: no chunks."""
+        if not self._keys_read:
+            self._keys, self._keys_read = metadata_keys(self.chunks.values()), True
         return self._keys
 
     def search_sync(self, query: str, k: int = 10, filters: Filters | None = None) -> list[Hit]:

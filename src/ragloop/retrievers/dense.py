@@ -289,11 +289,12 @@ class DenseRetriever:
         self.name = name
         self._subsets: dict[FilterKey, tuple[list[str], npt.NDArray[np.float32]]] = {}
         self._keys: frozenset[str] | None = None
+        self._keys_read = False
 
-    def metadata_keys(self) -> frozenset[str]:
-        """Every metadata key of the indexed chunks (a filter on another key is refused)."""
-        if self._keys is None:
-            self._keys = metadata_keys(self.chunks.values())
+    def metadata_keys(self) -> frozenset[str] | None:
+        """Every metadata key of the indexed chunks (a filter on another key is refused); ``None``: no chunks."""
+        if not self._keys_read:
+            self._keys, self._keys_read = metadata_keys(self.chunks.values()), True
         return self._keys
 
     async def embed_query(self, query: str) -> npt.NDArray[np.float32]:

@@ -89,9 +89,14 @@ def matches(chunk: Chunk, filters: Filters) -> bool:
     return all(meta.get(key) in values for key, values in filters.items())
 
 
-def metadata_keys(chunks: Iterable[Chunk]) -> frozenset[str]:
-    """Every metadata key that at least one of ``chunks`` has."""
-    return frozenset(key for c in chunks for key, _ in c.metadata)
+def metadata_keys(chunks: Iterable[Chunk]) -> frozenset[str] | None:
+    """Every metadata key that at least one of ``chunks`` has; ``None`` when there are no chunks."""
+    keys: set[str] = set()
+    seen = False
+    for c in chunks:
+        seen = True
+        keys.update(key for key, _ in c.metadata)
+    return frozenset(keys) if seen else None
 
 
 @runtime_checkable
@@ -104,21 +109,20 @@ class KnowsKeys(Protocol):
 
 
 def check_filter_keys(filters: Filters | None, known: Collection[str] | None) -> None:
-    """Refuse a filter on a key that no chunk has (``known``: the keys that exist; ``None``/empty: unchecked,
-    an empty index finds nothing anyway).
+    """Refuse a filter on a key that no chunk has (``known``: the keys that exist, empty when the chunks have
+    no metadata at all; ``None``: not known, e.g. an empty index, which finds nothing anyway).
 
     Raises:
         UnknownFilterKey: a key is not in ``known``; the message lists the known keys.
     """
-    if not filters or not known:
+    if not filters or known is None:
         return
     unknown = sorted(k for k in filters if k not in known)
     if unknown:
         names = ", ".join(repr(k) for k in unknown)
         what = "filter key" if len(unknown) == 1 else "filter keys"
-        raise UnknownFilterKey(
-            f"unknown {what} {names}: no indexed chunk has it; known keys: {', '.join(sorted(known))}"
-        )
+        listed = ", ".join(sorted(known)) or "none (the indexed chunks have no metadata)"
+        raise UnknownFilterKey(f"unknown {what} {names}: no indexed chunk has it; known keys: {listed}")
 
 
 def check_retriever_filters(retriever: object, filters: Filters | None) -> None:

@@ -190,8 +190,8 @@ class HybridRetriever:
             all_scores = all_scores * self.bm25.mask(filters)
         return self.bm25.index.top(all_scores, best, depth), all_scores, best
 
-    def metadata_keys(self) -> frozenset[str]:
-        """Every metadata key of the indexed chunks (a filter on another key is refused)."""
+    def metadata_keys(self) -> frozenset[str] | None:
+        """Every metadata key of the indexed chunks (a filter on another key is refused); ``None``: no chunks."""
         return self.bm25.metadata_keys()
 
     async def search(self, query: str, k: int = 10, filters: Filters | None = None) -> list[Hit]:

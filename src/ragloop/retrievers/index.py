@@ -479,11 +479,11 @@ class KnowledgeIndex:
             docs.setdefault(self.scope_of(c.id), set()).add(c.doc_id)
         return {scope: len(ids) for scope, ids in docs.items()}
 
-    def metadata_keys(self) -> frozenset[str]:
-        """Every metadata key of the indexed chunks (a filter on another key is refused)."""
+    def metadata_keys(self) -> frozenset[str] | None:
+        """Every metadata key of the indexed chunks (a filter on another key is refused); ``None``: no chunks."""
         if self._keys is None:
-            self._keys = metadata_keys(self._chunks)
-        return self._keys
+            self._keys = metadata_keys(self._chunks) or frozenset()
+        return self._keys if self._chunks else None
 
     @property
     def version(self) -> str:

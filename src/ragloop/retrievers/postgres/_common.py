@@ -82,8 +82,12 @@ class Store(Protocol):
         """Counts and embedder of the collection."""
         ...
 
-    async def read_metadata_keys(self) -> frozenset[str]:
-        """The metadata keys of the collection's chunks, read now."""
+    async def read_metadata_keys(self) -> frozenset[str] | None:
+        """The metadata keys of the collection's chunks, read now (``None``: it holds no chunk)."""
+        ...
+
+    def metadata_keys(self) -> frozenset[str] | None:
+        """The metadata keys as last read."""
         ...
 
 

@@ -43,7 +43,7 @@ async def search(store: Store, query: str, k: int = 10, filters: Filters | None 
         RetrievalError: the server failed twice or a statement ran past the timeout.
     """
     if filters:
-        known = store._keys
+        known = store.metadata_keys()
         if known is None or any(key not in known for key in filters):
             known = await store.read_metadata_keys()  # a key another process wrote since this one read them?
         check_filter_keys(filters, known)
@@ -176,12 +176,9 @@ def fuse(store: Store, rows: Sequence[Any], k: int, n_tokens: int) -> list[Hit]:
     return hits
 
 
-async def read_keys(store: Store) -> frozenset[str]:
-    """The metadata keys of the collection's chunks, read now."""
-    t = store._t
-
-    async def go(conn: AsyncConnection[Any]) -> frozenset[str]:
-        return frozenset(r[0] for r in await (await conn.execute(f"select key from {t['keys']}")).fetchall())
-
-    result: frozenset[str] = await store._run(go)
-    return result
+async def read_keys(conn: AsyncConnection[Any], t: dict[str, str]) -> frozenset[str] | None:
+    """The metadata keys of the collection's chunks, read now; ``None`` when it holds no chunk."""
+    row = await (await conn.execute(f"select n from {t['stats']}")).fetchone()
+    if not row or not row[0]:
+        return None
+    return frozenset(r[0] for r in await (await conn.execute(f"select key from {t['keys']}")).fetchall())

@@ -166,9 +166,7 @@ class PostgresStore:
         async with conn:
             try:
                 await self._ensure_schema(conn)
-                self._keys = frozenset(
-                    r[0] for r in await (await conn.execute(f"select key from {self._t['keys']}")).fetchall()
-                )
+                self._keys = await _search.read_keys(conn, self._t)
             except psycopg.OperationalError as exc:
                 raise StoreUnavailable(f"lost the connection to {self._redacted()}: {self._hidden(str(exc))}") from exc
             except psycopg.Error as exc:
@@ -311,9 +309,9 @@ class PostgresStore:
         before the store has opened."""
         return self._keys
 
-    async def read_metadata_keys(self) -> frozenset[str]:
-        """The metadata keys of the collection's chunks, read now."""
-        self._keys = await _search.read_keys(self)
+    async def read_metadata_keys(self) -> frozenset[str] | None:
+        """The metadata keys of the collection's chunks, read now (``None``: it holds no chunk)."""
+        self._keys = await self._run(lambda conn: _search.read_keys(conn, self._t))
         return self._keys
 
     # --- search -----------------------------------------------------------------------------------------

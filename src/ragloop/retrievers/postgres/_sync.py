@@ -270,8 +270,8 @@ async def replace_documents(
             await _write_docs(conn, t, label, kept, gone_docs, keys)
 
     await store._run(go)
-    if keys and store._keys is not None:
-        store._keys = store._keys | keys
+    if rows:  # the collection now holds chunks: the keys known here grow by theirs
+        store._keys = (store._keys or frozenset()) | keys
 
 
 async def _write_docs(
