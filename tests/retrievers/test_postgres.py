@@ -174,7 +174,6 @@ class TestFilters:
                     assert all(meta[key] in values for key, values in filters.items())
             assert await store.search("anything", k=5, filters={"tenant": ("other",)}) == []
 
-
     async def test_filters_on_an_empty_or_metadata_free_collection(self, pg_url: str, collection: str) -> None:
         """An empty collection: a filter finds nothing, no error; chunks without metadata: every key is unknown."""
         from ragloop.errors import UnknownFilterKey
