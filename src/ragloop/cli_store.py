@@ -176,6 +176,8 @@ def index_scope(args: argparse.Namespace) -> Scope:
 
     meta = parse_pairs(getattr(args, "meta", []), "--meta")
     given = parse_pairs(getattr(args, "scope", []), "--scope")
+    if "path" in given:
+        raise ConfigError("--scope path=… would give every document the same path; scope by another key (tenant=…)")
     if not given:
         return Scope(meta)
     for key, value in given.items():

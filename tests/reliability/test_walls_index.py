@@ -510,14 +510,14 @@ def _scope_rows(rows: list[tuple[Any, ...]], label: str, *, inside: bool) -> lis
 
 class TestScopeProperty:
     @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-    @given(runs=_runs(), prune=st.booleans())
+    @given(runs=_runs(), prune=st.booleans(), dry=st.lists(st.booleans(), min_size=5, max_size=5))
     def test_no_document_outside_a_runs_scope_changes_in_the_store(
-        self, pg_server: Any, runs: list[tuple[int, dict[str, str]]], prune: bool
+        self, pg_server: Any, runs: list[tuple[int, dict[str, str]]], prune: bool, dry: list[bool]
     ) -> None:
-        """Random runs over random scopes: other scopes' rows (chunks, postings, documents) never change; the
-        run's own scope then holds exactly its folder (or, refused, is unchanged). (The one move across scopes,
-        of documents indexed before scopes existed, needs unscoped documents carrying a scope's metadata, which
-        these runs never write; it has its own tests.)"""
+        """Random runs (some dry) over random scopes: other scopes' rows (chunks, postings, documents) never
+        change; the run's own scope then holds exactly its folder (refused or dry: nothing changed at all). The
+        one move across scopes, of documents indexed before scopes existed, needs unscoped documents carrying a
+        scope's metadata, which these runs never write; it has its own tests."""
         import psycopg
 
         from ragloop.errors import PruneRefused
@@ -543,12 +543,12 @@ class TestScopeProperty:
 
         async def go() -> None:
             async with PostgresStore(url, HashEmbedder(16), collection=collection) as store:
-                for number, folder in runs:
+                for (number, folder), dry_run in zip(runs, dry, strict=False):
                     scope = Scope.of(_SCOPES[number])
                     before = rows()
                     try:
-                        await store.sync(_chunks(folder), scope=scope, prune=prune)
-                        refused = False
+                        await store.sync(_chunks(folder), scope=scope, prune=prune, dry_run=dry_run)
+                        refused = dry_run  # a dry run changes nothing either
                     except PruneRefused:
                         refused = True
                     after = rows()

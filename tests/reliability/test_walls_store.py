@@ -217,6 +217,10 @@ class TestSchemaMismatch:
         with pytest.raises(IndexError_, match=r"schema version 2.*ragloop index"):
             async with PostgresStore(pg_url, collection=collection, create=False):
                 pass
+        from ragloop.retrievers.postgres import diagnose_store
+
+        (old,) = (await diagnose_store(pg_url, collection)).collections
+        assert old.schema_version == 2 and old.documents == 4 and "upgrade it in place" in old.problems[0]
         async with PostgresStore(pg_url, HashEmbedder(32), collection=collection) as store:
             summary = await store.sync(chunks)
             assert (summary.added, summary.unchanged) == (0, 4)
