@@ -292,6 +292,8 @@ class TestStoreDown:
                             await store.search("rotate api key", 3)
                         assert time.perf_counter() - started < 4.0
                         assert isinstance(caught.value, RetrievalError)
+                    with pytest.raises(StoreUnavailable):
+                        await store.ping()  # what /readyz asks
                     reply = await rag.ask("How do I rotate an API key?")
                     assert "unreachable" in json.dumps(reply.record.as_dict())
                 finally:
@@ -300,6 +302,7 @@ class TestStoreDown:
                     while True:
                         try:
                             assert await store.search("rotate api key", 3)
+                            await store.ping()
                             break
                         except StoreUnavailable:
                             await anyio.sleep(0.2)

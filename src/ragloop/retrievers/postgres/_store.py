@@ -355,17 +355,15 @@ class PostgresStore:
 
     async def document_hashes(self, scope: Scope | Mapping[str, str] | None = None) -> dict[str, str]:
         """Document id → document hash, for the documents stored under ``scope`` (``None``: the empty scope)."""
-        t = self._t
-        label = Scope.of(scope).label
+        return await _sync.document_hashes(self, Scope.of(scope))
 
-        async def go(conn: AsyncConnection[Any]) -> dict[str, str]:
-            rows = await (
-                await conn.execute(f"select doc_id, hash from {t['docs']} where scope = %s", (label,))
-            ).fetchall()
-            return {r[0]: r[1] for r in rows}
+    async def ping(self) -> None:
+        """One trivial statement on a pooled connection (what a readiness probe asks).
 
-        result: dict[str, str] = await self._run(go)
-        return result
+        Raises:
+            StoreUnavailable: the server cannot be reached (within about a second).
+        """
+        await self._run(lambda conn: conn.execute("select 1"))
 
     async def scopes(self) -> dict[Scope, tuple[int, int]]:
         """Documents and chunks stored per scope."""

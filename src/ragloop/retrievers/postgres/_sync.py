@@ -431,3 +431,15 @@ async def scope_counts(store: Store) -> dict[Scope, tuple[int, int]]:
 
     result: dict[Scope, tuple[int, int]] = await store._run(go)
     return result
+
+
+async def document_hashes(store: Store, scope: Scope) -> dict[str, str]:
+    """Document id → document hash, for the documents stored under ``scope``."""
+    t = store._t
+
+    async def go(conn: AsyncConnection[Any]) -> dict[str, str]:
+        sql = f"select doc_id, hash from {t['docs']} where scope = %s"
+        return {r[0]: r[1] for r in await (await conn.execute(sql, (scope.label,))).fetchall()}
+
+    result: dict[str, str] = await store._run(go)
+    return result
