@@ -28,7 +28,7 @@ from ragloop.errors import ConfigError, InputError
 from ragloop.events import Event, EventStream
 from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
 from ragloop.retrievers.base import Embedder, Retriever
-from ragloop.retrievers.filters import FiltersArg, normalize_filters
+from ragloop.retrievers.filters import FiltersArg, check_retriever_filters, normalize_filters
 from ragloop.retrievers.live import LiveSource
 from ragloop.runner import RunResult
 from ragloop.state import Caller, Citation, ContextBlock, Message, Outcome, PageContext, TurnState
@@ -327,6 +327,7 @@ class ChatRAG:
             index_version=index_version,
         )
         self.graph = build_graph(self.nodes, settings)
+        self._retriever = retriever  # filters are checked against the metadata keys it knows
         #: The caches given (:meth:`ask` uses the reply cache, when there is one).
         self.caches = caches
         self._index_version = index_version or (lambda: str(getattr(retriever, "version", "")))
@@ -577,13 +578,15 @@ class ChatRAG:
         """The validated state a turn starts from (raises :class:`InputError` on unusable input)."""
         if caller is not None and not isinstance(caller, Caller):
             raise InputError(f"caller must be a ragloop.state.Caller or None, got {type(caller).__name__}")
-        return TurnState(
+        state = TurnState(
             question=validate_question(question, max_chars=self.max_question_chars),
             history=_history(history, max_messages=self.max_history_messages, max_chars=self.max_history_chars),
             page=_page(page_url, page_title),
             filters=_filters(filters),
             caller=caller,
         )
+        check_retriever_filters(self._retriever, state.filters)  # UnknownFilterKey: a misspelled key
+        return state
 
     def _deadline(self, deadline_s: float | None) -> float | None:
         value = self.settings.deadline_s if deadline_s is None else deadline_s
@@ -616,7 +619,8 @@ class ChatRAG:
                 shows the user only what their organisation may see.
 
         Raises:
-            InputError: The question, history, page context or filters are unusable; the message says why.
+            InputError: The question, history, page context or filters are unusable (a filter key no chunk has
+                is :class:`~ragloop.errors.UnknownFilterKey`); the message says why.
         """
         state = self.new_state(
             question, history=history, page_url=page_url, page_title=page_title, filters=filters, caller=caller
