@@ -1,26 +1,45 @@
-"""The Postgres store against the local index: quality, latency at scale, and in-place updates.
+"""The Postgres store against the local index and against the raw SQL the engine needs.
 
-Runs a real PostgreSQL 16 + pgvector (the ``pgserver`` wheel) in a temporary folder and measures:
+Runs a real PostgreSQL 16 + pgvector (the ``pgserver`` wheel) and measures:
 
 1. **Quality** on a BEIR folder (SciFact train by default) with MiniLM: the corpus is loaded into a fresh
    collection (``PostgresStore.sync``: every chunk embedded; this is the *full rebuild*), the local
    ``KnowledgeIndex`` is built from the very same vectors (recorded while the store embedded them), and
    both answer every judged query with hybrid search under ``ragloop eval``'s protocol (150 chunks, documents
    ranked by their best chunk): nDCG@10, recall@10/100, MRR@10 side by side, and how many queries get the
-   same top-10 documents from both.
+   same top-10 documents from both. ``--skip-quality`` leaves it out.
 2. **Updates**: 1 % of the documents (seeded) get a sentence appended; ``sync`` then replaces only those
    documents, embedding only their changed chunks. Seconds and chunks embedded, against the full rebuild;
    the same for the local index (``update_index``).
-3. **Latency at scale**: collections of ``--sizes`` chunks (the corpus's chunks repeated under new document
-   ids, each copy made distinct by one extra word; 384-dim vectors from the hash embedder, so building
-   100k chunks does not take an hour of MiniLM), ``--queries`` sequential hybrid searches (k=10, p50/p95
-   ms, query embedding included), then ``--concurrency`` searches at a time through a pool of
-   ``--pool-size`` connections (per-search p50/p95 and searches/s), and the local index's hybrid search on
-   the same chunks for reference.
+3. **Latency at scale, beside the engine**: collections of ``--sizes`` chunks (the corpus's chunks repeated
+   under new document ids, each copy made distinct by one extra word, every document given a ``tenant`` (one
+   of 100, ~1 % of the chunks each) and a ``group`` (one of 4); 384-dim hash-embedder vectors, so 100k chunks
+   do not take an hour of MiniLM). In one run, interleaved query by query (the order rotating):
+
+   - ``store``: ``PostgresStore.search`` (hybrid, k=10, query embedding included);
+   - ``raw-or``: the reference, hand-written SQL on a pool of its own, one prepared statement and one round
+     trip per search: pgvector k-NN on the HNSW index and Postgres full-text ranking (``ts_rank_cd`` over the
+     store's ``tsv`` column, GIN index) of chunks holding *any* query word (the store's and the local index's
+     semantics), the two top-``depth`` lists fused by RRF in SQL, the top-k rows with text and metadata;
+   - ``raw-and``: the same with chunks holding *every* query word (``plainto_tsquery``'s semantics, as in
+     pgvector's hybrid-search example; a different, narrower search, for reference);
+   - ``local``: the local index's hybrid search on the same chunks (``--no-local`` skips it).
+
+   Then ``--concurrency`` searches at a time through a pool of ``--pool-size`` connections, store and raw-or
+   in turn for ``--rounds`` rounds; and filtered searches (one tenant, one group): latency and the share that
+   filled k.
+4. **Where the time goes**, per search: the statements (round trips) the server ran and their server time
+   (from the server's statement log, switched on for a short pass), this process's CPU, the server's CPU (all
+   backends), and, in the concurrent runs, the pool's wait per connection request.
+
+The 1-minute load average is recorded beside every figure (the machine may be shared). The server's data
+folder (``--pgdata``) is kept between runs, and a collection that already holds the wanted chunks is reused
+(``--fresh`` starts over): building 100k chunks takes minutes.
 
 Usage::
 
     python benchmarks/bench_store.py --beir ../shared/data/scifact-train --split train
+    nice python benchmarks/bench_store.py --skip-quality --sizes 10000 100000 --out benchmarks/results/X.json
 
 Writes ``benchmarks/results/bench_store.json`` (and ``.txt``, the printed table). Prints medians and ratios
 and never asserts anything.
@@ -35,12 +54,14 @@ import math
 import os
 import platform
 import random
+import re
 import shutil
 import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Sequence
+import zlib
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -126,8 +147,13 @@ def _edit(chunks: Sequence[Chunk], share: float, seed: int) -> tuple[list[Chunk]
     return out, len(chosen)
 
 
+#: Bump when _scaled changes what it makes: a cached collection of another recipe is rebuilt.
+RECIPE = "copies+tenant100+group4 v1"
+
+
 def _scaled(chunks: Sequence[Chunk], size: int) -> list[Chunk]:
-    """``size`` chunks: copies of the corpus under new document ids, each copy distinct by one word."""
+    """``size`` chunks: copies of the corpus under new document ids, each copy distinct by one word; every
+    document has a ``tenant`` (one of 100) and a ``group`` (one of 4) by a stable hash of its id."""
     out: list[Chunk] = []
     copy = 0
     while len(out) < size:
@@ -135,57 +161,368 @@ def _scaled(chunks: Sequence[Chunk], size: int) -> list[Chunk]:
             if len(out) >= size:
                 break
             if copy == 0:
-                out.append(c)
+                text, doc = c.text, c.doc_id
             else:
-                text = f"{c.text} copy{copy}"
-                out.append(attrs.evolve(c, text=text, id=chunk_id(text), doc_id=f"{c.doc_id}~{copy}"))
+                text, doc = f"{c.text} copy{copy}", f"{c.doc_id}~{copy}"
+            h = zlib.crc32(doc.encode())
+            meta = {**c.meta(), "tenant": f"t{h % 100}", "group": f"g{(h // 100) % 4}"}
+            out.append(attrs.evolve(c, text=text, id=chunk_id(text), doc_id=doc, metadata=meta))
         copy += 1
     return out
 
 
-async def _latency(store: PostgresStore, local: KnowledgeIndex, queries: list[str], concurrency: int) -> dict[str, Any]:
-    for q in queries[:5]:  # warm-up: pool connections, caches
-        await store.search(q, 10)
-        await local.search(q, 10)
-    seq: list[float] = []
+async def _drop_collection(url: str, name: str) -> None:
+    """Remove a collection's tables and its ragloop_schema row (the quality phase times a fresh build)."""
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        for suffix in ("chunks", "postings", "docs", "terms", "stats", "keys"):
+            await conn.execute(f"drop table if exists {name}_{suffix}")
+        if await (await conn.execute("select to_regclass('ragloop_schema')")).fetchone() != (None,):
+            await conn.execute("delete from ragloop_schema where collection = %s", (name,))
+
+
+async def _cached(url: str, name: str, size: int) -> bool:
+    """Whether collection ``name`` already holds the ``size`` chunks of this :data:`RECIPE`."""
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute("create table if not exists bench_recipe (collection text primary key, recipe text)")
+        row = await (await conn.execute("select recipe from bench_recipe where collection = %s", (name,))).fetchone()
+        if row is None or row[0] != f"{RECIPE} size={size}":
+            return False
+        n = await (await conn.execute(f"select count(*) from {name}_chunks")).fetchone()
+        return n is not None and n[0] == size
+
+
+async def _mark_cached(url: str, name: str, size: int) -> None:
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute(
+            "insert into bench_recipe values (%s, %s) on conflict (collection) do update set recipe = excluded.recipe",
+            (name, f"{RECIPE} size={size}"),
+        )
+
+
+RAW_SQL = """
+with knn as materialized (
+    select doc_id, chunk_id, row_number() over (order by dist) as r from (
+        select doc_id, chunk_id, embedding <=> %(vec)s as dist from {chunks} where {where}
+        order by embedding <=> %(vec)s limit %(depth)s
+    ) s
+),
+lex as materialized (
+    select doc_id, chunk_id, row_number() over (order by rank desc, chunk_id) as r from (
+        select doc_id, chunk_id, ts_rank_cd(tsv, q) as rank from {chunks}, cast(%(tsq)s as tsquery) q
+        where tsv @@ q and {where} order by rank desc, chunk_id limit %(depth)s
+    ) s
+),
+fused as (
+    select doc_id, chunk_id, coalesce(1.0 / (%(rrf)s + knn.r), 0) + coalesce(1.0 / (%(rrf)s + lex.r), 0) as score
+    from knn full join lex using (doc_id, chunk_id) order by score desc, chunk_id limit %(k)s
+)
+select c.doc_id, c.chunk_id, c.text, c.source, c.title, c.title_path, c.url, c.metadata, f.score
+from fused f join {chunks} c using (doc_id, chunk_id) order by f.score desc, c.chunk_id
+"""
+
+
+def _load() -> float:
+    """The 1-minute load average, printed beside every figure."""
+    return round(os.getloadavg()[0], 2)
+
+
+def _tsquery(tokens: Sequence[str], op: str) -> str:
+    """A ``tsquery`` literal of the store's own tokens joined by ``|`` (any word) or ``&`` (every word)."""
+    quoted = ["'" + t.replace("\\", "\\\\").replace("'", "''") + "'" for t in dict.fromkeys(tokens)]
+    return f" {op} ".join(quoted) or "''"
+
+
+class RawSearch:
+    """The reference: the same hybrid search as one hand-written prepared statement, one round trip."""
+
+    def __init__(self, pool: Any, store: PostgresStore, op: str) -> None:
+        self.pool, self.store, self.op = pool, store, op
+        self.chunks = f"{store.collection}_chunks"
+
+    async def search(self, query: str, k: int = 10, filters: dict[str, tuple[str, ...]] | None = None) -> list[Any]:
+        vec = np.asarray((await self.store.embedder.embed([query]))[0], dtype=np.float32)
+        params: dict[str, Any] = {
+            "vec": vec,
+            "tsq": _tsquery(self.store.tokenizer(query), self.op),
+            "depth": self.store.depth,
+            "rrf": self.store.rrf_k,
+            "k": k,
+        }
+        where = "true"
+        if filters:
+            ((key, (value,)),) = filters.items()
+            where = "metadata @> %(f)s::jsonb"
+            params["f"] = json.dumps({key: value})
+        sql = RAW_SQL.format(chunks=self.chunks, where=where)
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql, params, prepare=True)
+            return await cur.fetchall()
+
+
+async def _raw_pool(url: str, size: int, ef_search: int) -> Any:
+    """A pool of ``size`` connections for the reference query: the store's session settings, no checks."""
+    from pgvector.psycopg import register_vector_async
+    from psycopg_pool import AsyncConnectionPool
+
+    async def configure(conn: Any) -> None:
+        await register_vector_async(conn)
+        await conn.execute(f"set hnsw.ef_search = {int(ef_search)}")
+        await conn.execute("set max_parallel_workers_per_gather = 0")
+
+    pool: Any = AsyncConnectionPool(
+        url,
+        min_size=size,
+        max_size=size,
+        kwargs={"autocommit": True, "application_name": "ragloop-raw"},
+        configure=configure,
+        open=False,
+    )
+    await pool.open(wait=True, timeout=30)
+    return pool
+
+
+def _server_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of every process of the server (postmaster's children)."""
+    import psutil
+
+    total = 0.0
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            t = child.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
+def _ms(values: Sequence[float]) -> dict[str, float]:
+    return {"p50": round(percentile(values, 50), 3), "p95": round(percentile(values, 95), 3)}
+
+
+Search = Callable[[str], Awaitable[Any]]
+
+
+async def _side_by_side(methods: dict[str, Search], queries: Sequence[str]) -> dict[str, Any]:
+    """Every query through every method, the order rotating query by query; per method p50/p95 ms."""
+    names = list(methods)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    load = [_load()]
+    for i, q in enumerate(queries):
+        for j in range(len(names)):
+            name = names[(i + j) % len(names)]
+            started = time.perf_counter()
+            await methods[name](q)
+            times[name].append((time.perf_counter() - started) * 1000)
+    load.append(_load())
+    return {"ms": {n: _ms(t) for n, t in times.items()}, "load": load, "searches": len(queries)}
+
+
+async def _cpu_pass(search: Search, queries: Sequence[str], pid: int) -> dict[str, Any]:
+    """One method alone, sequentially: wall, this process's CPU and the server's CPU per search."""
+    n = len(queries)
+    load0, cpu0, srv0, t0 = _load(), time.process_time(), _server_cpu_s(pid), time.perf_counter()
     for q in queries:
-        started = time.perf_counter()
-        await store.search(q, 10)
-        seq.append((time.perf_counter() - started) * 1000)
-    loc: list[float] = []
-    for q in queries:
-        started = time.perf_counter()
-        await local.search(q, 10)
-        loc.append((time.perf_counter() - started) * 1000)
-    conc: list[float] = []
+        await search(q)
+    wall, cpu, srv = time.perf_counter() - t0, time.process_time() - cpu0, _server_cpu_s(pid) - srv0
+    return {
+        "wall_ms_per_search": round(wall * 1000 / n, 3),
+        "client_cpu_ms_per_search": round(cpu * 1000 / n, 3),
+        "server_cpu_ms_per_search": round(srv * 1000 / n, 3),
+        "load": [load0, _load()],
+    }
+
+
+_LOG_LINE = re.compile(
+    r"^(?P<app>[^|\n]*)\|LOG:\s+duration: (?P<ms>[\d.]+) ms\s+(?P<kind>statement|parse|bind|execute)",
+    re.M,
+)
+
+
+async def _statement_pass(url: str, log: Path, searches: dict[str, tuple[str, Search]], queries: Sequence[str]) -> Any:
+    """Per method (application name, search): statements and round trips per search and their server time,
+    read from the server's log with ``log_min_duration_statement = 0`` on for this pass only."""
+    import psycopg
+
+    out: dict[str, Any] = {}
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
+        for name, (app, search) in searches.items():
+            await admin.execute("alter system set log_line_prefix = '%a|'")
+            await admin.execute("alter system set log_min_duration_statement = 0")
+            await admin.execute("select pg_reload_conf()")
+            await anyio.sleep(0.3)
+            offset = log.stat().st_size
+            for q in queries:
+                await search(q)
+            await admin.execute("alter system reset log_min_duration_statement")
+            await admin.execute("alter system reset log_line_prefix")
+            await admin.execute("select pg_reload_conf()")
+            await anyio.sleep(0.3)
+            with log.open("rb") as f:
+                f.seek(offset)
+                text = f.read().decode("utf-8", "replace")
+            kinds: dict[str, int] = {}
+            server_ms = 0.0
+            for m in _LOG_LINE.finditer(text.replace("\r", "")):
+                if m["app"] != app:
+                    continue
+                kinds[m["kind"]] = kinds.get(m["kind"], 0) + 1
+                server_ms += float(m["ms"])
+            n = len(queries)
+            out[name] = {
+                # Each statement or extended-protocol execute is one round trip (psycopg syncs after each).
+                "round_trips_per_search": round((kinds.get("statement", 0) + kinds.get("execute", 0)) / n, 2),
+                "log_lines_per_search": {kind: round(c / n, 2) for kind, c in sorted(kinds.items())},
+                "server_ms_per_search": round(server_ms / n, 3),
+                "searches": n,
+            }
+    return out
+
+
+async def _concurrent(search: Search, queries: Sequence[str], concurrency: int, pool: Any, pid: int) -> dict[str, Any]:
+    """``concurrency`` workers sharing ``queries``: per-search p50/p95, throughput, CPU and the pool's waits."""
+    lat: list[float] = []
     errors: list[str] = []
     todo = list(queries)
+    pool.pop_stats()
 
     async def worker() -> None:
         while todo:
             q = todo.pop()
             started = time.perf_counter()
             try:
-                await store.search(q, 10)
+                await search(q)
             except RetrievalError as exc:  # counted, not fatal: the report says how many failed and why
                 errors.append(str(exc)[:200])
                 continue
-            conc.append((time.perf_counter() - started) * 1000)
+            lat.append((time.perf_counter() - started) * 1000)
 
-    started = time.perf_counter()
+    load0, cpu0, srv0, t0 = _load(), time.process_time(), _server_cpu_s(pid), time.perf_counter()
     async with anyio.create_task_group() as tg:
         for _ in range(concurrency):
             tg.start_soon(worker)
-    wall = time.perf_counter() - started
+    wall, cpu, srv = time.perf_counter() - t0, time.process_time() - cpu0, _server_cpu_s(pid) - srv0
+    stats = pool.pop_stats()
+    n = max(1, len(lat) + len(errors))
     return {
-        "postgres_sequential_ms": {"p50": percentile(seq, 50), "p95": percentile(seq, 95)},
-        "local_sequential_ms": {"p50": percentile(loc, 50), "p95": percentile(loc, 95)},
-        f"postgres_{concurrency}_concurrent_ms": {"p50": percentile(conc, 50), "p95": percentile(conc, 95)},
-        f"postgres_{concurrency}_concurrent_searches_per_s": len(conc) / wall,
-        "searches": len(queries),
-        f"postgres_{concurrency}_concurrent_errors": len(errors),
-        "errors": errors[:5],
+        "latencies": lat,
+        "wall_s": wall,
+        "errors": errors,
+        "client_cpu_ms_per_search": cpu * 1000 / n,
+        "server_cpu_ms_per_search": srv * 1000 / n,
+        "pool_wait_ms_per_request": stats.get("requests_wait_ms", 0) / max(1, stats.get("requests_num", 1)),
+        "pool_requests_queued": stats.get("requests_queued", 0),
+        "load": [load0, _load()],
     }
+
+
+def _merge_rounds(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    lat = [x for r in runs for x in r["latencies"]]
+    n = len(lat) + sum(len(r["errors"]) for r in runs)
+    wall = sum(r["wall_s"] for r in runs)
+    mean = lambda key: round(sum(r[key] for r in runs) / len(runs), 3)  # noqa: E731
+    return {
+        "ms": _ms(lat),
+        "searches_per_s": round(n / wall, 1) if wall else None,
+        "errors": sum(len(r["errors"]) for r in runs),
+        "error_samples": [e for r in runs for e in r["errors"]][:3],
+        "client_cpu_ms_per_search": mean("client_cpu_ms_per_search"),
+        "server_cpu_ms_per_search": mean("server_cpu_ms_per_search"),
+        "pool_wait_ms_per_request": mean("pool_wait_ms_per_request"),
+        "load": [x for r in runs for x in r["load"]],
+    }
+
+
+async def _filtered(
+    methods: dict[str, Callable[[str, dict[str, tuple[str, ...]]], Awaitable[Any]]],
+    queries: Sequence[str],
+    filters: dict[str, tuple[str, ...]],
+    k: int,
+) -> dict[str, Any]:
+    """Filtered searches side by side: p50/p95 ms and the share of searches that returned ``k`` rows."""
+    names = list(methods)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    full: dict[str, int] = dict.fromkeys(names, 0)
+    load = [_load()]
+    for i, q in enumerate(queries):
+        for j in range(len(names)):
+            name = names[(i + j) % len(names)]
+            started = time.perf_counter()
+            rows = await methods[name](q, filters)
+            times[name].append((time.perf_counter() - started) * 1000)
+            full[name] += len(rows) >= k
+    load.append(_load())
+    return {
+        "filters": {key: list(v) for key, v in filters.items()},
+        "ms": {n: _ms(t) for n, t in times.items()},
+        "filled_k_share": {n: round(full[n] / len(queries), 3) for n in names},
+        "load": load,
+    }
+
+
+async def _scale_run(
+    url: str,
+    pid: int,
+    log: Path,
+    store: PostgresStore,
+    local: KnowledgeIndex | None,
+    queries: list[str],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Everything measured on one collection (see the module docstring, items 3 and 4)."""
+    pool = await _raw_pool(url, args.pool_size, max(store.ef_search, store.depth))
+    try:
+        raw_or, raw_and = RawSearch(pool, store, "|"), RawSearch(pool, store, "&")
+        methods: dict[str, Search] = {
+            "store": lambda q: store.search(q, 10),
+            "raw-or": lambda q: raw_or.search(q, 10),
+            "raw-and": lambda q: raw_and.search(q, 10),
+        }
+        if local is not None:
+            methods["local"] = lambda q: local.search(q, 10)
+        for q in queries[:10]:  # warm-up: connections, prepared statements, caches
+            for search in methods.values():
+                await search(q)
+        out: dict[str, Any] = {"single": await _side_by_side(methods, queries)}
+        few = queries[: args.profile_queries]
+        out["cpu"] = {name: await _cpu_pass(methods[name], few, pid) for name in ("store", "raw-or")}
+        out["statements"] = await _statement_pass(
+            url, log, {"store": ("ragloop", methods["store"]), "raw-or": ("ragloop-raw", methods["raw-or"])}, few
+        )
+        runs: dict[str, list[dict[str, Any]]] = {"store": [], "raw-or": []}
+        pools = {"store": store._pool, "raw-or": pool}  # the store's pool statistics: a benchmark may look inside
+        for r in range(args.rounds):
+            for name in ("store", "raw-or") if r % 2 == 0 else ("raw-or", "store"):
+                runs[name].append(await _concurrent(methods[name], queries, args.concurrency, pools[name], pid))
+        out["concurrent"] = {name: _merge_rounds(rs) for name, rs in runs.items()}
+        fil = {
+            "store": lambda q, f: store.search(q, 10, f),
+            "raw-or": lambda q, f: raw_or.search(q, 10, f),
+        }
+        few = queries[: args.filtered_queries]
+        out["filtered"] = {
+            "tenant": await _filtered(fil, few, {"tenant": ("t7",)}, 10),
+            "group": await _filtered(fil, few, {"group": ("g1",)}, 10),
+        }
+        single = out["single"]["ms"]
+        out["ratios"] = {
+            "store_minus_raw_or_p50_ms": round(single["store"]["p50"] - single["raw-or"]["p50"], 3),
+            "store_over_raw_or_p95": round(single["store"]["p95"] / single["raw-or"]["p95"], 3),
+            "store_concurrent_p50_over_single_p50": round(
+                out["concurrent"]["store"]["ms"]["p50"] / single["store"]["p50"], 2
+            ),
+            "raw_or_concurrent_p50_over_single_p50": round(
+                out["concurrent"]["raw-or"]["ms"]["p50"] / single["raw-or"]["p50"], 2
+            ),
+        }
+        return out
+    finally:
+        await pool.close()
 
 
 def _save(report: dict[str, Any], out: Path) -> None:
@@ -200,12 +537,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     queries = load_queries(beir)
     qrels = {q: r for q, r in load_qrels(beir, args.split).items() if q in queries}
     chunks = list(ingest_path(beir).chunks)
-    root = Path(tempfile.mkdtemp(prefix="ragloop-bench-store-"))
-    root.chmod(0o755)
+    pgdata = Path(args.pgdata)
+    if args.fresh:
+        shutil.rmtree(pgdata, ignore_errors=True)
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        server = pgserver.get_server(root / "data", cleanup_mode="stop")  # type: ignore[attr-defined]
-    url = server.get_uri()
+        server = pgserver.get_server(pgdata, cleanup_mode="stop")  # type: ignore[attr-defined]
+    url, pid = server.get_uri(), server.get_pid()
     report: dict[str, Any] = {
         "corpus": str(beir),
         "split": args.split,
@@ -217,6 +556,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     }
     try:
         if not args.skip_quality:
+            await _drop_collection(url, "quality")
             embedder = RecordingEmbedder(MiniLMEmbedder())
             async with PostgresStore(
                 url, embedder, collection="quality", pool_size=args.pool_size, statement_timeout_s=args.timeout
@@ -246,27 +586,38 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     "local_assemble_seconds": local_assemble_s,
                 }
                 _save(report, Path(args.out))
-        hash_embedder = RecordingEmbedder(HashEmbedder(384))
+        hash_embedder = HashEmbedder(384)
         query_texts = [queries[q] for q in sorted(qrels)][: args.queries]
         report["scale"] = {}
         for size in args.sizes:
             data = _scaled(chunks, size)
             name = f"scale{size}"
+            cached = await _cached(url, name, size)
             async with PostgresStore(
                 url, hash_embedder, collection=name, pool_size=args.pool_size, statement_timeout_s=args.timeout
             ) as store:
-                print(f"loading {size} chunks …", file=sys.stderr)
-                load = await store.sync(data)
-                local = await anyio.to_thread.run_sync(functools.partial(KnowledgeIndex.build, data, hash_embedder))
-                print(f"searching at {size} …", file=sys.stderr)
-                lat = await _latency(store, local, query_texts, args.concurrency)
-                report["scale"][str(size)] = {"load": load.as_dict(), "local_dense": local.dense.kind, **lat}
+                if cached:
+                    print(f"{size} chunks: cached in {pgdata}", file=sys.stderr)
+                    load: dict[str, Any] = {"cached": True}
+                else:
+                    print(f"loading {size} chunks …", file=sys.stderr)
+                    load = {**(await store.sync(data, prune=True)).as_dict(), "load": [_load()]}
+                    await _mark_cached(url, name, size)
+                local = None
+                if not args.no_local:
+                    local = await anyio.to_thread.run_sync(functools.partial(KnowledgeIndex.build, data, hash_embedder))
+                print(f"searching at {size} (load {_load()}) …", file=sys.stderr)
+                run = await _scale_run(url, pid, pgdata / "log", store, local, query_texts, args)
+                report["scale"][str(size)] = {
+                    "load": load,
+                    "local_dense": local.dense.kind if local else None,
+                    **run,
+                }
                 _save(report, Path(args.out))
     finally:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             server.cleanup()
-        shutil.rmtree(root, ignore_errors=True)
     return report
 
 
@@ -292,20 +643,53 @@ def _table(r: dict[str, Any]) -> str:
             f"  local --update        {u['local_update']['seconds']:8.1f} s, {u['local_update']['embedded']} embedded",
         ]
     for size, s in r.get("scale", {}).items():
-        c = next(k for k in s if k.endswith("_concurrent_ms"))
-        n = c.split("_")[1]
-        lines += [
-            "",
-            f"{size} chunks (hash-384 vectors; load {s['load']['seconds']:.0f} s):",
-            f"  postgres hybrid, one at a time   p50 {s['postgres_sequential_ms']['p50']:.2f} ms  "
-            f"p95 {s['postgres_sequential_ms']['p95']:.2f} ms",
-            f"  postgres hybrid, {n} concurrent   p50 {s[c]['p50']:.2f} ms  p95 {s[c]['p95']:.2f} ms  "
-            f"({s[f'postgres_{n}_concurrent_searches_per_s']:.0f} searches/s, "
-            f"{s.get(f'postgres_{n}_concurrent_errors', 0)} failed)",
-            f"  local hybrid ({s['local_dense']}), one at a time  p50 {s['local_sequential_ms']['p50']:.2f} ms  "
-            f"p95 {s['local_sequential_ms']['p95']:.2f} ms",
-        ]
+        lines += _scale_table(size, s)
     return "\n".join(lines)
+
+
+def _scale_table(size: str, s: dict[str, Any]) -> list[str]:
+    load = s["load"]
+    built = "cached" if load.get("cached") else f"loaded in {load['seconds']:.0f} s"
+    one, conc, rat = s["single"], s["concurrent"], s["ratios"]
+    lines = [
+        "",
+        f"{size} chunks (hash-384 vectors, {built}), k=10; load average beside each figure",
+        f"  one at a time, interleaved ({one['searches']} searches each; load {one['load'][0]}–{one['load'][1]}):",
+    ]
+    for name, ms in one["ms"].items():
+        lines.append(f"    {name:<8} p50 {ms['p50']:8.2f} ms   p95 {ms['p95']:8.2f} ms")
+    lines.append(
+        f"    store − raw-or p50 {rat['store_minus_raw_or_p50_ms']:+.2f} ms; store / raw-or p95 "
+        f"{rat['store_over_raw_or_p95']:.2f}×"
+    )
+    lines.append("  where the time goes, per search (one method at a time):")
+    for name, c in s["cpu"].items():
+        st = s["statements"][name]
+        lines.append(
+            f"    {name:<8} wall {c['wall_ms_per_search']:.2f} ms, client CPU {c['client_cpu_ms_per_search']:.2f} ms, "
+            f"server CPU {c['server_cpu_ms_per_search']:.2f} ms, {st['round_trips_per_search']} round trips, "
+            f"server time {st['server_ms_per_search']:.2f} ms (load {c['load'][0]}–{c['load'][1]})"
+        )
+    lines.append("  concurrent through the pool:")
+    for name, c in conc.items():
+        lines.append(
+            f"    {name:<8} p50 {c['ms']['p50']:8.2f} ms   p95 {c['ms']['p95']:8.2f} ms   {c['searches_per_s']}/s, "
+            f"pool wait {c['pool_wait_ms_per_request']:.1f} ms, client CPU {c['client_cpu_ms_per_search']:.2f} ms, "
+            f"server CPU {c['server_cpu_ms_per_search']:.2f} ms per search, {c['errors']} failed "
+            f"(load {min(c['load'])}–{max(c['load'])})"
+        )
+    lines.append(
+        f"    concurrent p50 / single p50: store {rat['store_concurrent_p50_over_single_p50']}×, raw-or "
+        f"{rat['raw_or_concurrent_p50_over_single_p50']}×"
+    )
+    for label, f in s["filtered"].items():
+        lines.append(f"  filtered by {label} {f['filters']} (load {f['load'][0]}–{f['load'][1]}):")
+        for name, ms in f["ms"].items():
+            lines.append(
+                f"    {name:<8} p50 {ms['p50']:8.2f} ms   p95 {ms['p95']:8.2f} ms   filled k on "
+                f"{f['filled_k_share'][name]:.0%}"
+            )
+    return lines
 
 
 def main() -> int:
@@ -314,6 +698,16 @@ def main() -> int:
     p.add_argument("--split", default="train")
     p.add_argument("--sizes", type=int, nargs="*", default=[10_000, 100_000])
     p.add_argument("--queries", type=int, default=300, help="queries for the latency runs")
+    p.add_argument("--profile-queries", type=int, default=50, help="queries for the CPU and statement passes")
+    p.add_argument("--filtered-queries", type=int, default=100, help="queries for each filtered run")
+    p.add_argument("--rounds", type=int, default=2, help="concurrent rounds per method (alternating order)")
+    p.add_argument("--no-local", action="store_true", help="leave out the local index's reference latency")
+    p.add_argument(
+        "--pgdata",
+        default=str(Path(tempfile.gettempdir()) / "ragloop-bench-store-pg"),
+        help="the server's data folder, kept between runs (the built collections are reused)",
+    )
+    p.add_argument("--fresh", action="store_true", help="delete --pgdata first and build everything again")
     p.add_argument("--concurrency", type=int, default=50)
     p.add_argument("--pool-size", type=int, default=10)
     p.add_argument("--timeout", type=float, default=30.0, help="statement timeout of every search, seconds")
