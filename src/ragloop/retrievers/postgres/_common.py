@@ -51,6 +51,9 @@ class Store(Protocol):
     create: bool
     depth: int
     ef_search: int
+    lexical_budget: int
+    lexical_share: float
+    exact_knn_max: int
     low: float
     high: float
     rrf_k: int
@@ -61,7 +64,6 @@ class Store(Protocol):
     tokenizer: Tokenizer
     _t: dict[str, str]
     _embedder: Embedder | None
-    _generation: int
     missing_indexes: tuple[str, ...]
     repaired: tuple[str, ...]
     url: str
@@ -89,6 +91,8 @@ class Store(Protocol):
     def metadata_keys(self) -> frozenset[str] | None:
         """The metadata keys as last read."""
         ...
+
+    def _saw_version(self, version: str) -> None: ...
 
 
 def tsvector(tokens: Sequence[str]) -> str:
