@@ -625,6 +625,8 @@ class ChatRAG:
         state = self.new_state(
             question, history=history, page_url=page_url, page_title=page_title, filters=filters, caller=caller
         )
+        if self.store is not None and self.caches is not None and self.caches.replies is not None:
+            await self.store.check_version()  # another replica's write changes the reply key at once
         key = self._reply_key(state)
         if key is not None and self.caches is not None and self.caches.replies is not None:
             found = self.caches.replies.get(key)
