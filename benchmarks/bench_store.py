@@ -74,7 +74,7 @@ from ragloop.errors import RetrievalError
 from ragloop.retrievers.chunking import chunk_id
 from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder
 from ragloop.retrievers.evaluate import evaluate_run, load_qrels, load_queries, percentile, rank_docs
-from ragloop.retrievers.index import KnowledgeIndex
+from ragloop.retrievers.index import KnowledgeIndex, index_text
 from ragloop.retrievers.ingest import ingest_path
 from ragloop.retrievers.postgres import PostgresStore
 from ragloop.retrievers.update import update_index
@@ -115,21 +115,38 @@ def _docs_of(hits: Sequence[Any]) -> dict[str, float]:
 
 
 async def _quality(
-    store: PostgresStore, local: KnowledgeIndex, queries: dict[str, str], qrels: dict[str, dict[str, int]]
+    store: PostgresStore,
+    local: KnowledgeIndex,
+    queries: dict[str, str],
+    qrels: dict[str, dict[str, int]],
+    budgets: Sequence[tuple[str, int, float]] = (),
 ) -> dict[str, Any]:
+    """nDCG@10 etc. of the local index and the store, and of the store under each lexical budget
+    (``(label, lexical_budget, lexical_share)``, searched on the same collection)."""
     retriever = local.retriever("hybrid")
-    runs: dict[str, dict[str, dict[str, float]]] = {"local": {}, "postgres": {}}
+    stores: dict[str, PostgresStore] = {"postgres": store}
+    for label, budget, share in budgets:
+        stores[f"postgres {label}"] = PostgresStore(
+            store.url, store.embedder, collection=store.collection, lexical_budget=budget, lexical_share=share
+        )
+    runs: dict[str, dict[str, dict[str, float]]] = {"local": {}, **{name: {} for name in stores}}
     same_top10 = 0
-    for qid in sorted(qrels):
-        local_docs = _docs_of(await retriever.search(queries[qid], 150))
-        store_docs = _docs_of(await store.search(queries[qid], 150))
-        runs["local"][qid] = local_docs
-        runs["postgres"][qid] = store_docs
-        same_top10 += rank_docs(local_docs)[:10] == rank_docs(store_docs)[:10]
+    try:
+        for qid in sorted(qrels):
+            local_docs = _docs_of(await retriever.search(queries[qid], 150))
+            runs["local"][qid] = local_docs
+            for name, s in stores.items():
+                runs[name][qid] = _docs_of(await s.search(queries[qid], 150))
+            same_top10 += rank_docs(local_docs)[:10] == rank_docs(runs["postgres"][qid])[:10]
+    finally:
+        for name, s in stores.items():
+            if name != "postgres":
+                await s.aclose()
     out: dict[str, Any] = {name: evaluate_run(run, qrels) for name, run in runs.items()}
     out["queries"] = len(qrels)
     out["same_top10_docs"] = same_top10
     out["ndcg@10_difference"] = abs(out["local"]["ndcg@10"] - out["postgres"]["ndcg@10"])
+    out["budgets"] = {label: {"lexical_budget": b, "lexical_share": sh} for label, b, sh in budgets}
     return out
 
 
@@ -490,14 +507,14 @@ async def _scale_run(
                 await search(q)
         out: dict[str, Any] = {"single": await _side_by_side(methods, queries)}
         few = queries[: args.profile_queries]
-        out["cpu"] = {name: await _cpu_pass(methods[name], few, pid) for name in ("store", "raw-or")}
-        out["statements"] = await _statement_pass(
-            url, log, {"store": ("ragloop", methods["store"]), "raw-or": ("ragloop-raw", methods["raw-or"])}, few
-        )
-        runs: dict[str, list[dict[str, Any]]] = {"store": [], "raw-or": []}
-        pools = {"store": store._pool, "raw-or": pool}  # the store's pool statistics: a benchmark may look inside
+        compared = ("store", "raw-or", "raw-and")
+        out["cpu"] = {name: await _cpu_pass(methods[name], few, pid) for name in compared}
+        apps = {"store": "ragloop", "raw-or": "ragloop-raw", "raw-and": "ragloop-raw"}
+        out["statements"] = await _statement_pass(url, log, {n: (apps[n], methods[n]) for n in compared}, few)
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in compared}
+        pools = {"store": store._pool, "raw-or": pool, "raw-and": pool}  # a benchmark may read the store's pool
         for r in range(args.rounds):
-            for name in ("store", "raw-or") if r % 2 == 0 else ("raw-or", "store"):
+            for name in compared[r % 3 :] + compared[: r % 3]:
                 runs[name].append(await _concurrent(methods[name], queries, args.concurrency, pools[name], pid))
         out["concurrent"] = {name: _merge_rounds(rs) for name, rs in runs.items()}
         fil = {
@@ -519,6 +536,11 @@ async def _scale_run(
             "raw_or_concurrent_p50_over_single_p50": round(
                 out["concurrent"]["raw-or"]["ms"]["p50"] / single["raw-or"]["p50"], 2
             ),
+            "store_minus_raw_and_p50_ms": round(single["store"]["p50"] - single["raw-and"]["p50"], 3),
+            "store_over_raw_and_p95": round(single["store"]["p95"] / single["raw-and"]["p95"], 3),
+            "raw_and_concurrent_p50_over_single_p50": round(
+                out["concurrent"]["raw-and"]["ms"]["p50"] / single["raw-and"]["p50"], 2
+            ),
         }
         return out
     finally:
@@ -528,6 +550,82 @@ async def _scale_run(
 def _save(report: dict[str, Any], out: Path) -> None:
     """Write the report so far (a long run keeps what it measured if a later phase is stopped)."""
     out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+
+
+async def _vectors_of(url: str, name: str, chunks: Sequence[Chunk], embedder: RecordingEmbedder) -> None:
+    """Give ``embedder`` the stored vector of every chunk (a cached collection: the local index needs them)."""
+    import psycopg
+    from pgvector.psycopg import register_vector_async
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await register_vector_async(conn)
+        rows = await (await conn.execute(f"select chunk_id, embedding from {name}_chunks")).fetchall()
+    by_id = {r[0]: np.asarray(r[1].to_numpy() if hasattr(r[1], "to_numpy") else r[1], dtype=np.float32) for r in rows}
+    for c in chunks:
+        embedder.seen[index_text(c)] = by_id[c.id]
+
+
+def _budgets(specs: Sequence[str]) -> list[tuple[str, int, float]]:
+    """``BUDGET:SHARE`` strings as ``(label, lexical_budget, lexical_share)``."""
+    out = []
+    for spec in specs:
+        budget, _, share = spec.partition(":")
+        out.append((f"budget {spec}", int(budget), float(share or 0)))
+    return out
+
+
+async def _quality_phase(
+    url: str,
+    chunks: Sequence[Chunk],
+    queries: dict[str, str],
+    qrels: dict[str, dict[str, int]],
+    args: argparse.Namespace,
+    report: dict[str, Any],
+) -> None:
+    """Items 1 and 2 of the module docstring (with ``--reuse-quality``, a cached collection: no build, no
+    update)."""
+    name, size = "quality", len(chunks)
+    embedder = RecordingEmbedder(MiniLMEmbedder())
+    cached = args.reuse_quality and await _cached(url, name, size)
+    if not cached:
+        await _drop_collection(url, name)
+    async with PostgresStore(
+        url, embedder, collection=name, pool_size=args.pool_size, statement_timeout_s=args.timeout
+    ) as store:
+        if cached:
+            print(f"quality: {size} chunks cached; reading their vectors …", file=sys.stderr)
+            await _vectors_of(url, name, chunks, embedder)
+        else:
+            print(f"full build: {size} chunks, embedding with {embedder.name} …", file=sys.stderr)
+            full = await store.sync(chunks)
+            await _mark_cached(url, name, size)
+        started = time.perf_counter()
+        local = await anyio.to_thread.run_sync(lambda: KnowledgeIndex.build(chunks, embedder))
+        local_assemble_s = time.perf_counter() - started
+        print(f"quality (load {_load()}) …", file=sys.stderr)
+        report["quality"] = await _quality(store, local, queries, qrels, _budgets(args.budgets))
+        report["quality"]["load"] = _load()
+        if cached:
+            report["update"] = {"cached": True}
+            return
+        edited, n_docs = _edit(chunks, args.edit_share, args.seed)
+        before = embedder.computed
+        upd = await store.sync(edited)
+        store_embedded = embedder.computed - before
+        await store.sync(chunks)  # back to the corpus as built (the vectors are known), for --reuse-quality
+        started = time.perf_counter()
+        _, local_upd = await anyio.to_thread.run_sync(lambda: update_index(local, edited))
+        local_update_s = time.perf_counter() - started
+        report["update"] = {
+            "documents_edited": n_docs,
+            "edit_share": args.edit_share,
+            "postgres_full_build": full.as_dict(),
+            "postgres_update": {**upd.as_dict(), "embedder_calls_texts": store_embedded},
+            "postgres_update_speedup": full.seconds / upd.seconds if upd.seconds else None,
+            "local_update": {**local_upd.as_dict(), "seconds": local_update_s},
+            "local_assemble_seconds": local_assemble_s,
+        }
+        _save(report, Path(args.out))
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -556,36 +654,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     }
     try:
         if not args.skip_quality:
-            await _drop_collection(url, "quality")
-            embedder = RecordingEmbedder(MiniLMEmbedder())
-            async with PostgresStore(
-                url, embedder, collection="quality", pool_size=args.pool_size, statement_timeout_s=args.timeout
-            ) as store:
-                print(f"full build: {len(chunks)} chunks, embedding with {embedder.name} …", file=sys.stderr)
-                full = await store.sync(chunks)
-                started = time.perf_counter()
-                local = await anyio.to_thread.run_sync(lambda: KnowledgeIndex.build(chunks, embedder))
-                local_assemble_s = time.perf_counter() - started
-                print("quality …", file=sys.stderr)
-                report["quality"] = await _quality(store, local, queries, qrels)
-                edited, n_docs = _edit(chunks, args.edit_share, args.seed)
-                before = embedder.computed
-                upd = await store.sync(edited)
-                store_embedded = embedder.computed - before
-                before = embedder.computed
-                started = time.perf_counter()
-                _, local_upd = await anyio.to_thread.run_sync(lambda: update_index(local, edited))
-                local_update_s = time.perf_counter() - started
-                report["update"] = {
-                    "documents_edited": n_docs,
-                    "edit_share": args.edit_share,
-                    "postgres_full_build": full.as_dict(),
-                    "postgres_update": {**upd.as_dict(), "embedder_calls_texts": store_embedded},
-                    "postgres_update_speedup": full.seconds / upd.seconds if upd.seconds else None,
-                    "local_update": {**local_upd.as_dict(), "seconds": local_update_s},
-                    "local_assemble_seconds": local_assemble_s,
-                }
-                _save(report, Path(args.out))
+            await _quality_phase(url, chunks, queries, qrels, args, report)
         hash_embedder = HashEmbedder(384)
         query_texts = [queries[q] for q in sorted(qrels)][: args.queries]
         report["scale"] = {}
@@ -625,14 +694,16 @@ def _table(r: dict[str, Any]) -> str:
     lines = [f"bench_store on {r['corpus']} ({r['documents']} documents, {r['chunks']} chunks)", ""]
     q = r.get("quality")
     if q:
-        lines.append(f"quality, hybrid, {q['queries']} queries     local    postgres")
+        names = ["local", "postgres", *(f"postgres {b}" for b in q.get("budgets", {}))]
+        lines.append(f"quality, hybrid, {q['queries']} queries (load {q.get('load', '?')}): " + " | ".join(names))
         for key in ("ndcg@10", "recall@10", "recall@100", "mrr@10"):
-            lines.append(f"  {key:<32} {q['local'][key]:.4f}   {q['postgres'][key]:.4f}")
+            lines.append(f"  {key:<12} " + "  ".join(f"{q[n][key]:.4f}" for n in names))
         lines.append(
             f"  nDCG@10 difference {q['ndcg@10_difference']:.4f}; same top-10 documents on "
             f"{q['same_top10_docs']}/{q['queries']} queries"
         )
         u = r["update"]
+    if q and not u.get("cached"):
         full, upd = u["postgres_full_build"], u["postgres_update"]
         lines += [
             "",
@@ -662,9 +733,14 @@ def _scale_table(size: str, s: dict[str, Any]) -> list[str]:
         f"    store − raw-or p50 {rat['store_minus_raw_or_p50_ms']:+.2f} ms; store / raw-or p95 "
         f"{rat['store_over_raw_or_p95']:.2f}×"
     )
+    if "store_minus_raw_and_p50_ms" in rat:
+        lines.append(
+            f"    store − raw-and p50 {rat['store_minus_raw_and_p50_ms']:+.2f} ms; store / raw-and p95 "
+            f"{rat['store_over_raw_and_p95']:.2f}×"
+        )
     lines.append("  where the time goes, per search (one method at a time):")
     for name, c in s["cpu"].items():
-        st = s["statements"][name]
+        st = s["statements"].get(name, {"round_trips_per_search": "?", "server_ms_per_search": float("nan")})
         lines.append(
             f"    {name:<8} wall {c['wall_ms_per_search']:.2f} ms, client CPU {c['client_cpu_ms_per_search']:.2f} ms, "
             f"server CPU {c['server_cpu_ms_per_search']:.2f} ms, {st['round_trips_per_search']} round trips, "
@@ -681,6 +757,11 @@ def _scale_table(size: str, s: dict[str, Any]) -> list[str]:
     lines.append(
         f"    concurrent p50 / single p50: store {rat['store_concurrent_p50_over_single_p50']}×, raw-or "
         f"{rat['raw_or_concurrent_p50_over_single_p50']}×"
+        + (
+            f", raw-and {rat['raw_and_concurrent_p50_over_single_p50']}×"
+            if "raw_and_concurrent_p50_over_single_p50" in rat
+            else ""
+        )
     )
     for label, f in s["filtered"].items():
         lines.append(f"  filtered by {label} {f['filters']} (load {f['load'][0]}–{f['load'][1]}):")
@@ -714,6 +795,15 @@ def main() -> int:
     p.add_argument("--edit-share", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=14)
     p.add_argument("--skip-quality", action="store_true")
+    p.add_argument(
+        "--reuse-quality", action="store_true", help="reuse a cached quality collection (no build or update timing)"
+    )
+    p.add_argument(
+        "--budgets",
+        nargs="*",
+        default=[],
+        help="also search the quality collection under these lexical budgets, BUDGET:SHARE (e.g. 0:0.02)",
+    )
     p.add_argument("--out", default=str(RESULTS / "bench_store.json"))
     args = p.parse_args()
     report = anyio.run(main_async, args)
