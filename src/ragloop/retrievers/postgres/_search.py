@@ -38,6 +38,11 @@ if TYPE_CHECKING:
 #: pgvector's largest ``hnsw.ef_search``.
 MAX_EF_SEARCH = 1000
 
+#: BM25 candidates rescored with every query term, as a multiple of ``depth``.
+_RESCORE = 2
+#: A broad filter's BM25 candidates: this many times as many are scored before the filter is checked.
+_WIDEN = 8
+
 _BM25 = "{q}.cnt * {q}.idf * {p}.tf / ({p}.tf + %(k1)s * (1 - %(b)s + %(b)s * {p}.dl / {q}.avgdl))"
 
 
@@ -69,39 +74,57 @@ def search_sql(collection: str, shape: tuple[int, ...]) -> str:
         for i, n in enumerate(shape)
     )
     if shape:
-        # Exact k-NN over the matching chunks when few match; the HNSW index (beam raised) when many do.
-        knn = f"""
-    fset as materialized (
-        select c.doc_id, c.chunk_id, c.embedding from {t["chunks"]} c where {fsql} limit %(exact_max)s + 1
+        # At most exact_max + 1 matching keys (a GIN bitmap scan that stops there) tell a narrow filter from a
+        # broad one. Narrow: exact k-NN over the matching chunks, BM25 candidates among them. Broad: the HNSW
+        # index with its beam raised for this statement, BM25 candidates taken wider and then filtered.
+        filtered = f"""
+    fkeys as materialized (
+        select c.doc_id, c.chunk_id, c.embedding <=> %(vec)s as dist from {t["chunks"]} c where {fsql}
+        limit %(exact_max)s + 1
     ),
-    small as materialized (select count(*) <= %(exact_max)s as yes from fset),
+    small as materialized (select count(*) <= %(exact_max)s as yes from fkeys),
+    beam as materialized (
+        select least({MAX_EF_SEARCH}, greatest(%(ef_min)s, ceil(2 * %(depth)s * n::float8 / (%(exact_max)s + 1))))::int
+            as ef from st
+    ),"""
+        knn = f"""
     knn as materialized (
         select * from (
-            select f.doc_id, f.chunk_id, f.embedding <=> %(vec)s as dist from fset f
-            where (select yes from small) order by f.embedding <=> %(vec)s limit %(depth)s
+            select f.doc_id, f.chunk_id, f.dist from fkeys f where (select yes from small)
+            order by f.dist limit %(depth)s
         ) exact
         union all
         select * from (
-            select c.doc_id, c.chunk_id, c.embedding <=> %(vec)s as dist from {t["chunks"]} c
-            where {fsql} order by c.embedding <=> %(vec)s limit %(depth)s
+            -- the beam's rows nearest first (the index scan), then the filter: a plan that cannot turn into a
+            -- sort of every matching chunk
+            select c.doc_id, c.chunk_id, c.dist from (
+                select c.doc_id, c.chunk_id, c.metadata, c.embedding <=> %(vec)s as dist from {t["chunks"]} c
+                order by c.embedding <=> %(vec)s limit (select ef from beam)
+            ) c where {fsql} order by c.dist limit %(depth)s
         ) approx
         where not (select yes from small)
-            and (select set_config('hnsw.ef_search', least({MAX_EF_SEARCH}, greatest(%(ef_min)s,
-                ceil(2 * %(depth)s * st.n::float8 / (%(exact_max)s + 1))))::int::text, true) from st) is not null
+            and (select set_config('hnsw.ef_search', ef::text, true) from beam) is not null
     ),"""
-        lexfilter = (
-            f"exists (select 1 from {t['chunks']} c where c.doc_id = p.doc_id and c.chunk_id = p.chunk_id and {fsql})"
+        among = "not (select yes from small) or (p.doc_id, p.chunk_id) in (select doc_id, chunk_id from fkeys)"
+        wide = "%(cands)s * %(widen)s"
+        matching = (
+            f"(select yes from small) or exists (select 1 from {t['chunks']} c "
+            f"where c.doc_id = l.doc_id and c.chunk_id = l.chunk_id and {fsql})"
         )
     else:
+        filtered = ""
         knn = f"""
     knn as materialized (
         select c.doc_id, c.chunk_id, c.embedding <=> %(vec)s as dist from {t["chunks"]} c
         order by c.embedding <=> %(vec)s limit %(depth)s
     ),"""
-        lexfilter = "true"
+        among, wide, matching = "true", "%(cands)s", "true"
+    # One primary-key probe per (term, chunk): a plain join lets the planner read the chunk's every posting.
     probe = f"""(
-            select sum({_BM25.format(q="d", p="p")}) from {{terms}} d join {t["postings"]} p
-            on p.term = d.term and p.doc_id = {{doc}} and p.chunk_id = {{chunk}}
+            select sum({_BM25.format(q="d", p="p")}) from {{terms}} d cross join lateral (
+                select p0.tf, p0.dl from {t["postings"]} p0
+                where p0.term = d.term and p0.doc_id = {{doc}} and p0.chunk_id = {{chunk}} offset 0
+            ) p
         )"""
     return f"""
     with st as materialized (
@@ -118,16 +141,21 @@ def search_sql(collection: str, shape: tuple[int, ...]) -> str:
     ),
     budget as materialized (select greatest(%(budget)s, %(budget_share)s * st.n) as rows from st),
     kept as materialized (select qt.* from qt, budget where before = 0 or before + df <= budget.rows),
-    dropped as materialized (select qt.* from qt, budget where not (before = 0 or before + df <= budget.rows)),
-    lexk as materialized (
+    dropped as materialized (
+        select qt.* from qt, budget where not (before = 0 or before + df <= budget.rows)
+    ),{filtered}
+    lexall as materialized (
         select p.doc_id, p.chunk_id, sum({_BM25.format(q="kept", p="p")}) as part
         from kept cross join lateral (
             -- one index range scan per kept term (a plain join lets the planner scan every posting)
             select p0.doc_id, p0.chunk_id, p0.tf, p0.dl from {t["postings"]} p0 where p0.term = kept.term offset 0
         ) p
-        where {lexfilter}
+        where {among}
         group by p.doc_id, p.chunk_id
-        order by part desc, p.chunk_id collate "C" limit %(cands)s
+        order by part desc, p.chunk_id collate "C" limit {wide}
+    ),
+    lexk as materialized (
+        select * from lexall l where {matching} order by part desc, chunk_id collate "C" limit %(cands)s
     ),
     lexr as materialized (
         select l.chunk_id, min(l.doc_id) as doc_id,
@@ -190,7 +218,7 @@ async def search(store: Store, query: str, k: int = 10, filters: Filters | None 
         "cnts": list(counts.values()),
         "vec": vec,
         "depth": depth,
-        "cands": 2 * depth,
+        "cands": _RESCORE * depth,
         "k": k,
         "k1": store.k1,
         "b": store.b,
@@ -204,6 +232,7 @@ async def search(store: Store, query: str, k: int = 10, filters: Filters | None 
     if shape:
         params["exact_max"] = store.exact_knn_max
         params["ef_min"] = max(store.ef_search, depth)
+        params["widen"] = _WIDEN
     sql = search_sql(store.collection, shape)
 
     async def go(conn: AsyncConnection[Any]) -> list[Any]:

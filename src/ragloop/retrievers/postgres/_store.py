@@ -70,7 +70,7 @@ class PostgresStore:
         ef_search: int = 100,
         lexical_budget: int = 2000,
         lexical_share: float = 0.05,
-        exact_knn_max: int = 5000,
+        exact_knn_max: int = 2000,
         k1: float = 1.2,
         b: float = 0.75,
         stem: bool = True,
