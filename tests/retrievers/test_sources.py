@@ -6,7 +6,8 @@ import pytest
 
 from ragloop.errors import SourceError
 from ragloop.retrievers.live import LiveRecord, SQLiteTicketSource
-from ragloop.retrievers.sources import DocumentSource, LiveLookupSource, Source
+from ragloop.retrievers.sources import CallerScoped, DocumentSource, LiveLookupSource, Source
+from ragloop.state import Caller
 from ragloop.testing import FakeLiveSource, FakeRetriever, make_hit
 
 pytestmark = pytest.mark.anyio
@@ -72,3 +73,12 @@ class TestLiveLookupSource:
         live = FakeLiveSource(fail_times=1)
         with pytest.raises(SourceError, match=r"lookup of \['7'\] failed"):
             await LiveLookupSource(live).run("x", {"ids": ("7",)})
+
+    async def test_for_caller_hands_the_caller_to_every_lookup(self) -> None:
+        """for_caller(caller) is the source on behalf of that caller; for_caller(None) on behalf of nobody."""
+        live = FakeLiveSource()
+        source = LiveLookupSource(live, caller=Caller(tenant="old"))
+        assert isinstance(source, CallerScoped)
+        await source.for_caller(Caller(tenant="acme")).run("x", {"ids": ("1234",)})
+        await source.for_caller(None).run("x", {"ids": ("1234",)})
+        assert live.callers == [Caller(tenant="acme"), None]
