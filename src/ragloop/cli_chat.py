@@ -36,6 +36,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-title", metavar="TITLE", help="title of that page")
     parser.add_argument("--mode", choices=("hybrid", "bm25", "dense"), default="hybrid", help="retrieval mode")
     parser.add_argument("--tickets", metavar="SQLITE", help="ticket database for the live ticket source")
+    parser.add_argument(
+        "--org", metavar="NAME", help="your organisation: tickets and CRM rows are shown only to it (without it, none)"
+    )
     parser.add_argument("--no-live", action="store_true", help="no live sources")
     parser.add_argument(
         "--no-plan", action="store_true", help="no retrieval planner over the sample CRM database (SQL, then documents)"
@@ -93,15 +96,27 @@ def _build(args: argparse.Namespace) -> tuple[ChatRAG, Any]:
             print("ragloop: loading the sample knowledge base (built on first use)…", file=sys.stderr)
         if not args.no_plan:  # the sample's CRM database, for questions that need SQL before the documents
             from ragloop.retrievers.sql import SQLiteSource
-            from ragloop.sample import SAMPLE_CRM_ALLOW, sample_crm_path
+            from ragloop.sample import SAMPLE_CRM_ALLOW, SAMPLE_CRM_TENANTS, sample_crm_path
 
-            kwargs["plan_sources"] = (SQLiteSource(sample_crm_path(), SAMPLE_CRM_ALLOW),)
+            kwargs["plan_sources"] = (SQLiteSource(sample_crm_path(), SAMPLE_CRM_ALLOW, tenants=SAMPLE_CRM_TENANTS),)
         rag = ChatRAG.sample(client, cache_dir=args.cache_dir, **kwargs)
     if client is None:
         print("ragloop: running offline (no model configured): extractive answers from the index", file=sys.stderr)
     else:
         print(f"ragloop: using model {fast} (answers: {answer}) at {redact(str(client.base_url))}", file=sys.stderr)
     return rag, client
+
+
+def _caller(args: argparse.Namespace) -> Any:
+    """The caller of every turn: the ``--org`` organisation, or nobody (then no tickets and no CRM rows)."""
+    from ragloop.state import Caller
+
+    if not args.org:
+        sample = not (args.index or store_url(args))
+        if (not args.no_live and (args.tickets or sample)) or (not args.no_plan and sample):
+            print("ragloop: no --org: tickets and CRM rows are shown only to their organisation: none", file=sys.stderr)
+        return None
+    return Caller(tenant=args.org)
 
 
 #: The progress events ``ask`` and ``chat`` print to stderr.
@@ -115,7 +130,9 @@ def _print_sources(reply: Reply) -> None:
             print(terminal_safe(f"  [{c.n}] {c.title} — {c.url or c.source}"))
 
 
-async def _turn(rag: ChatRAG, question: str, args: argparse.Namespace, history: list[dict[str, str]]) -> Reply:
+async def _turn(
+    rag: ChatRAG, question: str, args: argparse.Namespace, history: list[dict[str, str]], caller: Any = None
+) -> Reply:
     """Stream one turn: progress on stderr, tokens on stdout."""
     from ragloop.chat import ReplyReady
     from ragloop.events import Progress, Token
@@ -128,6 +145,7 @@ async def _turn(rag: ChatRAG, question: str, args: argparse.Namespace, history: 
         page_title=args.page_title,
         deadline_s=args.deadline,
         filters=parse_filters(args.filter),
+        caller=caller,
     ):
         if isinstance(event, Progress) and event.kind in _SHOWN:
             print(terminal_safe(f"  … {event.message}"), file=sys.stderr, flush=True)
@@ -147,6 +165,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     import anyio
 
     rag, client = _build(args)
+    caller = _caller(args)
 
     async def run() -> int:
         try:
@@ -157,10 +176,11 @@ def cmd_ask(args: argparse.Namespace) -> int:
                     page_title=args.page_title,
                     deadline_s=args.deadline,
                     filters=parse_filters(args.filter),
+                    caller=caller,
                 )
                 print(json.dumps(reply.as_dict(), ensure_ascii=False))
             else:
-                await _turn(rag, args.question, args, [])
+                await _turn(rag, args.question, args, [], caller)
         finally:
             await rag.aclose()
             if client is not None:
@@ -177,6 +197,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from ragloop.errors import InputError
 
     rag, client = _build(args)
+    caller = _caller(args)
     history: list[dict[str, str]] = []
 
     async def run() -> int:
@@ -193,7 +214,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                     continue
                 print("ragloop> ", end="", flush=True)
                 try:
-                    reply = await _turn(rag, line, args, history)
+                    reply = await _turn(rag, line, args, history, caller)
                 except InputError as exc:
                     print(terminal_safe(f"\n(error: {exc})"), file=sys.stderr)
                     continue
