@@ -47,13 +47,14 @@ class TestDocumentSource:
 class TestLiveLookupSource:
     async def test_ids_filter_drives_the_lookup(self) -> None:
         """Ids from the filter (e.g. found by SQL) are looked up; the record is a hit and a row."""
-        result = await LiveLookupSource(SQLiteTicketSource()).run("tickets found by sql1", {"ids": ("1161",)})
+        tickets = SQLiteTicketSource(require_caller=False)
+        result = await LiveLookupSource(tickets).run("tickets found by sql1", {"ids": ("1161",)})
         assert [h.id for h in result.hits] == ["tickets:1161"]
         assert result.rows[0]["id"] == "1161" and result.rows[0]["priority"] == "urgent"
 
     async def test_signal_when_no_filter(self) -> None:
         """Without an ids filter the source's own signal reads the id from the query."""
-        result = await LiveLookupSource(SQLiteTicketSource()).run("what about #1234", {})
+        result = await LiveLookupSource(SQLiteTicketSource(require_caller=False)).run("what about #1234", {})
         assert [h.id for h in result.hits] == ["tickets:1234"]
 
     async def test_mismatched_records_are_dropped(self) -> None:
@@ -66,7 +67,7 @@ class TestLiveLookupSource:
     async def test_no_ids(self) -> None:
         """No ids at all is an error that says how to give them."""
         with pytest.raises(SourceError, match="no ids to look up"):
-            await LiveLookupSource(SQLiteTicketSource()).run("nothing here", {})
+            await LiveLookupSource(SQLiteTicketSource(require_caller=False)).run("nothing here", {})
 
     async def test_failure_is_a_source_error(self) -> None:
         """A failing live source becomes a SourceError naming the ids."""

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
-import anyio.to_thread
 from attrs import define, field
 
 from ragloop.errors import ConfigError, QueryRefused, SourceError
+from ragloop.retrievers._threads import run_in_daemon_thread
 from ragloop.retrievers.sources import Filters, SourceResult
 from ragloop.retrievers.sql._allow import FUNCTIONS
 from ragloop.retrievers.sql._check import check_sql
@@ -23,6 +24,7 @@ from ragloop.retrievers.sql._schema import Param, SQLSchema, SQLWriter, Table, T
 from ragloop.retrievers.sql._tenant import check_tenants
 from ragloop.state import Caller
 
+_T = TypeVar("_T")
 # sqlite3 authorizer action codes (stable across SQLite versions).
 _OK, _DENY = sqlite3.SQLITE_OK, sqlite3.SQLITE_DENY
 _ALLOWED_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION}
@@ -97,6 +99,8 @@ class SQLiteSource:
     _schema: SQLSchema | None = field(default=None, init=False, repr=False)
     _limiter: anyio.CapacityLimiter = field(init=False, repr=False)
     _readable: dict[str, frozenset[str]] = field(factory=dict, init=False, repr=False)
+    _stuck: int = field(default=0, init=False, repr=False)
+    _lock: threading.Lock = field(factory=threading.Lock, init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if not self.allow:
@@ -117,7 +121,7 @@ class SQLiteSource:
         """The allowlisted schema, introspected on first use. Raises ConfigError for an allowlist entry the
         database lacks, SourceError when the database cannot be opened."""
         if self._schema is None:
-            self._schema = await anyio.to_thread.run_sync(self._introspect, limiter=self._limiter)
+            self._schema = await self._in_thread(self._introspect)
         return self._schema
 
     def for_caller(self, caller: Caller | None) -> ForCaller:
@@ -150,11 +154,41 @@ class SQLiteSource:
         )
         self.statements.append(sql)
         started = time.perf_counter()
-        columns, rows = await anyio.to_thread.run_sync(self._execute, sql, params, limiter=self._limiter)
+        columns, rows = await self._in_thread(lambda: self._execute(sql, params))
         seconds = time.perf_counter() - started
         return _rows_result(self.name, self.path.name, sql, params, columns, rows, schema, written.note, seconds)
 
     # -- internals ----------------------------------------------------------------------------------------
+
+    async def _in_thread(self, fn: Callable[[], _T]) -> _T:
+        """``fn`` in a daemon thread, at most ``max_concurrency`` at once; a call its caller gave up on (a plan's
+        sub-query timeout) is left to end by itself, and while ``2 * max_concurrency`` are, none starts."""
+        with self._lock:
+            if self._stuck >= 2 * self.max_concurrency:
+                raise SourceError(
+                    f"{self.name}: {self._stuck} earlier statements are still stuck opening or reading {self.path}; "
+                    "no new one starts until one returns (check the disk or mount it is on)"
+                )
+        state = {"done": False, "abandoned": False}
+
+        def work() -> _T:
+            try:
+                return fn()
+            finally:
+                with self._lock:
+                    state["done"] = True
+                    if state["abandoned"]:
+                        self._stuck -= 1
+
+        async with self._limiter:
+            try:
+                return await run_in_daemon_thread(work, name=f"ragloop {self.name}")
+            except BaseException:
+                with self._lock:
+                    if not state["done"]:
+                        state["abandoned"] = True
+                        self._stuck += 1
+                raise
 
     def _connect(self) -> sqlite3.Connection:
         # mode=ro: never writable, and a missing file fails instead of creating an empty database.
