@@ -203,6 +203,8 @@ class PostgresSQLSource:
 
         await cur.execute(f"SET LOCAL statement_timeout = {int(self.timeout_s * 1000)}")
         await cur.execute(sql.SQL("SET LOCAL work_mem = {}").format(sql.Literal(self.work_mem)))
+        # The checked text quotes strings the standard way ('' for a quote, a backslash is a backslash).
+        await cur.execute("SET LOCAL standard_conforming_strings = on")
         if self._temp_limit_settable:
             # Only a superuser, or a role granted SET ON PARAMETER temp_file_limit (Postgres 15+), may set it.
             await cur.execute("SAVEPOINT ragloop_limits")
