@@ -26,9 +26,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import pytest
+import structlog
 from attrs import define
 from hypothesis import given
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from ragloop.errors import QueryRefused, SourceError
 from ragloop.retrievers.sql import PostgresSQLSource, SQLiteSource, SQLQuery, SQLSchema, check_sql
@@ -459,6 +461,30 @@ class TestPostgresBounds:
         async with await psycopg.AsyncConnection.connect(pg_url) as conn:
             defaults = await (await conn.execute("SELECT current_setting('work_mem')")).fetchone()
         assert defaults != ("8MB",)
+
+    async def test_a_role_granted_the_parameter_sets_temp_file_limit(self, pg_url: str, pg_crm: str) -> None:
+        """temp_file_limit needs superuser; a role granted SET ON PARAMETER (Postgres 15+) sets it per transaction,
+        a role without it runs anyway with its own setting, and the source stops trying (logged once)."""
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            for role in ("crm_limited", "crm_plain"):
+                conn.execute(f"DO $$ BEGIN CREATE ROLE {role} LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+                conn.execute(f"GRANT USAGE ON SCHEMA {pg_crm} TO {role}")
+                conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA {pg_crm} TO {role}")
+            conn.execute("GRANT SET ON PARAMETER temp_file_limit TO crm_limited")
+        read = "SELECT current_setting('temp_file_limit')"
+        granted = PostgresSQLSource(_as_role(pg_url, "crm_limited"), SAMPLE_CRM_ALLOW, schema_name=pg_crm,
+                                    temp_file_limit="24MB")  # fmt: skip
+        assert (await granted._execute(read, ()))[1] == [("24MB",)] and granted._temp_limit_settable
+        plain = PostgresSQLSource(_as_role(pg_url, "crm_plain"), SAMPLE_CRM_ALLOW, schema_name=pg_crm,
+                                  temp_file_limit="24MB")  # fmt: skip
+        try:
+            with capture_logs() as logs:
+                first = (await plain._execute(read, ()))[1]
+                second = (await plain._execute(read, ()))[1]
+        finally:
+            structlog.reset_defaults()  # capture_logs leaves structlog 'configured': later ragloop logs would print
+        assert first == second != [("24MB",)] and plain._temp_limit_settable is False
+        assert [e["event"] for e in logs] == ["sql.temp_file_limit_not_set"]
 
     async def test_doubling_with_query_is_cancelled(self, pg_url: str, pg_crm: str) -> None:
         """The doubling recursive WITH query stops at the statement timeout or the temp-file limit."""
