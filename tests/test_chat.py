@@ -83,7 +83,7 @@ class TestSampleTurns:
 
     async def test_ticket_goes_live_and_rejects_neighbours(self, sample_cache: Path) -> None:
         """A ticket question reaches the live source; neighbouring tickets with other ids are rejected."""
-        source = SQLiteTicketSource(related=True)
+        source = SQLiteTicketSource(related=True, require_caller=False)
         rag = ChatRAG.sample(cache_dir=sample_cache, live_sources=(source,))
         reply = await rag.ask("What is the status of ticket #1234?")
         await rag.aclose()

@@ -42,6 +42,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-title", metavar="TITLE", help="title of that page")
     parser.add_argument("--mode", choices=("hybrid", "bm25", "dense"), default="hybrid", help="retrieval mode")
     parser.add_argument("--tickets", metavar="SQLITE", help="ticket database for the live ticket source")
+    parser.add_argument(
+        "--org", metavar="NAME", help="your organisation: tickets and CRM rows are shown only to it (without it, none)"
+    )
     parser.add_argument("--no-live", action="store_true", help="no live sources")
     parser.add_argument(
         "--no-plan", action="store_true", help="no retrieval planner over the sample CRM database (SQL, then documents)"
@@ -108,15 +111,27 @@ def _build(args: argparse.Namespace) -> tuple[ChatRAG, Any]:
             print("ragloop: loading the sample knowledge base (built on first use)…", file=sys.stderr)
         if not args.no_plan:  # the sample's CRM database, for questions that need SQL before the documents
             from ragloop.retrievers.sql import SQLiteSource
-            from ragloop.sample import SAMPLE_CRM_ALLOW, sample_crm_path
+            from ragloop.sample import SAMPLE_CRM_ALLOW, SAMPLE_CRM_TENANTS, sample_crm_path
 
-            kwargs["plan_sources"] = (SQLiteSource(sample_crm_path(), SAMPLE_CRM_ALLOW),)
+            kwargs["plan_sources"] = (SQLiteSource(sample_crm_path(), SAMPLE_CRM_ALLOW, tenants=SAMPLE_CRM_TENANTS),)
         rag = ChatRAG.sample(client, cache_dir=args.cache_dir, **kwargs)
     if client is None:
         print("ragloop: running offline (no model configured): extractive answers from the index", file=sys.stderr)
     else:
         print(f"ragloop: using model {fast} (answers: {answer}) at {redact(str(client.base_url))}", file=sys.stderr)
     return rag, client
+
+
+def _caller(args: argparse.Namespace) -> Any:
+    """The caller of every turn: the ``--org`` organisation, or nobody (then no tickets and no CRM rows)."""
+    from ragloop.state import Caller
+
+    if not args.org:
+        sample = not (args.index or store_url(args))
+        if (not args.no_live and (args.tickets or sample)) or (not args.no_plan and sample):
+            print("ragloop: no --org: tickets and CRM rows are shown only to their organisation: none", file=sys.stderr)
+        return None
+    return Caller(tenant=args.org)
 
 
 #: The progress events ``ask`` and ``chat`` show (the status line also shows "writing the answer").
@@ -149,7 +164,12 @@ def _terminal(args: argparse.Namespace) -> Terminal:
 
 
 async def _turn(
-    rag: ChatRAG, question: str, args: argparse.Namespace, history: list[dict[str, str]], term: Terminal
+    rag: ChatRAG,
+    question: str,
+    args: argparse.Namespace,
+    history: list[dict[str, str]],
+    term: Terminal,
+    caller: Any = None,
 ) -> Reply:
     """Stream one turn: progress to the status line or stderr, the answer to stdout, then its sources."""
     from ragloop.chat import ReplyReady
@@ -164,6 +184,7 @@ async def _turn(
         page_title=args.page_title,
         deadline_s=args.deadline,
         filters=parse_filters(args.filter),
+        caller=caller,
     ):
         if isinstance(event, Progress) and (event.kind in _SHOWN or (term.spinner and event.kind == "answer")):
             term.progress(event.message)
@@ -181,6 +202,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     import anyio
 
     rag, client = _build(args)
+    caller = _caller(args)
 
     async def run() -> int:
         term = _terminal(args)
@@ -192,10 +214,11 @@ def cmd_ask(args: argparse.Namespace) -> int:
                     page_title=args.page_title,
                     deadline_s=args.deadline,
                     filters=parse_filters(args.filter),
+                    caller=caller,
                 )
                 print(json.dumps(reply.as_dict(), ensure_ascii=False))
             else:
-                await _turn(rag, args.question, args, [], term)
+                await _turn(rag, args.question, args, [], term, caller)
         finally:
             term.close()
             await rag.aclose()
@@ -215,6 +238,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from ragloop.errors import InputError
 
     rag, client = _build(args)
+    caller = _caller(args)
     term = _terminal(args)
     interactive = sys.stdin.isatty()
     reader = LineReader(interactive, None if args.no_history else history_path(os.environ))
@@ -223,7 +247,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     async def turn(question: str, history: list[dict[str, str]]) -> Reply | None:
         try:
-            return await _turn(rag, question, args, history, term)
+            return await _turn(rag, question, args, history, term, caller)
         except InputError as exc:
             term.finish(None)
             term.notice(f"(error: {exc})")
