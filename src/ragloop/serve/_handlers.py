@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -69,9 +68,6 @@ class _Handlers:
         server, metrics = self.server, self.metrics
         server.take_slot()
         status = {"code": ""}
-        deadline = server.settings.deadline_s
-        # A turn overrunning its deadline by this much is stuck somewhere: cut it off.
-        hard_limit = None if deadline is None else deadline + server.settings.deadline_grace_s
 
         async def produce(start: Start, body: Body) -> None:
             async def tracked_start(code: int, headers: Mapping[str, str]) -> None:
@@ -84,8 +80,7 @@ class _Handlers:
                 else:
                     await body(stream_error(exc))
 
-            with anyio.CancelScope() as stopping, anyio.move_on_after(hard_limit) as scope:
-                server.in_flight.add(stopping)
+            with server.bounded() as bounds:
                 try:
                     await write(tracked_start, body)
                 except Rejected as exc:
@@ -94,12 +89,10 @@ class _Handlers:
                     log.exception("turn failed", endpoint=endpoint)
                     metrics.turns_failed.inc()
                     await fail(_FAILED)
-                finally:
-                    server.in_flight.discard(stopping)
-            if stopping.cancelled_caught:
+            if bounds.stopped:
                 metrics.turns_cancelled.inc()
                 await fail(_STOPPING)
-            elif scope.cancelled_caught:
+            elif bounds.timed_out:
                 metrics.turns_failed.inc()
                 await fail(_TIMEOUT)
 

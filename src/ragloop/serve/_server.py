@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from contextlib import aclosing, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -87,6 +87,24 @@ class _TurnView:
         return [event]
 
 
+@attrs.frozen
+class _Bounds:
+    """The two ways :meth:`_Server.bounded` ends a turn early."""
+
+    stopping: anyio.CancelScope
+    limit: anyio.CancelScope
+
+    @property
+    def stopped(self) -> bool:
+        """The server is shutting down and cancelled the turn."""
+        return self.stopping.cancelled_caught
+
+    @property
+    def timed_out(self) -> bool:
+        """The turn ran past its deadline and grace."""
+        return self.limit.cancelled_caught
+
+
 class _Server:
     """The app's state: the rag, the limits, the session store, the metrics, the slots in use."""
 
@@ -133,6 +151,24 @@ class _Server:
     def release_slot(self) -> None:
         self.active -= 1
         self.metrics.in_flight.dec()
+
+    @contextmanager
+    def bounded(self) -> Iterator[_Bounds]:
+        """A scope for one turn: cut off ``deadline_grace_s`` past its deadline, cancelled by :meth:`shut_down`.
+
+        After the block, :attr:`_Bounds.stopped` says the server is stopping and :attr:`_Bounds.timed_out` that the
+        turn overran; either way the work inside was cancelled.
+        """
+        deadline = self.settings.deadline_s
+        # A turn overrunning its deadline by this much is stuck somewhere: cut it off.
+        hard_limit = None if deadline is None else deadline + self.settings.deadline_grace_s
+        with anyio.CancelScope() as stopping, anyio.move_on_after(hard_limit) as limit:
+            bounds = _Bounds(stopping, limit)
+            self.in_flight.add(stopping)
+            try:
+                yield bounds
+            finally:
+                self.in_flight.discard(stopping)
 
     def shut_down(self) -> None:
         """Refuse new turns and cancel the ones in flight (each ends with an error saying the server stops)."""
