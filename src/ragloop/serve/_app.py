@@ -79,6 +79,7 @@ def create_app(
     h = _Handlers(server)
     routes = [
         Route("/v1/chat/completions", h.guarded("chat.completions", h.completions), methods=["POST"]),
+        Route("/v1/responses", h.guarded("responses", h.responses), methods=["POST"]),
         Route("/v1/models", h.guarded("models", h.models), methods=["GET"]),
         Route("/api/chat", h.guarded("api.chat", h.api_chat), methods=["POST"]),
         Route("/healthz", h.healthz, methods=["GET"]),

@@ -135,14 +135,15 @@ class _RequestChecks:
 
     # --- validation of the two request shapes ---------------------------------------------------------
 
-    def _text(self, value: object, param: str, limit: int | None) -> str:
+    def _text(self, value: object, param: str, limit: int | None, kinds: tuple[str, ...] = ("text",)) -> str:
+        """A message's text: a string, or a list of text parts whose ``type`` is one of ``kinds``."""
         if isinstance(value, list):
             parts = []
             for j, part in enumerate(value):
-                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                if not (isinstance(part, dict) and part.get("type") in kinds and isinstance(part.get("text"), str)):
                     raise Rejected(
                         400,
-                        f"{param}[{j}] must be a text part {{'type': 'text', 'text': '…'}}; "
+                        f"{param}[{j}] must be a text part {{'type': '{kinds[0]}', 'text': '…'}}; "
                         "images, audio and files are not supported",
                         param=f"{param}[{j}]",
                     )
