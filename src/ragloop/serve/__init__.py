@@ -18,6 +18,7 @@ with uvicorn. Needs the ``[serve]`` extra (starlette, uvicorn, prometheus-client
 from __future__ import annotations
 
 from ragloop.serve._app import create_app
+from ragloop.serve._documents import Document, Documents, IndexDocuments, StoreDocuments
 from ragloop.serve._principals import ANONYMOUS, ApiKey, Principal, load_keys
 from ragloop.serve._sessions import MemorySessionStore, SessionLimits, SessionStore
 from ragloop.serve._sessions_sql import PostgresSessionStore, SQLiteSessionStore
@@ -28,6 +29,9 @@ __all__ = [
     "ANONYMOUS",
     "ApiKey",
     "CleanExitServer",
+    "Document",
+    "Documents",
+    "IndexDocuments",
     "MemorySessionStore",
     "PostgresSessionStore",
     "Principal",
@@ -35,6 +39,7 @@ __all__ = [
     "ServeSettings",
     "SessionLimits",
     "SessionStore",
+    "StoreDocuments",
     "create_app",
     "h11_protocol",
     "load_keys",

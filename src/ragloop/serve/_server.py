@@ -12,7 +12,7 @@ import anyio
 import attrs
 
 from ragloop._log import get_logger
-from ragloop.chat import ReplyReady
+from ragloop.chat import ReplyReady, client_url
 from ragloop.errors import InputError
 from ragloop.events import Event, EventStream, NodeFinished, Progress, Token
 from ragloop.serve._metrics import Metrics
@@ -22,7 +22,7 @@ from ragloop.serve._sessions import SessionStore
 from ragloop.serve._settings import ServeSettings
 from ragloop.serve._stream import Rejected
 from ragloop.serve._validate import _Turn
-from ragloop.state import Message
+from ragloop.state import Chunk, Message
 
 if TYPE_CHECKING:
     from ragloop.chat import ChatRAG, Reply
@@ -284,6 +284,15 @@ class _Server:
                 for shown in await view.show(event):
                     yield shown
                 event = await anext(stream, None)
+
+    def client_url(self, chunk: Chunk) -> str | None:
+        """The link a client may follow to ``chunk``'s document, as citations get it (or ``None``)."""
+        source = chunk.source
+        if chunk.url:
+            return client_url(chunk.url)
+        if self.source_url is not None:
+            return client_url(self.source_url(source))
+        return client_url(source if source.startswith(("https://", "http://")) else None)
 
     def client_reply(self, reply: Reply, session_id: str | None) -> dict[str, Any]:
         out = reply.client_dict(self.source_url)
