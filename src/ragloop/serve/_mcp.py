@@ -17,7 +17,7 @@ the violation; a turn that cannot run (server busy, knowledge base down, deadlin
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
@@ -39,13 +39,15 @@ from ragloop.serve._principals import ANONYMOUS, Principal
 from ragloop.serve._replies import _INTERNAL, _footer
 from ragloop.serve._scrub import scrub
 from ragloop.serve._server import _Server
+from ragloop.serve._sessions import MemorySessionStore
+from ragloop.serve._settings import ServeSettings
 from ragloop.serve._stream import Rejected
 from ragloop.serve._validate import _RequestChecks, _Turn
 
 if TYPE_CHECKING:
-    from ragloop.chat import Reply
+    from ragloop.chat import ChatRAG, Reply
 
-__all__ = ["DOC_URI", "build_mcp_server"]
+__all__ = ["DOC_URI", "build_mcp_server", "create_mcp_server"]
 
 log = get_logger("ragloop.serve")
 
@@ -331,6 +333,30 @@ def build_mcp_server(
         on_list_prompts=tools.list_prompts,
         on_get_prompt=tools.get_prompt,
     )
+
+
+def create_mcp_server(
+    rag: ChatRAG,
+    *,
+    documents: Documents | None = None,
+    settings: ServeSettings = ServeSettings(),
+    principal: Principal = ANONYMOUS,
+    source_url: Callable[[str], str | None] | None = None,
+) -> Server[Any]:
+    """An MCP server over ``rag`` on its own (for stdio: ``ragloop mcp``); ``create_app`` mounts one at ``/mcp``.
+
+    Run it with ``async with mcp.server.stdio.stdio_server() as (r, w): await server.run(r, w,
+    server.create_initialization_options())``.
+
+    Args:
+        rag: The chat the ``ask`` tool runs.
+        documents: What ``search`` and the resources read; ``None``: the ``ask`` tool only.
+        settings: Limits (turn slots, deadline, message sizes, filters' tenant key).
+        principal: Who every call runs as (its tenant and filters wall in every search).
+        source_url: Maps a source to a link, as for :func:`~ragloop.serve.create_app`.
+    """
+    state = _Server(rag, settings, MemorySessionStore(limits=settings.history), source_url, {})
+    return build_mcp_server(state, documents, principal=principal)
 
 
 def _version() -> str:
