@@ -175,15 +175,18 @@ class TestHttp:
         slow = fake_rag(retriever=FakeRetriever(DOCS, delays={"rotate api key": 30.0}))
         app = create_app(slow, settings=ServeSettings(max_concurrent_turns=1))
         with serving(app, lifespan="on") as url:
-            async with http_client(url, None) as first, http_client(url, None) as second:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(first.call_tool, "ask", {"question": "q"})
-                    async with httpx2.AsyncClient(base_url=url) as http:
-                        with anyio.fail_after(5):
-                            while "ragloop_turns_in_flight 1.0" not in (await http.get("/metrics")).text:
-                                await anyio.sleep(0.02)
-                    busy = await second.call_tool("ask", {"question": "q"})
-                    tg.cancel_scope.cancel()
+            async with (
+                http_client(url, None) as first,
+                http_client(url, None) as second,
+                anyio.create_task_group() as tg,
+            ):
+                tg.start_soon(first.call_tool, "ask", {"question": "q"})
+                async with httpx2.AsyncClient(base_url=url) as http:
+                    with anyio.fail_after(5):
+                        while "ragloop_turns_in_flight 1.0" not in (await http.get("/metrics")).text:
+                            await anyio.sleep(0.02)
+                busy = await second.call_tool("ask", {"question": "q"})
+                tg.cancel_scope.cancel()
         assert busy.is_error and "server busy" in busy.content[0].text  # type: ignore[union-attr]
 
     async def test_without_the_lifespan_the_endpoint_says_what_to_do(self, rag: ChatRAG) -> None:
