@@ -28,17 +28,9 @@ def add_mcp(sub: Any) -> None:
             "and/or OPENAI_API_KEY with RAGLOOP_MODEL select a model (offline without them)."
         ),
     )
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--index", metavar="DIR", help="index directory (default: the bundled sample knowledge base)")
-    where.add_argument("--store", metavar="URL", help="a PostgreSQL knowledge store (postgresql://…)")
-    p.add_argument("--collection", default="ragloop", help="collection (table prefix) in the store")
-    p.add_argument("--pool-size", type=int, default=10, help="most connections to the store")
-    p.add_argument("--mode", choices=("hybrid", "bm25", "dense"), default="hybrid", help="retrieval mode")
-    p.add_argument("--tickets", metavar="SQLITE", help="ticket database for the live ticket source")
-    p.add_argument("--no-live", action="store_true", help="no live sources")
-    p.add_argument("--no-plan", action="store_true", help="no retrieval planner over the sample CRM database")
-    p.add_argument("--cache-dir", metavar="DIR", help="where the sample index is cached (~/.cache/ragloop)")
-    p.add_argument("--deadline", type=float, default=60.0, metavar="S", help="time limit per turn (default 60 s)")
+    from ragloop.cli_serve import add_knowledge_options
+
+    add_knowledge_options(p)
     p.add_argument("--max-concurrency", type=int, default=8, metavar="N", help="turns at once (default 8)")
     p.add_argument("--source-base-url", metavar="URL", help="link citations to URL + source (e.g. your docs site)")
     p.set_defaults(func=cmd_mcp)

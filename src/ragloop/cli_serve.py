@@ -35,21 +35,9 @@ def add_serve(sub: Any) -> None:
             "loopback only."
         ),
     )
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--index", metavar="DIR", help="index directory (default: the bundled sample knowledge base)")
-    where.add_argument(
-        "--store", metavar="URL", help="a PostgreSQL knowledge store (postgresql://…; see `ragloop index --store`)"
-    )
-    p.add_argument("--collection", default="ragloop", help="collection (table prefix) in the store")
-    p.add_argument("--pool-size", type=int, default=10, help="most connections to the store")
+    add_knowledge_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
-    p.add_argument("--mode", choices=("hybrid", "bm25", "dense"), default="hybrid", help="retrieval mode")
-    p.add_argument("--tickets", metavar="SQLITE", help="ticket database for the live ticket source")
-    p.add_argument("--no-live", action="store_true", help="no live sources")
-    p.add_argument("--no-plan", action="store_true", help="no retrieval planner over the sample CRM database")
-    p.add_argument("--cache-dir", metavar="DIR", help="where the sample index is cached (~/.cache/ragloop)")
-    p.add_argument("--deadline", type=float, default=60.0, metavar="S", help="time limit per turn (default 60 s)")
     p.add_argument("--max-concurrency", type=int, default=64, metavar="N", help="turns at once; more get 429")
     p.add_argument(
         "--sessions",
@@ -86,6 +74,23 @@ def add_serve(sub: Any) -> None:
         help="uvicorn log level (default warning)",
     )
     p.set_defaults(func=cmd_serve)
+
+
+def add_knowledge_options(p: argparse.ArgumentParser) -> None:
+    """``--index DIR`` or ``--store URL`` (with its collection and pool size): what ``serve`` and ``mcp`` read."""
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--index", metavar="DIR", help="index directory (default: the bundled sample knowledge base)")
+    where.add_argument(
+        "--store", metavar="URL", help="a PostgreSQL knowledge store (postgresql://…; see `ragloop index --store`)"
+    )
+    p.add_argument("--collection", default="ragloop", help="collection (table prefix) in the store")
+    p.add_argument("--pool-size", type=int, default=10, help="most connections to the store")
+    p.add_argument("--mode", choices=("hybrid", "bm25", "dense"), default="hybrid", help="retrieval mode")
+    p.add_argument("--tickets", metavar="SQLITE", help="ticket database for the live ticket source")
+    p.add_argument("--no-live", action="store_true", help="no live sources")
+    p.add_argument("--no-plan", action="store_true", help="no retrieval planner over the sample CRM database")
+    p.add_argument("--cache-dir", metavar="DIR", help="where the sample index is cached (~/.cache/ragloop)")
+    p.add_argument("--deadline", type=float, default=60.0, metavar="S", help="time limit per turn (default 60 s)")
 
 
 def _port(text: str) -> int:

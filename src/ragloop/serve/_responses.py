@@ -179,12 +179,6 @@ class _Response:
     async def once(self, start: Start, body: Body) -> None:
         """Run the turn, then write one ``response`` object."""
         await self._prepare()
-        reply: Reply | None = None
-        async with aclosing(self.server.events(self.turn)) as events:
-            async for event in events:
-                if isinstance(event, ReplyReady):
-                    reply = event.reply
-        if reply is None:
-            raise RuntimeError("the turn ended without a reply")
+        reply = await self.server.reply(self.turn)
         await start(200, _JSON)
         await body(json_bytes(self.finished(reply)))

@@ -285,6 +285,14 @@ class _Server:
                     yield shown
                 event = await anext(stream, None)
 
+    async def reply(self, turn: _Turn) -> Reply:
+        """Run ``turn`` (prepared) to its end: the reply, shown as :meth:`events` shows it."""
+        async with aclosing(self.events(turn)) as events:
+            async for event in events:
+                if isinstance(event, ReplyReady):
+                    return event.reply
+        raise RuntimeError("the turn ended without a reply")
+
     def client_url(self, chunk: Chunk) -> str | None:
         """The link a client may follow to ``chunk``'s document, as citations get it (or ``None``)."""
         source = chunk.source
