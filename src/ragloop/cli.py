@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ragloop.cli_chat import add_ask, add_chat
 from ragloop.cli_doctor import add_doctor
+from ragloop.cli_mcp import add_mcp
 from ragloop.cli_serve import add_serve
 from ragloop.cli_store import (
     add_filter_option,
@@ -248,6 +249,7 @@ _COMMANDS: tuple[Callable[[Any], None], ...] = (
     _add_search,
     _add_eval,
     add_serve,
+    add_mcp,
     add_doctor,
 )
 

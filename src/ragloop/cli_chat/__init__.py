@@ -84,12 +84,43 @@ def _llm() -> tuple[Any, str | None, str | None]:
     """An AsyncOpenAI client and models from the environment, or ``(None, None, None)`` to run offline."""
     base_url, api_key = os.environ.get("OPENAI_BASE_URL"), os.environ.get("OPENAI_API_KEY")
     model = os.environ.get("RAGLOOP_MODEL")
+    if base_url and not model:
+        from ragloop.errors import ConfigError
+
+        raise ConfigError(
+            "OPENAI_BASE_URL is set but RAGLOOP_MODEL is not: set RAGLOOP_MODEL to the model id the endpoint serves "
+            "(or unset OPENAI_BASE_URL to run offline)"
+        )
     if not (base_url or api_key) or not model:
         return None, None, None
     import openai
 
+    _check_endpoint(openai.OpenAI(base_url=base_url, api_key=api_key or "not-needed", max_retries=0, timeout=3.0))
     client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "not-needed", max_retries=2, timeout=60.0)
     return client, model, os.environ.get("RAGLOOP_ANSWER_MODEL") or model
+
+
+def _check_endpoint(probe: Any) -> None:
+    """One ``GET /models`` within 3 s: an endpoint that does not answer is one line now, not retries per question.
+
+    Any HTTP answer counts (a 401 or 404 comes from a live server); only no answer at all is refused.
+    """
+    import openai
+
+    from ragloop.errors import ConfigError
+
+    try:
+        probe.models.list()
+    except openai.APIStatusError:
+        pass
+    except openai.APIConnectionError as exc:
+        reason = "no answer within 3 s" if isinstance(exc, openai.APITimeoutError) else "connection failed"
+        raise ConfigError(
+            f"the model endpoint {redact(str(probe.base_url))} does not answer ({reason}): check OPENAI_BASE_URL "
+            "and that the server runs, or unset OPENAI_BASE_URL and OPENAI_API_KEY to run offline"
+        ) from None
+    finally:
+        probe.close()
 
 
 def _build(args: argparse.Namespace) -> tuple[ChatRAG, Any]:
