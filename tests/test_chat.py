@@ -11,6 +11,7 @@ from ragloop.chat import ChatRAG, ReplyReady, validate_question
 from ragloop.errors import InputError
 from ragloop.events import Progress, Token
 from ragloop.retrievers.live import SQLiteTicketSource
+from ragloop.runner import Graph
 from ragloop.sample import sample_questions_path
 
 pytestmark = pytest.mark.anyio
@@ -151,7 +152,9 @@ class TestSampleTurns:
                     cancelled.set()
                 return "answer"
 
-        rag.graph.nodes["decide"] = Hang()
+        g = rag.graph
+        nodes = {**g.nodes, "decide": Hang()}
+        rag.graph = Graph(nodes, start=g.start, finish=g.finish, edges=g.edges, max_steps=g.max_steps)
         events = rag.stream("How do I rotate an API key?")
         async for _ in events:
             await entered.wait()

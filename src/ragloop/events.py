@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
-from attrs import field, frozen
+from attrs import asdict, field, frozen, has
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -104,6 +104,14 @@ class RunResult:
         for s in self.trace:
             out[s.node] = out.get(s.node, 0.0) + s.duration
         return out
+
+    def log_fields(self) -> dict[str, Any]:
+        """The fields of the run's ``turn.finished`` log event: run id, duration, path, timings, why it stopped,
+        and the record's fields (an attrs record as ``attrs.asdict``, a mapping as it is)."""
+        extra = asdict(self.record) if has(type(self.record)) else dict(self.record or {})
+        timings = {k: round(v, 6) for k, v in self.timings.items()}
+        run = {"run_id": self.run_id, "duration": round(self.duration, 6), "path": list(self.path)}
+        return {**run, "timings": timings, "stopped_by": self.stopped_by, **extra}
 
 
 @frozen
