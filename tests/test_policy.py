@@ -7,7 +7,17 @@ from typing import Any
 from hypothesis import given, target
 from hypothesis import strategies as st
 
-from ragloop.policy import EDGES, ROUTES, RoutingPolicy, can_rewrite, is_short, next_step, short_queries, wants_live
+from ragloop.policy import (
+    EDGES,
+    ROUTES,
+    RoutingPolicy,
+    can_rewrite,
+    is_short,
+    most_runs,
+    next_step,
+    short_queries,
+    wants_live,
+)
 from ragloop.state import HopAttempt, QueryState, TurnState
 from ragloop.turn import TurnSettings
 
@@ -167,6 +177,14 @@ class TestTurnDrivenByPolicy:
         target(float(len(path)))  # steer hypothesis towards the longest turns
         assert path[-1] == "answer", path
         assert len(path) <= longest_turn(policy), path
+
+    @given(policies, st.data())
+    def test_no_node_runs_more_often_than_most_runs(self, policy: RoutingPolicy, data: st.DataObject) -> None:
+        """Each node runs at most most_runs() times in a turn (what a builder adds to the cap per inserted node)."""
+        path = simulate(policy, data, longest_turn(policy) + 10)
+        for node in set(path):
+            target(float(path.count(node)), label=node)
+            assert path.count(node) <= most_runs(node, policy), (node, path)
 
     @given(st.data())
     def test_default_settings_never_meet_the_step_cap(self, data: st.DataObject) -> None:

@@ -41,6 +41,7 @@ __all__ = [
     "RoutingPolicy",
     "can_rewrite",
     "is_short",
+    "most_runs",
     "next_step",
     "short_queries",
     "wants_live",
@@ -133,3 +134,16 @@ def next_step(state: TurnState, policy: RoutingPolicy, *, after: After) -> str:
     if any(can_rewrite(q, policy) for q in short):
         return REWRITE
     return ANSWER
+
+
+def most_runs(node: str, policy: RoutingPolicy) -> int:
+    """How often one turn of the default graph runs ``node`` at most.
+
+    Plan, decide and answer run once. Every rewrite round and every hop sends the turn through retrieve and grade
+    once more, and a rewrite round raises the attempt count of every short query, so there are at most
+    ``max_attempts`` of them; live runs at most once per round that leaves a query short (hop rounds leave none).
+    A builder that inserts a node after another raises the step cap by this much (:class:`ragloop.turn.Turn`).
+    """
+    rounds = 1 + policy.max_attempts + policy.max_hops
+    runs = {RETRIEVE: rounds, GRADE: rounds, LIVE: 1 + policy.max_attempts, REWRITE: policy.max_attempts}
+    return runs.get(node, policy.max_hops if node == HOP else 1)

@@ -38,8 +38,10 @@ __all__ = ["OfflinePlanner", "Planner", "SchemaSource"]
 class Planner(Protocol):
     """Plans retrieval for a question across the configured sources."""
 
-    #: Recorded as the plan's author (``offline``, or the model name).
-    name: str
+    @property
+    def name(self) -> str:
+        """Recorded as the plan's author (``offline``, or the model name)."""
+        ...
 
     async def plan(self, question: str, history: Sequence[Message]) -> Plan | None:
         """A plan, or ``None`` when no structured source is needed (the decide route handles it)."""

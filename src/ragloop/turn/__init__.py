@@ -1,11 +1,22 @@
-"""The default chat turn: its settings, its nodes, its graph and its decision record.
+"""The default chat turn, assembled in one place: its settings, judges, builder, graph and decision record.
 
-``decide → retrieve → grade → live → rewrite → retrieve … → answer``; any node or judge can be swapped by
-building the nodes yourself and passing them to :class:`ragloop.Graph` (see :func:`default_nodes`).
+``[plan →] decide → retrieve → grade → live → rewrite → retrieve … → answer``. :class:`Turn` builds it from a
+retriever and its :class:`Judges` (or from an index, a Postgres store or the sample), lets you insert, replace
+and add (``insert_after``, ``replace``, ``add_source``) and validates it once into a :class:`BuiltTurn` whose
+graph cannot change; ``ChatRAG(turn.build())`` runs it. The edges live in ``ragloop.policy.EDGES``; the extension
+contract (what a node, a retriever or a judge must be) is :mod:`ragloop.extend`.
+
+Modules: :mod:`~ragloop.turn.settings` (:class:`TurnSettings`), :mod:`~ragloop.turn.judges` (:class:`Judges`),
+:mod:`~ragloop.turn.builder` (:class:`Turn`, :class:`BuiltTurn`), :mod:`~ragloop.turn.options` (the constructors'
+keywords), :mod:`~ragloop.turn.wiring` (:func:`default_nodes`, :func:`build_graph`) and
+:mod:`~ragloop.turn.record` (:class:`TurnRecord` and :func:`turn_record`).
 """
 
 from __future__ import annotations
 
+from ragloop.turn.builder import BuiltTurn, Turn
+from ragloop.turn.judges import Judges, PlanModel
+from ragloop.turn.options import IndexOptions, RetrieverOptions, StoreOptions, TurnWiring
 from ragloop.turn.record import (
     CallRecord,
     DecisionRecord,
@@ -19,13 +30,21 @@ from ragloop.turn.settings import TurnSettings
 from ragloop.turn.wiring import build_graph, default_nodes
 
 __all__ = [
+    "BuiltTurn",
     "CallRecord",
     "DecisionRecord",
     "GradeRecord",
+    "IndexOptions",
+    "Judges",
+    "PlanModel",
     "QueryRecord",
+    "RetrieverOptions",
+    "StoreOptions",
     "TokenCounts",
+    "Turn",
     "TurnRecord",
     "TurnSettings",
+    "TurnWiring",
     "build_graph",
     "default_nodes",
     "turn_record",

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
+from typing import Unpack
 
-from ragloop.caches import Caches
 from ragloop.llm.cached import CachedGrader
-from ragloop.llm.planner import Planner
-from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
-from ragloop.nodes.answer import Answer, Extractive, Verifier
+from ragloop.nodes.answer import Answer, Extractive
 from ragloop.nodes.decide import Decide
 from ragloop.nodes.grade import Grade
 from ragloop.nodes.hop import Hop
@@ -17,11 +15,11 @@ from ragloop.nodes.live import Live
 from ragloop.nodes.plan import PlanNode
 from ragloop.nodes.retrieve import Retrieve
 from ragloop.nodes.rewrite import Rewrite
-from ragloop.retrievers.base import Embedder, Retriever
+from ragloop.policy import ANSWER, DECIDE, PLAN
+from ragloop.retrievers.base import Retriever
 from ragloop.retrievers.cached import CachedEmbedder, CachedRetriever
-from ragloop.retrievers.live import LiveSource
-from ragloop.retrievers.sources import Source
 from ragloop.runner import Graph, Node
+from ragloop.turn.options import TurnWiring, require
 from ragloop.turn.record import turn_record
 from ragloop.turn.settings import TurnSettings
 from ragloop.usage import metering
@@ -29,31 +27,13 @@ from ragloop.usage import metering
 __all__ = ["build_graph", "default_nodes"]
 
 
-def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
-    *,
-    retriever: Retriever,
-    decider: Decider,
-    grader: Grader,
-    rewriter: Rewriter,
-    answerer: Answerer,
-    live_sources: Sequence[LiveSource] = (),
-    settings: TurnSettings = TurnSettings(),
-    embedder: Embedder | None = None,
-    fallback_decider: Decider | None = None,
-    fallback_answerer: Answerer | None = None,
-    bridger: Bridger | None = None,
-    planner: Planner | None = None,
-    plan_sources: Mapping[str, Source] | None = None,
-    fallback_planner: Planner | None = None,
-    verifier: Verifier | None = None,
-    caches: Caches | None = None,
-    index_version: Callable[[], str] | None = None,
-) -> dict[str, Node]:
+def default_nodes(**wiring: Unpack[TurnWiring]) -> dict[str, Node]:
     """The seven nodes of the default turn, wired to the given collaborators (no bridger: no hops).
 
-    With a ``planner`` (and the ``plan_sources`` it plans over, the document source included), an eighth node,
-    ``plan``, starts the turn: it runs multi-source plans in dependency waves and sends every other question
-    to ``decide`` (see :mod:`ragloop.nodes.plan`).
+    The keywords are :class:`~ragloop.turn.options.TurnWiring`'s. With a ``planner`` (and the ``plan_sources``
+    it plans over, the document source included), an eighth node, ``plan``, starts the turn: it runs
+    multi-source plans in dependency waves and sends every other question to ``decide`` (see
+    :mod:`ragloop.nodes.plan`).
 
     A ``fallback_answerer`` that can also compose a reply without I/O (the offline one: an
     :class:`~ragloop.nodes.answer.Extractive`) ends a reply the deadline cut short (``Answer.salvage``).
@@ -63,9 +43,14 @@ def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYL
     index's version is known (``index_version``, or a ``version`` attribute of the retriever), the retriever
     remember their answers across turns (see :mod:`ragloop.caches`).
     """
-    s = settings
+    require(wiring)
+    retriever, grader, embedder = wiring["retriever"], wiring["grader"], wiring.get("embedder")
+    live_sources, bridger = wiring.get("live_sources", ()), wiring.get("bridger")
+    fallback_answerer, planner = wiring.get("fallback_answerer"), wiring.get("planner")
+    s = wiring.get("settings", TurnSettings())
+    caches = wiring.get("caches")
     if caches is not None:
-        version = index_version or _version_of(retriever)
+        version = wiring.get("index_version") or _version_of(retriever)
         if caches.retrieval is not None and version is not None:
             retriever = CachedRetriever(retriever, caches.retrieval, version)
         if caches.grades is not None:
@@ -77,14 +62,14 @@ def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYL
     if planner is not None:  # the retrieval planner goes first; questions it does not plan go on to decide
         nodes["plan"] = PlanNode(
             planner,
-            dict(plan_sources or {}),
-            fallback=fallback_planner,
+            dict(wiring.get("plan_sources") or {}),
+            fallback=wiring.get("fallback_planner"),
             max_subqueries=s.max_subqueries,
             timeout_s=s.plan_timeout_s,
             max_concurrency=s.plan_concurrency,
         )
     return nodes | {
-        "decide": Decide(decider, max_queries=s.max_queries, fallback=fallback_decider),
+        "decide": Decide(wiring["decider"], max_queries=s.max_queries, fallback=wiring.get("fallback_decider")),
         "retrieve": Retrieve(
             retriever,
             k=s.k,
@@ -106,7 +91,7 @@ def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYL
         "hop": Hop(bridger, policy=policy, timeout_s=s.hop_timeout_s),
         "live": Live(live_sources, policy=policy, timeout_s=s.live_timeout_s),
         "rewrite": Rewrite(
-            rewriter,
+            wiring["rewriter"],
             policy=policy,
             overlap_threshold=s.overlap_threshold,
             cosine_threshold=s.cosine_threshold,
@@ -114,11 +99,11 @@ def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYL
             embedder=embedder,
         ),
         "answer": Answer(
-            answerer,
+            wiring["answerer"],
             max_blocks=s.max_blocks,
             fallback=fallback_answerer,
             extractive=fallback_answerer if isinstance(fallback_answerer, Extractive) else None,
-            verifier=verifier,
+            verifier=wiring.get("verifier"),
             budget=s.prompt_budget,
         ),
     }
@@ -131,18 +116,32 @@ def _version_of(retriever: Retriever) -> Callable[[], str] | None:
     return lambda: str(getattr(retriever, "version", ""))
 
 
-def build_graph(nodes: Mapping[str, Node], settings: TurnSettings = TurnSettings()) -> Graph:
+def build_graph(
+    nodes: Mapping[str, Node],
+    settings: TurnSettings = TurnSettings(),
+    *,
+    edges: Mapping[str, Mapping[str, str]] | None = None,
+    extra_steps: int = 0,
+) -> Graph:
     """The default chat-turn graph over ``nodes`` (see :func:`default_nodes`).
 
     Its ``summarize`` hook is :func:`turn_record`: the runner builds the decision record once per run, logs it
     as the ``turn.finished`` event and keeps it as ``RunResult.record`` (which ``Reply.record`` is).
+
+    Args:
+        nodes: The turn's nodes; with a ``plan`` node the turn starts there, otherwise at ``decide``.
+        settings: Turn settings (the step cap, the price table).
+        edges: Routes that lead elsewhere than the node of their name (see :class:`~ragloop.runner.Graph`).
+        extra_steps: Steps added to the cap for nodes the default turn does not have (``Turn.insert_after``).
     """
-    planned = "plan" in nodes
+    planned = PLAN in nodes
     return Graph(
         nodes,
-        start="plan" if planned else "decide",
-        finish="answer",
-        max_steps=settings.max_steps + (1 if planned else 0),  # the plan step precedes the longest regular turn
+        start=PLAN if planned else DECIDE,
+        finish=ANSWER,
+        edges=edges,
+        # the plan step precedes the longest regular turn
+        max_steps=settings.max_steps + (1 if planned else 0) + extra_steps,
         summarize=functools.partial(turn_record, prices=settings.prices) if settings.prices else turn_record,
         context=lambda state: metering(state.usage),
     )
