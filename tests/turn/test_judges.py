@@ -60,7 +60,8 @@ class TestOpenAI:
         assert isinstance(judges.decider, OpenAIDecider) and isinstance(judges.answerer, OpenAIAnswerer)
         assert isinstance(judges.fallback_decider, OfflineDecider)
         assert isinstance(judges.fallback_answerer, OfflineAnswerer)
-        assert judges.plan_model == PlanModel(client, "fast", 3.0) and not judges.offline_only
+        assert judges.plan_model == PlanModel(client, "fast", 3.0, compat=judges.decider.compat)  # type: ignore[attr-defined]
+        assert not judges.offline_only
         await client.close()
 
 

@@ -38,11 +38,13 @@ class PlanModel:
         client: The ``openai.AsyncOpenAI`` client.
         model: The model name.
         timeout_s: Per-request timeout.
+        compat: What the server accepts, shared with the judges of the same client (``None``: learn afresh).
     """
 
     client: Any
     model: str
     timeout_s: float
+    compat: Any = None
 
 
 @frozen
@@ -147,7 +149,7 @@ class Judges:
         if not fast_model:
             raise ConfigError("pass fast_model (and optionally answer_model) together with an llm client")
         from ragloop.llm.offline import OfflineAnswerer, OfflineDecider
-        from ragloop.llm.openai_judges import OpenAIJudges
+        from ragloop.llm.openai import OpenAIJudges
         from ragloop.text.terms import CorpusStats
 
         stats = CorpusStats.from_texts(texts)
@@ -168,7 +170,7 @@ class Judges:
             answerer=model.answerer,
             fallback_decider=offline_decider,
             fallback_answerer=OfflineAnswerer(stats),
-            plan_model=PlanModel(client, fast_model, timeout_s),
+            plan_model=PlanModel(client, fast_model, timeout_s, compat=model.decider.compat),
         )
 
     def planners(self, sources: Mapping[str, Source], live: Sequence[LiveSource]) -> tuple[Planner, Planner | None]:
@@ -184,7 +186,8 @@ class Judges:
         offline = OfflinePlanner(sql, live={s.name: s.name for s in live})
         if self.plan_model is None:
             return offline, None
-        from ragloop.llm.openai_planner import OpenAIPlanner
+        from ragloop.llm.openai import OpenAIPlanner, ServerCompat
 
-        pm = self.plan_model
-        return OpenAIPlanner(pm.client, pm.model, tuple(sources.values()), timeout_s=pm.timeout_s), offline
+        pm, described = self.plan_model, tuple(sources.values())
+        compat = pm.compat if isinstance(pm.compat, ServerCompat) else ServerCompat()
+        return OpenAIPlanner(pm.client, pm.model, described, timeout_s=pm.timeout_s, compat=compat), offline

@@ -9,6 +9,10 @@ and falls back to the offline planner when the model fails or plans something in
 :class:`OpenAISQLWriter` turns one SQL sub-query into SQL plus parameters (structured output). Whatever it
 writes still passes :func:`~ragloop.retrievers.sql.check_sql` before it runs.
 
+Both call the model through the judges' own call path (:class:`~ragloop.llm.openai._call._Chat`): the output cap
+with its ``max_tokens`` fallback, the guard against a body that is not JSON, metering with finish reasons, and
+error messages that say what to do without the server's own words unredacted.
+
 The user's question and earlier messages are data, never instructions: they are sent as the user message,
 after a system prompt that says so. This module imports ``openai``; import it only where a model is used.
 """
@@ -16,19 +20,22 @@ after a system prompt that says so. This module imports ``openai``; import it on
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import openai
 from attrs import define, field
 
-from ragloop.errors import JudgeError, JudgeOutputError, JudgeTimeout, QueryRefused
+from ragloop.errors import JudgeOutputError, JudgeTruncated, QueryRefused
+from ragloop.llm.budget import CallBudget
+from ragloop.llm.openai._call import ServerCompat, _Chat, _finish_reason
 from ragloop.plan import Plan, Slot, SubQuery
 from ragloop.retrievers.sources import Source
 from ragloop.retrievers.sql import SQLQuery, SQLSchema
 from ragloop.state import Message
-from ragloop.usage import LLMCall, record_call
+
+if TYPE_CHECKING:
+    from openai.types.chat import ChatCompletion
 
 __all__ = ["OpenAIPlanner", "OpenAISQLWriter", "plan_from_json", "plan_response_format"]
 
@@ -156,48 +163,24 @@ def plan_from_json(obj: Mapping[str, Any]) -> Plan | None:
     return Plan(tuple(subs), intent=str(obj.get("intent", "")), notes=str(obj.get("notes", "")))
 
 
+#: The planner and the SQL writer run inside the plan node's own limit (its share of the turn, or a sub-query's
+#: timeout): a call may use all of that, and ``timeout_s`` still caps it.
+PLAN_BUDGET = CallBudget(share=1.0, reserve_s=0.0)
+
+
 async def _complete(
-    client: openai.AsyncOpenAI,
-    model: str,
-    judge: str,
-    messages: list[dict[str, str]],
-    response_format: dict[str, Any],
-    timeout_s: float,
-    max_tokens: int,
+    chat: _Chat, judge: str, messages: list[dict[str, Any]], response_format: dict[str, Any]
 ) -> str | None:
-    """One metered structured-output call at temperature 0, output capped; SDK errors become judge errors."""
-    started = time.perf_counter()
-    prompt = completion = 0
-    error: str | None = None
-    create: Any = client.chat.completions.create
-    try:
-        result = await create(
-            model=model,
-            messages=messages,
-            temperature=0.0,
-            response_format=response_format,
-            max_completion_tokens=max_tokens,
-            timeout=timeout_s,
-        )
-        if result.choices and result.choices[0].finish_reason == "length":
-            raise JudgeOutputError(f"{judge}: model {model!r} stopped at the output cap ({max_tokens} tokens)")
-        if result.usage is not None:
-            prompt, completion = result.usage.prompt_tokens or 0, result.usage.completion_tokens or 0
-        if not result.choices:
-            raise JudgeOutputError(f"{judge}: model {model!r} returned no choices")
-        content: str | None = result.choices[0].message.content
-        return content
-    except openai.APITimeoutError as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        raise JudgeTimeout(f"{judge} call to model {model!r} timed out after {timeout_s}s") from exc
-    except openai.APIError as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        raise JudgeError(f"{judge} call to model {model!r} at {client.base_url} failed: {exc}") from exc
-    except JudgeError as exc:
-        error = f"{type(exc).__name__}: {exc}"
-        raise
-    finally:
-        record_call(LLMCall(judge, model, prompt, completion, time.perf_counter() - started, error))
+    """One structured-output call through the judges' call path (:class:`~ragloop.llm.openai._call._Chat`:
+    the turn's budget, the output cap and its ``max_tokens`` fallback, the non-JSON guard, metering with finish
+    reasons, redacted errors); a reply cut at the output cap is :class:`~ragloop.errors.JudgeTruncated`."""
+
+    def content(completion: ChatCompletion) -> str | None:
+        if _finish_reason(completion) == "length":
+            raise JudgeTruncated(f"{judge}: model {chat.model!r} stopped at the output cap ({chat.max_tokens} tokens)")
+        return completion.choices[0].message.content
+
+    return await chat.complete(judge, messages, content, response_format=response_format)
 
 
 def _source_tuple(value: Iterable[Source]) -> tuple[Source, ...]:
@@ -216,6 +199,8 @@ class OpenAIPlanner:
         max_subqueries: Most sub-queries the model may plan.
         history_turns: Earlier messages shown to the model (for follow-ups).
         max_tokens: Output cap of the plan request.
+        budget: Share of the time left the call may use (all of it: the plan node gives the planner its limit).
+        compat: What the server accepts (shared with the judges of the same client).
     """
 
     client: openai.AsyncOpenAI
@@ -225,6 +210,8 @@ class OpenAIPlanner:
     max_subqueries: int = 6
     history_turns: int = 4
     max_tokens: int = 800
+    budget: CallBudget = PLAN_BUDGET
+    compat: ServerCompat = field(factory=ServerCompat)
     _described: str | None = field(default=None, init=False, repr=False)
 
     @property
@@ -239,7 +226,8 @@ class OpenAIPlanner:
         messages += [{"role": m.role, "content": m.content} for m in history[-self.history_turns :]]
         messages.append({"role": "user", "content": question})
         fmt = plan_response_format([s.name for s in self.sources], self.max_subqueries)
-        content = await _complete(self.client, self.model, "plan", messages, fmt, self.timeout_s, self.max_tokens)
+        chat = _Chat(self.client, self.model, self.timeout_s, 0.0, self.max_tokens, self.budget, self.compat)
+        content = await _complete(chat, "plan", messages, fmt)
         return plan_from_json(_object(content, "plan"))
 
     async def _describe(self) -> str:
@@ -265,12 +253,16 @@ class OpenAISQLWriter:
         model: Model name.
         timeout_s: Per-request timeout.
         max_tokens: Output cap of the request.
+        budget: Share of the time left the call may use (all of it: the sub-query's timeout is the limit).
+        compat: What the server accepts (shared with the judges of the same client).
     """
 
     client: openai.AsyncOpenAI
     model: str
     timeout_s: float = 15.0
     max_tokens: int = 400
+    budget: CallBudget = PLAN_BUDGET
+    compat: ServerCompat = field(factory=ServerCompat)
 
     async def write(self, request: str, schema: SQLSchema) -> SQLQuery:
         """The model's statement; QueryRefused when it says the schema cannot answer. Judge errors on failure."""
@@ -279,7 +271,8 @@ class OpenAISQLWriter:
             {"role": "user", "content": request},
         ]
         fmt = _sql_response_format()
-        content = await _complete(self.client, self.model, "sql", messages, fmt, self.timeout_s, self.max_tokens)
+        chat = _Chat(self.client, self.model, self.timeout_s, 0.0, self.max_tokens, self.budget, self.compat)
+        content = await _complete(chat, "sql", messages, fmt)
         obj = _object(content, "sql")
         sql = obj.get("sql")
         if not isinstance(sql, str):
