@@ -1,9 +1,9 @@
 """ragloop: a tiny graph runner and a default chat-turn graph for agentic retrieval-augmented generation.
 
-The runner (:class:`Graph`) knows nothing about RAG; the chat turn is built from it by :class:`Turn` (see
-:mod:`ragloop.turn`) and run by :class:`ChatRAG`; what a node, retriever, source or judge of your own must be is
-:mod:`ragloop.extend`. Heavy parts (numpy, faiss, openai, onnxruntime) load only when first used, so
-``import ragloop`` stays fast.
+The runner (:class:`~ragloop.runner.Graph`) knows nothing about RAG; the chat turn is built from it by
+:class:`~ragloop.turn.builder.Turn` (see :mod:`ragloop.turn`) and run by :class:`~ragloop.chat.ChatRAG`; what a
+node, retriever, source or judge of your own must be is :mod:`ragloop.extend`. Heavy parts (numpy, faiss,
+openai, onnxruntime) load only when first used, so ``import ragloop`` stays fast.
 """
 
 from __future__ import annotations

@@ -149,8 +149,8 @@ class ChatRAG:
 
     ``ChatRAG(turn)`` runs a :class:`~ragloop.turn.Turn` (built here) or a :class:`~ragloop.turn.BuiltTurn`;
     ``ChatRAG(retriever=..., decider=..., ...)`` builds the default turn from its collaborators one by one
-    (the keywords of :class:`~ragloop.turn.options.TurnWiring`, through :meth:`Turn.of
-    <ragloop.turn.Turn.of>`); :meth:`from_index`, :meth:`from_store`, :meth:`from_retriever` and
+    (the keywords of :class:`~ragloop.turn.options.TurnWiring`, through
+    :meth:`~ragloop.turn.builder.Turn.of`); :meth:`from_index`, :meth:`from_store`, :meth:`from_retriever` and
     :meth:`sample` open one with the default judges.
 
     Args:

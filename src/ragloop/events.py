@@ -1,4 +1,4 @@
-"""Typed events streamed to callers by :meth:`ragloop.Graph.stream`, and the run result the last one carries.
+"""Typed events streamed to callers by :meth:`ragloop.runner.Graph.stream`, and the run result the last one carries.
 
 The runner emits :class:`NodeStarted`, :class:`NodeFinished` and, last, :class:`RunFinished`; nodes add their
 own through :func:`ragloop.emit` (the chat-turn graph emits :class:`Progress` and :class:`Token`). Every event
@@ -9,7 +9,7 @@ is a frozen attrs value, so a consumer can match on its class::
             case Token(text=text): print(text, end="")
             case RunFinished(result=result): print(result.stopped_by)
 
-:class:`EventStream` is what :meth:`ragloop.Graph.stream` returns: it turns a run that sends its events to a
+:class:`EventStream` is what :meth:`ragloop.runner.Graph.stream` returns: it turns a run that sends its events to a
 callback into an async iterator with a bounded buffer, on asyncio or trio, and stops the run however the
 consumer leaves. It lives here, below the runner, so the runner module keeps to the graph walk.
 """
@@ -197,7 +197,7 @@ Sink = Callable[[Event], Awaitable[None]]
 
 
 class EventStream:
-    """What :meth:`Graph.stream` returns: an async iterator and an async context manager.
+    """What :meth:`ragloop.runner.Graph.stream` returns: an async iterator and an async context manager.
 
     Inside ``async with`` the run is a task of a task group entered in the consumer's task. A bare
     ``async for`` has no block a task group could span (an ``async for`` may be left by ``break`` without any

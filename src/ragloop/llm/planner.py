@@ -12,7 +12,7 @@ goes to ``decide`` as it always did). :class:`OfflinePlanner` plans without a mo
    column's value fills the clause (``how much does {plan} plan cost``). A data clause about tickets also gets
    a live ticket lookup of the ids the SQL finds, when a live source of that name is configured.
 
-The model planner lives in :mod:`ragloop.llm.openai_planner`.
+The model planner lives in :mod:`ragloop.llm.openai` (``OpenAIPlanner``).
 """
 
 from __future__ import annotations

@@ -464,8 +464,9 @@ class KnowledgeIndex:
     ) -> KnowledgeIndex:
         """Embed and index ``chunks`` (duplicate ids are kept once); ``progress(done, total)`` per batch.
 
-        Embedders with an ``embed_sync`` method run in this thread; others (e.g. :class:`OpenAIEmbedder`)
-        through ``anyio.run``, so call :meth:`abuild` instead from inside an event loop.
+        Embedders with an ``embed_sync`` method run in this thread; others (e.g.
+        :class:`~ragloop.retrievers.embed.OpenAIEmbedder`) through ``anyio.run``, so call :meth:`abuild` instead
+        from inside an event loop.
         """
         unique = cls._dedupe(chunks)
         texts = [index_text(c) for c in unique]
@@ -486,7 +487,8 @@ class KnowledgeIndex:
         hnsw_threshold: int = 50_000,
         stem: bool = True,
     ) -> KnowledgeIndex:
-        """:meth:`build` for async callers: embeds with ``await embedder.embed`` and indexes in a thread."""
+        """:meth:`build` for async callers: embeds off the event loop, batch by batch
+        (:func:`~ragloop.retrievers.embed.embed_batched`), and indexes in a thread."""
         unique = cls._dedupe(chunks)
         vectors = await embed_batched(embedder, [index_text(c) for c in unique], progress)
 

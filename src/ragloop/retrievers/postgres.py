@@ -239,7 +239,8 @@ class PostgresStore:
         that serves (a pool belongs to the loop that opened it).
 
         Raises:
-            The errors of :meth:`open`.
+            ConfigError: As :meth:`open` raises it (no ``vector`` extension, no connection).
+            IndexError_: As :meth:`open` raises it (another embedder or schema version).
         """
         psycopg = _psycopg()
         try:

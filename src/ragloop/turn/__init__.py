@@ -6,10 +6,10 @@ and add (``insert_after``, ``replace``, ``add_source``) and validates it once in
 graph cannot change; ``ChatRAG(turn.build())`` runs it. The edges live in ``ragloop.policy.EDGES``; the extension
 contract (what a node, a retriever or a judge must be) is :mod:`ragloop.extend`.
 
-Modules: :mod:`~ragloop.turn.settings` (:class:`TurnSettings`), :mod:`~ragloop.turn.judges` (:class:`Judges`),
-:mod:`~ragloop.turn.builder` (:class:`Turn`, :class:`BuiltTurn`), :mod:`~ragloop.turn.options` (the constructors'
-keywords), :mod:`~ragloop.turn.wiring` (:func:`default_nodes`, :func:`build_graph`) and
-:mod:`~ragloop.turn.record` (:class:`TurnRecord` and :func:`turn_record`).
+Modules: ``settings`` (:class:`TurnSettings`), ``judges`` (:class:`Judges`), ``builder`` (:class:`Turn`,
+:class:`BuiltTurn`), ``options`` (the constructors' keywords), ``wiring`` (:func:`default_nodes`,
+:func:`build_graph`), ``request`` (what a turn starts from: :func:`~ragloop.turn.request.turn_state`) and
+``record`` (:class:`TurnRecord` and :func:`turn_record`).
 """
 
 from __future__ import annotations

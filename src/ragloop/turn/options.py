@@ -1,8 +1,9 @@
 """The keyword arguments of the turn's constructors, each list written once.
 
-``ChatRAG(...)``, :meth:`ragloop.turn.Turn.of` and :func:`ragloop.turn.default_nodes` take a turn's collaborators
-one by one (:class:`TurnWiring`); ``Turn.from_retriever`` / ``from_index`` / ``from_store`` / ``sample`` (and the
-``ChatRAG`` constructors of the same names) take a retriever, an index or a store plus the options below.
+``ChatRAG(...)``, :meth:`ragloop.turn.builder.Turn.of` and :func:`ragloop.turn.default_nodes` take a turn's
+collaborators one by one (:class:`TurnWiring`); ``Turn.from_retriever`` / ``from_index`` / ``from_store`` /
+``sample`` (and the ``ChatRAG`` constructors of the same names) take a retriever, an index or a store plus the
+options below.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ __all__ = ["IndexOptions", "RetrieverOptions", "StoreOptions", "TurnWiring", "re
 class TurnWiring(TypedDict, total=False):
     """A turn's collaborators one by one: the keywords of ``ChatRAG(...)``, ``Turn.of`` and ``default_nodes``.
 
-    The first five are required (:func:`require` checks).
+    The first five are required (``require`` checks).
 
     Attributes:
         retriever: Where to search (required).
