@@ -1,9 +1,10 @@
 """The graph runner: nodes, routes, a step cap, a deadline, a trace and one event stream (``Graph.stream``).
 
-It knows nothing about RAG. A node is any object with ``async def __call__(self, state) -> str`` returning the
-next node's name (or :data:`END`) and a ``routes`` tuple of the names it may return. The runner runs one node
-at a time over one shared state and always ends a run gracefully: on the step cap, the deadline or a node's
-error it runs the graph's ``finish`` node, and says why in :attr:`RunResult.stopped_by`.
+It knows nothing about RAG. A node is any object with ``async def __call__(self, state) -> str`` returning a
+route (or :data:`END`) and a ``routes`` tuple of the routes it may return; a route leads to the node of its name
+unless the graph's ``edges`` send it elsewhere. The runner runs one node at a time over one shared state and
+always ends a run gracefully: on the step cap, the deadline or a node's error it runs the graph's ``finish``
+node, and says why in :attr:`RunResult.stopped_by`. A built :class:`Graph` cannot be changed.
 
 Time rules, with ``deadline_s`` given:
 
@@ -69,11 +70,12 @@ class Node(Protocol):
     from the context it chose, or an honest "could not finish" note after the tokens already sent.
     """
 
-    #: The names this node may return (node names or :data:`END`; only :data:`END` for the finish node).
+    #: The routes this node may return: node names (each leads to that node, unless the graph's edges rewire
+    #: it) or :data:`END` (only :data:`END` for the finish node).
     routes: tuple[str, ...]
 
     async def __call__(self, state: Any) -> str:
-        """Do the work, mutate ``state``, return the next node's name or :data:`END`."""
+        """Do the work, mutate ``state``, return one of ``routes``."""
         ...
 
 
