@@ -223,6 +223,37 @@ class TestPayOnlyWhenUsed:
         [finished] = [e for e in logs if e["event"] == "turn.finished"]
         assert finished["seen"] == 1 and finished["run_id"] == result.run_id and finished["path"] == ["a"]
 
+    async def test_trace_is_made_when_first_read(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A run keeps its trace as rows; the Steps are made once, when someone reads them, and then kept.
+
+        (No log keeps events here: a configured log reads the path for turn.finished, which makes the Steps.)
+        """
+        import ragloop._log
+        import ragloop.events
+
+        monkeypatch.setattr(ragloop._log.Logger, "enabled", lambda self, method: False)
+
+        made: list[int] = []
+        original = ragloop.events._steps
+
+        def counting(rows: Any) -> Any:
+            made.append(len(rows))
+            return original(rows)
+
+        monkeypatch.setattr(ragloop.events, "_steps", counting)
+        result = await linear().run(Log())
+        assert made == []
+        assert result.trace is result.trace and [s.node for s in result.trace] == ["a", "b", "fin"]
+        assert made == [3] and result.path == ("a", "b", "fin")
+
+    def test_result_of_rows_equals_result_of_steps(self) -> None:
+        """RunResult takes the runner's rows or Steps alike, and compares by the steps."""
+        from ragloop.events import RunResult, Step
+
+        rows = RunResult("r", None, ((1, "a", END, 0.0, 0.5, None, False),), "end", 0.5)
+        steps = RunResult("r", None, (Step(1, "a", END, 0.0, 0.5),), "end", 0.5)
+        assert rows == steps and rows.trace == steps.trace and rows.timings == {"a": 0.5}
+
     async def test_run_ids_are_unique_16_hex_digits(self) -> None:
         """Every run gets its own id of 16 hex digits, whatever the application did to `random`."""
         import random
@@ -238,11 +269,16 @@ class TestPayOnlyWhenUsed:
         import sys
 
         script = (
-            "import os, ragloop.runner as r\n"
+            "import os\n"
+            "from ragloop import END, Graph\n"
+            "class A:\n"
+            "    routes = (END,)\n"
+            "    async def __call__(self, state): return END\n"
+            "g = Graph({'a': A()}, start='a', finish='a')\n"
             "read, write = os.pipe()\n"
             "if os.fork() == 0:\n"
-            "    os.write(write, f'{r._ids.getrandbits(64):016x}'.encode()); os._exit(0)\n"
-            "os.wait(); print(os.read(read, 64).decode(), f'{r._ids.getrandbits(64):016x}')\n"
+            "    os.write(write, g.run_sync(None).run_id.encode()); os._exit(0)\n"
+            "os.wait(); print(os.read(read, 64).decode(), g.run_sync(None).run_id)\n"
         )
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60)
         child, parent = out.stdout.split()

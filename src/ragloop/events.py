@@ -17,6 +17,7 @@ consumer leaves. It lives here, below the runner, so the runner module keeps to 
 from __future__ import annotations
 
 import contextvars
+import functools
 import sys
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
@@ -69,14 +70,24 @@ class Step:
     forced: bool = False
 
 
+def _steps(rows: Iterable[Step | tuple[Any, ...]]) -> tuple[Step, ...]:
+    """Steps from the runner's rows (``Step``'s fields in order) or from steps."""
+    return tuple(row if isinstance(row, Step) else Step(*row) for row in rows)
+
+
 @frozen
 class RunResult:
     """What a run produced.
 
+    The trace is kept as the runner's rows and made into :class:`Step` values the first time it is read (the
+    chat turn's record reads it; a bare run whose trace nobody reads never pays for it). ``RunResult(run_id,
+    state, trace, …)`` takes steps or rows alike, and two results compare by their steps.
+
     Attributes:
         run_id: Unique id of the run (also bound in the logs).
         state: The state object, as the nodes left it.
-        trace: One :class:`Step` per node run, in order.
+        rows: The trace as the runner recorded it (``trace=`` when building one): a :class:`Step` or a tuple of
+            ``Step``'s fields per node run.
         stopped_by: ``end``, ``step_cap``, ``deadline`` or ``error``.
         duration: Seconds the whole run took.
         error: The node error that stopped the run, if any.
@@ -86,11 +97,16 @@ class RunResult:
 
     run_id: str
     state: Any
-    trace: tuple[Step, ...]
+    rows: tuple[Step | tuple[Any, ...], ...] = field(alias="trace", eq=_steps, repr=False)
     stopped_by: StoppedBy
     duration: float
     error: BaseException | None = field(default=None, eq=False)
     record: Any = field(default=None, eq=False)
+
+    @functools.cached_property
+    def trace(self) -> tuple[Step, ...]:
+        """One :class:`Step` per node run, in order."""
+        return _steps(self.rows)
 
     @property
     def path(self) -> tuple[str, ...]:

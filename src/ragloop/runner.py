@@ -22,7 +22,6 @@ import contextlib
 import contextvars
 import math
 import os
-import random
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -46,10 +45,6 @@ END = "END"
 SALVAGE_S = 0.5
 
 _log = get_logger("ragloop.runner")
-# Run ids: 64 random bits from a generator of the runner's own (a tenth of uuid4's cost), reseeded in a forked
-# child so two worker processes never share a sequence, and untouched by an application's random.seed().
-_ids = random.Random()
-os.register_at_fork(after_in_child=_ids.seed)
 _sink: contextvars.ContextVar[tuple[str, Sink] | None] = contextvars.ContextVar("ragloop_sink", default=None)
 # structlog's merge_contextvars picks up every context variable named "structlog_<key>"; setting these
 # directly costs a tenth of bind_contextvars(), once per run and on every step.
@@ -96,8 +91,9 @@ class _Run:
 
     def __init__(self, state: Any, sink: Sink | None, deadline_s: float | None, raise_errors: bool) -> None:
         self.state, self.sink, self.raise_errors = state, sink, raise_errors
-        self.trace: list[Step] = []
-        self.run_id, self.t0 = f"{_ids.getrandbits(64):016x}", time.perf_counter()
+        self.trace: list[tuple[Any, ...]] = []  # Step's fields per node run (RunResult makes the Steps when read)
+        # 64 random bits from the kernel: a fifth of uuid4's cost, the same in a forked worker as anywhere
+        self.run_id, self.t0 = os.urandom(8).hex(), time.perf_counter()
         self.deadline = math.inf if deadline_s is None else self.t0 + deadline_s
 
 
@@ -282,7 +278,7 @@ class Graph:
             error = f"{'grace: finish' if last else 'deadline:'} cancelled after {clock() - started:.3f}s"
             error += await _salvage(salvage, run.state, reserve) if salvage is not None else ""
         duration = clock() - started
-        run.trace.append(Step(n, name, nxt, started - run.t0, duration, error, forced))
+        run.trace.append((n, name, nxt, started - run.t0, duration, error, forced))
         if run.sink is not None:
             await run.sink(NodeFinished(n, name, nxt, duration, error, run_id=run.run_id))
         return nxt, exc, cut
