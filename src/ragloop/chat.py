@@ -210,8 +210,8 @@ class ChatRAG:
     ) -> ChatRAG:
         """A chat over an index directory (or a loaded :class:`~ragloop.retrievers.index.KnowledgeIndex`).
 
-        ``ChatRAG(Turn.from_index(index, llm, **options))``: see :meth:`Turn.from_index
-        <ragloop.turn.Turn.from_index>` and :class:`~ragloop.turn.options.IndexOptions`.
+        ``ChatRAG(Turn.from_index(index, llm, **options))``: see :meth:`~ragloop.turn.builder.Turn.from_index`
+        and :class:`~ragloop.turn.options.IndexOptions`.
         """
         return cls(Turn.from_index(index, llm, **options))
 
@@ -219,8 +219,8 @@ class ChatRAG:
     def from_store(cls, url: str, llm: openai.AsyncOpenAI | None = None, **options: Unpack[StoreOptions]) -> ChatRAG:
         """A chat over a PostgreSQL collection written by ``ragloop index DIR --store URL`` (``[postgres]`` extra).
 
-        ``ChatRAG(Turn.from_store(url, llm, **options))``: see :meth:`Turn.from_store
-        <ragloop.turn.Turn.from_store>` and :class:`~ragloop.turn.options.StoreOptions`; :meth:`aclose` closes
+        ``ChatRAG(Turn.from_store(url, llm, **options))``: see :meth:`~ragloop.turn.builder.Turn.from_store`
+        and :class:`~ragloop.turn.options.StoreOptions`; :meth:`aclose` closes
         the store's pool.
         """
         return cls(Turn.from_store(url, llm, **options))
@@ -235,8 +235,8 @@ class ChatRAG:
     ) -> ChatRAG:
         """A chat over any retriever; ``texts`` (every chunk's text) feed the offline judges' corpus statistics.
 
-        ``ChatRAG(Turn.from_retriever(retriever, texts, llm, **options))``: see :meth:`Turn.from_retriever
-        <ragloop.turn.Turn.from_retriever>` and :class:`~ragloop.turn.options.RetrieverOptions`.
+        ``ChatRAG(Turn.from_retriever(retriever, texts, llm, **options))``: see
+        :meth:`~ragloop.turn.builder.Turn.from_retriever` and :class:`~ragloop.turn.options.RetrieverOptions`.
         """
         return cls(Turn.from_retriever(retriever, texts, llm, **options))
 
@@ -251,7 +251,7 @@ class ChatRAG:
         """A chat over the bundled sample knowledge base and its live ticket source.
 
         The sample index is built on first use and cached in ``cache_dir`` (default ``~/.cache/ragloop``); see
-        :meth:`Turn.sample <ragloop.turn.Turn.sample>`.
+        :meth:`~ragloop.turn.builder.Turn.sample`.
         """
         return cls(Turn.sample(llm, cache_dir=cache_dir, **options))
 

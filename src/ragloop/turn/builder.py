@@ -112,18 +112,9 @@ class Turn:
             ConfigError: A required collaborator is missing.
         """
         require(wiring)
-        judges = Judges(
-            decider=wiring["decider"],
-            grader=wiring["grader"],
-            rewriter=wiring["rewriter"],
-            answerer=wiring["answerer"],
-            fallback_decider=wiring.get("fallback_decider"),
-            fallback_answerer=wiring.get("fallback_answerer"),
-            bridger=wiring.get("bridger"),
-            verifier=wiring.get("verifier"),
-            planner=wiring.get("planner"),
-            fallback_planner=wiring.get("fallback_planner"),
-        )
+        flat: dict[str, Any] = dict(wiring)
+        judged: dict[str, Any] = {key: flat.get(key) for key in (*_JUDGED, "planner", "fallback_planner")}
+        judges = Judges(**judged)
         turn = cls(
             wiring["retriever"],
             judges,
@@ -366,22 +357,15 @@ class Turn:
         planner, fallback = j.planners(table, live) if table is not None else (None, None)
         nodes = default_nodes(
             retriever=self.retriever,
-            decider=j.decider,
-            grader=j.grader,
-            rewriter=j.rewriter,
-            answerer=j.answerer,
             live_sources=live,
             settings=self.settings,
             embedder=self.embedder,
-            fallback_decider=j.fallback_decider,
-            fallback_answerer=j.fallback_answerer,
-            bridger=j.bridger,
             planner=planner,
             plan_sources=table,
             fallback_planner=fallback,
-            verifier=j.verifier,
             caches=self.caches,
             index_version=self.index_version,
+            **{key: getattr(j, key) for key in _JUDGED},
         )
         edges: dict[str, dict[str, str]] = {}
         runs = {n: most_runs(n, self.policy()) for n in nodes}
@@ -405,6 +389,10 @@ class Turn:
         sources.update({s.name: LiveLookupSource(s) for s in live})
         sources.update(self._plan)
         return sources
+
+
+#: The judges a Judges bundle hands the default nodes, under the same names as TurnWiring's.
+_JUDGED = ("decider", "grader", "rewriter", "answerer", "fallback_decider", "fallback_answerer", "bridger", "verifier")
 
 
 def _known(nodes: Mapping[str, Node]) -> str:
