@@ -218,7 +218,7 @@ def build_chat(
         grader=Timed(judges.grader, "grade"),
         rewriter=Timed(judges.rewriter, "rewrite"),
         answerer=Timed(judges.answerer, "answer"),
-        live_sources=(Timed(SQLiteTicketSource(), "live"),),
+        live_sources=(Timed(SQLiteTicketSource(require_caller=False), "live"),),
         settings=settings,
         embedder=Timed(index.embedder, "embed"),
         fallback_decider=offline_decider,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
@@ -26,7 +27,7 @@ from attrs import frozen
 from ragloop.errors import ConfigError, InputError
 from ragloop.events import Event, EventStream
 from ragloop.retrievers.base import Retriever
-from ragloop.retrievers.filters import FiltersArg
+from ragloop.retrievers.filters import FiltersArg, check_retriever_filters
 from ragloop.runner import Node, RunResult
 from ragloop.state import Caller, Citation, ContextBlock, Message, Outcome, TurnState
 from ragloop.turn import (
@@ -43,6 +44,7 @@ from ragloop.turn.request import (
     MAX_HISTORY_CHARS,
     MAX_HISTORY_MESSAGES,
     MAX_QUESTION_CHARS,
+    MAX_URL_CHARS,
     turn_state,
     validate_question,
 )
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
 
     from ragloop.retrievers.index import KnowledgeIndex
 
-__all__ = ["MAX_QUESTION_CHARS", "AskOptions", "ChatRAG", "Reply", "ReplyReady", "validate_question"]
+__all__ = ["MAX_QUESTION_CHARS", "AskOptions", "ChatRAG", "Reply", "ReplyReady", "client_url", "validate_question"]
 
 
 @frozen
@@ -90,7 +92,9 @@ class Reply:
     def client_dict(self, source_url: Callable[[str], str | None] | None = None) -> dict[str, Any]:
         """The reply as it may be sent to an end user: text, outcome, citations and what is missing.
 
-        Never the decision record (queries, grades, errors, model names): keep that for your logs.
+        Never the decision record (queries, grades, errors, model names): keep that for your logs. A citation's
+        ``url`` is an ``http(s)://`` URL or a relative path, or ``None``: a ``javascript:``, ``data:`` or other
+        link (from a document's front matter or ``source_url``) never reaches the client.
 
         Args:
             source_url: Maps a citation's source to a link; by default a source that is itself an
@@ -101,7 +105,8 @@ class Reply:
             "text": self.text,
             "outcome": self.outcome,
             "citations": [
-                {"n": c.n, "title": c.title, "source": c.source, "url": c.url or link(c.source)} for c in self.citations
+                {"n": c.n, "title": c.title, "source": c.source, "url": client_url(c.url or link(c.source))}
+                for c in self.citations
             ],
             "missing": list(self.missing),
         }
@@ -109,6 +114,28 @@ class Reply:
 
 def _own_url(source: str) -> str | None:
     return source if source.startswith(("https://", "http://")) else None
+
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+_URL_UNSAFE = re.compile(r"[\x00-\x20\x7f-\x9f\\]")
+
+
+def client_url(url: str | None) -> str | None:
+    """``url`` when it is safe to hand a client as a link: ``http(s)://host…`` or a relative path; else ``None``.
+
+    Refused: any other scheme (``javascript:``, ``data:``, ``vbscript:``, ``file:``), protocol-relative ``//host``
+    links, and URLs holding whitespace, control characters or backslashes (browsers drop tabs and newlines
+    from a URL and read ``\\`` as ``/``, so ``java\tscript:`` or ``/\\evil`` would pass a naive check).
+    """
+    if not url or len(url) > MAX_URL_CHARS or _URL_UNSAFE.search(url):
+        return None
+    scheme = _SCHEME.match(url)
+    if scheme is None:
+        return None if url.startswith("//") else url
+    rest = url[scheme.end() :]
+    if scheme.group(1).lower() in ("http", "https") and rest.startswith("//") and len(rest) > 2 and rest[2] != "/":
+        return url
+    return None
 
 
 @frozen
@@ -195,6 +222,8 @@ class ChatRAG:
         self.max_question_chars = max_question_chars
         self.max_history_messages = max_history_messages
         self.max_history_chars = max_history_chars
+        #: The raw retriever: filter keys are checked against the metadata keys it knows.
+        self._retriever = built.retriever
 
     @property
     def nodes(self) -> Mapping[str, Node]:
@@ -266,8 +295,9 @@ class ChatRAG:
         caller: Caller | None = None,
     ) -> TurnState:
         """The validated state a turn starts from (raises :class:`InputError` on unusable input; see
-        :func:`ragloop.turn.request.turn_state`)."""
-        return turn_state(
+        :func:`ragloop.turn.request.turn_state`; a filter key no chunk has is
+        :class:`~ragloop.errors.UnknownFilterKey`)."""
+        state = turn_state(
             question,
             history=history,
             page_url=page_url,
@@ -278,6 +308,8 @@ class ChatRAG:
             max_history_messages=self.max_history_messages,
             max_history_chars=self.max_history_chars,
         )
+        check_retriever_filters(self._retriever, state.filters)  # UnknownFilterKey: a misspelled key
+        return state
 
     def _start(self, question: str, options: AskOptions) -> tuple[TurnState, float | None]:
         """The turn's validated state and deadline (``ask`` and ``stream`` check their input alike)."""
@@ -306,7 +338,8 @@ class ChatRAG:
                 :class:`AskOptions`.
 
         Raises:
-            InputError: The question, history, page context or filters are unusable; the message says why.
+            InputError: The question, history, page context or filters are unusable (a filter key no chunk has
+                is :class:`~ragloop.errors.UnknownFilterKey`); the message says why.
         """
         state, deadline = self._start(question, options)
         key = self._reply_key(state)

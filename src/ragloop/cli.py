@@ -23,9 +23,11 @@ from ragloop.cli_store import (
     add_index_options,
     add_store_options,
     attach_metadata,
+    check_rebuild,
     cmd_index_store,
     cmd_index_update,
     cmd_search_store,
+    index_scope,
     parse_filters,
     print_hits,
     store_url,
@@ -121,6 +123,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     check_index_target(args.out, source=args.path)  # refuse a bad --out before minutes of work
+    check_rebuild(args)  # nor drop documents of other scopes (tenants) that --out holds
     embedder = _make_embedder(args.embedder)
     reading = _Progress("reading")
     try:
@@ -136,7 +139,9 @@ def _cmd_index(args: argparse.Namespace) -> int:
         )
     embedding = _Progress(f"embedding ({embedder.name})")
     try:
-        index = KnowledgeIndex.build(attach_metadata(args, result.chunks), embedder, progress=embedding)
+        index = KnowledgeIndex.build(
+            attach_metadata(args, result.chunks), embedder, progress=embedding, scope=index_scope(args)
+        )
     finally:
         embedding.close()
     out = index.save(args.out, source=args.path)

@@ -167,7 +167,9 @@ class TestOpenAISQLWriter:
         source = SQLiteSource(sample_crm_path(), SAMPLE_CRM_ALLOW, OpenAISQLWriter(client, "sql-model"))
         result = await source.run("plan of Harbor Lane Bank", {})
         assert [r["plan"] for r in result.rows] == ["Enterprise"]
-        assert source.statements == ["SELECT plan, customers.id FROM customers WHERE name = ? LIMIT 50"]
+        assert len(source.statements) == 1
+        assert source.statements[0].startswith("SELECT plan, customers.id FROM (SELECT ")  # read through its allowlist
+        assert source.statements[0].endswith(") AS customers WHERE name = ? LIMIT 50")
 
     async def test_model_says_it_cannot(self, server: ScriptedOpenAIServer, client: openai.AsyncOpenAI) -> None:
         """An empty statement is a refusal carrying the model's reason."""

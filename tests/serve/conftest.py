@@ -96,17 +96,18 @@ def sse_events(text: str) -> list[tuple[str, str]]:
 
 
 @contextlib.contextmanager
-def serving(app: Any, *, close: Callable[[], Awaitable[None]] | None = None) -> Iterator[str]:
+def serving(app: Any, *, close: Callable[[], Awaitable[None]] | None = None, **config: Any) -> Iterator[str]:
     """Run ``app`` with uvicorn on 127.0.0.1 (a free port) in a thread; yields its base URL.
 
-    ``close`` runs in the server's event loop after it stops (to close clients the app used there).
+    ``close`` runs in the server's event loop after it stops (to close clients the app used there); ``config``
+    goes to ``uvicorn.Config`` (``http=ragloop.serve.h11_protocol(...)``).
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="error", lifespan="off", ws="none", timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
+    options: dict[str, Any] = {"log_level": "error", "lifespan": "off", "ws": "none", "timeout_graceful_shutdown": 2}
+    server = uvicorn.Server(uvicorn.Config(app, **{**options, **config}))
 
     async def main() -> None:
         try:

@@ -28,7 +28,7 @@ from ragloop.llm.budget import CallBudget, time_left
 from ragloop.plan import Fate, FateStatus, Plan, PlanRun, SubQuery, WaveRun, build_waves, dependents, fill
 from ragloop.plan import validate_plan as _validate
 from ragloop.policy import ANSWER, DECIDE, EDGES, GRADE, PLAN, RETRIEVE
-from ragloop.retrievers.sources import DocumentSource, Filters, LiveLookupSource, Source, SourceResult
+from ragloop.retrievers.sources import CallerScoped, DocumentSource, Filters, Source, SourceResult
 from ragloop.runner import emit
 from ragloop.state import Caller, Decision, Graded, QueryState, TurnState, Verdict
 
@@ -232,12 +232,13 @@ def _verb(status: FateStatus) -> str:
 def _for_turn(
     sources: Mapping[str, Source], caller: Caller | None, filters: Mapping[str, tuple[str, ...]]
 ) -> Mapping[str, Source]:
-    """The sources scoped to the turn, as on the decide route: the caller handed to every live lookup, the
-    metadata filters to every document search (the plan path checks access too)."""
+    """The sources scoped to the turn, as on the decide route: the caller handed to every source that answers for
+    a caller (live lookups, SQL sources: ``for_caller``, with ``None`` too, so a source showing rows by tenant
+    shows none to nobody), the metadata filters to every document search (the plan path checks access too)."""
 
     def scoped(source: Source) -> Source:
-        if caller is not None and isinstance(source, LiveLookupSource):
-            return attrs.evolve(source, caller=caller)
+        if isinstance(source, CallerScoped):  # live lookups and SQL sources: the caller's rows only
+            return source.for_caller(caller)
         if filters and isinstance(source, DocumentSource):
             return attrs.evolve(source, scope=dict(filters))
         return source

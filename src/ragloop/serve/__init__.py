@@ -18,21 +18,24 @@ with uvicorn. Needs the ``[serve]`` extra (starlette, uvicorn, prometheus-client
 from __future__ import annotations
 
 from ragloop.serve._app import create_app
-from ragloop.serve._sessions import (
-    MemorySessionStore,
-    PostgresSessionStore,
-    SessionLimits,
-    SessionStore,
-    SQLiteSessionStore,
-)
+from ragloop.serve._principals import ANONYMOUS, ApiKey, Principal, load_keys
+from ragloop.serve._sessions import MemorySessionStore, SessionLimits, SessionStore
+from ragloop.serve._sessions_sql import PostgresSessionStore, SQLiteSessionStore
 from ragloop.serve._settings import ServeSettings
+from ragloop.serve._uvicorn import CleanExitServer, h11_protocol
 
 __all__ = [
+    "ANONYMOUS",
+    "ApiKey",
+    "CleanExitServer",
     "MemorySessionStore",
     "PostgresSessionStore",
+    "Principal",
     "SQLiteSessionStore",
     "ServeSettings",
     "SessionLimits",
     "SessionStore",
     "create_app",
+    "h11_protocol",
+    "load_keys",
 ]

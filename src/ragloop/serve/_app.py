@@ -24,6 +24,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from ragloop.serve._handlers import _Handlers
+from ragloop.serve._hosts import HostAllowlist
 from ragloop.serve._replies import _JSON
 from ragloop.serve._server import _Server
 from ragloop.serve._sessions import MemorySessionStore, SessionStore
@@ -46,25 +47,35 @@ def create_app(
     source_url: Callable[[str], str | None] | None = None,
     llm: openai.AsyncOpenAI | None = None,
     model_check: Callable[[], Awaitable[bool]] | None = None,
+    store_check: Callable[[], Awaitable[bool]] | None = None,
 ) -> Starlette:
     """An ASGI app serving ``rag``; run it with uvicorn or mount it in FastAPI (``app.mount("/rag", ...)``).
 
     Args:
         rag: The chat to serve.
-        settings: Limits, keys, CORS origins.
+        settings: Limits, keys and principals, allowed hosts, CORS origins, timeouts.
         sessions: Where ``session_id`` conversations live (default: in memory, LRU).
-        source_url: Maps a citation's source to a link for clients (default: sources that are URLs).
+        source_url: Maps a citation's source to a link for clients (default: sources that are URLs); a link
+            that is not ``http(s)`` or relative is dropped.
         llm: The model client ``rag`` uses; ``/readyz`` then checks that its endpoint answers.
         model_check: A custom readiness probe instead (``True`` when the model is reachable).
+        store_check: A readiness probe of the knowledge store (default: for a chat over a Postgres store
+            (:meth:`ChatRAG.from_store`), one cheap query of the collection).
 
     Returns:
-        A Starlette app; ``app.state.ragloop_metrics`` holds its Prometheus registry and
-        ``app.state.ragloop_sessions`` its session store (close it with ``await store.aclose()``).
+        A Starlette app; ``app.state.ragloop_metrics`` holds its Prometheus registry,
+        ``app.state.ragloop_sessions`` its session store (close it with ``await store.aclose()``) and
+        ``app.state.ragloop_shut_down`` a function that refuses new turns (503) and cancels those in flight
+        (each ends with an error saying the server is shutting down); call it when your server stops.
     """
     if model_check is None and llm is not None:
         model_check = _openai_probe(llm)
+    if store_check is None and getattr(rag, "store", None) is not None:
+        store_check = _store_probe(rag)
     store = sessions if sessions is not None else MemorySessionStore(limits=settings.history)
-    server = _Server(rag, settings, store, source_url, model_check)
+    checks = {name: check for name, check in (("model", model_check), ("store", store_check)) if check is not None}
+    checks["sessions"] = _sessions_probe(store)
+    server = _Server(rag, settings, store, source_url, checks)
     h = _Handlers(server)
     routes = [
         Route("/v1/chat/completions", h.guarded("chat.completions", h.completions), methods=["POST"]),
@@ -87,6 +98,8 @@ def create_app(
 
         routes.append(Route("/", page, methods=["GET"]))
     middleware: list[Middleware] = []
+    if settings.allowed_hosts:
+        middleware.append(Middleware(HostAllowlist, allowed=settings.allowed_hosts))
     if settings.cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 
@@ -101,6 +114,7 @@ def create_app(
     app = Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_error})
     app.state.ragloop_metrics = server.metrics.registry
     app.state.ragloop_sessions = server.sessions
+    app.state.ragloop_shut_down = server.shut_down
     return app
 
 
@@ -126,6 +140,25 @@ def _page() -> tuple[str, str]:
         f"default-src 'none'; script-src {digest('script')}; style-src {digest('style')}; "
         "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
     )
+
+
+def _store_probe(rag: ChatRAG) -> Callable[[], Awaitable[bool]]:
+    """A readiness probe of the chat's Postgres store: one cheap query of its collection."""
+
+    async def probe() -> bool:
+        assert rag.store is not None
+        await rag.store.info()
+        return True
+
+    return probe
+
+
+def _sessions_probe(store: SessionStore) -> Callable[[], Awaitable[bool]]:
+    async def probe() -> bool:
+        await store.ping()
+        return True
+
+    return probe
 
 
 def _openai_probe(llm: openai.AsyncOpenAI) -> Callable[[], Awaitable[bool]]:

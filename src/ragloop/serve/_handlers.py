@@ -10,10 +10,25 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ragloop._log import get_logger
-from ragloop.serve._replies import _INTERNAL, _JSON, _api_stream, _Completion, _sse, _write_rejected
+from ragloop.serve._replies import (
+    _INTERNAL,
+    _JSON,
+    _api_error,
+    _api_stream,
+    _Completion,
+    _completion_error,
+    _write_rejected,
+)
 from ragloop.serve._server import _Server
-from ragloop.serve._stream import Body, Rejected, Start, TurnResponse, error_body
+from ragloop.serve._stream import Body, Rejected, Start, TurnResponse
 from ragloop.serve._validate import _RequestChecks
+
+_FAILED = Rejected(500, _INTERNAL, kind="server_error")
+_TIMEOUT = Rejected(504, "the turn ran past its deadline", kind="timeout")
+_STOPPING = Rejected(
+    503, "the server is shutting down; retry on another replica or in a moment", kind="server_error",
+    code="shutting_down",
+)  # fmt: skip
 
 log = get_logger("ragloop.serve")
 
@@ -44,11 +59,12 @@ class _Handlers:
         return route
 
     def turn_response(
-        self, endpoint: str, write: Callable[[Start, Body], Awaitable[None]], stream_error: bytes | None
+        self, endpoint: str, write: Callable[[Start, Body], Awaitable[None]], stream_error: Callable[[Rejected], bytes]
     ) -> TurnResponse:
         """A response holding one turn slot while ``write`` runs, under the hard deadline.
 
-        ``stream_error`` is the frame written when the turn fails after the stream started.
+        ``stream_error`` renders the last frame written when the turn fails after the stream started (a store
+        outage, a server error, the deadline, the server shutting down).
         """
         server, metrics = self.server, self.metrics
         server.take_slot()
@@ -62,25 +78,30 @@ class _Handlers:
                 status["code"] = str(code)
                 await start(code, headers)
 
-            with anyio.move_on_after(hard_limit) as scope:
+            async def fail(exc: Rejected) -> None:
+                if not status["code"]:
+                    await _write_rejected(tracked_start, body, exc)
+                else:
+                    await body(stream_error(exc))
+
+            with anyio.CancelScope() as stopping, anyio.move_on_after(hard_limit) as scope:
+                server.in_flight.add(stopping)
                 try:
                     await write(tracked_start, body)
                 except Rejected as exc:
-                    await _write_rejected(tracked_start, body, exc)
+                    await fail(exc)
                 except Exception:
                     log.exception("turn failed", endpoint=endpoint)
                     metrics.turns_failed.inc()
-                    if not status["code"]:
-                        await _write_rejected(tracked_start, body, Rejected(500, _INTERNAL, kind="server_error"))
-                    elif stream_error is not None:
-                        await body(stream_error)
-            if scope.cancelled_caught:
+                    await fail(_FAILED)
+                finally:
+                    server.in_flight.discard(stopping)
+            if stopping.cancelled_caught:
+                metrics.turns_cancelled.inc()
+                await fail(_STOPPING)
+            elif scope.cancelled_caught:
                 metrics.turns_failed.inc()
-                timeout = Rejected(504, "the turn ran past its deadline", kind="timeout")
-                if not status["code"]:
-                    await _write_rejected(tracked_start, body, timeout)
-                elif stream_error is not None:
-                    await body(stream_error)
+                await fail(_TIMEOUT)
 
         def cancelled() -> None:
             status["code"] = "499"  # nginx's "client closed request"
@@ -94,30 +115,29 @@ class _Handlers:
 
     async def completions(self, request: Request) -> Response | TurnResponse:
         """``POST /v1/chat/completions``."""
-        self.checks.authorize(request)
-        turn, stream, include_usage = self.checks.openai_turn(await self.checks.read_json(request))
+        principal = self.checks.authorize(request)
+        turn, stream, include_usage = self.checks.openai_turn(await self.checks.read_json(request), principal)
         completion = _Completion(self.server, turn, include_usage)
-        if stream:
-            error = _sse(None, error_body(_INTERNAL, kind="server_error")) + b"data: [DONE]\n\n"
-            return self.turn_response("chat.completions", completion.stream, error)
-        return self.turn_response("chat.completions", completion.once, None)
+        return self.turn_response(
+            "chat.completions", completion.stream if stream else completion.once, _completion_error
+        )
 
     async def api_chat(self, request: Request) -> Response | TurnResponse:
         """``POST /api/chat``."""
-        self.checks.authorize(request)
-        turn = self.checks.api_turn(await self.checks.read_json(request))
+        principal = self.checks.authorize(request)
+        turn = self.checks.api_turn(await self.checks.read_json(request), principal)
 
         async def write(start: Start, body: Body) -> None:
             await _api_stream(self.server, turn, start, body)
 
-        return self.turn_response("api.chat", write, _sse("error", error_body(_INTERNAL, kind="server_error")))
+        return self.turn_response("api.chat", write, _api_error)
 
     async def healthz(self, request: Request) -> Response:
         """``GET /healthz``: the process is up."""
         return JSONResponse({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
-        """``GET /readyz``: the index is loaded and the model endpoint (when there is one) answers."""
+        """``GET /readyz``: the index is loaded; the model endpoint, the store and the session store answer."""
         ok, checks = await self.server.ready()
         return JSONResponse(
             {"status": "ready" if ok else "not ready", "checks": checks}, status_code=200 if ok else 503

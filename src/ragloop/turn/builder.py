@@ -53,6 +53,8 @@ class BuiltTurn:
         index_version: The index's current version (what cached searches and replies are keyed on).
         offline: True when no judge calls a model.
         store: The Postgres store :meth:`Turn.from_store` opened (a chat closes it).
+        retriever: The retriever the turn searches, as given (before any cache): a chat checks the filter keys
+            of a question against the metadata keys it knows.
     """
 
     graph: Graph
@@ -62,6 +64,7 @@ class BuiltTurn:
     index_version: Callable[[], str]
     offline: bool
     store: PostgresStore | None = None
+    retriever: Retriever | None = None
 
     @property
     def nodes(self) -> Mapping[str, Node]:
@@ -377,7 +380,7 @@ class Turn:
         extra = sum(runs[n] for n in nodes if n not in EDGES)  # the cap counts the default nodes already
         graph = build_graph(nodes, self.settings, edges=edges, extra_steps=extra)
         version = self.index_version or (lambda: str(getattr(self.retriever, "version", "")))
-        return BuiltTurn(graph, self.settings, live, self.caches, version, j.offline_only, self._store)
+        return BuiltTurn(graph, self.settings, live, self.caches, version, j.offline_only, self._store, self.retriever)
 
     def _plan_sources(self, live: tuple[LiveSource, ...]) -> dict[str, Source] | None:
         """The plan node's sources by name (``None``: the turn does not plan)."""

@@ -19,13 +19,15 @@ __all__ = [
     "MAX_HISTORY_CHARS",
     "MAX_HISTORY_MESSAGES",
     "MAX_QUESTION_CHARS",
+    "MAX_URL_CHARS",
     "turn_state",
     "validate_question",
 ]
 
 #: Longest question accepted by default (characters).
 MAX_QUESTION_CHARS = 8_000
-_MAX_URL_CHARS = 2_048
+#: Longest page URL or title accepted, and longest link handed to a client (characters).
+MAX_URL_CHARS = 2_048
 
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 
@@ -124,8 +126,8 @@ def _page(url: object, title: object) -> PageContext:
     for name, value in (("page_url", url), ("page_title", title)):
         if value is not None and not isinstance(value, str):
             raise InputError(f"{name} must be a string or None, got {type(value).__name__}")
-        if isinstance(value, str) and len(value) > _MAX_URL_CHARS:
-            raise InputError(f"{name} is {len(value):,} characters; the limit is {_MAX_URL_CHARS:,}")
+        if isinstance(value, str) and len(value) > MAX_URL_CHARS:
+            raise InputError(f"{name} is {len(value):,} characters; the limit is {MAX_URL_CHARS:,}")
     return PageContext(
         url=_clean_text(url).strip() or None if isinstance(url, str) else None,
         title=_clean_text(title).strip() or None if isinstance(title, str) else None,
