@@ -11,7 +11,7 @@ python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install -q "$work"/dist/ragloop-*.whl
 mkdir -p "$work/home" "$work/run"
 cd "$work/run"
-out="$(HOME="$work/home" "$work/venv/bin/ragloop" ask "What plan is Harbor Lane Bank on, and how much does that plan cost per seat?" --json)"
+out="$(HOME="$work/home" "$work/venv/bin/ragloop" ask "What plan is Harbor Lane Bank on, and how much does that plan cost per seat?" --org "Harbor Lane Bank" --json)"
 printf '%s' "$out" | "$work/venv/bin/python" -c '
 import json, sys
 reply = json.load(sys.stdin)
