@@ -256,7 +256,10 @@ _COMMANDS: tuple[Callable[[Any], None], ...] = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
+    from ragloop import __version__
+
     parser = argparse.ArgumentParser(prog="ragloop", description="Agentic RAG in a small graph runner.")
+    parser.add_argument("--version", action="version", version=f"ragloop {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in _COMMANDS:
         add(sub)

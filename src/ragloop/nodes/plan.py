@@ -27,6 +27,7 @@ from ragloop.events import Progress
 from ragloop.llm.budget import CallBudget, time_left
 from ragloop.plan import Fate, FateStatus, Plan, PlanRun, SubQuery, WaveRun, build_waves, dependents, fill
 from ragloop.plan import validate_plan as _validate
+from ragloop.policy import ANSWER, DECIDE, EDGES, GRADE, PLAN, RETRIEVE
 from ragloop.retrievers.sources import CallerScoped, DocumentSource, Filters, Source, SourceResult
 from ragloop.runner import emit
 from ragloop.state import Caller, Decision, Graded, QueryState, TurnState, Verdict
@@ -266,12 +267,12 @@ class PlanNode:
     max_subqueries: int = 6
     timeout_s: float = 5.0
     max_concurrency: int = 4
-    routes: tuple[str, ...] = field(default=("decide", "retrieve", "grade", "answer"), init=False)
+    routes: tuple[str, ...] = field(default=EDGES[PLAN], init=False)
 
     async def __call__(self, state: TurnState) -> str:
         made = await self._plan(state)
         if made is None:
-            return "decide"
+            return DECIDE
         plan, planner = made
         waves = build_waves(plan.subqueries)
         if len(waves) == 1 and all(q.source == self.documents and not q.filters for q in plan.subqueries):
@@ -282,7 +283,7 @@ class PlanNode:
                 state.queries[q] = QueryState(text=q, root=q)
             state.pending = list(queries)
             await emit(Progress(node="plan", kind="queries", message=f"{len(queries)} search(es)"))
-            return "retrieve"
+            return RETRIEVE
         await emit(
             Progress(
                 node="plan",
@@ -379,4 +380,4 @@ class PlanNode:
             q.status = "enough"
             for h in hits:
                 state.graded.append(Graded(text, h, Verdict("relevant", reason=f"{sub.source}: {h.chunk.title}")))
-        return "grade" if to_grade else "answer"
+        return GRADE if to_grade else ANSWER
