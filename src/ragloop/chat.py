@@ -308,8 +308,18 @@ class ChatRAG:
             max_history_messages=self.max_history_messages,
             max_history_chars=self.max_history_chars,
         )
-        check_retriever_filters(self._retriever, state.filters)  # UnknownFilterKey: a misspelled key
+        self.check_filters(state.filters)
         return state
+
+    def check_filters(self, filters: Mapping[str, tuple[str, ...]] | None) -> None:
+        """Refuse filters on a metadata key that no indexed chunk has (a misspelled key would find nothing).
+
+        Nothing is checked while the retriever does not know its keys (an empty index, a store not yet read).
+
+        Raises:
+            UnknownFilterKey: A key no chunk has; the message lists the known keys.
+        """
+        check_retriever_filters(self._retriever, filters)
 
     def _start(self, question: str, options: AskOptions) -> tuple[TurnState, float | None]:
         """The turn's validated state and deadline (``ask`` and ``stream`` check their input alike)."""

@@ -41,6 +41,26 @@ if TYPE_CHECKING:
 __all__ = ["ServeSettings", "create_app"]
 
 
+def _check_scopes(rag: ChatRAG, settings: ServeSettings) -> None:
+    """Refuse, before serving, a principal scoped to a metadata key no indexed chunk has: its every request
+    would be refused (or, with filters unchecked, find nothing) instead of reading its tenant's documents."""
+    from ragloop.errors import ConfigError, UnknownFilterKey
+
+    for principal in settings.keyring().principals():
+        scope = principal.scope(settings.tenant_key)
+        try:
+            rag.check_filters(scope)
+        except UnknownFilterKey as exc:
+            raise ConfigError(
+                f"principal {principal.name!r} is scoped to {_scope_text(scope)}, but {exc}; index its documents "
+                f"with --meta {settings.tenant_key}=… (or set the tenant key the documents carry)"
+            ) from None
+
+
+def _scope_text(scope: dict[str, tuple[str, ...]]) -> str:
+    return ", ".join(f"{key}={','.join(values)}" for key, values in sorted(scope.items()))
+
+
 def create_app(
     rag: ChatRAG,
     *,
@@ -74,7 +94,11 @@ def create_app(
         (each ends with an error saying the server is shutting down); call it when your server stops. The
         app's lifespan runs the MCP endpoint (``/mcp``): when you mount the app, enter
         ``app.router.lifespan_context(app)`` in your own lifespan.
+
+    Raises:
+        ConfigError: A principal's tenant or filters name a metadata key that no indexed chunk has.
     """
+    _check_scopes(rag, settings)
     if model_check is None and llm is not None:
         model_check = _openai_probe(llm)
     if store_check is None and getattr(rag, "store", None) is not None:
