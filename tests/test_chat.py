@@ -12,6 +12,7 @@ from ragloop.errors import InputError
 from ragloop.events import Progress, Token
 from ragloop.retrievers.live import SQLiteTicketSource
 from ragloop.sample import sample_questions_path
+from ragloop.turn import Turn
 
 pytestmark = pytest.mark.anyio
 
@@ -83,7 +84,7 @@ class TestSampleTurns:
 
     async def test_ticket_goes_live_and_rejects_neighbours(self, sample_cache: Path) -> None:
         """A ticket question reaches the live source; neighbouring tickets with other ids are rejected."""
-        source = SQLiteTicketSource(related=True)
+        source = SQLiteTicketSource(related=True, require_caller=False)
         rag = ChatRAG.sample(cache_dir=sample_cache, live_sources=(source,))
         reply = await rag.ask("What is the status of ticket #1234?")
         await rag.aclose()
@@ -133,12 +134,12 @@ class TestSampleTurns:
             seen = [e async for e in events]
         assert isinstance(seen[-1], ReplyReady) and seen[-1].reply.text
 
-    async def test_break_with_stream_still_held_cancels_the_turn(self, rag: ChatRAG) -> None:
+    async def test_break_with_stream_still_held_cancels_the_turn(self, rag: ChatRAG, sample_cache: Path) -> None:
         """`break` out of `async for` stops the turn even while the caller still holds the stream object."""
         import anyio
 
         entered, cancelled = anyio.Event(), anyio.Event()
-        decide = rag.graph.nodes["decide"]
+        decide = rag.nodes["decide"]
 
         class Hang:
             routes = decide.routes
@@ -151,7 +152,7 @@ class TestSampleTurns:
                     cancelled.set()
                 return "answer"
 
-        rag.graph.nodes["decide"] = Hang()
+        rag = ChatRAG(Turn.sample(cache_dir=sample_cache).replace("decide", Hang()))
         events = rag.stream("How do I rotate an API key?")
         async for _ in events:
             await entered.wait()

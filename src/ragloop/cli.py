@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ragloop.cli_chat import add_ask, add_chat
 from ragloop.cli_doctor import add_doctor
+from ragloop.cli_mcp import add_mcp
 from ragloop.cli_serve import add_serve
 from ragloop.cli_store import (
     add_filter_option,
@@ -248,13 +249,17 @@ _COMMANDS: tuple[Callable[[Any], None], ...] = (
     _add_search,
     _add_eval,
     add_serve,
+    add_mcp,
     add_doctor,
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
+    from ragloop import __version__
+
     parser = argparse.ArgumentParser(prog="ragloop", description="Agentic RAG in a small graph runner.")
+    parser.add_argument("--version", action="version", version=f"ragloop {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in _COMMANDS:
         add(sub)

@@ -35,21 +35,9 @@ def add_serve(sub: Any) -> None:
             "loopback only."
         ),
     )
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--index", metavar="DIR", help="index directory (default: the bundled sample knowledge base)")
-    where.add_argument(
-        "--store", metavar="URL", help="a PostgreSQL knowledge store (postgresql://…; see `ragloop index --store`)"
-    )
-    p.add_argument("--collection", default="ragloop", help="collection (table prefix) in the store")
-    p.add_argument("--pool-size", type=int, default=10, help="most connections to the store")
+    add_knowledge_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
-    p.add_argument("--mode", choices=("hybrid", "bm25", "dense"), default="hybrid", help="retrieval mode")
-    p.add_argument("--tickets", metavar="SQLITE", help="ticket database for the live ticket source")
-    p.add_argument("--no-live", action="store_true", help="no live sources")
-    p.add_argument("--no-plan", action="store_true", help="no retrieval planner over the sample CRM database")
-    p.add_argument("--cache-dir", metavar="DIR", help="where the sample index is cached (~/.cache/ragloop)")
-    p.add_argument("--deadline", type=float, default=60.0, metavar="S", help="time limit per turn (default 60 s)")
     p.add_argument("--max-concurrency", type=int, default=64, metavar="N", help="turns at once; more get 429")
     p.add_argument(
         "--sessions",
@@ -77,6 +65,7 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN", help="allow this browser origin")
     p.add_argument("--source-base-url", metavar="URL", help="link citations to URL + source (e.g. your docs site)")
     p.add_argument("--no-page", action="store_true", help="do not serve the chat page at /")
+    p.add_argument("--no-mcp", action="store_true", help="do not serve MCP at /mcp")
     p.add_argument(
         "--log-level",
         default="warning",
@@ -85,6 +74,23 @@ def add_serve(sub: Any) -> None:
         help="uvicorn log level (default warning)",
     )
     p.set_defaults(func=cmd_serve)
+
+
+def add_knowledge_options(p: argparse.ArgumentParser) -> None:
+    """``--index DIR`` or ``--store URL`` (with its collection and pool size): what ``serve`` and ``mcp`` read."""
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--index", metavar="DIR", help="index directory (default: the bundled sample knowledge base)")
+    where.add_argument(
+        "--store", metavar="URL", help="a PostgreSQL knowledge store (postgresql://…; see `ragloop index --store`)"
+    )
+    p.add_argument("--collection", default="ragloop", help="collection (table prefix) in the store")
+    p.add_argument("--pool-size", type=int, default=10, help="most connections to the store")
+    p.add_argument("--mode", choices=("hybrid", "bm25", "dense"), default="hybrid", help="retrieval mode")
+    p.add_argument("--tickets", metavar="SQLITE", help="ticket database for the live ticket source")
+    p.add_argument("--no-live", action="store_true", help="no live sources")
+    p.add_argument("--no-plan", action="store_true", help="no retrieval planner over the sample CRM database")
+    p.add_argument("--cache-dir", metavar="DIR", help="where the sample index is cached (~/.cache/ragloop)")
+    p.add_argument("--deadline", type=float, default=60.0, metavar="S", help="time limit per turn (default 60 s)")
 
 
 def _port(text: str) -> int:
@@ -198,8 +204,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from ragloop.errors import ConfigError
 
         raise ConfigError(f"ragloop serve needs the [serve] extra: pip install 'ragloop[serve]' ({exc})") from exc
-    from ragloop.cli_chat import _build
-
     if args.store:
         from ragloop.chat import ChatRAG
         from ragloop.errors import ConfigError
@@ -220,12 +224,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         body_timeout_s=args.body_timeout,
         cors_origins=tuple(args.cors_origin),
         page=not args.no_page,
+        mcp=not args.no_mcp,
     )
     http = h11_protocol(header_timeout_s=args.header_timeout)
-    rag, client = _build(_chat_args(args))  # as `ragloop ask` builds it: --store, --index or the sample
+    rag, client, documents = build_with_documents(_chat_args(args))  # as `ragloop ask` builds it
     sessions = _sessions(args.sessions)
     app = create_app(
-        rag, settings=settings, sessions=sessions, source_url=_source_url(args.source_base_url), llm=client
+        rag,
+        settings=settings,
+        sessions=sessions,
+        source_url=_source_url(args.source_base_url),
+        llm=client,
+        documents=documents,
     )
     config = uvicorn.Config(
         app,
@@ -233,7 +243,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=5,
-        lifespan="off",
+        lifespan="on",  # runs the MCP endpoint's session manager
         http=http,
         ws="none",
     )
@@ -254,6 +264,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     anyio.run(run)
     return 0
+
+
+def build_with_documents(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """The chat as ``ragloop ask`` builds it, its model client, and the documents MCP reads (index or store).
+
+    A ``--index`` is loaded once and shared by both; the sample index is small and loaded a second time.
+    """
+    from ragloop.cli_chat import _build
+    from ragloop.serve import IndexDocuments, StoreDocuments
+
+    if args.index and not args.store:
+        from ragloop.retrievers.index import KnowledgeIndex
+
+        args = argparse.Namespace(**{**vars(args), "index": KnowledgeIndex.load(args.index)})
+    rag, client = _build(args)
+    if rag.store is not None:
+        return rag, client, StoreDocuments(rag.store)
+    if args.index:
+        return rag, client, IndexDocuments(args.index, args.mode)
+    from pathlib import Path
+
+    from ragloop.sample import sample_index
+
+    return rag, client, IndexDocuments(sample_index(Path(args.cache_dir) if args.cache_dir else None), args.mode)
 
 
 def _chat_args(args: argparse.Namespace) -> argparse.Namespace:

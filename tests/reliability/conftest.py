@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.reliability._support import FIGURES
-from tests.retrievers.conftest import pg_server, pg_url  # the real PostgreSQL fixtures (issue 20's walls suites)
+from tests.retrievers.conftest import collection, pg_server, pg_url  # real PostgreSQL (issue 20's walls suites)
 
-__all__ = ["pg_server", "pg_url", "reliability_figures"]
+__all__ = ["collection", "pg_server", "pg_url", "reliability_figures"]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -25,9 +25,3 @@ def reliability_figures() -> Iterator[None]:
     target = os.environ.get("RAGLOOP_FIGURES")
     if target:
         Path(target).write_text(json.dumps(FIGURES, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
-
-
-# A real PostgreSQL for the walls suites (one server per session, shared with tests/retrievers and tests/serve).
-from tests.retrievers.conftest import collection, pg_server, pg_url  # noqa: E402
-
-__all__ = ["collection", "pg_server", "pg_url", "reliability_figures"]

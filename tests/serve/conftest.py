@@ -7,10 +7,11 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 pytest.importorskip("starlette", reason="the [serve] extra is not installed: pip install 'ragloop[serve]'")
@@ -19,6 +20,7 @@ import httpx
 import uvicorn
 
 from ragloop.chat import ChatRAG
+from ragloop.events import Token
 from ragloop.state import Decision
 from ragloop.testing import FakeAnswerer, FakeDecider, FakeGrader, FakeRetriever, FakeRewriter, make_hit
 
@@ -60,6 +62,16 @@ def fake_rag(
         rewriter=FakeRewriter(),
         answerer=answerer or FakeAnswerer(),
     )
+
+
+class StuckRag(ChatRAG):
+    """A chat deaf to its deadline: it stops for a minute after its first token."""
+
+    async def stream(self, question: str, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+        async for event in super().stream(question, **kwargs):
+            yield event
+            if isinstance(event, Token):
+                await anyio.sleep(60)  # deaf to the deadline
 
 
 @pytest.fixture

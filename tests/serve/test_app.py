@@ -14,7 +14,7 @@ from ragloop.events import Token
 from ragloop.serve import MemorySessionStore, ServeSettings, SessionLimits, create_app
 from ragloop.state import ContextBlock, Message, Outcome
 from ragloop.testing import FakeRetriever
-from tests.serve.conftest import DOCS, asgi_client, decider, fake_rag, sse_events
+from tests.serve.conftest import DOCS, StuckRag, asgi_client, decider, fake_rag, sse_events
 
 pytestmark = pytest.mark.anyio
 
@@ -294,13 +294,6 @@ class TestLimits:
     async def test_a_stuck_turn_is_cut_off_after_the_grace(self) -> None:
         """A turn deaf to its deadline is cancelled after the grace: 504 before the stream, an error event in it."""
 
-        class Stuck(ChatRAG):
-            async def stream(self, question: str, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
-                async for event in super().stream(question, **kwargs):
-                    yield event
-                    if isinstance(event, Token):
-                        await anyio.sleep(60)  # deaf to the deadline
-
         class StuckEarly(ChatRAG):
             async def stream(self, question: str, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
                 await anyio.sleep(60)
@@ -308,7 +301,7 @@ class TestLimits:
 
         settings = ServeSettings(deadline_s=0.1, deadline_grace_s=0.3)
         with anyio.fail_after(10):
-            async with asgi_client(create_app(fake_rag(cls=Stuck), settings=settings)) as client:
+            async with asgi_client(create_app(fake_rag(cls=StuckRag), settings=settings)) as client:
                 streamed = await client.post("/api/chat", json={"message": "How do I rotate an API key?"})
             async with asgi_client(create_app(fake_rag(cls=StuckEarly), settings=settings)) as client:
                 whole = await client.post("/v1/chat/completions", json=_question())

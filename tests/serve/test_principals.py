@@ -9,8 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ragloop.chat import ChatRAG
 from ragloop.errors import ConfigError
-from ragloop.serve import ANONYMOUS, ApiKey, Principal, ServeSettings, load_keys
+from ragloop.retrievers.embed import HashEmbedder
+from ragloop.retrievers.index import KnowledgeIndex
+from ragloop.retrievers.ingest import Chunk
+from ragloop.serve import ANONYMOUS, ApiKey, Principal, ServeSettings, create_app, load_keys
 from ragloop.serve._principals import KeyRing, narrow
 
 
@@ -136,3 +140,34 @@ class TestNarrow:
                 assert out[key] == values
         else:
             assert out == {} and "outside what this API key may read" in refused
+
+
+class TestScopesCheckedAtStart:
+    def _rag(self, *, tenants: bool) -> ChatRAG:
+        chunks = [
+            Chunk(f"d{n}", text, metadata=(("tenant", "acme"),) if tenants else ())
+            for n, text in enumerate(("SAML single sign-on needs the Enterprise plan.", "Invoices are monthly."))
+        ]
+        return ChatRAG.from_index(KnowledgeIndex.build(chunks, HashEmbedder(64)))
+
+    def test_a_tenant_the_documents_do_not_carry_is_refused_before_serving(self) -> None:
+        """A key scoped to tenant=acme over documents without a tenant key: one line at start, not a 400 per
+        request (every one of its turns would have been refused as an unknown filter key)."""
+        settings = ServeSettings(keys=(ApiKey("alice", key="sk-1", tenant="acme"),))
+        with pytest.raises(ConfigError, match=r"principal 'alice' is scoped to tenant=acme.*--meta tenant="):
+            create_app(self._rag(tenants=False), settings=settings)
+
+    def test_a_tenant_the_documents_carry_serves(self) -> None:
+        """The same key over documents indexed with --meta tenant=…: the app is built."""
+        settings = ServeSettings(keys=(ApiKey("alice", key="sk-1", tenant="acme"),))
+        assert create_app(self._rag(tenants=True), settings=settings) is not None
+
+    def test_principals_are_listed_once_each(self) -> None:
+        """Two keys of one principal (a rotation) are one principal in the ring's list."""
+        keys = (
+            ApiKey("alice", key="k1", tenant="acme"),
+            ApiKey("bob", key="k2"),
+            ApiKey("alice", key="k3", tenant="acme"),
+        )
+        ring = KeyRing(keys)
+        assert [p.name for p in ring.principals()] == ["alice", "bob"]

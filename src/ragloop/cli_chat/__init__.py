@@ -42,6 +42,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-title", metavar="TITLE", help="title of that page")
     parser.add_argument("--mode", choices=("hybrid", "bm25", "dense"), default="hybrid", help="retrieval mode")
     parser.add_argument("--tickets", metavar="SQLITE", help="ticket database for the live ticket source")
+    parser.add_argument(
+        "--org", metavar="NAME", help="your organisation: tickets and CRM rows are shown only to it (without it, none)"
+    )
     parser.add_argument("--no-live", action="store_true", help="no live sources")
     parser.add_argument(
         "--no-plan", action="store_true", help="no retrieval planner over the sample CRM database (SQL, then documents)"
@@ -81,12 +84,43 @@ def _llm() -> tuple[Any, str | None, str | None]:
     """An AsyncOpenAI client and models from the environment, or ``(None, None, None)`` to run offline."""
     base_url, api_key = os.environ.get("OPENAI_BASE_URL"), os.environ.get("OPENAI_API_KEY")
     model = os.environ.get("RAGLOOP_MODEL")
+    if base_url and not model:
+        from ragloop.errors import ConfigError
+
+        raise ConfigError(
+            "OPENAI_BASE_URL is set but RAGLOOP_MODEL is not: set RAGLOOP_MODEL to the model id the endpoint serves "
+            "(or unset OPENAI_BASE_URL to run offline)"
+        )
     if not (base_url or api_key) or not model:
         return None, None, None
     import openai
 
+    _check_endpoint(openai.OpenAI(base_url=base_url, api_key=api_key or "not-needed", max_retries=0, timeout=3.0))
     client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "not-needed", max_retries=2, timeout=60.0)
     return client, model, os.environ.get("RAGLOOP_ANSWER_MODEL") or model
+
+
+def _check_endpoint(probe: Any) -> None:
+    """One ``GET /models`` within 3 s: an endpoint that does not answer is one line now, not retries per question.
+
+    Any HTTP answer counts (a 401 or 404 comes from a live server); only no answer at all is refused.
+    """
+    import openai
+
+    from ragloop.errors import ConfigError
+
+    try:
+        probe.models.list()
+    except openai.APIStatusError:
+        pass
+    except openai.APIConnectionError as exc:
+        reason = "no answer within 3 s" if isinstance(exc, openai.APITimeoutError) else "connection failed"
+        raise ConfigError(
+            f"the model endpoint {redact(str(probe.base_url))} does not answer ({reason}): check OPENAI_BASE_URL "
+            "and that the server runs, or unset OPENAI_BASE_URL and OPENAI_API_KEY to run offline"
+        ) from None
+    finally:
+        probe.close()
 
 
 def _build(args: argparse.Namespace) -> tuple[ChatRAG, Any]:
@@ -108,15 +142,27 @@ def _build(args: argparse.Namespace) -> tuple[ChatRAG, Any]:
             print("ragloop: loading the sample knowledge base (built on first use)…", file=sys.stderr)
         if not args.no_plan:  # the sample's CRM database, for questions that need SQL before the documents
             from ragloop.retrievers.sql import SQLiteSource
-            from ragloop.sample import SAMPLE_CRM_ALLOW, sample_crm_path
+            from ragloop.sample import SAMPLE_CRM_ALLOW, SAMPLE_CRM_TENANTS, sample_crm_path
 
-            kwargs["plan_sources"] = (SQLiteSource(sample_crm_path(), SAMPLE_CRM_ALLOW),)
+            kwargs["plan_sources"] = (SQLiteSource(sample_crm_path(), SAMPLE_CRM_ALLOW, tenants=SAMPLE_CRM_TENANTS),)
         rag = ChatRAG.sample(client, cache_dir=args.cache_dir, **kwargs)
     if client is None:
         print("ragloop: running offline (no model configured): extractive answers from the index", file=sys.stderr)
     else:
         print(f"ragloop: using model {fast} (answers: {answer}) at {redact(str(client.base_url))}", file=sys.stderr)
     return rag, client
+
+
+def _caller(args: argparse.Namespace) -> Any:
+    """The caller of every turn: the ``--org`` organisation, or nobody (then no tickets and no CRM rows)."""
+    from ragloop.state import Caller
+
+    if not args.org:
+        sample = not (args.index or store_url(args))
+        if (not args.no_live and (args.tickets or sample)) or (not args.no_plan and sample):
+            print("ragloop: no --org: tickets and CRM rows are shown only to their organisation: none", file=sys.stderr)
+        return None
+    return Caller(tenant=args.org)
 
 
 #: The progress events ``ask`` and ``chat`` show (the status line also shows "writing the answer").
@@ -149,7 +195,12 @@ def _terminal(args: argparse.Namespace) -> Terminal:
 
 
 async def _turn(
-    rag: ChatRAG, question: str, args: argparse.Namespace, history: list[dict[str, str]], term: Terminal
+    rag: ChatRAG,
+    question: str,
+    args: argparse.Namespace,
+    history: list[dict[str, str]],
+    term: Terminal,
+    caller: Any = None,
 ) -> Reply:
     """Stream one turn: progress to the status line or stderr, the answer to stdout, then its sources."""
     from ragloop.chat import ReplyReady
@@ -164,6 +215,7 @@ async def _turn(
         page_title=args.page_title,
         deadline_s=args.deadline,
         filters=parse_filters(args.filter),
+        caller=caller,
     ):
         if isinstance(event, Progress) and (event.kind in _SHOWN or (term.spinner and event.kind == "answer")):
             term.progress(event.message)
@@ -181,6 +233,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     import anyio
 
     rag, client = _build(args)
+    caller = _caller(args)
 
     async def run() -> int:
         term = _terminal(args)
@@ -192,10 +245,11 @@ def cmd_ask(args: argparse.Namespace) -> int:
                     page_title=args.page_title,
                     deadline_s=args.deadline,
                     filters=parse_filters(args.filter),
+                    caller=caller,
                 )
                 print(json.dumps(reply.as_dict(), ensure_ascii=False))
             else:
-                await _turn(rag, args.question, args, [], term)
+                await _turn(rag, args.question, args, [], term, caller)
         finally:
             term.close()
             await rag.aclose()
@@ -215,6 +269,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from ragloop.errors import InputError
 
     rag, client = _build(args)
+    caller = _caller(args)
     term = _terminal(args)
     interactive = sys.stdin.isatty()
     reader = LineReader(interactive, None if args.no_history else history_path(os.environ))
@@ -223,7 +278,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     async def turn(question: str, history: list[dict[str, str]]) -> Reply | None:
         try:
-            return await _turn(rag, question, args, history, term)
+            return await _turn(rag, question, args, history, term, caller)
         except InputError as exc:
             term.finish(None)
             term.notice(f"(error: {exc})")

@@ -43,7 +43,7 @@ from ragloop.errors import ConfigError, IndexError_
 from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.bm25 import BM25Index, BM25Retriever
 from ragloop.retrievers.dense import DenseIndex, DenseRetriever
-from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder, Progress, file_sha256
+from ragloop.retrievers.embed import Progress, embed_batched, embedder_named, file_sha256
 from ragloop.retrievers.filters import Filters, metadata_keys
 from ragloop.retrievers.hybrid import HybridRetriever
 from ragloop.retrievers.scope import Scope
@@ -397,25 +397,13 @@ def index_scopes(directory: str | os.PathLike[str]) -> dict[Scope, int]:
 
 
 def _embedder_for(name: str, dim: int) -> Embedder:
-    if name == MiniLMEmbedder.name:
-        return MiniLMEmbedder()
-    if name == f"hash-{dim}":
-        return HashEmbedder(dim)
-    raise IndexError_(
-        f"the index was built with embedder {name!r} ({dim}-dim), which ragloop cannot rebuild by name; "
-        "pass the same embedder to KnowledgeIndex.load(dir, embedder=...)"
-    )
-
-
-async def _embed_batched(
-    embedder: Embedder, texts: Sequence[str], progress: Progress | None, batch: int = 256
-) -> npt.NDArray[np.float32]:
-    parts = []
-    for start in range(0, len(texts), batch):
-        parts.append(np.asarray(await embedder.embed(texts[start : start + batch]), dtype=np.float32))
-        if progress is not None:
-            progress(min(start + batch, len(texts)), len(texts))
-    return np.concatenate(parts) if parts else np.zeros((0, embedder.dim), dtype=np.float32)
+    embedder = embedder_named(name, dim)
+    if embedder is None:
+        raise IndexError_(
+            f"the index was built with embedder {name!r} ({dim}-dim), which ragloop cannot rebuild by name; "
+            "pass the same embedder to KnowledgeIndex.load(dir, embedder=...)"
+        )
+    return embedder
 
 
 class KnowledgeIndex:
@@ -538,9 +526,9 @@ class KnowledgeIndex:
     ) -> KnowledgeIndex:
         """Embed and index ``chunks`` (duplicate ids are kept once); ``progress(done, total)`` per batch.
 
-        Embedders with an ``embed_sync`` method run in this thread; others (e.g. :class:`OpenAIEmbedder`)
-        through ``anyio.run``, so call :meth:`abuild` instead from inside an event loop. With a ``scope``,
-        every chunk is stored under it (:meth:`Scope.apply`).
+        Embedders with an ``embed_sync`` method run in this thread; others (e.g.
+        :class:`~ragloop.retrievers.embed.OpenAIEmbedder`) through ``anyio.run``, so call :meth:`abuild` instead
+        from inside an event loop. With a ``scope``, every chunk is stored under it (:meth:`Scope.apply`).
         """
         scoped = Scope.of(scope)
         unique = cls._dedupe(scoped.apply(chunks))
@@ -549,7 +537,7 @@ class KnowledgeIndex:
         if embed_sync is not None:
             vectors = np.asarray(embed_sync(texts, progress=progress), dtype=np.float32)
         else:
-            vectors = anyio.run(_embed_batched, embedder, texts, progress)
+            vectors = anyio.run(embed_batched, embedder, texts, progress)
         scopes = {c.id: scoped for c in unique}
         return cls._assemble(unique, vectors, embedder, hnsw_threshold=hnsw_threshold, stem=stem, scopes=scopes)
 
@@ -564,10 +552,11 @@ class KnowledgeIndex:
         stem: bool = True,
         scope: Scope | Mapping[str, str] | None = None,
     ) -> KnowledgeIndex:
-        """:meth:`build` for async callers: embeds with ``await embedder.embed`` and indexes in a thread."""
+        """:meth:`build` for async callers: embeds off the event loop, batch by batch
+        (:func:`~ragloop.retrievers.embed.embed_batched`), and indexes in a thread."""
         scoped = Scope.of(scope)
         unique = cls._dedupe(scoped.apply(chunks))
-        vectors = await _embed_batched(embedder, [index_text(c) for c in unique], progress)
+        vectors = await embed_batched(embedder, [index_text(c) for c in unique], progress)
         scopes = {c.id: scoped for c in unique}
 
         def assemble() -> KnowledgeIndex:

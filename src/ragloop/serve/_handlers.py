@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ragloop._log import get_logger
+from ragloop.serve._aisdk import ai_sdk_error, ai_sdk_stream, ai_sdk_turn
 from ragloop.serve._replies import (
     _INTERNAL,
     _JSON,
@@ -19,6 +19,8 @@ from ragloop.serve._replies import (
     _completion_error,
     _write_rejected,
 )
+from ragloop.serve._responses import _Response
+from ragloop.serve._responses_request import responses_request
 from ragloop.serve._server import _Server
 from ragloop.serve._stream import Body, Rejected, Start, TurnResponse
 from ragloop.serve._validate import _RequestChecks
@@ -69,9 +71,6 @@ class _Handlers:
         server, metrics = self.server, self.metrics
         server.take_slot()
         status = {"code": ""}
-        deadline = server.settings.deadline_s
-        # A turn overrunning its deadline by this much is stuck somewhere: cut it off.
-        hard_limit = None if deadline is None else deadline + server.settings.deadline_grace_s
 
         async def produce(start: Start, body: Body) -> None:
             async def tracked_start(code: int, headers: Mapping[str, str]) -> None:
@@ -84,8 +83,7 @@ class _Handlers:
                 else:
                     await body(stream_error(exc))
 
-            with anyio.CancelScope() as stopping, anyio.move_on_after(hard_limit) as scope:
-                server.in_flight.add(stopping)
+            with server.bounded() as bounds:
                 try:
                     await write(tracked_start, body)
                 except Rejected as exc:
@@ -94,12 +92,10 @@ class _Handlers:
                     log.exception("turn failed", endpoint=endpoint)
                     metrics.turns_failed.inc()
                     await fail(_FAILED)
-                finally:
-                    server.in_flight.discard(stopping)
-            if stopping.cancelled_caught:
+            if bounds.stopped:
                 metrics.turns_cancelled.inc()
                 await fail(_STOPPING)
-            elif scope.cancelled_caught:
+            elif bounds.timed_out:
                 metrics.turns_failed.inc()
                 await fail(_TIMEOUT)
 
@@ -123,14 +119,34 @@ class _Handlers:
         )
 
     async def api_chat(self, request: Request) -> Response | TurnResponse:
-        """``POST /api/chat``."""
+        """``POST /api/chat`` (``?format=ai-sdk``: the Vercel AI SDK's UI message stream)."""
         principal = self.checks.authorize(request)
-        turn = self.checks.api_turn(await self.checks.read_json(request), principal)
+        fmt = request.query_params.get("format", "ragloop")
+        if fmt not in ("ragloop", "ai-sdk"):
+            raise Rejected(
+                400, f"format must be 'ai-sdk' or left out (ragloop's own events), got {fmt!r:.40}", param="format"
+            )
+        body = await self.checks.read_json(request)
+        if fmt == "ai-sdk":
+            turn = ai_sdk_turn(self.checks, body, principal)
 
-        async def write(start: Start, body: Body) -> None:
-            await _api_stream(self.server, turn, start, body)
+            async def write_ui(start: Start, out: Body) -> None:
+                await ai_sdk_stream(self.server, turn, start, out)
+
+            return self.turn_response("api.chat.ai-sdk", write_ui, ai_sdk_error)
+        turn = self.checks.api_turn(body, principal)
+
+        async def write(start: Start, out: Body) -> None:
+            await _api_stream(self.server, turn, start, out)
 
         return self.turn_response("api.chat", write, _api_error)
+
+    async def responses(self, request: Request) -> Response | TurnResponse:
+        """``POST /v1/responses`` (the OpenAI Responses API)."""
+        principal = self.checks.authorize(request)
+        asked = responses_request(self.checks, await self.checks.read_json(request), principal)
+        response = _Response(self.server, asked)
+        return self.turn_response("responses", response.stream if asked.stream else response.once, response.failed)
 
     async def healthz(self, request: Request) -> Response:
         """``GET /healthz``: the process is up."""

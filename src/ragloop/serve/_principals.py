@@ -182,6 +182,13 @@ class KeyRing:
     def __bool__(self) -> bool:
         return bool(self._entries)
 
+    def principals(self) -> tuple[Principal, ...]:
+        """Every configured principal once, in the order its first key was given."""
+        first: dict[str, Principal] = {}
+        for _, principal in self._entries:
+            first.setdefault(principal.name, principal)
+        return tuple(first.values())
+
     def __len__(self) -> int:
         return len(self._entries)
 

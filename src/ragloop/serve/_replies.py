@@ -107,13 +107,7 @@ class _Completion:
     async def once(self, start: Start, body: Body) -> None:
         """Run the turn, then write one ``chat.completion``."""
         self.turn = await self.server.prepare(self.turn)
-        reply: Reply | None = None
-        async with aclosing(self.server.events(self.turn)) as events:
-            async for event in events:
-                if isinstance(event, ReplyReady):
-                    reply = event.reply
-        if reply is None:
-            raise RuntimeError("the turn ended without a reply")
+        reply = await self.server.reply(self.turn)
         client = self.server.client_reply(reply, self.turn.session_id)
         message = {"role": "assistant", "content": reply.text + _footer(client["citations"])}
         obj = {

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from contextlib import aclosing, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import attrs
 
 from ragloop._log import get_logger
-from ragloop.chat import ReplyReady
+from ragloop.chat import ReplyReady, client_url
 from ragloop.errors import InputError
 from ragloop.events import Event, EventStream, NodeFinished, Progress, Token
 from ragloop.serve._metrics import Metrics
@@ -22,7 +22,7 @@ from ragloop.serve._sessions import SessionStore
 from ragloop.serve._settings import ServeSettings
 from ragloop.serve._stream import Rejected
 from ragloop.serve._validate import _Turn
-from ragloop.state import Message
+from ragloop.state import Chunk, Message
 
 if TYPE_CHECKING:
     from ragloop.chat import ChatRAG, Reply
@@ -87,6 +87,24 @@ class _TurnView:
         return [event]
 
 
+@attrs.frozen
+class _Bounds:
+    """The two ways :meth:`_Server.bounded` ends a turn early."""
+
+    stopping: anyio.CancelScope
+    limit: anyio.CancelScope
+
+    @property
+    def stopped(self) -> bool:
+        """The server is shutting down and cancelled the turn."""
+        return self.stopping.cancelled_caught
+
+    @property
+    def timed_out(self) -> bool:
+        """The turn ran past its deadline and grace."""
+        return self.limit.cancelled_caught
+
+
 class _Server:
     """The app's state: the rag, the limits, the session store, the metrics, the slots in use."""
 
@@ -133,6 +151,24 @@ class _Server:
     def release_slot(self) -> None:
         self.active -= 1
         self.metrics.in_flight.dec()
+
+    @contextmanager
+    def bounded(self) -> Iterator[_Bounds]:
+        """A scope for one turn: cut off ``deadline_grace_s`` past its deadline, cancelled by :meth:`shut_down`.
+
+        After the block, :attr:`_Bounds.stopped` says the server is stopping and :attr:`_Bounds.timed_out` that the
+        turn overran; either way the work inside was cancelled.
+        """
+        deadline = self.settings.deadline_s
+        # A turn overrunning its deadline by this much is stuck somewhere: cut it off.
+        hard_limit = None if deadline is None else deadline + self.settings.deadline_grace_s
+        with anyio.CancelScope() as stopping, anyio.move_on_after(hard_limit) as limit:
+            bounds = _Bounds(stopping, limit)
+            self.in_flight.add(stopping)
+            try:
+                yield bounds
+            finally:
+                self.in_flight.discard(stopping)
 
     def shut_down(self) -> None:
         """Refuse new turns and cancel the ones in flight (each ends with an error saying the server stops)."""
@@ -248,6 +284,23 @@ class _Server:
                 for shown in await view.show(event):
                     yield shown
                 event = await anext(stream, None)
+
+    async def reply(self, turn: _Turn) -> Reply:
+        """Run ``turn`` (prepared) to its end: the reply, shown as :meth:`events` shows it."""
+        async with aclosing(self.events(turn)) as events:
+            async for event in events:
+                if isinstance(event, ReplyReady):
+                    return event.reply
+        raise RuntimeError("the turn ended without a reply")
+
+    def client_url(self, chunk: Chunk) -> str | None:
+        """The link a client may follow to ``chunk``'s document, as citations get it (or ``None``)."""
+        source = chunk.source
+        if chunk.url:
+            return client_url(chunk.url)
+        if self.source_url is not None:
+            return client_url(self.source_url(source))
+        return client_url(source if source.startswith(("https://", "http://")) else None)
 
     def client_reply(self, reply: Reply, session_id: str | None) -> dict[str, Any]:
         out = reply.client_dict(self.source_url)

@@ -34,6 +34,7 @@ class ServeSettings:
         ready_interval_s: ``/readyz`` probes the model, the store and the session store at most this often.
         model_name: The model id reported by the OpenAI-compatible endpoint.
         page: Serve the chat page at ``/``.
+        mcp: Serve the MCP endpoint at ``/mcp`` (streamable HTTP; needs the app's lifespan).
     """
 
     max_concurrent_turns: int = 64
@@ -53,6 +54,7 @@ class ServeSettings:
     ready_interval_s: float = 5.0
     model_name: str = "ragloop"
     page: bool = True
+    mcp: bool = True
 
     def __attrs_post_init__(self) -> None:
         if self.max_concurrent_turns < 1:

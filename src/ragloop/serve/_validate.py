@@ -79,6 +79,21 @@ class _RequestChecks:
 
     async def read_json(self, request: Request) -> dict[str, Any]:
         """The body as a JSON object: ``application/json``, within the size limit and the body timeout."""
+        body = await self.read_body(request)
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            raise Rejected(400, "request body is not valid JSON", param="body", code="invalid_json") from None
+        except RecursionError:  # [[[[…]]]]: the decoder recurses once per level
+            raise Rejected(
+                400, "request body is nested too deeply to be a chat request", param="body", code="invalid_json"
+            ) from None
+        if not isinstance(obj, dict):
+            raise Rejected(400, f"request body must be a JSON object, got {type(obj).__name__}", param="body")
+        return obj
+
+    async def read_body(self, request: Request) -> bytes:
+        """The raw body of a JSON request: ``application/json``, within the size limit and the body timeout."""
         media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
         if media != "application/json":
             # A browser sends text/plain, form or multipart bodies across origins without a CORS preflight:
@@ -116,28 +131,19 @@ class _RequestChecks:
                 code="request_timeout",
                 headers=_CLOSE,
             ) from None
-        try:
-            obj = json.loads(body)
-        except ValueError:
-            raise Rejected(400, "request body is not valid JSON", param="body", code="invalid_json") from None
-        except RecursionError:  # [[[[…]]]]: the decoder recurses once per level
-            raise Rejected(
-                400, "request body is nested too deeply to be a chat request", param="body", code="invalid_json"
-            ) from None
-        if not isinstance(obj, dict):
-            raise Rejected(400, f"request body must be a JSON object, got {type(obj).__name__}", param="body")
-        return obj
+        return bytes(body)
 
     # --- validation of the two request shapes ---------------------------------------------------------
 
-    def _text(self, value: object, param: str, limit: int | None) -> str:
+    def _text(self, value: object, param: str, limit: int | None, kinds: tuple[str, ...] = ("text",)) -> str:
+        """A message's text: a string, or a list of text parts whose ``type`` is one of ``kinds``."""
         if isinstance(value, list):
             parts = []
             for j, part in enumerate(value):
-                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                if not (isinstance(part, dict) and part.get("type") in kinds and isinstance(part.get("text"), str)):
                     raise Rejected(
                         400,
-                        f"{param}[{j}] must be a text part {{'type': 'text', 'text': '…'}}; "
+                        f"{param}[{j}] must be a text part {{'type': '{kinds[0]}', 'text': '…'}}; "
                         "images, audio and files are not supported",
                         param=f"{param}[{j}]",
                     )

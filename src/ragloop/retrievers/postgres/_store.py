@@ -170,7 +170,9 @@ class PostgresStore:
         that serves (a pool belongs to the loop that opened it).
 
         Raises:
-            The errors of :meth:`open`.
+            StoreUnavailable: As :meth:`open` raises it (the server cannot be reached).
+            ConfigError: As :meth:`open` raises it (no ``vector`` extension).
+            IndexError_: As :meth:`open` raises it (a missing collection, another embedder or schema version).
         """
         psycopg = psycopg_module()
         try:
