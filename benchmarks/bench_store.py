@@ -41,8 +41,8 @@ Usage::
     python benchmarks/bench_store.py --beir ../shared/data/scifact-train --split train
     nice python benchmarks/bench_store.py --skip-quality --sizes 10000 100000 --out benchmarks/results/X.json
 
-Writes ``benchmarks/results/bench_store.json`` (and ``.txt``, the printed table). Prints medians and ratios
-and never asserts anything.
+Writes ``benchmarks/results/bench_store.json`` (and ``.txt``, the table; ``--json`` prints the report
+instead). Prints medians and ratios and never asserts anything.
 """
 
 from __future__ import annotations
@@ -805,10 +805,11 @@ def main() -> int:
         help="also search the quality collection under these lexical budgets, BUDGET:SHARE (e.g. 0:0.02)",
     )
     p.add_argument("--out", default=str(RESULTS / "bench_store.json"))
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object instead of the table")
     args = p.parse_args()
     report = anyio.run(main_async, args)
     text = _table(report)
-    print(text)
+    print(json.dumps(report) if args.json else text)
     out = Path(args.out)
     _save(report, out)
     out.with_suffix(".txt").write_text(text + "\n", encoding="utf-8")
