@@ -12,10 +12,15 @@ then rescored exactly with every query term, one index probe per dropped term an
 list is exactly the local index's; past it, the common words' long posting lists are never read, which is where
 exact BM25 in SQL spent its time (``benchmarks/README.md`` has the measured cost and the nDCG@10 on SciFact).
 
-**Filters** (metadata containment, GIN-indexed) apply to both lists. When at most ``exact_knn_max`` chunks match,
-the k-NN is exact over those chunks (a narrow tenant still gets ``depth`` neighbours); when more match, the HNSW
-index is searched with ``hnsw.ef_search`` raised for this statement (pgvector before 0.8 has no iterative scans,
-and an HNSW scan filters after the fact, so the beam must hold enough matching rows to fill the list).
+**Filters** (metadata containment, GIN-indexed) apply to both lists. When at most ``exact_knn_max`` chunks match
+(raised to ``2k·N/1000`` on a collection of ``N`` chunks), the k-NN is exact over those chunks and the BM25
+candidates are taken among them: a narrow tenant still gets its ``depth`` nearest neighbours. When more match,
+the HNSW index is searched with ``hnsw.ef_search`` raised for this statement (pgvector before 0.8 has no
+iterative scans and filters an HNSW scan's rows after the fact, so the beam must hold enough matching rows: at
+the lowest share that takes this path, pgvector's largest beam of 1,000 still holds ``2k`` of them), and the
+BM25 candidates are taken eight times as wide and then filtered. Measured at 100k chunks (benchmarks/README.md):
+one tenant (1 %) took 32 ms exact against 112 ms through the beam, which missed k on 3 of 30 searches; a quarter
+of the collection took 451 ms exact against 105 ms through the beam.
 """
 
 from __future__ import annotations
@@ -74,18 +79,22 @@ def search_sql(collection: str, shape: tuple[int, ...]) -> str:
         for i, n in enumerate(shape)
     )
     if shape:
-        # At most exact_max + 1 matching keys (a GIN bitmap scan that stops there) tell a narrow filter from a
+        # At most exact_max + 1 matching chunks (a GIN bitmap scan that stops there) tell a narrow filter from a
         # broad one. Narrow: exact k-NN over the matching chunks, BM25 candidates among them. Broad: the HNSW
         # index with its beam raised for this statement, BM25 candidates taken wider and then filtered.
         filtered = f"""
+    -- the exact limit grows with the collection so that pgvector's largest beam still holds 2k matches
+    thr as materialized (
+        select greatest(%(exact_max)s, ceil(2 * %(k)s * n::float8 / {MAX_EF_SEARCH}))::int as rows from st
+    ),
     fkeys as materialized (
         select c.doc_id, c.chunk_id, c.embedding <=> %(vec)s as dist from {t["chunks"]} c where {fsql}
-        limit %(exact_max)s + 1
+        limit (select rows + 1 from thr)
     ),
-    small as materialized (select count(*) <= %(exact_max)s as yes from fkeys),
+    small as materialized (select count(*) <= (select rows from thr) as yes from fkeys),
     beam as materialized (
-        select least({MAX_EF_SEARCH}, greatest(%(ef_min)s, ceil(2 * %(depth)s * n::float8 / (%(exact_max)s + 1))))::int
-            as ef from st
+        select least({MAX_EF_SEARCH}, greatest(%(ef_min)s, ceil(2 * %(depth)s * n::float8 / (thr.rows + 1))))::int
+            as ef from st, thr
     ),"""
         knn = f"""
     knn as materialized (

@@ -46,8 +46,8 @@ class PostgresStore:
         lexical_budget: Postings a search reads for its BM25 candidates, at least (the rarest query terms
             first; a term past the budget only rescores the candidates): see :mod:`ragloop.retrievers.postgres`.
         lexical_share: The same budget as a share of the collection's chunks, when that is larger.
-        exact_knn_max: A filtered search that at most this many chunks match takes the exact k-NN over them;
-            more take the HNSW index.
+        exact_knn_max: A filtered search that at most this many chunks match (or ``2k·N/1000`` of a
+            collection of ``N``, when more) takes the exact k-NN over them; more take the HNSW index.
         k1: BM25 term-frequency saturation.
         b: BM25 length normalisation.
         stem: Stem words (Snowball English), as the local index does by default.
