@@ -517,15 +517,22 @@ async def _scale_run(
             for name in compared[r % 3 :] + compared[: r % 3]:
                 runs[name].append(await _concurrent(methods[name], queries, args.concurrency, pools[name], pid))
         out["concurrent"] = {name: _merge_rounds(rs) for name, rs in runs.items()}
+        exact = PostgresStore(
+            url, store.embedder, collection=store.collection, pool_size=2, exact_knn_max=10**9, create=False
+        )
         fil = {
             "store": lambda q, f: store.search(q, 10, f),
+            "store, exact k-NN forced": lambda q, f: exact.search(q, 10, f),
             "raw-or": lambda q, f: raw_or.search(q, 10, f),
         }
         few = queries[: args.filtered_queries]
-        out["filtered"] = {
-            "tenant": await _filtered(fil, few, {"tenant": ("t7",)}, 10),
-            "group": await _filtered(fil, few, {"group": ("g1",)}, 10),
-        }
+        try:
+            out["filtered"] = {
+                "tenant": await _filtered(fil, few, {"tenant": ("t7",)}, 10),
+                "group": await _filtered(fil, few, {"group": ("g1",)}, 10),
+            }
+        finally:
+            await exact.aclose()
         single = out["single"]["ms"]
         out["ratios"] = {
             "store_minus_raw_or_p50_ms": round(single["store"]["p50"] - single["raw-or"]["p50"], 3),

@@ -18,9 +18,9 @@ candidates are taken among them: a narrow tenant still gets its ``depth`` neares
 the HNSW index is searched with ``hnsw.ef_search`` raised for this statement (pgvector before 0.8 has no
 iterative scans and filters an HNSW scan's rows after the fact, so the beam must hold enough matching rows: at
 the lowest share that takes this path, pgvector's largest beam of 1,000 still holds ``2k`` of them), and the
-BM25 candidates are taken eight times as wide and then filtered. Measured at 100k chunks (benchmarks/README.md):
-one tenant (1 %) took 32 ms exact against 112 ms through the beam, which missed k on 3 of 30 searches; a quarter
-of the collection took 451 ms exact against 105 ms through the beam.
+BM25 candidates are taken eight times as wide and then filtered. The exact k-NN costs in proportion to the
+matches and the beam costs about the same whatever the filter; ``benchmarks/bench_store.py`` times both on one
+tenant (1 %) and on a quarter of the collection.
 """
 
 from __future__ import annotations
