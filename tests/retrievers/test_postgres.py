@@ -328,8 +328,15 @@ def _corpus(n: int, tenants: dict[str, int]) -> list[Chunk]:
     for i in range(n):
         tenant = names[i] if i < len(names) else "big"
         words = " ".join(f"w{(i * 7 + j) % 97}" for j in range(12))
-        out.append(Chunk(id=f"c{i}", text=f"rotate api key {words}", doc_id=f"d{i}.md", metadata={"tenant": tenant}))
+        text = f"rotate api key {words} u{i}"  # u{i}: no two chunks share a vector
+        out.append(Chunk(id=f"c{i}", text=text, doc_id=f"d{i}.md", metadata={"tenant": tenant}))
     return out
+
+
+def _no_seqscan(url: str) -> str:
+    """``url`` with sequential scans off for its sessions: the planner then takes the HNSW index even on a table
+    small enough to sort whole (what a test of the HNSW path needs)."""
+    return f"{url}{'&' if '?' in url else '?'}options=-c%20enable_seqscan%3Doff"
 
 
 def _trace_round_trips(trace: Path) -> int:
@@ -419,12 +426,25 @@ class TestFilteredFillK:
 
     async def test_a_broad_filter_through_the_hnsw_index_still_gets_k_hits(self, pg_url: str, collection: str) -> None:
         """More chunks match than the exact limit, so the HNSW index is searched; its beam is raised for the
-        statement, so the 4% that match still fill k (the session's beam of 100 holds about 4 of them)."""
-        async with _store(pg_url, collection, exact_knn_max=10) as store:
+        statement, so the 4% that match still fill k by their vectors alone (the session's beam of 100 holds about 4
+        of them)."""
+        async with _store(_no_seqscan(pg_url), collection, exact_knn_max=10) as store:
             await store.sync(_corpus(1500, {"acme": 60}), bulk_threshold=1)
-            hits = await store.search("rotate api key w5 w9", 10, filters={"tenant": ("acme",)})
+            hits = await store.search("qqqzz vvvxx", 10, filters={"tenant": ("acme",)})  # words no chunk has
             assert len(hits) == 10 and {h.chunk.meta()["tenant"] for h in hits} == {"acme"}
+            assert all("dense" in h.ranks for h in hits)
             assert len(await store.search("rotate api key", 10)) == 10  # the raised beam was for that statement
+
+
+class TestDeepSearch:
+    async def test_a_search_deeper_than_the_beam_still_gets_k_neighbours(self, pg_url: str, collection: str) -> None:
+        """k=60 with a session beam of 20: the HNSW beam is raised for that search (an HNSW scan returns at most
+        ef_search rows), so words no chunk has still bring 60 nearest neighbours. Sequential scans are off for the
+        store's sessions, so that the planner takes the HNSW index even on a small table."""
+        async with _store(_no_seqscan(pg_url), collection, ef_search=20, depth=20) as store:
+            await store.sync(_corpus(1500, {}), bulk_threshold=1)
+            hits = await store.search("qqqzz vvvxx", 60)
+        assert len(hits) == 60 and all("dense" in h.ranks for h in hits)
 
 
 class TestVersion:

@@ -68,10 +68,11 @@ def filter_sql(filters: Filters | None, alias: str) -> tuple[str, dict[str, str]
 
 
 @functools.lru_cache(maxsize=256)
-def search_sql(collection: str, shape: tuple[int, ...]) -> str:
-    """The search statement of ``collection`` for filters of ``shape`` (values per key; ``()``: no filter).
+def search_sql(collection: str, shape: tuple[int, ...], wider: bool = False) -> str:
+    """The search statement of ``collection`` for filters of ``shape`` (values per key; ``()``: no filter);
+    ``wider``: the search is deeper than the session's HNSW beam.
 
-    The text depends only on these two, so each connection prepares it once per shape.
+    The text depends only on these, so each connection prepares it once per shape.
     """
     t = {name: f"{collection}_{name}" for name in ("chunks", "postings", "terms", "stats", "keys")}
     fsql = " and ".join(
@@ -122,10 +123,16 @@ def search_sql(collection: str, shape: tuple[int, ...]) -> str:
         )
     else:
         filtered = ""
+        # A search deeper than the session's beam raises it for this statement (HNSW returns at most ef rows).
+        widened = (
+            "\n        where (select set_config('hnsw.ef_search', %(ef_min)s::text, true)) is not null" if wider else ""
+        )
         knn = f"""
     knn as materialized (
-        select c.doc_id, c.chunk_id, c.embedding <=> %(vec)s as dist from {t["chunks"]} c
-        order by c.embedding <=> %(vec)s limit %(depth)s
+        select * from (
+            select c.doc_id, c.chunk_id, c.embedding <=> %(vec)s as dist from {t["chunks"]} c
+            order by c.embedding <=> %(vec)s limit %(depth)s
+        ) nearest{widened}
     ),"""
         among, wide, matching = "true", "%(cands)s", "true"
     # One primary-key probe per (term, chunk): a plain join lets the planner read the chunk's every posting.
@@ -238,11 +245,13 @@ async def search(store: Store, query: str, k: int = 10, filters: Filters | None 
         "rrf": store.rrf_k,
         **fparams,
     }
+    wider = depth > max(store.ef_search, store.depth)  # the session's beam
+    if shape or wider:
+        params["ef_min"] = max(store.ef_search, depth)
     if shape:
         params["exact_max"] = store.exact_knn_max
-        params["ef_min"] = max(store.ef_search, depth)
         params["widen"] = _WIDEN
-    sql = search_sql(store.collection, shape)
+    sql = search_sql(store.collection, shape, wider and not shape)
 
     async def go(conn: AsyncConnection[Any]) -> list[Any]:
         return await (await conn.execute(sql, params, prepare=True)).fetchall()
