@@ -511,8 +511,10 @@ async def _scale_run(
         out["cpu"] = {name: await _cpu_pass(methods[name], few, pid) for name in compared}
         apps = {"store": "ragloop", "raw-or": "ragloop-raw", "raw-and": "ragloop-raw"}
         out["statements"] = await _statement_pass(url, log, {n: (apps[n], methods[n]) for n in compared}, few)
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in compared}
         pools = {"store": store._pool, "raw-or": pool, "raw-and": pool}  # a benchmark may read the store's pool
+        for name in compared:  # warm-up: the store's pool grows to its size (the reference's starts full)
+            await _concurrent(methods[name], queries[: 2 * args.concurrency], args.concurrency, pools[name], pid)
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in compared}
         for r in range(args.rounds):
             for name in compared[r % 3 :] + compared[: r % 3]:
                 runs[name].append(await _concurrent(methods[name], queries, args.concurrency, pools[name], pid))
