@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("text",),  # leaf text analysis
     ("usage", "caches"),  # judge-call metering; the cache protocol and its in-memory default
     ("state", "plan"),  # the turn state and the frozen values that flow through a turn (a plan is one)
-    ("policy", "prompt_budget"),  # the one pure routing function; the answer prompt's token budgets
+    ("policy", "prompt_budget", "freshness"),  # the pure routing function; prompt token budgets; stale pages
     ("retrievers", "sample"),  # stores, embedders, live sources, ingestion; the bundled sample index
     ("llm",),  # judge Protocols, OpenAI-compatible and offline judges
     ("nodes",),  # one module per node
