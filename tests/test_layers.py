@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("llm",),  # judge Protocols, OpenAI-compatible and offline judges
     ("nodes",),  # one module per node
     ("turn",),  # settings, default nodes, graph, decision record
+    ("turnlog", "gaps"),  # the log of finished turns; the content-gap report over it
     ("chat", "otel"),  # ChatRAG, Reply; OpenTelemetry spans of finished turns
     # the app, the CLI, the test kit, the facade
     ("serve", "cli", "cli_chat", "cli_doctor", "cli_serve", "cli_store", "testing", "ragloop"),
