@@ -27,14 +27,20 @@ class TestUnfoundTerms:
 
 class TestFacts:
     def test_number_and_the_words_it_counts(self) -> None:
-        """A number followed by words states a value for its first two content words (markup ignored)."""
+        """A number followed by words states a value for its first content word (markup ignored)."""
         found = facts("A workspace can have up to **20 webhook endpoints** and $19 per seat.")
-        assert found["webhook"] == {"20"} and found["endpoint"] == {"20"} and found["seat"] == {"$19"}
+        assert found == {"webhook": {"20"}, "seat|$": {"$19"}}
 
     def test_thousands_and_units(self) -> None:
         """Thousands separators go, units stay."""
         assert facts("1,000 requests per minute, 10 GB storage")["request"] == {"1000"}
-        assert facts("10 GB storage")["storag"] == {"10gb"}
+        assert facts("10 GB storage")["storag|gb"] == {"10gb"}
+
+    def test_only_sentences_about_the_question(self) -> None:
+        """With question terms, a fact counts only in a sentence holding two of them."""
+        text = "Plans start at 20 seats. A workspace can have 20 webhook endpoints."
+        stems = _stems("How many webhook endpoints can a workspace have?")
+        assert facts(text, stems) == {"webhook": {"20"}}
 
 
 class TestConflicts:
@@ -46,12 +52,12 @@ class TestConflicts:
             ("webhooks-v1.md", "Each workspace may register 50 webhook endpoints."),
         ]
         [c] = conflicts(_stems(question), passages)
-        assert c.term == "endpoint"
+        assert c.term == "webhook"
         assert c.values == (("webhooks-v1.md", ("50",)), ("webhooks.md", ("20",)))
 
     def test_shared_value_is_no_conflict(self) -> None:
         """Pages that share a value for the term (a table listing several plans) do not conflict."""
-        passages = [("a.md", "Free: 60 requests per minute; Team: 300 requests per minute."), ("b.md", "300 requests")]
+        passages = [("a.md", "Free: 60 requests per minute; Team: 300 requests per minute."), ("b.md", "300 requests per minute")]
         assert conflicts(_stems("How many requests per minute?"), passages) == ()
 
     def test_terms_outside_the_question_are_ignored(self) -> None:
@@ -70,3 +76,13 @@ class TestConflicts:
         assert conflicts(terms, passages) == conflicts(terms, list(reversed(passages)))
         for c in conflicts(terms, passages):
             assert c.term in terms and len(c.values) >= 2
+
+
+class TestKinds:
+    def test_values_of_different_kinds_never_conflict(self) -> None:
+        """20 team members and 100 GB of team storage are not two answers to one question."""
+        passages = [("plans.md", "up to 20 team members"), ("import.md", "files up to 100 GB team storage")]
+        assert conflicts(_stems("How do I move my team?"), passages) == ()
+        prices = [("a.md", "A seat costs $19 per seat"), ("b.md", "Each seat costs $23 per seat")]
+        [c] = conflicts(_stems("What does a seat cost?"), prices)
+        assert c.term == "seat" and c.values == (("a.md", ("$19",)), ("b.md", ("$23",)))

@@ -6,9 +6,10 @@ one a person can check by eye.
 
 - :func:`unfound_terms`: the question's key terms (stemmed) that appear in none of the passages — the words the
   knowledge base has nothing about.
-- :func:`conflicts`: a *fact* is a number followed by the words it counts (``20 webhook endpoints``,
-  ``$19 per seat``); two cited pages conflict on a term of the question when each states values for it and the
-  two sets of values have none in common.
+- :func:`conflicts`: a *fact* is a number followed by the word it counts (``20 webhook endpoints``,
+  ``$19 per seat``) in a sentence that holds at least two of the question's terms; two pages the answer rests on
+  conflict on a term of the question when each states values of one kind for it (plain numbers, or one currency,
+  or one unit) and the two sets of values have none in common.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ _FACT = re.compile(
     r"(?<![\w.,$€£-])(?P<cur>[$€£])?(?P<num>\d{1,3}(?:,\d{3})+|\d+(?:\.\d+)?)(?P<unit>%|[ \t]?(?i:k|gb|mb|tb)\b)?"
     r"[ \t]+(?P<words>[A-Za-z][\w-]*(?:[ \t]+[A-Za-z][\w-]*){0,2})"
 )
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+|\|")
 #: Words after a number that belong to the number, not to what it counts.
 _SKIP = STOPWORDS | {"per", "up", "times", "x"}
 
@@ -44,15 +46,25 @@ def unfound_terms(question: str, texts: Iterable[str]) -> tuple[str, ...]:
     return tuple(t.surface for t in key_terms(question) if t.stem not in seen)
 
 
-def facts(text: str) -> dict[str, set[str]]:
-    """Stemmed term → the values ``text`` states for it (``20 webhook endpoints`` → webhook, endpoint: {"20"})."""
+def facts(text: str, question_terms: Iterable[str] | None = None) -> dict[str, set[str]]:
+    """Term → the values ``text`` states for it, the term as its stem plus the values' kind (``20 webhook
+    endpoints`` → ``webhook``: {"20"}; ``$19 per seat`` → ``seat|$``: {"$19"}).
+
+    The term is the first content word after the number. With ``question_terms`` (stems), a fact counts only
+    in a sentence (or table cell) that holds at least two of them, the term included: the sentence is then
+    about what the question asks, not a number that happens to share a word with it.
+    """
+    wanted = set(question_terms) if question_terms is not None else None
     out: dict[str, set[str]] = {}
-    for m in _FACT.finditer(_MARKUP.sub("", text)):
-        value = (m.group("cur") or "") + m.group("num").replace(",", "") + (m.group("unit") or "").strip().lower()
-        words = [w.lower() for w in m.group("words").split()]
-        content = [w for w in words if w not in _SKIP][:2]
-        for word in content:
-            out.setdefault(_stem(word), set()).add(value)
+    for sentence in _SENTENCE.split(_MARKUP.sub("", text)):
+        if wanted is not None and len(wanted & {_stem(t) for t in tokenize(sentence)}) < 2:
+            continue
+        for m in _FACT.finditer(sentence):
+            cur, unit = m.group("cur") or "", (m.group("unit") or "").strip().lower()
+            value = cur + m.group("num").replace(",", "") + unit
+            head = next((w.lower() for w in m.group("words").split() if w.lower() not in _SKIP), None)
+            if head is not None:  # values of different kinds (20 members, 100 GB) never compare
+                out.setdefault(_stem(head) + (f"|{cur}{unit}" if cur or unit else ""), set()).add(value)
     return out
 
 
@@ -67,8 +79,8 @@ def conflicts(question_terms: Iterable[str], passages: Sequence[tuple[str, str]]
     by_source: dict[str, dict[str, set[str]]] = {}
     for source, text in passages:
         mine = by_source.setdefault(source, {})
-        for term, values in facts(text).items():
-            if term in wanted:
+        for term, values in facts(text, wanted).items():
+            if term.partition("|")[0] in wanted:
                 mine.setdefault(term, set()).update(values)
     found: list[Conflict] = []
     seen: set[tuple[tuple[str, tuple[str, ...]], ...]] = set()
@@ -80,5 +92,5 @@ def conflicts(question_terms: Iterable[str], passages: Sequence[tuple[str, str]]
         pairs = tuple((source, tuple(sorted(v))) for source, v in stated)
         if pairs not in seen:  # "20 webhook endpoints" states one conflict, not one per word
             seen.add(pairs)
-            found.append(Conflict(term, pairs))
+            found.append(Conflict(term.partition("|")[0], pairs))
     return tuple(found)

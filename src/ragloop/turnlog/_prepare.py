@@ -100,7 +100,9 @@ def prepare(turn: PendingTurn, policy: LogPolicy) -> TurnRow:
     terms = key_terms(question)
     texts = [text for _, _, text in turn.passages]
     by_id = {cid: (source, text) for cid, source, text in turn.passages}
-    cited = [by_id[c.chunk_id] for c in turn.citations if c.chunk_id in by_id]
+    # What the answer could rest on: the cited passages and every hit a grader kept.
+    kept = {c.chunk_id for c in turn.citations} | {cid for cid, label in turn.labels.items() if label != "irrelevant"}
+    cited = [by_id[cid] for cid in sorted(kept) if cid in by_id]
     caller = turn.caller
     principal = _identity(turn.principal, policy) or "anonymous"
     user = _identity(caller.user, policy) if caller is not None and caller.user else principal

@@ -198,7 +198,7 @@ def pending_turn(  # noqa: PLR0913 — the pieces of a finished turn, by keyword
                 if h.id not in best or h.confidence > best[h.id].confidence:
                     best[h.id] = h
     top = sorted(best.values(), key=lambda h: (-h.confidence, -h.score, h.id))[:MAX_HITS]
-    keep = {h.id for h in top} | {c.chunk_id for c in citations}
+    keep = {h.id for h in top} | {c.chunk_id for c in citations} | {i for i, lab in labels.items() if lab != "irrelevant"}
     passages = tuple((h.id, h.chunk.source, h.chunk.text) for h in best.values() if h.id in keep)
     return PendingTurn(
         turn_id=turn_id,
@@ -238,7 +238,8 @@ class TurnRow:
         hits: The best hits, with scores and grades.
         citations: Sources the reply cited.
         stale: Stale pages the reply rests on.
-        conflicts: Cited pages stating different values for one of the question's terms.
+        conflicts: Pages the answer rested on (cited, or graded relevant or partial) that state different values
+            for one of the question's terms.
         seconds: Wall time of the turn.
         llm_calls: Calls that went to a model.
         models: Models the turn's judges used (``offline`` for the offline judges).
