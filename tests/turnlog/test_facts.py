@@ -57,7 +57,10 @@ class TestConflicts:
 
     def test_shared_value_is_no_conflict(self) -> None:
         """Pages that share a value for the term (a table listing several plans) do not conflict."""
-        passages = [("a.md", "Free: 60 requests per minute; Team: 300 requests per minute."), ("b.md", "300 requests per minute")]
+        passages = [
+            ("a.md", "Free: 60 requests per minute; Team: 300 requests per minute."),
+            ("b.md", "300 requests per minute"),
+        ]
         assert conflicts(_stems("How many requests per minute?"), passages) == ()
 
     def test_terms_outside_the_question_are_ignored(self) -> None:

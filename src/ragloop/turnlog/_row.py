@@ -198,7 +198,8 @@ def pending_turn(  # noqa: PLR0913 — the pieces of a finished turn, by keyword
                 if h.id not in best or h.confidence > best[h.id].confidence:
                     best[h.id] = h
     top = sorted(best.values(), key=lambda h: (-h.confidence, -h.score, h.id))[:MAX_HITS]
-    keep = {h.id for h in top} | {c.chunk_id for c in citations} | {i for i, lab in labels.items() if lab != "irrelevant"}
+    kept = {i for i, label in labels.items() if label != "irrelevant"}
+    keep = {h.id for h in top} | {c.chunk_id for c in citations} | kept
     passages = tuple((h.id, h.chunk.source, h.chunk.text) for h in best.values() if h.id in keep)
     return PendingTurn(
         turn_id=turn_id,
