@@ -16,6 +16,7 @@ from attrs import frozen
 from ragloop._redact import redact
 from ragloop.caches import Caches
 from ragloop.events import StoppedBy
+from ragloop.freshness import Freshness
 from ragloop.llm.cached import CachedGrader
 from ragloop.llm.planner import Planner
 from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
@@ -43,6 +44,7 @@ from ragloop.state import (
     PromptCuts,
     QueryStatus,
     RewriteAttempt,
+    StaleSource,
     TurnState,
     Verification,
 )
@@ -102,6 +104,9 @@ class TurnSettings:
             ``None``: no budget.
         prices: The application's price table, model name → :class:`~ragloop.usage.Price` (per million input
             and output tokens); each turn's record then carries its cost (``TurnRecord.cost``).
+        stale_after_days: A cited page whose ``updated`` metadata is older than this counts as stale, as one past
+            its ``valid_until`` always does; the reply says so (:mod:`ragloop.freshness`). ``None``: age alone
+            never makes a page stale.
     """
 
     max_queries: int = 4
@@ -131,6 +136,7 @@ class TurnSettings:
     deadline_s: float | None = 60.0
     prompt_budget: PromptBudget | None = attrs.field(factory=PromptBudget)
     prices: Mapping[str, Price] = attrs.field(factory=dict, hash=False)
+    stale_after_days: float | None = None
 
     def policy(self, *, live_sources: Sequence[LiveSource] = (), hops: bool = True) -> RoutingPolicy:
         """The routing policy for a turn with these live sources (and a bridger, when ``hops``)."""
@@ -237,6 +243,7 @@ def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYL
             extractive=fallback_answerer if isinstance(fallback_answerer, Extractive) else None,
             verifier=verifier,
             budget=s.prompt_budget,
+            freshness=Freshness(max_age_days=s.stale_after_days),
         ),
     }
 
@@ -394,6 +401,7 @@ class TurnRecord:
         prompt_cuts: What the answer prompt's token budget left out (blocks, history messages), and the tokens
             it counted.
         cache_hits: Cache hits of the turn by cache (``embedding``, ``retrieval``, ``grade``, ``reply``).
+        stale: Cited pages past their ``valid_until`` or older than ``TurnSettings.stale_after_days``.
     """
 
     run_id: str
@@ -420,6 +428,7 @@ class TurnRecord:
     cost: float | None = None
     cache_hits: Mapping[str, int] = attrs.field(factory=dict)
     prompt_cuts: PromptCuts | None = None
+    stale: tuple[StaleSource, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (nested records as dicts, tuples as lists)."""
@@ -481,4 +490,5 @@ def turn_record(result: RunResult, *, prices: Mapping[str, Price] | None = None)
         cost=cost_of(calls, prices or {}),
         cache_hits=dict(usage.cache_hits),
         prompt_cuts=state.prompt_cuts,
+        stale=tuple(state.stale),
     )
