@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from ragloop.retrievers.index import KnowledgeIndex
     from ragloop.retrievers.postgres import PostgresStore
     from ragloop.retrievers.sources import Source
+    from ragloop.turnlog import Rating, TurnLog
 
 __all__ = ["ChatRAG", "Reply", "ReplyReady", "validate_question"]
 
@@ -62,6 +63,8 @@ class Reply:
         blocks: The numbered context the answer was written from.
         missing: Parts of the question that found no context.
         record: The per-turn decision record.
+
+    Its :attr:`turn_id` names the turn for feedback (:meth:`ChatRAG.feedback`).
     """
 
     text: str
@@ -71,9 +74,15 @@ class Reply:
     missing: tuple[str, ...]
     record: TurnRecord
 
+    @property
+    def turn_id(self) -> str:
+        """The turn's id (its run id): what feedback on this reply names."""
+        return self.record.run_id
+
     def as_dict(self) -> dict[str, Any]:
         """The JSON shape printed by ``ragloop ask --json``."""
         return {
+            "turn_id": self.turn_id,
             "text": self.text,
             "outcome": self.outcome,
             "citations": [
@@ -94,6 +103,7 @@ class Reply:
         """
         link = source_url or _own_url
         return {
+            "turn_id": self.turn_id,
             "text": self.text,
             "outcome": self.outcome,
             "citations": [
@@ -251,6 +261,8 @@ class ChatRAG:
             history (same page, filters, caller and index version); ``None``: nothing is cached.
         index_version: The index's current version (e.g. ``lambda: index.version``), which search results
             are cached under; default: the retriever's ``version`` attribute, if it has one.
+        turn_log: Where finished turns are logged (:class:`~ragloop.turnlog.TurnLog`, opt-in), for ``ragloop
+            gaps`` and :meth:`feedback`; logging never slows or fails a turn. ``None``: nothing is stored.
     """
 
     def __init__(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
@@ -276,8 +288,13 @@ class ChatRAG:
         max_history_chars: int = MAX_HISTORY_CHARS,
         caches: Caches | None = None,
         index_version: Callable[[], str] | None = None,
+        turn_log: TurnLog | None = None,
     ) -> None:
         self.settings = settings
+        #: The turn log, if any (see ``turn_log``); :meth:`aclose` closes it.
+        self.turn_log = turn_log
+        #: The embedder given (the index's, from :meth:`from_index`), if any.
+        self.embedder = embedder
         self.live_sources = tuple(live_sources)
         self.max_question_chars = max_question_chars
         self.max_history_messages = max_history_messages
@@ -326,6 +343,7 @@ class ChatRAG:
         embedder: Embedder | None = None,
         plan_sources: Sequence[Source] = (),
         caches: Caches | None = None,
+        turn_log: TurnLog | None = None,
     ) -> ChatRAG:
         """A chat over an index directory (or a loaded :class:`~ragloop.retrievers.index.KnowledgeIndex`).
 
@@ -343,6 +361,7 @@ class ChatRAG:
             plan_sources: Structured sources to plan over besides the documents and the live sources (e.g. a
                 :class:`~ragloop.retrievers.sql.SQLiteSource`); given, the turn starts with the ``plan`` node.
             caches: Caches (:class:`~ragloop.caches.Caches`); search results are keyed on the index's version.
+            turn_log: Where finished turns are logged (see :class:`ChatRAG`).
         """
         from ragloop.retrievers.index import KnowledgeIndex
 
@@ -367,6 +386,7 @@ class ChatRAG:
             plan_sources=plan_sources,
             caches=caches,
             index_version=lambda: idx.version,
+            turn_log=turn_log,
         )
 
     @classmethod
@@ -387,6 +407,7 @@ class ChatRAG:
         embedder: Embedder | None = None,
         plan_sources: Sequence[Source] = (),
         caches: Caches | None = None,
+        turn_log: TurnLog | None = None,
     ) -> ChatRAG:
         """A chat over a PostgreSQL collection written by ``ragloop index DIR --store URL`` (``[postgres]`` extra).
 
@@ -410,6 +431,7 @@ class ChatRAG:
             embedder: Query embedder; by default the one the collection was built with.
             plan_sources: As in :meth:`from_index`.
             caches: As in :meth:`from_index` (search results keyed on the store's version).
+            turn_log: As in :meth:`from_index`.
         """
         import concurrent.futures
 
@@ -447,6 +469,7 @@ class ChatRAG:
             timeout_s=timeout_s,
             plan_sources=plan_sources,
             caches=caches,
+            turn_log=turn_log,
         )
         rag.store = store
         return rag
@@ -468,6 +491,7 @@ class ChatRAG:
         plan_sources: Sequence[Source] = (),
         caches: Caches | None = None,
         index_version: Callable[[], str] | None = None,
+        turn_log: TurnLog | None = None,
     ) -> ChatRAG:
         """A chat over any retriever; ``texts`` (every chunk's text) feed the offline judges' corpus statistics.
 
@@ -488,6 +512,7 @@ class ChatRAG:
             embedder=embedder,
             caches=caches,
             index_version=index_version,
+            turn_log=turn_log,
             **_planning(retriever, live_sources, plan_sources, llm, fast_model, timeout_s),
         )
         if llm is None:
@@ -576,6 +601,7 @@ class ChatRAG:
         deadline_s: float | None = None,
         filters: FiltersArg | None = None,
         caller: Caller | None = None,
+        principal: str | None = None,
     ) -> Reply:
         """Answer one question.
 
@@ -589,6 +615,8 @@ class ChatRAG:
                 ``{"version": ["1.0", "1.1"]}`` (any of); see :mod:`ragloop.retrievers.filters`.
             caller: Who asks (``Caller(tenant="Acme", user="u1")``); every live lookup receives it, so a source
                 shows the user only what their organisation may see.
+            principal: Who is authenticated (e.g. an API key's principal), for the turn log: feedback on this
+                turn is accepted only from them (default ``anonymous``).
 
         Raises:
             InputError: The question, history, page context or filters are unusable; the message says why.
@@ -600,12 +628,51 @@ class ChatRAG:
         if key is not None and self.caches is not None and self.caches.replies is not None:
             found = self.caches.replies.get(key)
             if isinstance(found, Reply):
-                return _from_reply_cache(found)
+                reply = _from_reply_cache(found)
+                self._log_turn(reply, state, principal)
+                return reply
         result = await self.graph.run(state, deadline_s=self._deadline(deadline_s))
         reply = _reply(result)
         if key is not None and self.caches is not None and self.caches.replies is not None and _reusable(reply):
             self.caches.replies.set(key, reply)
+        self._log_turn(reply, result.state, principal)
         return reply
+
+    def _log_turn(self, reply: Reply, state: TurnState, principal: str | None) -> None:
+        """Hand the finished turn to the turn log (never raises: a row that cannot be built is counted)."""
+        if self.turn_log is None:
+            return
+        from ragloop.turnlog import pending_turn
+
+        try:
+            turn = pending_turn(
+                turn_id=reply.turn_id,
+                question=state.question,
+                record=reply.record,
+                citations=reply.citations,
+                graded=state.graded,
+                searches=state.searches,
+                stale=reply.record.stale,
+                principal=principal,
+                caller=state.caller,
+            )
+        except Exception as exc:  # noqa: BLE001 — the log costs its row, never the answer
+            self.turn_log.count_error(exc)
+            return
+        self.turn_log.record(turn)
+
+    async def feedback(
+        self, turn_id: str, rating: Rating, *, comment: str | None = None, principal: str | None = None
+    ) -> bool:
+        """Record ``rating`` (``"up"`` or ``"down"``) on a reply of ``principal``'s, by its ``turn_id``.
+
+        Returns ``False`` when the turn log holds no such turn of theirs (another principal's turn counts as
+        unknown). Raises :class:`ConfigError` without a turn log, :class:`InputError` on a bad rating or comment,
+        and :class:`~ragloop.errors.TurnLogError` when the log's database cannot be reached.
+        """
+        if self.turn_log is None:
+            raise ConfigError("this chat keeps no turn log to rate turns in; pass turn_log=TurnLog.open(URL)")
+        return await self.turn_log.feedback(turn_id, rating, comment=comment, principal=principal)
 
     def _reply_key(self, state: TurnState) -> str | None:
         """The reply cache's key for a question without history (``None``: no reply cache, or history)."""
@@ -628,25 +695,36 @@ class ChatRAG:
         deadline_s: float | None = None,
         filters: FiltersArg | None = None,
         caller: Caller | None = None,
+        principal: str | None = None,
     ) -> EventStream:
         """Answer one question as a stream of events: progress, answer tokens, then :class:`ReplyReady`.
 
         The input is checked here, before any event (an :class:`InputError` is raised by this call). Use it as
         ``async for event in rag.stream(q)`` or ``async with rag.stream(q) as events``; stopping the iteration
         (``break`` — even while the stream is still referenced —, ``aclose()``, cancellation, a client that
-        disconnects) cancels the turn's in-flight work. ``filters`` and ``caller`` are as in :meth:`ask`.
+        disconnects) cancels the turn's in-flight work. ``filters``, ``caller`` and ``principal`` are as in
+        :meth:`ask`.
         """
         state = self.new_state(
             question, history=history, page_url=page_url, page_title=page_title, filters=filters, caller=caller
         )
-        return self.graph.stream(state, deadline_s=self._deadline(deadline_s), then=_reply_ready)
+
+        def ready(result: RunResult) -> tuple[Event, ...]:
+            events = _reply_ready(result)
+            self._log_turn(events[0].reply, result.state, principal)
+            return events
+
+        return self.graph.stream(state, deadline_s=self._deadline(deadline_s), then=ready)
 
     async def aclose(self) -> None:
-        """Close the live sources' connections (and the store's pool, for :meth:`from_store`)."""
+        """Close the live sources' connections (and the store's pool, for :meth:`from_store`); write what the turn
+        log still holds, within its bound, and close it."""
         for source in self.live_sources:
             await source.aclose()
         if self.store is not None:
             await self.store.aclose()
+        if self.turn_log is not None:
+            await self.turn_log.aclose()
 
 
 def _planning(
@@ -680,7 +758,7 @@ def _planning(
     return {"planner": planner, "fallback_planner": offline, "plan_sources": sources}
 
 
-def _reply_ready(result: RunResult) -> tuple[Event, ...]:
+def _reply_ready(result: RunResult) -> tuple[ReplyReady]:
     """The event that ends a chat stream, after the runner's :class:`RunFinished`."""
     return (ReplyReady(_reply(result), run_id=result.run_id),)
 

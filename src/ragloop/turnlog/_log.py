@@ -152,6 +152,10 @@ class TurnLog:
                 self._recent.popitem(last=False)
         return True
 
+    def count_error(self, exc: BaseException) -> None:
+        """Count a row its caller could not build (it is lost; the turn is not)."""
+        self._failed(1, exc)
+
     def stats(self) -> TurnLogStats:
         """The log's counters now."""
         with self._lock:
