@@ -30,9 +30,21 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nodes",),  # one module per node
     ("turn",),  # settings, default nodes, graph, decision record
     ("turnlog", "gaps"),  # the log of finished turns; the content-gap report over it
-    ("chat", "otel"),  # ChatRAG, Reply; OpenTelemetry spans of finished turns
+    ("chat", "otel", "kbcheck"),  # ChatRAG, Reply; OpenTelemetry spans of finished turns; the KB regression gate
     # the app, the CLI, the test kit, the facade
-    ("serve", "cli", "cli_chat", "cli_doctor", "cli_serve", "cli_store", "testing", "ragloop"),
+    (
+        "serve",
+        "cli",
+        "cli_chat",
+        "cli_doctor",
+        "cli_serve",
+        "cli_store",
+        "cli_gaps",
+        "cli_check",
+        "cli_turnlog",
+        "testing",
+        "ragloop",
+    ),
 )
 
 #: Arrows allowed against the order, each with the reason and who removes it: ``(importer, imported) -> note``.
