@@ -655,6 +655,7 @@ class ChatRAG:
                 stale=reply.record.stale,
                 principal=principal,
                 caller=state.caller,
+                at=self.turn_log.clock(),
             )
         except Exception as exc:  # noqa: BLE001 — the log costs its row, never the answer
             self.turn_log.count_error(exc)

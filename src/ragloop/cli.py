@@ -1,4 +1,5 @@
-"""The ``ragloop`` command: ``ask``, ``chat`` (in :mod:`ragloop.cli_chat`), ``index``, ``search`` and ``eval``.
+"""The ``ragloop`` command: ``ask``, ``chat`` (in :mod:`ragloop.cli_chat`), ``index``, ``search``, ``eval``, and
+``gaps`` and ``check`` (in :mod:`ragloop.cli_gaps` and :mod:`ragloop.cli_check`).
 
 Each subcommand is a pair of functions, ``_add_<name>(sub)`` (its arguments) and ``_cmd_<name>(args)``
 (what it does, returning the exit status), registered in :data:`_COMMANDS`. Heavy modules are imported
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ragloop.cli_chat import add_ask, add_chat
 from ragloop.cli_doctor import add_doctor
+from ragloop.cli_gaps import add_gaps
 from ragloop.cli_serve import add_serve
 from ragloop.cli_store import (
     add_filter_option,
@@ -244,6 +246,7 @@ _COMMANDS: tuple[Callable[[Any], None], ...] = (
     _add_eval,
     add_serve,
     add_doctor,
+    add_gaps,
 )
 
 

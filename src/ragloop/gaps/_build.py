@@ -259,13 +259,17 @@ def _missing_terms(turns: Sequence[LoggedTurn], cause: Cause) -> tuple[str, ...]
     if cause not in ("no_passage", "partial"):
         return ()
     counts: Counter[str] = Counter()
+    surfaces: defaultdict[str, Counter[str]] = defaultdict(Counter)
     for t in turns:
         row = t.row
         found = set(row.unfound) | set(row.uncovered)
         if not found:  # the unanswered queries' own terms, when no term check says more
             found = {w for m in row.missing for w in m.lower().split() if w in row.terms}
-        counts.update(found)
-    return tuple(sorted(counts, key=lambda w: (-counts[w], w))[:4])
+        counts.update({stem(w) for w in found})
+        for w in found:
+            surfaces[stem(w)][w] += 1
+    top = sorted(counts, key=lambda s: (-counts[s], s))[:4]
+    return tuple(min(surfaces[s], key=lambda w: (-surfaces[s][w], w)) for s in top)
 
 
 def _conflicts(turns: Sequence[LoggedTurn]) -> tuple[Conflict, ...]:

@@ -3,8 +3,9 @@
 Why this method (numpy only, no new dependency):
 
 - **Vectors.** Each question is its key-term stems weighted by TF-IDF, with the IDF taken from the log itself
-  (a term every question uses, like the product's name, weighs nothing; ``zapier`` weighs a lot), feature-hashed
-  to :data:`LEX_DIM` dimensions. With the index's embedder the question's embedding is joined to it, each half
+  (a term every question uses, like the product's name, weighs little; ``zapier`` weighs a lot). Every term two
+  questions share has a column of its own (feature hashing, tried first, made unrelated questions alike whenever
+  two of their terms collided), up to :data:`EXACT_TERMS`; rarer shared terms past that share hashed columns. With the index's embedder the question's embedding is joined to it, each half
   carrying half the weight, so the cosine of two questions is the mean of their term cosine and their embedding
   cosine: the terms keep named things apart ("Zapier" vs "Salesforce"), the embedding joins paraphrases that share
   no word.
@@ -31,10 +32,11 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["LEX_DIM", "MAX_ITEMS", "average_linkage", "cluster", "combine", "lexical_vectors"]
+__all__ = ["EXACT_TERMS", "HASHED_DIM", "MAX_ITEMS", "average_linkage", "cluster", "combine", "lexical_vectors"]
 
-#: Dimensions of the hashed TF-IDF term vectors.
-LEX_DIM = 2048
+#: Shared terms that get a column of their own in the term vectors; rarer ones share hashed columns.
+EXACT_TERMS = 4096
+HASHED_DIM = 1024
 #: Most items clustered exactly; above it a leader pass groups near-duplicates first.
 MAX_ITEMS = 3000
 _FLOOR = -8.0  # below any cosine: masks merged groups and the diagonal
@@ -42,17 +44,35 @@ _FLOOR = -8.0  # below any cosine: masks merged groups and the diagonal
 F32 = npt.NDArray[np.float32]
 
 
-def _bucket(term: str) -> int:
-    return zlib.crc32(term.encode("utf-8", "surrogatepass")) % LEX_DIM
+def _bucket(term: str) -> tuple[int, float]:
+    h = zlib.crc32(term.encode("utf-8", "surrogatepass"))
+    return h % HASHED_DIM, 1.0 if (h >> 31) & 1 else -1.0
 
 
 def lexical_vectors(terms: Sequence[Sequence[str]], df: Mapping[str, int], total: int) -> F32:
-    """Unit TF-IDF vectors of term lists, the IDF from document frequencies ``df`` over ``total`` questions."""
-    out = np.zeros((len(terms), LEX_DIM), dtype=np.float32)
+    """TF-IDF vectors of term lists (the IDF from ``df`` over ``total`` questions) whose dot products are the
+    lists' cosines.
+
+    A term only one list holds adds to that list's norm and to no dot product, so it gets no column; the
+    :data:`EXACT_TERMS` terms most lists share get one each (no collisions: exact cosines); only past that do the
+    rarer shared terms share :data:`HASHED_DIM` signed hashed columns.
+    """
+    held = Counter(t for ts in terms for t in set(ts))
+    shared = sorted((t for t, c in held.items() if c >= 2), key=lambda t: (-held[t], t))
+    columns = {t: i for i, t in enumerate(shared[:EXACT_TERMS])}
+    extra = HASHED_DIM if len(shared) > EXACT_TERMS else 0
+    out = np.zeros((len(terms), max(1, len(columns) + extra)), dtype=np.float32)
     for i, ts in enumerate(terms):
-        for t, tf in Counter(ts).items():
-            out[i, _bucket(t)] += tf * math.log(1.0 + max(total, 1) / max(df.get(t, 0), 1))
-    return _unit(out)
+        weights = {t: tf * math.log(1.0 + max(total, 1) / max(df.get(t, 0), 1)) for t, tf in Counter(ts).items()}
+        norm = math.sqrt(sum(w * w for w in weights.values())) or 1.0
+        for t, w in weights.items():
+            column = columns.get(t)
+            if column is not None:
+                out[i, column] += w / norm
+            elif extra and held[t] >= 2:
+                bucket, sign = _bucket(t)
+                out[i, len(columns) + bucket] += sign * w / norm
+    return out
 
 
 def _unit(x: npt.NDArray[np.floating]) -> F32:
