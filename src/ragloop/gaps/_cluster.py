@@ -5,7 +5,8 @@ Why this method (numpy only, no new dependency):
 - **Vectors.** Each question is its key-term stems weighted by TF-IDF, with the IDF taken from the log itself
   (a term every question uses, like the product's name, weighs little; ``zapier`` weighs a lot). Every term two
   questions share has a column of its own (feature hashing, tried first, made unrelated questions alike whenever
-  two of their terms collided), up to :data:`EXACT_TERMS`; rarer shared terms past that share hashed columns. With the index's embedder the question's embedding is joined to it, each half
+  two of their terms collided), up to :data:`EXACT_TERMS`; rarer shared terms past that share hashed columns.
+  With the index's embedder the question's embedding is joined to it, each half
   carrying half the weight, so the cosine of two questions is the mean of their term cosine and their embedding
   cosine: the terms keep named things apart ("Zapier" vs "Salesforce"), the embedding joins paraphrases that share
   no word.
