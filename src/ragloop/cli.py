@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ragloop.cli_chat import add_ask, add_chat
+from ragloop.cli_check import add_check
 from ragloop.cli_doctor import add_doctor
 from ragloop.cli_gaps import add_gaps
 from ragloop.cli_serve import add_serve
@@ -247,6 +248,7 @@ _COMMANDS: tuple[Callable[[Any], None], ...] = (
     add_serve,
     add_doctor,
     add_gaps,
+    add_check,
 )
 
 
