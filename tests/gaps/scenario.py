@@ -122,9 +122,11 @@ ANSWERABLE: tuple[str, ...] = (
     "Hi there!",
 )
 
-#: The question, and the phrase, that the scenario's check case pins down.
-CASE_QUESTION = "How many times does Lumen retry a failed webhook delivery?"
-CASE_SOURCE = "webhooks.md"
+#: The check case of the scenario: its question, the page and the phrase it pins down, and an edit that breaks it.
+CASE_QUESTION = "How long are deleted tasks kept in the trash?"
+CASE_SOURCE = "data-retention-and-deletion.md"
+CASE_PHRASE = "trash for 30 days"
+CASE_EDIT = ("go to the **trash** for **30 days**", "go to the **trash**")
 
 
 def planted_kb(target: Path) -> Path:

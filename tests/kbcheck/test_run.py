@@ -86,3 +86,12 @@ class TestSummary:
         failures = [c for c in suite.iter("testcase") if c.find("failure") is not None]
         assert [c.get("name") for c in failures] == ["line 2: How do I rotate a key?"]
         assert "expected none" in (failures[0].find("failure").get("message") or "")  # type: ignore[union-attr]
+
+
+class TestPhrases:
+    def test_markdown_marks_do_not_hide_a_phrase(self) -> None:
+        """'retried 8 times' is said by 'retried **8 times**', and snake_case words keep their underscores."""
+        from ragloop.kbcheck._run import _plain
+
+        assert "retried 8 times" in _plain("Failed deliveries are retried **8 times** with `backoff`.")
+        assert "error_code" in _plain("the _error_code_ field")

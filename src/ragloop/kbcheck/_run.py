@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
@@ -15,6 +16,8 @@ from ragloop.kbcheck._cases import Case
 
 if TYPE_CHECKING:
     from ragloop.chat import ChatRAG, Reply
+
+_MARKS = re.compile(r"\*\*|__|[*`]|(?<!\w)_|_(?!\w)")
 
 __all__ = ["CaseResult", "CheckSummary", "bootstrap_interval", "judge", "junit_xml", "run_cases", "summarize"]
 
@@ -47,16 +50,22 @@ def _matches(source: str, expected: str) -> bool:
     return source == expected or source.endswith("/" + expected)
 
 
+def _plain(text: str) -> str:
+    """Text as a reader sees it, for phrase matching: lower case, markdown emphasis and code marks gone, spaces
+    collapsed (``retried **8 times**`` says "retried 8 times")."""
+    return " ".join(_MARKS.sub("", text).lower().split())
+
+
 def judge(case: Case, reply: Reply) -> tuple[str, ...]:
-    """The case's broken expectations on ``reply`` (empty: it passes)."""
+    """The case's broken expectations on ``reply`` (empty: it passes); phrases match as a reader sees the text."""
     reasons = []
     cited = [c.source for c in reply.citations]
     if case.expect_sources and not any(_matches(s, e) for s in cited for e in case.expect_sources):
         shown = ", ".join(dict.fromkeys(cited)) or "nothing"
         reasons.append(f"expected one of {', '.join(case.expect_sources)} to be cited; cited: {shown}")
-    answer = " ".join(reply.text.lower().split())
+    answer = _plain(reply.text)
     for phrase in case.expect_phrases:
-        if " ".join(phrase.lower().split()) not in answer:
+        if _plain(phrase) not in answer:
             reasons.append(f"the answer does not say {phrase!r}")
     if case.expect_outcome is not None and reply.outcome != case.expect_outcome:
         reasons.append(f"outcome was {reply.outcome}, expected {case.expect_outcome}")
