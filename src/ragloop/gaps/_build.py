@@ -23,6 +23,9 @@ __all__ = ["DEFAULT_THRESHOLD", "DENSE_THRESHOLD", "build_report", "turn_cause"]
 DEFAULT_THRESHOLD = 0.3
 DENSE_THRESHOLD = 0.35
 
+#: Question words the stopword list keeps (they can matter to a search) but that never name a topic.
+_FILLER = frozenset(stem(w) for w in ("many", "much", "long", "often", "possible"))
+
 Embed = Callable[[Sequence[str]], npt.NDArray[np.float32]]
 
 
@@ -217,7 +220,7 @@ def _topic(
     for k in members:
         tf.update({s: len(items[k].turns) for s in set(items[k].stems)})
     score = {s: (c / n) * math.log(1.0 + max(total, 1) / max(df.get(s, 0), 1)) for s, c in tf.items()}
-    ranked = sorted(score, key=lambda s: (-score[s], s))
+    ranked = sorted((s for s in score if s not in _FILLER), key=lambda s: (-score[s], s))
     terms = tuple(vocab.surface(s) for s in ranked[:6])
     centre = np.average(vectors[list(members)], axis=0, weights=[len(items[k].turns) for k in members])
     near = sorted(members, key=lambda k: (-float(vectors[k] @ centre), -len(items[k].turns), items[k].text))

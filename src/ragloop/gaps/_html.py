@@ -71,7 +71,7 @@ def _bars(topics: Sequence[Topic]) -> str:
         return '<p class="muted">No topics in this period.</p>'
     width, label_w, row_h, top = 760, 280, 26, 8
     most = max(t.users for t in shown) or 1
-    span = width - label_w - 70
+    span = width - label_w - 120
     height = top + row_h * len(shown) + 8
     parts = [
         f'<svg id="topics-chart" role="img" aria-label="Topics by users" viewBox="0 0 {width} {height}" '
@@ -87,7 +87,7 @@ def _bars(topics: Sequence[Topic]) -> str:
             f'<g class="bar"><title>{tip}</title>'
             f'<text x="{label_w - 8}" y="{y + 17}" text-anchor="end">{name}</text>'
             f'<rect x="{label_w}" y="{y + 4}" width="{w:.1f}" height="{row_h - 8}" rx="3" fill="{color}"/>'
-            f'<text x="{label_w + w + 6:.1f}" y="{y + 17}">{t.users} users · {t.turns}</text></g>'
+            f'<text x="{label_w + w + 6:.1f}" y="{y + 17}">{t.users} users · {t.turns} turns</text></g>'
         )
     parts.append("</svg>")
     legend = "".join(
@@ -100,7 +100,7 @@ def _bars(topics: Sequence[Topic]) -> str:
 def _trend(report: GapReport) -> str:
     days = report.days
     series = [("all gap turns", report.daily_gaps)] + [(f"{t.rank}. {t.label}", t.daily) for t in report.topics[:3]]
-    width, height, left, right, top, bottom = 760, 230, 40, 12, 12, 34
+    width, height, left, right, top, bottom = 760, 230, 40, 28, 12, 34
     most = max([1, *(max(s, default=0) for _, s in series)])
     plot_w, plot_h = width - left - right, height - top - bottom
 
@@ -172,6 +172,11 @@ def _stale(report: GapReport) -> str:
     return f'<table id="stale">{head}{rows}</table>'
 
 
+def _when(iso: str) -> str:
+    """``2025-05-05T00:00:00Z`` as ``2025-05-05 00:00 UTC``."""
+    return iso.replace("T", " ").replace(":00Z", " UTC")
+
+
 def report_html(report: GapReport) -> str:
     """The report as one self-contained HTML page (open it from disk; it loads nothing)."""
     summary = (
@@ -186,7 +191,7 @@ def report_html(report: GapReport) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>Content gaps · ragloop</title><style>{_STYLE}</style></head><body>"
         f"<h1>What the knowledge base is missing</h1>"
-        f'<p class="muted">{escape(report.since)} to {escape(report.until)} · {escape(summary)}</p>'
+        f'<p class="muted">{escape(_when(report.since))} to {escape(_when(report.until))} · {escape(summary)}</p>'
         f'<div class="charts"><figure><figcaption>Topics by users</figcaption>{_bars(report.topics)}</figure>'
         f"<figure><figcaption>Gap turns per day</figcaption>{_trend(report)}</figure></div>"
         f"<h2>Topics</h2>{''.join(_topic(t) for t in report.topics) or '<p class=muted>None.</p>'}"
