@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ragloop._redact import redact
 from ragloop.cli_store import add_filter_option, add_store_options, parse_filters, store_url
+from ragloop.cli_turnlog import add_turn_log_options, open_turn_log
 from ragloop.text.safety import terminal_safe
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", metavar="DIR", help="where the sample index is cached (~/.cache/ragloop)")
     add_store_options(parser)
     add_filter_option(parser)
+    add_turn_log_options(parser)
 
 
 def add_ask(sub: Any) -> None:
@@ -97,6 +99,7 @@ def _build(args: argparse.Namespace) -> tuple[ChatRAG, Any]:
 
             kwargs["plan_sources"] = (SQLiteSource(sample_crm_path(), SAMPLE_CRM_ALLOW),)
         rag = ChatRAG.sample(client, cache_dir=args.cache_dir, **kwargs)
+    rag.turn_log = open_turn_log(args, rag)
     if client is None:
         print("ragloop: running offline (no model configured): extractive answers from the index", file=sys.stderr)
     else:
