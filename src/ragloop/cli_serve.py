@@ -52,6 +52,9 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN", help="allow this browser origin")
     p.add_argument("--source-base-url", metavar="URL", help="link citations to URL + source (e.g. your docs site)")
     p.add_argument("--no-page", action="store_true", help="do not serve the chat page at /")
+    from ragloop.cli_turnlog import add_turn_log_options
+
+    add_turn_log_options(p)
     p.add_argument(
         "--log-level",
         default="warning",
