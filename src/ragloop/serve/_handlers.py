@@ -6,10 +6,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
+import attrs
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ragloop._log import get_logger
+from ragloop.serve._feedback import feedback_response
+from ragloop.serve._principal import principal_of
 from ragloop.serve._replies import _INTERNAL, _JSON, _api_stream, _Completion, _sse, _write_rejected
 from ragloop.serve._server import _Server
 from ragloop.serve._stream import Body, Rejected, Start, TurnResponse, error_body
@@ -96,6 +99,7 @@ class _Handlers:
         """``POST /v1/chat/completions``."""
         self.checks.authorize(request)
         turn, stream, include_usage = self.checks.openai_turn(await self.checks.read_json(request))
+        turn = attrs.evolve(turn, principal=principal_of(request, self.server.settings))
         completion = _Completion(self.server, turn, include_usage)
         if stream:
             error = _sse(None, error_body(_INTERNAL, kind="server_error")) + b"data: [DONE]\n\n"
@@ -106,11 +110,19 @@ class _Handlers:
         """``POST /api/chat``."""
         self.checks.authorize(request)
         turn = self.checks.api_turn(await self.checks.read_json(request))
+        turn = attrs.evolve(turn, principal=principal_of(request, self.server.settings))
 
         async def write(start: Start, body: Body) -> None:
             await _api_stream(self.server, turn, start, body)
 
         return self.turn_response("api.chat", write, _sse("error", error_body(_INTERNAL, kind="server_error")))
+
+    async def feedback(self, request: Request) -> Response:
+        """``POST /v1/feedback``: a rating of one of the caller's turns."""
+        self.checks.authorize(request)
+        body = await self.checks.read_json(request)
+        principal = principal_of(request, self.server.settings)
+        return await feedback_response(self.server.rag, body, principal, self.metrics)
 
     async def healthz(self, request: Request) -> Response:
         """``GET /healthz``: the process is up."""

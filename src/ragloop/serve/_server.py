@@ -43,6 +43,7 @@ class _Server:
         self.source_url = source_url
         self.model_check = model_check
         self.metrics = Metrics()
+        self.metrics.watch_turn_log(lambda: getattr(self.rag, "turn_log", None))
         self.active = 0
         self._ready_at = 0.0
         self._ready = False
@@ -86,6 +87,7 @@ class _Server:
                 page_url=turn.page_url,
                 page_title=turn.page_title,
                 deadline_s=self.settings.deadline_s,
+                principal=turn.principal,
             )
         except InputError as exc:
             metrics.rejected.labels(reason="invalid").inc()
@@ -131,6 +133,8 @@ class _Server:
 
     def client_reply(self, reply: Reply, session_id: str | None) -> dict[str, Any]:
         out = reply.client_dict(self.source_url)
+        if getattr(self.rag, "turn_log", None) is not None:  # the chat page shows thumbs only then
+            out["feedback"] = True
         if session_id is not None:
             out["session_id"] = session_id
         return out

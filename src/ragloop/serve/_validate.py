@@ -32,6 +32,7 @@ class _Turn:
     page_url: str | None
     page_title: str | None
     question_param: str
+    principal: str = "anonymous"
 
 
 class _RequestChecks:

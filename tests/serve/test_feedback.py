@@ -1,0 +1,143 @@
+"""The turn log through the app: turn_id in every response, POST /v1/feedback scoped to the caller's API key,
+the log's health in /metrics, and a dead log that costs rows, never answers."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ragloop.chat import ChatRAG
+from ragloop.serve import ServeSettings, create_app
+from ragloop.turnlog import FeedbackItem, SQLiteBackend, StoredRow, TurnLog
+from tests.serve.conftest import asgi_client, fake_rag, sse_events
+
+pytestmark = pytest.mark.anyio
+
+KEYS = ServeSettings(api_keys=("key-alice", "key-bob"))
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {key}"}
+
+
+class _DeadBackend(SQLiteBackend):
+    def write(self, rows: Sequence[StoredRow], feedback: Sequence[FeedbackItem]) -> None:
+        raise sqlite3.OperationalError("unable to open database file")
+
+
+def _logged(tmp_path: Path) -> ChatRAG:
+    rag = fake_rag()
+    rag.turn_log = TurnLog.open(f"sqlite:{tmp_path / 'turns.db'}")
+    return rag
+
+
+async def _ask(client: httpx.AsyncClient, key: str | None = None) -> dict[str, object]:
+    r = await client.post(
+        "/api/chat", json={"message": "How do I rotate an API key?"}, headers=_auth(key) if key else {}
+    )
+    assert r.status_code == 200
+    reply: dict[str, object] = json.loads(sse_events(r.text)[-1][1])
+    return reply
+
+
+class TestTurnIdInResponses:
+    async def test_every_endpoint_carries_the_turn_id(self, tmp_path: Path) -> None:
+        """/api/chat's reply event, a chat completion's ragloop field and the last streamed chunk name the turn;
+        with a turn log the reply says feedback is taken."""
+        rag = _logged(tmp_path)
+        body = {"messages": [{"role": "user", "content": "How do I rotate an API key?"}]}
+        async with asgi_client(create_app(rag)) as client:
+            reply = await _ask(client)
+            once = (await client.post("/v1/chat/completions", json=body)).json()
+            streamed = await client.post("/v1/chat/completions", json={**body, "stream": True})
+        assert len(str(reply["turn_id"])) == 16 and reply["feedback"] is True
+        assert len(once["ragloop"]["turn_id"]) == 16
+        chunks = [json.loads(d) for _, d in sse_events(streamed.text) if d != "[DONE]"]
+        assert len(next(c for c in chunks if "ragloop" in c)["ragloop"]["turn_id"]) == 16
+        await rag.aclose()
+        assert len(TurnLog.open(f"sqlite:{tmp_path / 'turns.db'}").turns()) == 3
+
+    async def test_no_feedback_flag_without_a_log(self, rag: ChatRAG) -> None:
+        """Without a turn log the reply has its turn_id but does not offer feedback."""
+        async with asgi_client(create_app(rag)) as client:
+            reply = await _ask(client)
+        assert "turn_id" in reply and "feedback" not in reply
+
+
+class TestFeedbackEndpoint:
+    async def test_own_turn_rated_other_key_gets_404(self, tmp_path: Path) -> None:
+        """Alice rates her turn (200, stored); Bob rating Alice's turn and anyone rating an unknown id get 404."""
+        rag = _logged(tmp_path)
+        async with asgi_client(create_app(rag, settings=KEYS)) as client:
+            turn_id = (await _ask(client, "key-alice"))["turn_id"]
+            mine = await client.post(
+                "/v1/feedback",
+                json={"turn_id": turn_id, "rating": "down", "comment": "outdated"},
+                headers=_auth("key-alice"),
+            )
+            theirs = await client.post(
+                "/v1/feedback", json={"turn_id": turn_id, "rating": "up"}, headers=_auth("key-bob")
+            )
+            unknown = await client.post(
+                "/v1/feedback", json={"turn_id": "nope", "rating": "up"}, headers=_auth("key-alice")
+            )
+            anonymous = await client.post("/v1/feedback", json={"turn_id": turn_id, "rating": "up"})
+            metrics = (await client.get("/metrics", headers=_auth("key-alice"))).text
+        assert mine.status_code == 200 and mine.json() == {"status": "recorded", "turn_id": turn_id, "rating": "down"}
+        assert theirs.status_code == 404 and theirs.json()["error"]["code"] == "unknown_turn"
+        assert unknown.status_code == 404 and anonymous.status_code == 401
+        assert 'ragloop_feedback_total{result="recorded"} 1.0' in metrics
+        assert 'ragloop_feedback_total{result="unknown_turn"} 2.0' in metrics
+        await rag.aclose()
+        [turn] = TurnLog.open(f"sqlite:{tmp_path / 'turns.db'}").turns()
+        assert (turn.rating, turn.comment) == ("down", "outdated")
+        assert "key-alice" not in turn.row.principal  # the key itself is never stored
+
+    @pytest.mark.parametrize(
+        ("body", "param"),
+        [
+            ({"rating": "up"}, "turn_id"),
+            ({"turn_id": "t", "rating": "meh"}, "rating"),
+            ({"turn_id": "t", "rating": "up", "comment": 3}, "comment"),
+            ({"turn_id": "t", "rating": "up", "stars": 5}, "stars"),
+            ({"turn_id": "t", "rating": "up", "comment": "x" * 3000}, "comment"),
+        ],
+    )
+    async def test_bad_body_is_400_naming_the_field(self, tmp_path: Path, body: dict[str, object], param: str) -> None:
+        """A missing or bad field, or one the endpoint does not know, is a 400 naming it."""
+        rag = _logged(tmp_path)
+        async with asgi_client(create_app(rag)) as client:
+            r = await client.post("/v1/feedback", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+        await rag.aclose()
+
+    async def test_no_turn_log_is_404_saying_so(self, rag: ChatRAG) -> None:
+        """A server without a turn log answers 404 with the option that turns it on."""
+        async with asgi_client(create_app(rag)) as client:
+            r = await client.post("/v1/feedback", json={"turn_id": "t", "rating": "up"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "no_turn_log" and "--turn-log" in r.text
+
+
+class TestDeadTurnLog:
+    async def test_answers_keep_coming_and_metrics_count_the_loss(self, tmp_path: Path) -> None:
+        """With a turn log that cannot write, chats still answer 200, /metrics counts the lost rows, and feedback
+        on a turn is a 503 (not a 500, not a silent success)."""
+        rag = fake_rag()
+        log = TurnLog(_DeadBackend(tmp_path / "turns.db"))
+        rag.turn_log = log
+        async with asgi_client(create_app(rag)) as client:
+            first = await _ask(client)
+            await _ask(client)
+            await log.flush()
+            metrics = (await client.get("/metrics")).text
+            rated = await client.post("/v1/feedback", json={"turn_id": first["turn_id"], "rating": "up"})
+        assert "ragloop_turn_log_write_errors_total 2.0" in metrics
+        assert "ragloop_turn_log_rows_written_total 0.0" in metrics and "ragloop_turn_log_queued 0.0" in metrics
+        assert rated.status_code == 503 and rated.json()["error"]["code"] == "turn_log_unavailable"
+        assert "unable to open" not in rated.text
+        await rag.aclose()
