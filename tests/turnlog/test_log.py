@@ -277,3 +277,21 @@ class TestFeedback:
         with pytest.raises(TurnLogError, match="could not record feedback"):
             await log.feedback(turn.turn_id, "up")
         await log.aclose()
+
+
+class TestBriefRead:
+    async def test_answered_turns_come_back_brief(self, tmp_path: Path, hash_rag: ChatRAG) -> None:
+        """brief_answered leaves out the hits of turns answered in full and not rated down, and only theirs."""
+        log = TurnLog.open(_url(tmp_path))
+        answered = await run_turn(hash_rag, "How do I rotate an API key?")
+        rated = await run_turn(hash_rag, "How do I rotate an API key?")
+        gap = await run_turn(hash_rag, "Does Lumen integrate with Zapier?")
+        for turn in (answered, rated, gap):
+            log.record(turn)
+        assert await log.feedback(rated.turn_id, "down")
+        full = {t.row.turn_id: t.row for t in log.turns()}
+        brief = {t.row.turn_id: t.row for t in log.turns(brief_answered=True)}
+        assert answered.record.outcome == "context" and full[answered.turn_id].hits
+        assert brief[answered.turn_id].hits == () and brief[answered.turn_id].terms == full[answered.turn_id].terms
+        assert brief[rated.turn_id] == full[rated.turn_id] and brief[gap.turn_id] == full[gap.turn_id]
+        await log.aclose()

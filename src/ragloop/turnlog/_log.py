@@ -202,11 +202,14 @@ class TurnLog:
 
     # --- reading -------------------------------------------------------------------------------------
 
-    def turns(self, since: float = 0.0, until: float | None = None) -> list[LoggedTurn]:
-        """Stored turns with ``since <= at < until`` (default: up to now), oldest first (blocking)."""
+    def turns(
+        self, since: float = 0.0, until: float | None = None, *, brief_answered: bool = False
+    ) -> list[LoggedTurn]:
+        """Stored turns with ``since <= at < until`` (default: up to now), oldest first (blocking); with
+        ``brief_answered``, turns answered in full come back without their queries, rewrites and hits."""
         end = self.clock() + 1.0 if until is None else until
         try:
-            return self.backend.turns(since, end)
+            return self.backend.turns(since, end, brief_answered=brief_answered)
         except (ConfigError, TurnLogError):
             raise
         except Exception as exc:

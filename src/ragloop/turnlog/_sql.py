@@ -230,8 +230,13 @@ class SQLBackend:
         result: int = self._run(True, work)
         return result
 
-    def turns(self, since: float, until: float) -> list[LoggedTurn]:
-        """Every turn with ``since <= at < until``, oldest first (ties by turn id), with its latest feedback."""
+    def turns(self, since: float, until: float, *, brief_answered: bool = False) -> list[LoggedTurn]:
+        """Every turn with ``since <= at < until``, oldest first (ties by turn id), with its latest feedback.
+
+        With ``brief_answered``, a turn answered in full (``context`` or ``direct``) and not rated down comes back
+        without its queries, rewrites and hits (what ``ragloop gaps`` never reads of it): a report of 100k turns
+        reads in a third of the time.
+        """
 
         def work(conn: Any) -> list[LoggedTurn]:
             cur = conn.cursor()
@@ -244,7 +249,7 @@ class SQLBackend:
                 self._sql("select turn_id, rating, comment from ragloop_feedback where at >= ? order by at"), (since,)
             )
             rated = {str(t): (r, c) for t, r, c in cur.fetchall()}
-            return [_logged(row, rated) for row in rows]
+            return [_logged(row, rated, brief_answered) for row in rows]
 
         result: list[LoggedTurn] = self._run(False, work)
         return result
@@ -255,7 +260,10 @@ class SQLBackend:
             self._drop()
 
 
-def _logged(row: Sequence[Any], rated: dict[str, tuple[Any, Any]]) -> LoggedTurn:
+_DETAIL = ("queries", "rewrites", "hits")
+
+
+def _logged(row: Sequence[Any], rated: dict[str, tuple[Any, Any]], brief_answered: bool = False) -> LoggedTurn:
     turn_id, at, principal, user, tenant, outcome, question, qhash, seconds, data, blob, embedder = row
     columns = {
         "turn_id": turn_id,
@@ -270,6 +278,8 @@ def _logged(row: Sequence[Any], rated: dict[str, tuple[Any, Any]]) -> LoggedTurn
     }
     parsed = json.loads(data) if isinstance(data, str | bytes) else data
     rating, comment = rated.get(str(turn_id), (None, None))
+    if brief_answered and outcome in ("context", "direct") and rating != "down":
+        parsed = {k: v for k, v in parsed.items() if k not in _DETAIL}
     vector = np.frombuffer(bytes(blob), dtype=np.float32) if blob is not None else None
     return LoggedTurn(
         row=row_from_json(columns, parsed),
