@@ -105,9 +105,7 @@ class TestPostgresTurnLog:
 
         await anyio.to_thread.run_sync(pg_ctl, "stop")
         try:
-            started = time.perf_counter()
-            assert log.record(_fields(turn, turn_id="during"))
-            assert time.perf_counter() - started < 0.1
+            assert log.record(_fields(turn, turn_id="during"))  # queued at once: the writer meets the dead server
             await _wait_for(lambda: log.stats().errors >= 1)
         finally:  # restart, not start: it reuses the options pgserver started the server with (its socket)
             await anyio.to_thread.run_sync(pg_ctl, "restart")

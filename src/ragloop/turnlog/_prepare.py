@@ -29,6 +29,8 @@ _BAD = re.compile("[\ud800-\udfff\x00]")
 def clean(text: str) -> str:
     """``text`` storable anywhere: lone surrogates and NUL characters become U+FFFD (SQLite's UTF-8 and
     PostgreSQL's text and jsonb refuse them)."""
+    if text.isascii() and "\x00" not in text:  # nearly every string: no regex pass
+        return text
     return _BAD.sub("\ufffd", text)
 
 

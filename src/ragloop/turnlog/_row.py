@@ -297,12 +297,29 @@ class LoggedTurn:
 COLUMNS = ("turn_id", "at", "principal", "user", "tenant", "outcome", "question", "question_hash", "seconds")
 
 
+_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _names(cls: type) -> tuple[str, ...]:
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(f.name for f in attrs.fields(cls))
+    return names
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON-ready data: attrs values as dicts, tuples as lists (by hand: ``attrs.asdict`` cost the
+    writer more than the row's own checks)."""
+    if attrs.has(type(value)):
+        return {name: _plain(getattr(value, name)) for name in _names(type(value))}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
 def row_to_json(row: TurnRow) -> dict[str, Any]:
     """The row's fields that are not columns, JSON-ready (``terms`` included)."""
-    data = attrs.asdict(row, recurse=True)
-    for name in COLUMNS:
-        data.pop(name)
-    return data
+    return {name: _plain(getattr(row, name)) for name in _names(TurnRow) if name not in COLUMNS}
 
 
 def _tuple(items: Any, build: Any) -> tuple[Any, ...]:
