@@ -56,3 +56,15 @@ class TestAskTurnLog:
         with pytest.raises(SystemExit):
             main(["ask", "--turn-log", "sqlite:t.db", "--turn-log-retention", "0", "q"])
         assert "positive number of days" in capsys.readouterr().err
+
+
+class TestServeTurnLog:
+    def test_serve_hands_its_turn_log_options_to_the_chat(self, tmp_path: Path) -> None:
+        """`serve --turn-log …` reaches the chat it builds (through the options `ask` shares with it)."""
+        from ragloop.cli import build_parser
+        from ragloop.cli_serve import _chat_args
+
+        url = f"sqlite:{tmp_path / 'turns.db'}"
+        args = build_parser().parse_args(["serve", "--turn-log", url, "--turn-log-retention", "30"])
+        merged = _chat_args(args)
+        assert (merged.turn_log, merged.turn_log_retention, merged.turn_log_no_questions) == (url, 30.0, False)

@@ -290,6 +290,7 @@ class TestBriefRead:
         for turn in (answered, rated, gap):
             log.record(turn)
         assert await log.feedback(rated.turn_id, "down")
+        assert await log.flush()
         full = {t.row.turn_id: t.row for t in log.turns()}
         brief = {t.row.turn_id: t.row for t in log.turns(brief_answered=True)}
         assert answered.record.outcome == "context" and full[answered.turn_id].hits

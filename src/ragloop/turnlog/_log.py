@@ -2,8 +2,9 @@
 
 A turn hands over a :class:`~ragloop.turnlog.PendingTurn` (references only) with :meth:`TurnLog.record`, which
 never blocks: when the queue is full the row is dropped and counted. One daemon thread drains the queue in
-batches, prepares each row (redaction, hashing, terms, passage checks: :func:`~ragloop.turnlog._prepare.prepare`)
-and writes the batch in one transaction. Why a thread and not a task: the writes are blocking database calls, and
+batches (it gathers rows for ``gather_s`` after the first, so its work comes in bursts few turns meet), prepares
+each row (redaction, hashing, terms, passage checks: :func:`~ragloop.turnlog._prepare.prepare`) and writes the
+batch in one transaction. Why a thread and not a task: the writes are blocking database calls, and
 a thread serves every event loop the chat is used from (``ragloop ask`` runs one per question, a server one for
 its life) without belonging to any of them. A write that fails costs its rows (counted, logged once per outage)
 and the writer waits a little longer after each failure, up to 30 s, before it tries again.
@@ -85,11 +86,13 @@ class TurnLog:
         embedder: Embed each (redacted) question and store the vector, for ``ragloop gaps`` to cluster on even
             without the question text (``capture_questions=False``). ``None``: no embeddings.
         batch_size: Most rows per write.
+        gather_s: How long the writer gathers rows after the first before it writes them (one transaction, and
+            its work in one burst that a few turns meet, rather than a little in every turn).
         retention_every_s: Seconds between retention runs.
         clock: Seconds since the epoch (a test can fix it).
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
         self,
         backend: SQLBackend,
         *,
@@ -98,6 +101,7 @@ class TurnLog:
         max_queue: int = 10_000,
         embedder: Embedder | None = None,
         batch_size: int = 256,
+        gather_s: float = 0.25,
         retention_every_s: float = 3_600.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -110,6 +114,7 @@ class TurnLog:
         self.retention_days = retention_days
         self.embedder = embedder
         self.batch_size = batch_size
+        self.gather_s = gather_s
         self.retention_every_s = retention_every_s
         self.clock = clock
         self._queue: queue.Queue[Any] = queue.Queue(max_queue)
@@ -276,9 +281,11 @@ class TurnLog:
             except queue.Empty:
                 continue
             batch = [item]
-            while len(batch) < self.batch_size:
+            until = time.monotonic() + self.gather_s
+            while len(batch) < self.batch_size and not isinstance(batch[-1], _Flush) and batch[-1] is not _STOP:
+                left = until - time.monotonic()
                 try:
-                    batch.append(self._queue.get_nowait())
+                    batch.append(self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait())
                 except queue.Empty:
                     break
             turns = [b for b in batch if isinstance(b, PendingTurn)]
