@@ -11,9 +11,10 @@ well questions are grouped into topics.
 2. **Report time.** 100,000 synthetic rows over 30 days (75 % answered; 25 % gaps drawn from 60 topics of 4–9
    question shapes with openers, closers and objects varying the wording: some 16,000 distinct gap questions),
    written straight into a SQLite log, then ``ragloop gaps --turn-log … --since 31d --json --html`` is timed end
-   to end (read, group, render) on term vectors alone (target ≤ 30 s on 2 cores). With ``--index`` of the sample (its default embedder, MiniLM with
-   the ``[embed]`` extra) the report also embeds every distinct gap question, a cost that grows with the distinct
-   questions: it is timed on a 10,000-row log and reported per distinct question.
+   to end (read, group, render) on term vectors alone (target ≤ 30 s on 2 cores). With ``--index`` of the sample
+   (its default embedder, MiniLM with the ``[embed]`` extra) the report also embeds every distinct gap question,
+   a cost that grows with the distinct questions: it is timed on a 10,000-row log and reported per distinct
+   question.
 3. **Grouping quality.** Hand-written paraphrases of planted gap topics among singleton gap questions and answered
    background traffic; pairwise precision, recall and F1 of the grouping against the planted topics, and the
    adjusted Rand index. The threshold is chosen on the *development* topics (a grid) and reported on the
