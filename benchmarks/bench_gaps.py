@@ -2,10 +2,10 @@
 well questions are grouped into topics.
 
 1. **Turn log cost.** The offline chat over the bundled sample knowledge base (its default embedder) answers the
-   sample questions with and without a SQLite turn log, interleaved question by question (the order of the two
-   alternates), so machine noise hits both alike. It prints each mode's p50 and p95 turn time, the difference at
-   p50 and the median of the paired differences (same question, back to back) as a share of the turn without a
-   log (target ≤ 1 %). It also times, outside any turn, what a turn itself does (``pending_turn`` +
+   sample questions with and without a SQLite turn log, and on a second chat without one (an A/A control that
+   shows the noise floor), interleaved question by question (the order rotates), so machine noise hits all alike.
+   It prints each mode's p50 and p95 turn time, the difference at p50 and the median of the paired differences
+   (same question, back to back) as a share of the turn without a log (target ≤ 1 %). It also times, outside any turn, what a turn itself does (``pending_turn`` +
    ``TurnLog.record``: the handoff) and what the writer thread spends per row in the background (``prepare`` + a
    batched insert).
 2. **Report time.** 100,000 synthetic rows over 30 days (75 % answered; 25 % gaps drawn from 60 topics of 4–9
@@ -58,6 +58,11 @@ def _load() -> str:
 # --- 1. turn log cost --------------------------------------------------------------------------------------
 
 
+def _paired(a: list[float], b: list[float]) -> float:
+    """The median of ``a[i] - b[i]``: the same question, asked back to back."""
+    return statistics.median(x - y for x, y in zip(a, b, strict=True))
+
+
 def _sample(embedder: str, cache_dir: str | None) -> Any:
     from ragloop.retrievers.embed import HashEmbedder
     from ragloop.sample import sample_index
@@ -76,17 +81,18 @@ def turn_log_cost(turns: int, embedder: str = "default", cache_dir: str | None =
     with tempfile.TemporaryDirectory() as tmp:
         log = TurnLog.open(f"sqlite:{Path(tmp) / 'turns.db'}")
         plain = ChatRAG.from_index(index)
+        control = ChatRAG.from_index(index)  # a second chat without a log: the A/A noise floor
         logged = ChatRAG.from_index(index, turn_log=log)
-        times: dict[str, list[float]] = {"off": [], "on": []}
+        chats = (("off", plain), ("control", control), ("on", logged))
+        times: dict[str, list[float]] = {name: [] for name, _ in chats}
 
         async def run() -> None:
             for q in questions[:3]:  # warm-up, untimed
-                await plain.ask(q)
-                await logged.ask(q)
+                for _, rag in chats:
+                    await rag.ask(q)
             for i in range(turns):
                 q = questions[i % len(questions)]
-                order = (("off", plain), ("on", logged)) if i % 2 == 0 else (("on", logged), ("off", plain))
-                for name, rag in order:
+                for name, rag in chats[i % 3 :] + chats[: i % 3]:  # the order rotates
                     started = time.perf_counter()
                     await rag.ask(q)
                     times[name].append(time.perf_counter() - started)
@@ -143,9 +149,9 @@ def turn_log_cost(turns: int, embedder: str = "default", cache_dir: str | None =
         "p95_off_ms": float(np.percentile(times["off"], 95) * 1e3),
         "p95_on_ms": float(np.percentile(times["on"], 95) * 1e3),
         "p50_overhead_pct": (on - off) / off * 100,
-        "paired_median_diff_pct": statistics.median(a - b for a, b in zip(times["on"], times["off"], strict=True))
-        / off
-        * 100,
+        "paired_median_diff_pct": _paired(times["on"], times["off"]) / off * 100,
+        "control_paired_median_diff_pct": _paired(times["control"], times["off"]) / off * 100,
+        "control_p50_ms": statistics.median(times["control"]) * 1e3,
         "handoff_us_per_turn": handoff_us,
         "handoff_pct_of_p50": handoff_us / (off * 1e6) * 100,
         "writer_us_per_row": writer_us,
@@ -548,7 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     say(f"  p95 without log {cost['p95_off_ms']:.2f} ms, with log {cost['p95_on_ms']:.2f} ms")
     say(
         f"  median of the paired differences (same question, back to back): "
-        f"{cost['paired_median_diff_pct']:+.2f} % of p50"
+        f"{cost['paired_median_diff_pct']:+.2f} % of p50; the same for a second chat without a log (the noise "
+        f"floor): {cost['control_paired_median_diff_pct']:+.2f} %"
     )
     say(
         f"  in the turn (pending_turn + record): {cost['handoff_us_per_turn']:.1f} us "

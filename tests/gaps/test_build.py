@@ -173,3 +173,22 @@ class TestReport:
 
         [topic] = build_report(turns, since=T0, until=T0 + DAY, embed=embed, embedder="same").topics  # type: ignore[arg-type]
         assert topic.users == 2 and "embeddings" in build_report(turns, since=T0, until=T0 + DAY, embed=embed).method  # type: ignore[arg-type]
+
+
+class TestStoredEmbeddings:
+    def test_stored_vectors_of_the_same_embedder_are_used(self) -> None:
+        """Questions whose turns carry an embedding by the named embedder are not embedded again; the others are."""
+        import attrs
+        import numpy as np
+
+        v = np.ones(4, dtype=np.float32) / 2
+        stored = attrs.evolve(_turn(1, "Zapier connector?", user="a"), embedding=v, embedder="mini")
+        other = attrs.evolve(_turn(2, "Automation glue service?", user="b"), embedding=v, embedder="another")
+        asked: list[str] = []
+
+        def embed(texts: list[str]) -> np.ndarray:
+            asked.extend(texts)
+            return np.tile(v, (len(texts), 1))
+
+        [topic] = build_report([stored, other], since=T0, until=T0 + DAY, embed=embed, embedder="mini").topics  # type: ignore[arg-type]
+        assert asked == ["Automation glue service?"] and topic.users == 2

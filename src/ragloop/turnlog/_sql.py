@@ -29,6 +29,8 @@ __all__ = ["SCHEMA_VERSION", "FeedbackItem", "SQLBackend", "StoredRow"]
 #: Version of the turn log's tables; a log written by a newer ragloop is refused, not misread.
 SCHEMA_VERSION = 1
 
+#: Rows per insert statement (12 parameters each: well under SQLite's 32,766 and Postgres's 65,535).
+_ROWS_PER_STATEMENT = 200
 _TURN_COLUMNS = (
     "turn_id, at, principal, user_id, tenant, outcome, question, question_hash, seconds, data, embedding, embedder"
 )
@@ -171,10 +173,6 @@ class SQLBackend:
 
     def write(self, rows: Sequence[StoredRow], feedback: Sequence[FeedbackItem]) -> None:
         """Insert rows (a turn id already there is left as it is) and feedback, in one transaction."""
-        insert = self._sql(
-            f"insert into ragloop_turns ({_TURN_COLUMNS}) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?{self.json_cast}, ?, ?) "
-            "on conflict (turn_id) do nothing"
-        )
         values = [
             (
                 s.row.turn_id,
@@ -194,10 +192,19 @@ class SQLBackend:
         ]
         rated = [(f.turn_id, f.at, f.rating, f.comment) for f in feedback]
 
+        row_sql = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?" + self.json_cast + ", ?, ?)"
+
         def work(conn: Any) -> None:
             cur = conn.cursor()
-            if values:
-                cur.executemany(insert, values)
+            # One multi-row statement per chunk, not one per row: every statement the driver runs hands the GIL
+            # over and back, and each handover can stall a turn running in the main thread.
+            for start in range(0, len(values), _ROWS_PER_STATEMENT):
+                chunk = values[start : start + _ROWS_PER_STATEMENT]
+                statement = self._sql(
+                    f"insert into ragloop_turns ({_TURN_COLUMNS}) values {', '.join([row_sql] * len(chunk))} "
+                    "on conflict (turn_id) do nothing"
+                )
+                cur.execute(statement, [v for row in chunk for v in row])
             if rated:
                 cur.executemany(
                     self._sql("insert into ragloop_feedback (turn_id, at, rating, comment) values (?, ?, ?, ?)"), rated
