@@ -5,9 +5,9 @@ well questions are grouped into topics.
    sample questions with and without a SQLite turn log, and on a second chat without one (an A/A control that
    shows the noise floor), interleaved question by question (the order rotates), so machine noise hits all alike.
    It prints each mode's p50 and p95 turn time, the difference at p50 and the median of the paired differences
-   (same question, back to back) as a share of the turn without a log (target ≤ 1 %). It also times, outside any turn, what a turn itself does (``pending_turn`` +
-   ``TurnLog.record``: the handoff) and what the writer thread spends per row in the background (``prepare`` + a
-   batched insert).
+   (same question, back to back) as a share of the turn without a log (target ≤ 1 %). It also times, outside any
+   turn, what a turn itself does (``pending_turn`` + ``TurnLog.record``: the handoff) and what the writer thread
+   spends per row in the background (``prepare`` + a batched insert).
 2. **Report time.** 100,000 synthetic rows over 30 days (75 % answered; 25 % gaps drawn from 60 topics of 4–9
    question shapes with openers, closers and objects varying the wording: some 16,000 distinct gap questions),
    written straight into a SQLite log, then ``ragloop gaps --turn-log … --since 31d --json --html`` is timed end
