@@ -31,18 +31,20 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("turn",),  # settings, default nodes, graph, decision record
     ("turnlog", "gaps"),  # the log of finished turns; the content-gap report over it
     ("chat", "otel", "kbcheck"),  # ChatRAG, Reply; OpenTelemetry spans of finished turns; the KB regression gate
-    # the app, the CLI, the test kit, the facade
+    # the app, the CLI, the test kit, the extension contract, the facade
     (
         "serve",
         "cli",
         "cli_chat",
+        "cli_check",
         "cli_doctor",
+        "cli_gaps",
+        "cli_mcp",
         "cli_serve",
         "cli_store",
-        "cli_gaps",
-        "cli_check",
         "cli_turnlog",
         "testing",
+        "extend",
         "ragloop",
     ),
 )
