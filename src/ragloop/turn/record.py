@@ -20,6 +20,7 @@ from ragloop.state import (
     PromptCuts,
     QueryStatus,
     RewriteAttempt,
+    StaleSource,
     TurnState,
     Verification,
 )
@@ -157,6 +158,7 @@ class TurnRecord:
         prompt_cuts: What the answer prompt's token budget left out (blocks, history messages), and the tokens
             it counted.
         cache_hits: Cache hits of the turn by cache (``embedding``, ``retrieval``, ``grade``, ``reply``).
+        stale: Cited pages past their ``valid_until`` or older than ``TurnSettings.stale_after_days``.
     """
 
     run_id: str
@@ -183,6 +185,7 @@ class TurnRecord:
     cost: float | None = None
     cache_hits: Mapping[str, int] = attrs.field(factory=dict)
     prompt_cuts: PromptCuts | None = None
+    stale: tuple[StaleSource, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (nested records as dicts, tuples as lists)."""
@@ -244,4 +247,5 @@ def turn_record(result: RunResult, *, prices: Mapping[str, Price] | None = None)
         cost=cost_of(calls, prices or {}),
         cache_hits=dict(usage.cache_hits),
         prompt_cuts=state.prompt_cuts,
+        stale=tuple(state.stale),
     )

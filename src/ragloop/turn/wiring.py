@@ -6,6 +6,7 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Unpack
 
+from ragloop.freshness import Freshness
 from ragloop.llm.cached import CachedGrader
 from ragloop.nodes.answer import Answer, Extractive
 from ragloop.nodes.decide import Decide
@@ -105,6 +106,7 @@ def default_nodes(**wiring: Unpack[TurnWiring]) -> dict[str, Node]:
             extractive=fallback_answerer if isinstance(fallback_answerer, Extractive) else None,
             verifier=wiring.get("verifier"),
             budget=s.prompt_budget,
+            freshness=Freshness(max_age_days=s.stale_after_days),
         ),
     }
 
