@@ -72,6 +72,7 @@ def _sample(embedder: str, cache_dir: str | None) -> Any:
 
 def turn_log_cost(turns: int, embedder: str = "default", cache_dir: str | None = None) -> dict[str, Any]:
     from ragloop.chat import ChatRAG
+    from ragloop.turn import Turn
     from ragloop.retrievers.index import KnowledgeIndex
     from ragloop.sample import sample_questions_path
     from ragloop.turnlog import LogPolicy, StoredRow, TurnLog, pending_turn, prepare
@@ -82,7 +83,7 @@ def turn_log_cost(turns: int, embedder: str = "default", cache_dir: str | None =
         log = TurnLog.open(f"sqlite:{Path(tmp) / 'turns.db'}")
         plain = ChatRAG.from_index(index)
         control = ChatRAG.from_index(index)  # a second chat without a log: the A/A noise floor
-        logged = ChatRAG.from_index(index, turn_log=log)
+        logged = ChatRAG(Turn.from_index(index), turn_log=log)
         chats = (("off", plain), ("control", control), ("on", logged))
         times: dict[str, list[float]] = {name: [] for name, _ in chats}
 

@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 from tests.gaps.scenario import START, planted_kb, traffic  # noqa: E402
 
 from ragloop.chat import ChatRAG  # noqa: E402
+from ragloop.turn import Turn  # noqa: E402
 from ragloop.cli import main  # noqa: E402
 from ragloop.turnlog import TurnLog  # noqa: E402
 
@@ -32,7 +33,7 @@ def week(root: Path) -> Path:
     main(["index", str(kb), "--out", str(root / "index"), "--embedder", "hash"])
     clock = {"now": START}
     log = TurnLog.open(f"sqlite:{root / 'turns.db'}", clock=lambda: clock["now"])
-    rag = ChatRAG.from_index(root / "index", turn_log=log)
+    rag = ChatRAG(Turn.from_index(root / "index"), turn_log=log)
 
     async def run() -> None:
         for turn in traffic():

@@ -8,6 +8,7 @@ import anyio
 import pytest
 
 from ragloop.chat import ChatRAG
+from ragloop.turn import Turn
 from ragloop.cli import main
 from ragloop.turnlog import TurnLog
 from tests.gaps.scenario import START, planted_kb, traffic
@@ -21,7 +22,7 @@ def week(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     assert main(["index", str(kb), "--out", str(root / "index"), "--embedder", "hash"]) == 0
     clock = {"now": START}
     log = TurnLog.open(f"sqlite:{root / 'turns.db'}", clock=lambda: clock["now"])
-    rag = ChatRAG.from_index(root / "index", turn_log=log)
+    rag = ChatRAG(Turn.from_index(root / "index"), turn_log=log)
 
     async def run() -> None:
         for turn in traffic():

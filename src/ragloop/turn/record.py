@@ -26,7 +26,16 @@ from ragloop.state import (
 )
 from ragloop.usage import Price, cost_of
 
-__all__ = ["CallRecord", "DecisionRecord", "GradeRecord", "QueryRecord", "TokenCounts", "TurnRecord", "turn_record"]
+__all__ = [
+    "CallRecord",
+    "DecisionRecord",
+    "GradeRecord",
+    "QueryRecord",
+    "TokenCounts",
+    "TurnRecord",
+    "replayed_record",
+    "turn_record",
+]
 
 
 @frozen
@@ -190,6 +199,20 @@ class TurnRecord:
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (nested records as dicts, tuples as lists)."""
         return attrs.asdict(self)
+
+
+def replayed_record(record: TurnRecord, run_id: str) -> TurnRecord:
+    """``record`` as the record of turn ``run_id`` that the reply cache answered: no calls, no tokens, no cost, and
+    ``cache_hits`` saying so."""
+    return attrs.evolve(
+        record,
+        run_id=run_id,
+        llm_calls=0,
+        calls=(),
+        tokens=TokenCounts(0, 0, 0),
+        cost=None if record.cost is None else 0.0,
+        cache_hits={"reply": 1},
+    )
 
 
 def _redacted(error: str | None) -> str | None:

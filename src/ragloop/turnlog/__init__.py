@@ -3,7 +3,7 @@
 Nothing is stored unless a chat is given a log::
 
     log = TurnLog.open("sqlite:turns.db", retention_days=90)          # or postgresql://…
-    rag = ChatRAG.from_index("kb-index/", turn_log=log)
+    rag = ChatRAG(Turn.from_index("kb-index/"), turn_log=log)
     reply = await rag.ask("How do I connect Zapier?")
     await rag.feedback(reply.turn_id, "down", comment="nothing about Zapier")
 

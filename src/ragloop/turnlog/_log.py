@@ -28,11 +28,13 @@ from ragloop._redact import bounded, redact
 from ragloop.errors import ConfigError, InputError, TurnLogError
 from ragloop.turnlog._backends import SQLiteBackend, backend_for
 from ragloop.turnlog._prepare import LogPolicy, hash_identity, prepare
-from ragloop.turnlog._row import LoggedTurn, PendingTurn, Rating
+from ragloop.turnlog._row import LoggedTurn, PendingTurn, Rating, pending_turn
 from ragloop.turnlog._sql import FeedbackItem, SQLBackend, StoredRow
 
 if TYPE_CHECKING:
     from ragloop.retrievers.base import Embedder
+    from ragloop.state import Citation, TurnState
+    from ragloop.turn.record import TurnRecord
 
 __all__ = ["TurnLog", "TurnLogStats"]
 
@@ -156,6 +158,33 @@ class TurnLog:
             if len(self._recent) > _RECENT:
                 self._recent.popitem(last=False)
         return True
+
+    def record_turn(
+        self, state: TurnState, record: TurnRecord, citations: Sequence[Citation], *, principal: str | None = None
+    ) -> bool:
+        """Queue the turn that ended in ``state`` with ``record`` (its ``run_id`` is the turn id) and the reply's
+        ``citations``, asked by ``principal``; never raises: a row that cannot be built is counted and lost.
+
+        Returns:
+            Whether the row was queued.
+        """
+        try:
+            turn = pending_turn(
+                turn_id=record.run_id,
+                question=state.question,
+                record=record,
+                citations=citations,
+                graded=state.graded,
+                searches=state.searches,
+                stale=record.stale,
+                principal=principal,
+                caller=state.caller,
+                at=self.clock(),
+            )
+        except Exception as exc:  # noqa: BLE001 — the log costs its row, never the answer
+            self.count_error(exc)
+            return False
+        return self.record(turn)
 
     def count_error(self, exc: BaseException) -> None:
         """Count a row its caller could not build (it is lost; the turn is not)."""
