@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from ragloop.chat import ChatRAG
-from ragloop.serve import ServeSettings, create_app
-from ragloop.turnlog import FeedbackItem, SQLiteBackend, StoredRow, TurnLog
+from ragloop.serve import ApiKey, ServeSettings, create_app
+from ragloop.turnlog import FeedbackItem, SQLiteBackend, StoredRow, TurnLog, hash_identity
 from tests.serve.conftest import asgi_client, fake_rag, sse_events
 
 pytestmark = pytest.mark.anyio
@@ -121,6 +121,47 @@ class TestFeedbackEndpoint:
         async with asgi_client(create_app(rag)) as client:
             r = await client.post("/v1/feedback", json={"turn_id": "t", "rating": "up"})
         assert r.status_code == 404 and r.json()["error"]["code"] == "no_turn_log" and "--turn-log" in r.text
+
+
+#: Two principals from a keys file; alice has two keys (the old one and its rotation).
+PRINCIPALS = ServeSettings(
+    keys=(ApiKey("alice", key="sk-alice-old"), ApiKey("alice", key="sk-alice-new"), ApiKey("bob", key="sk-bob"))
+)
+
+
+class TestFeedbackScopedToPrincipals:
+    async def test_the_turn_is_logged_under_the_keys_principal(self, tmp_path: Path) -> None:
+        """A turn is logged under the principal its key names (hashed), not under the key: a rotated key of the
+        same principal may rate it."""
+        rag = _logged(tmp_path)
+        async with asgi_client(create_app(rag, settings=PRINCIPALS)) as client:
+            turn_id = (await _ask(client, "sk-alice-old"))["turn_id"]
+            rated = await client.post(
+                "/v1/feedback", json={"turn_id": turn_id, "rating": "up"}, headers=_auth("sk-alice-new")
+            )
+        assert rated.status_code == 200
+        await rag.aclose()
+        [turn] = TurnLog.open(f"sqlite:{tmp_path / 'turns.db'}").turns()
+        assert turn.row.principal == hash_identity("alice") and turn.rating == "up"
+
+    async def test_a_foreign_turn_is_the_same_404_as_an_unknown_one(self, tmp_path: Path) -> None:
+        """Bob rating alice's turn gets the status, headers and body of a turn id no one has (the id aside)."""
+        rag = _logged(tmp_path)
+        async with asgi_client(create_app(rag, settings=PRINCIPALS)) as client:
+            turn_id = str((await _ask(client, "sk-alice-old"))["turn_id"])
+            unknown_id = "0" * len(turn_id)
+            theirs = await client.post(
+                "/v1/feedback", json={"turn_id": turn_id, "rating": "down"}, headers=_auth("sk-bob")
+            )
+            unknown = await client.post(
+                "/v1/feedback", json={"turn_id": unknown_id, "rating": "down"}, headers=_auth("sk-bob")
+            )
+        assert theirs.status_code == unknown.status_code == 404
+        assert theirs.text.replace(turn_id, unknown_id) == unknown.text
+        assert dict(theirs.headers) == dict(unknown.headers)
+        await rag.aclose()
+        [turn] = TurnLog.open(f"sqlite:{tmp_path / 'turns.db'}").turns()
+        assert turn.rating is None
 
 
 class TestDeadTurnLog:

@@ -258,6 +258,7 @@ class _Server:
             deadline_s=self.settings.deadline_s,
             filters=dict(turn.filters),
             caller=turn.caller,
+            principal=turn.principal.name,
         )
 
     async def events(self, turn: _Turn) -> AsyncGenerator[Event, None]:
