@@ -4,6 +4,9 @@ errors."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,6 +59,23 @@ class TestAskTurnLog:
         with pytest.raises(SystemExit):
             main(["ask", "--turn-log", "sqlite:t.db", "--turn-log-retention", "0", "q"])
         assert "positive number of days" in capsys.readouterr().err
+
+
+class TestChatTurnLog:
+    def test_piped_chat_logs_every_turn(self, index: Path, tmp_path: Path) -> None:
+        """`chat --turn-log` (the options ask and chat share in cli_chat/): each question of a piped chat is one
+        row, written by the time the chat exits."""
+        url = f"sqlite:{tmp_path / 'turns.db'}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "RAGLOOP_"))}
+        env.update(XDG_STATE_HOME=str(tmp_path / "state"), HF_HUB_OFFLINE="1")
+        cmd = [sys.executable, "-m", "ragloop.cli", "chat", "--index", str(index), "--no-live", "--quiet"]
+        stdin = "How do I rotate an API key?\nand the old one?\n"
+        done = subprocess.run(
+            [*cmd, "--turn-log", url], input=stdin, capture_output=True, text=True, env=env, timeout=120, check=False
+        )
+        assert done.returncode == 0, done.stderr
+        turns = TurnLog.open(url).turns()
+        assert [t.row.question for t in turns] == ["How do I rotate an API key?", "and the old one?"]
 
 
 class TestServeTurnLog:

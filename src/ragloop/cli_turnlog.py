@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from ragloop.retrievers.base import Embedder
     from ragloop.turnlog import TurnLog
 
 __all__ = ["add_turn_log_options", "open_turn_log"]
@@ -43,9 +44,9 @@ def add_turn_log_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def open_turn_log(args: argparse.Namespace, rag: Any) -> TurnLog | None:
-    """The turn log ``args`` ask for (``None`` without ``--turn-log``); a private log embeds with ``rag``'s
-    embedder, so that ``ragloop gaps`` can group questions it never sees."""
+def open_turn_log(args: argparse.Namespace, embedder: Embedder | None = None) -> TurnLog | None:
+    """The turn log ``args`` ask for (``None`` without ``--turn-log``); a private log embeds with ``embedder``
+    (the chat's: ``rag.turn.embedder``), so that ``ragloop gaps`` can group questions it never sees."""
     url = getattr(args, "turn_log", None)
     if not url:
         return None
@@ -57,5 +58,5 @@ def open_turn_log(args: argparse.Namespace, rag: Any) -> TurnLog | None:
         url,
         policy=policy,
         retention_days=getattr(args, "turn_log_retention", None),
-        embedder=getattr(rag, "embedder", None) if private else None,
+        embedder=embedder if private else None,
     )
