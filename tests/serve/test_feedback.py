@@ -14,11 +14,16 @@ import pytest
 from ragloop.chat import ChatRAG
 from ragloop.serve import ApiKey, ServeSettings, create_app
 from ragloop.turnlog import FeedbackItem, SQLiteBackend, StoredRow, TurnLog, hash_identity
-from tests.serve.conftest import asgi_client, fake_rag, sse_events
+from tests.serve.conftest import asgi_client, fake_rag, serving, sse_events
 
 pytestmark = pytest.mark.anyio
 
 KEYS = ServeSettings(api_keys=("key-alice", "key-bob"))
+
+#: Two principals from a keys file; alice has two keys (the old one and its rotation).
+PRINCIPALS = ServeSettings(
+    keys=(ApiKey("alice", key="sk-alice-old"), ApiKey("alice", key="sk-alice-new"), ApiKey("bob", key="sk-bob"))
+)
 
 
 def _auth(key: str) -> dict[str, str]:
@@ -67,6 +72,67 @@ class TestTurnIdInResponses:
         async with asgi_client(create_app(rag)) as client:
             reply = await _ask(client)
         assert "turn_id" in reply and "feedback" not in reply
+
+
+async def _rate(client: httpx.AsyncClient, turn_id: object, key: str) -> int:
+    r = await client.post("/v1/feedback", json={"turn_id": turn_id, "rating": "up"}, headers=_auth(key))
+    return r.status_code
+
+
+class TestTurnIdInTheNewEndpoints:
+    """The Responses API, the AI SDK stream and the MCP ask tool carry the turn id of the logged turn, and the
+    principal that asked (not another) may rate it."""
+
+    async def test_responses_once_and_streamed(self, tmp_path: Path) -> None:
+        """POST /v1/responses: the response's ragloop extension names the turn, whole and in response.completed."""
+        rag = _logged(tmp_path)
+        body = {"model": "ragloop", "input": "How do I rotate an API key?"}
+        async with asgi_client(create_app(rag, settings=PRINCIPALS)) as client:
+            once = (await client.post("/v1/responses", json=body, headers=_auth("sk-alice-old"))).json()
+            streamed = await client.post("/v1/responses", json={**body, "stream": True}, headers=_auth("sk-bob"))
+            [completed] = [json.loads(d) for n, d in sse_events(streamed.text) if n == "response.completed"]
+            turn_ids = [once["ragloop"]["turn_id"], completed["response"]["ragloop"]["turn_id"]]
+            rated = [await _rate(client, turn_ids[0], "sk-bob"), await _rate(client, turn_ids[0], "sk-alice-new")]
+        assert once["ragloop"]["feedback"] is True and rated == [404, 200]
+        await rag.aclose()
+        assert sorted(t.row.turn_id for t in TurnLog.open(f"sqlite:{tmp_path / 'turns.db'}").turns()) == sorted(
+            turn_ids
+        )
+
+    async def test_ai_sdk_data_part(self, tmp_path: Path) -> None:
+        """POST /api/chat?format=ai-sdk: the data-ragloop part names the turn, which its asker may rate."""
+        rag = _logged(tmp_path)
+        message = {"id": "1", "role": "user", "parts": [{"type": "text", "text": "How do I rotate an API key?"}]}
+        async with asgi_client(create_app(rag, settings=PRINCIPALS)) as client:
+            r = await client.post("/api/chat?format=ai-sdk", json={"messages": [message]}, headers=_auth("sk-bob"))
+            chunks = [json.loads(d) for _, d in sse_events(r.text) if d != "[DONE]"]
+            data = next(c for c in chunks if c["type"] == "data-ragloop")["data"]
+            rated = [
+                await _rate(client, data["turn_id"], "sk-alice-old"),
+                await _rate(client, data["turn_id"], "sk-bob"),
+            ]
+        assert data["feedback"] is True and rated == [404, 200]
+        await rag.aclose()
+        [turn] = TurnLog.open(f"sqlite:{tmp_path / 'turns.db'}").turns()
+        assert turn.row.turn_id == data["turn_id"] and turn.row.principal == hash_identity("bob")
+
+    async def test_mcp_ask(self, tmp_path: Path) -> None:
+        """The MCP ask tool's structured output names the turn, logged under the key's principal."""
+        from tests.serve.test_mcp import http_client
+
+        rag = _logged(tmp_path)
+        with serving(create_app(rag, settings=PRINCIPALS), lifespan="on") as url:
+            async with http_client(url, "sk-alice-new") as mcp:
+                answer = (await mcp.call_tool("ask", {"question": "How do I rotate an API key?"})).structured_content
+            async with httpx.AsyncClient(base_url=url) as client:
+                rated = [
+                    await _rate(client, answer["turn_id"], "sk-bob"),
+                    await _rate(client, answer["turn_id"], "sk-alice-old"),
+                ]
+        assert answer["feedback"] is True and rated == [404, 200]
+        await rag.aclose()
+        [turn] = TurnLog.open(f"sqlite:{tmp_path / 'turns.db'}").turns()
+        assert turn.row.turn_id == answer["turn_id"] and turn.rating == "up"
 
 
 class TestFeedbackEndpoint:
@@ -121,12 +187,6 @@ class TestFeedbackEndpoint:
         async with asgi_client(create_app(rag)) as client:
             r = await client.post("/v1/feedback", json={"turn_id": "t", "rating": "up"})
         assert r.status_code == 404 and r.json()["error"]["code"] == "no_turn_log" and "--turn-log" in r.text
-
-
-#: Two principals from a keys file; alice has two keys (the old one and its rotation).
-PRINCIPALS = ServeSettings(
-    keys=(ApiKey("alice", key="sk-alice-old"), ApiKey("alice", key="sk-alice-new"), ApiKey("bob", key="sk-bob"))
-)
 
 
 class TestFeedbackScopedToPrincipals:
