@@ -72,9 +72,9 @@ def _sample(embedder: str, cache_dir: str | None) -> Any:
 
 def turn_log_cost(turns: int, embedder: str = "default", cache_dir: str | None = None) -> dict[str, Any]:
     from ragloop.chat import ChatRAG
-    from ragloop.turn import Turn
     from ragloop.retrievers.index import KnowledgeIndex
     from ragloop.sample import sample_questions_path
+    from ragloop.turn import Turn
     from ragloop.turnlog import LogPolicy, StoredRow, TurnLog, pending_turn, prepare
 
     index: KnowledgeIndex = _sample(embedder, cache_dir)

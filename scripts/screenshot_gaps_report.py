@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT))
 from tests.gaps.scenario import START, planted_kb, traffic  # noqa: E402
 
 from ragloop.chat import ChatRAG  # noqa: E402
-from ragloop.turn import Turn  # noqa: E402
 from ragloop.cli import main  # noqa: E402
+from ragloop.turn import Turn  # noqa: E402
 from ragloop.turnlog import TurnLog  # noqa: E402
 
 

@@ -8,8 +8,8 @@ import anyio
 import pytest
 
 from ragloop.chat import ChatRAG
-from ragloop.turn import Turn
 from ragloop.cli import main
+from ragloop.turn import Turn
 from ragloop.turnlog import TurnLog
 from tests.gaps.scenario import START, planted_kb, traffic
 
