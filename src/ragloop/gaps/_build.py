@@ -21,6 +21,7 @@ __all__ = ["DEFAULT_THRESHOLD", "DENSE_THRESHOLD", "build_report", "turn_cause"]
 #: Average cosine at which groups of questions merge, on term vectors alone and with embeddings joined; chosen on
 #: the development topics of ``benchmarks/bench_gaps.py`` (the quality figures come from its held-out topics).
 DEFAULT_THRESHOLD = 0.2
+#: The merge threshold when question embeddings are joined to the term vectors (see ``DEFAULT_THRESHOLD``).
 DENSE_THRESHOLD = 0.35
 
 #: Question words the stopword list keeps (they can matter to a search) but that never name a topic.

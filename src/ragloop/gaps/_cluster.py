@@ -55,8 +55,8 @@ def lexical_vectors(terms: Sequence[Sequence[str]], df: Mapping[str, int], total
     lists' cosines.
 
     A term only one list holds adds to that list's norm and to no dot product, so it gets no column; the
-    :data:`EXACT_TERMS` terms most lists share get one each (no collisions: exact cosines); only past that do the
-    rarer shared terms share :data:`HASHED_DIM` signed hashed columns.
+    ``EXACT_TERMS`` (4,096) terms most lists share get one each (no collisions: exact cosines); only past that do
+    the rarer shared terms share ``HASHED_DIM`` (1,024) signed hashed columns.
     """
     held = Counter(t for ts in terms for t in set(ts))
     shared = sorted((t for t, c in held.items() if c >= 2), key=lambda t: (-held[t], t))

@@ -14,6 +14,7 @@ __all__ = ["CAUSES", "Cause", "GapReport", "NearPage", "StalePage", "Topic"]
 
 #: Why a topic's questions went unanswered, most specific first (ties between causes go to the earlier one).
 Cause = Literal["contradicting", "no_passage", "irrelevant", "partial", "stale", "rated_down"]
+#: Every cause, most specific first.
 CAUSES: tuple[Cause, ...] = ("contradicting", "no_passage", "irrelevant", "partial", "stale", "rated_down")
 
 

@@ -180,7 +180,7 @@ def pending_turn(  # noqa: PLR0913 — the pieces of a finished turn, by keyword
 ) -> PendingTurn:
     """What the turn log needs of a finished turn, gathered cheaply (it runs inside the turn).
 
-    The hits kept are the :data:`MAX_HITS` best by confidence among the graded hits and, for a turn that
+    The hits kept are the ``MAX_HITS`` (8) best by confidence among the graded hits and, for a turn that
     skipped grading, the searches' hits; each with its best grade.
     """
     labels: dict[str, str] = {}
