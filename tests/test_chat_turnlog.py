@@ -11,7 +11,9 @@ import pytest
 
 from ragloop.caches import Caches, MemoryCache
 from ragloop.chat import ChatRAG, ReplyReady
-from ragloop.errors import ConfigError
+from ragloop.errors import ConfigError, StoreUnavailable
+from ragloop.gaps import build_report, is_gap
+from ragloop.state import Hit
 from ragloop.testing import FakeAnswerer, FakeDecider, FakeGrader, FakeRetriever, FakeRewriter, make_hit
 from ragloop.turnlog import FeedbackItem, SQLiteBackend, StoredRow, TurnLog
 
@@ -30,6 +32,11 @@ def _rag(log: TurnLog | None, **kwargs: object) -> ChatRAG:
         turn_log=log,
         **kwargs,  # type: ignore[arg-type]
     )
+
+
+class _DownStore(FakeRetriever):
+    async def search(self, query: str, k: int = 10, filters: object = None) -> Sequence[Hit]:
+        raise StoreUnavailable("the knowledge store's database cannot be reached")
 
 
 class _DeadBackend(SQLiteBackend):
@@ -87,6 +94,29 @@ class TestLogging:
         await log.flush()
         assert log.stats().errors == 1 and log.stats().written == 0
         await rag.aclose()
+
+
+class TestStoreOutage:
+    async def test_a_turn_every_search_of_which_failed_is_logged_but_no_gap(self, tmp_path: Path) -> None:
+        """A store outage ends a turn 'none' (a server refuses it with a 503): the log keeps the row, its queries
+        marked failed, and ``ragloop gaps`` does not report the question as missing from the knowledge base."""
+        log = TurnLog.open(f"sqlite:{tmp_path / 't.db'}")
+        rag = ChatRAG(
+            retriever=_DownStore(),
+            decider=FakeDecider(),
+            grader=FakeGrader(),
+            rewriter=FakeRewriter(),
+            answerer=FakeAnswerer(),
+            turn_log=log,
+        )
+        replies = [await rag.ask("How do I rotate a key?", principal=p) for p in ("key:1", "key:2")]
+        await rag.aclose()
+        turns = TurnLog.open(f"sqlite:{tmp_path / 't.db'}").turns()
+        assert [r.outcome for r in replies] == ["none", "none"] and len(turns) == 2
+        assert all(t.row.queries and all(q.failed for q in t.row.queries) for t in turns)
+        assert not any(is_gap(t) for t in turns)
+        report = build_report(turns, since=turns[0].row.at - 1, until=turns[-1].row.at + 1, min_turns=1)
+        assert (report.turns, report.gap_turns, report.topics) == (2, 0, ())
 
 
 class TestFeedback:

@@ -10,7 +10,7 @@ import pytest
 
 from ragloop.gaps import build_report, draft_cases, is_gap, turn_cause
 from ragloop.state import StaleSource
-from ragloop.turnlog import Conflict, LoggedHit, LoggedTurn, TurnRow
+from ragloop.turnlog import Conflict, LoggedHit, LoggedQuery, LoggedTurn, TurnRow
 
 DAY = 86_400.0
 T0 = 1_746_403_200.0  # 2025-05-05
@@ -76,6 +76,15 @@ class TestCause:
         assert is_gap(_turn(1, "q")) and is_gap(_turn(2, "q", "partial"))
         assert not is_gap(_turn(3, "q", "context")) and not is_gap(_turn(4, "hi", "direct"))
         assert is_gap(_turn(5, "q", "context", rating="down"))
+
+    def test_an_outage_is_not_a_gap(self) -> None:
+        """A turn that found nothing because every search failed (the store was down) is no gap, even rated down;
+        one that found nothing with a search that answered still is."""
+        down = LoggedQuery("zapier app", "no_context", 0, 0, None, failed=True)
+        answered = LoggedQuery("zapier", "no_context", 0, 0, 0.01)
+        assert not is_gap(_turn(1, "Zapier app?", queries=(down,)))
+        assert not is_gap(_turn(2, "Zapier app?", queries=(down, down), rating="down"))
+        assert is_gap(_turn(3, "Zapier app?", queries=(down, answered)))
 
 
 def _log() -> list[LoggedTurn]:

@@ -43,8 +43,13 @@ def turn_cause(turn: LoggedTurn) -> Cause:
 
 
 def is_gap(turn: LoggedTurn) -> bool:
-    """A turn that ended ``none`` or ``partial``, or whose reply was rated down."""
-    return turn.row.outcome in ("none", "partial") or turn.rating == "down"
+    """A turn that ended ``none`` or ``partial``, or whose reply was rated down; never one that found nothing only
+    because every search it made failed (an outage of the store, which a server refuses with a 503: not a page the
+    knowledge base lacks)."""
+    row = turn.row
+    if row.outcome == "none" and row.queries and all(q.failed for q in row.queries):
+        return False
+    return row.outcome in ("none", "partial") or turn.rating == "down"
 
 
 @define

@@ -124,7 +124,7 @@ def prepare(turn: PendingTurn, policy: LogPolicy) -> TurnRow:
         uncovered=tuple(clean(u) for u in (verification.uncovered if verification is not None else ())),
         unfound=unfound_terms(question, texts) if texts else tuple(t.surface for t in terms),
         queries=tuple(
-            LoggedQuery(policy.private(q.text), q.status, q.attempt, q.hits, q.best_score, q.hop)
+            LoggedQuery(policy.private(q.text), q.status, q.attempt, q.hits, q.best_score, q.hop, q.error is not None)
             for q in record.queries
         ),
         rewrites=tuple(

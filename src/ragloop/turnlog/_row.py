@@ -77,6 +77,7 @@ class LoggedQuery:
         hits: Hits it kept.
         best_score: Its best retrieval score.
         hop: True for a follow-up query.
+        failed: True when its search failed (the store down, a timeout: not an answer that found nothing).
     """
 
     text: str
@@ -85,6 +86,7 @@ class LoggedQuery:
     hits: int
     best_score: float | None
     hop: bool = False
+    failed: bool = False
 
 
 @frozen
