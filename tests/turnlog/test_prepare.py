@@ -89,6 +89,17 @@ class TestPrepare:
         columns |= {"question": row.question, "question_hash": row.question_hash, "seconds": row.seconds}
         assert row_from_json(columns, json.loads(json.dumps(row_to_json(row)))) == row
 
+    async def test_keys_a_later_version_adds_are_ignored(self, hash_rag: ChatRAG) -> None:
+        """A row written by a later version (a key more at the top and in each nested record) still reads."""
+        row = prepare(await run_turn(hash_rag, "How do I rotate an API key?"), LogPolicy())
+        columns = {n: getattr(row, n) for n in ("turn_id", "at", "principal", "user", "tenant", "outcome")}
+        columns |= {"question": row.question, "question_hash": row.question_hash, "seconds": row.seconds}
+        data = json.loads(json.dumps(row_to_json(row)))
+        assert data["queries"] and data["hits"] and data["citations"]
+        for key in ("queries", "rewrites", "hits", "citations", "stale"):
+            data[key] = [{**item, "added_later": 1} for item in data[key]]
+        assert row_from_json(columns, {**data, "added_later": 1}) == row
+
 
 class TestClean:
     @given(st.text(alphabet=st.characters(codec=None, min_codepoint=0, max_codepoint=0xE000)))

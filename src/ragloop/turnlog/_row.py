@@ -328,8 +328,14 @@ def _tuple(items: Any, build: Any) -> tuple[Any, ...]:
     return tuple(build(item) for item in items or ())
 
 
+def _values(cls: type, item: Mapping[str, Any]) -> Any:
+    """``cls`` from the stored ``item``, keys a later version added ignored (a log outlives the code reading it)."""
+    names = _names(cls)
+    return cls(**{k: v for k, v in item.items() if k in names})
+
+
 def row_from_json(columns: Mapping[str, Any], data: Mapping[str, Any]) -> TurnRow:
-    """The row back from its columns and its JSON ``data`` (keys it does not know are ignored)."""
+    """The row back from its columns and its JSON ``data`` (keys it does not know are ignored, nested ones too)."""
     return TurnRow(
         turn_id=str(columns["turn_id"]),
         at=float(columns["at"]),
@@ -344,11 +350,11 @@ def row_from_json(columns: Mapping[str, Any], data: Mapping[str, Any]) -> TurnRo
         missing=tuple(data.get("missing") or ()),
         uncovered=tuple(data.get("uncovered") or ()),
         unfound=tuple(data.get("unfound") or ()),
-        queries=_tuple(data.get("queries"), lambda q: LoggedQuery(**q)),
-        rewrites=_tuple(data.get("rewrites"), lambda r: LoggedRewrite(**r)),
-        hits=_tuple(data.get("hits"), lambda h: LoggedHit(**h)),
-        citations=_tuple(data.get("citations"), lambda c: LoggedCitation(**c)),
-        stale=_tuple(data.get("stale"), lambda s: StaleSource(**s)),
+        queries=_tuple(data.get("queries"), lambda q: _values(LoggedQuery, q)),
+        rewrites=_tuple(data.get("rewrites"), lambda r: _values(LoggedRewrite, r)),
+        hits=_tuple(data.get("hits"), lambda h: _values(LoggedHit, h)),
+        citations=_tuple(data.get("citations"), lambda c: _values(LoggedCitation, c)),
+        stale=_tuple(data.get("stale"), lambda s: _values(StaleSource, s)),
         conflicts=_tuple(
             data.get("conflicts"),
             lambda c: Conflict(c["term"], tuple((str(s), tuple(v)) for s, v in c["values"])),
