@@ -4,7 +4,8 @@ Independent of the answerer's own sentence splitting (a change to the answerer c
 
 - :func:`first_unit` is what a reader sees first: the first sentence of prose (with the citation markers right
   after it), or, when the reply opens with a table, its header and first data row, or a leading fenced code
-  block whole.
+  block whole. A first sentence that ends in a colon goes on into the code block or table it introduces
+  ("Pin it with:" and the block under it).
 - :func:`has_fact` matches a fact phrase SQuAD-style (lower case, punctuation and articles dropped, whole
   words), after the ``[n]`` markers are removed.
 - A question's ``facts`` are groups of alternatives: the reply holds the answer when every group has one
@@ -56,6 +57,20 @@ def has_fact(text: str, phrase: str) -> bool:
 def first_unit(reply: str) -> str:
     """What a reader sees first (see the module docstring)."""
     text = reply.strip()
+    block = _leading_block(text)
+    if block is not None:
+        return block
+    m = _SENTENCE_END.search(text)
+    first = text[: m.end()].strip() if m else text
+    if _MARKERS.sub("", first).rstrip().endswith(":"):
+        follows = _leading_block(text[len(first) :].strip())
+        if follows is not None:
+            return f"{first}\n\n{follows}"
+    return first
+
+
+def _leading_block(text: str) -> str | None:
+    """A fenced code block whole, or a table's header and first data row, at the start of ``text``."""
     fence = _FENCE.match(text)
     if fence:
         return fence.group(1)
@@ -63,8 +78,7 @@ def first_unit(reply: str) -> str:
         lines = text.splitlines()
         rows = [ln for ln in lines[1:] if ln.strip().startswith("|") and not re.fullmatch(r"[\s|:-]+", ln)]
         return "\n".join([lines[0], *rows[:1]])
-    m = _SENTENCE_END.search(text)
-    return text[: m.end()].strip() if m else text
+    return None
 
 
 def facts_found(text: str, facts: Sequence[Sequence[str]]) -> list[bool]:

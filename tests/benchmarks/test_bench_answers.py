@@ -108,6 +108,11 @@ class TestFirstUnit:
         reply = "```python\ndef f():\n    return 1\n```\n\n[1] More text."
         assert _answers.first_unit(reply) == "```python\ndef f():\n    return 1\n```"
 
+    def test_a_colon_goes_on_into_the_block_it_introduces(self) -> None:
+        """A first sentence ending in a colon includes the code block right under it."""
+        reply = "Pin it with:\n\n```txt\nfastapi==0.112.0\n```\n\n[1] More."
+        assert _answers.first_unit(reply) == "Pin it with:\n\n```txt\nfastapi==0.112.0\n```"
+
     def test_version_numbers_do_not_end_a_sentence(self) -> None:
         """A dot inside ``v3.2.0`` or ``e.g.x`` is not a sentence end."""
         assert (
@@ -119,7 +124,7 @@ class TestFirstUnit:
     def test_is_a_prefix_of_the_reply(self, reply: str) -> None:
         """The first unit is always a piece of the reply as written (never invented text)."""
         unit = _answers.first_unit(reply)
-        assert unit in reply.strip() or all(line in reply for line in unit.splitlines())
+        assert unit in reply.strip() or all(line in reply for line in unit.splitlines() if line)
 
 
 class TestScore:
