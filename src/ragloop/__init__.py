@@ -19,7 +19,7 @@ from ragloop.errors import (
     RetrievalError,
     RouteError,
 )
-from ragloop.events import Event, NodeFinished, NodeStarted, Progress, RunFinished, Token
+from ragloop.events import Correction, Event, NodeFinished, NodeStarted, Progress, RunFinished, Token
 from ragloop.runner import END, Graph, Node, RunResult, Step, emit
 
 # The chat-turn API pulls in numpy, the judges and the retrievers: load it on first use.
@@ -46,6 +46,7 @@ __all__ = [
     "END",
     "ChatRAG",
     "ConfigError",
+    "Correction",
     "Event",
     "Graph",
     "GraphError",

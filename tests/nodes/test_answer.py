@@ -8,8 +8,9 @@ import anyio
 import pytest
 
 from ragloop import END, Graph
-from ragloop.events import RunFinished, Token
+from ragloop.events import Correction, RunFinished, Token
 from ragloop.llm.offline import OfflineAnswerer
+from ragloop.llm.offline.verify import OfflineVerifier
 from ragloop.nodes.answer import CUT_BY_TIME, NOT_IN_TIME, build_blocks, decide_outcome, resolve_citations
 from ragloop.state import ContextBlock, Decision, Graded, TurnState, Verdict
 from ragloop.testing import FakeAnswerer, make_hit
@@ -162,3 +163,54 @@ class TestSalvage:
         offline = OfflineAnswerer()
         assert turn_node("answer", fallback_answerer=offline).extractive is offline
         assert turn_node("answer", fallback_answerer=FakeAnswerer()).extractive is None
+
+
+class _Says:
+    """An answerer (a model) that streams ``text`` word by word."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    async def answer(self, *args: object, **kwargs: object) -> AsyncIterator[str]:
+        for word in self.text.split(" "):
+            yield word + " "
+
+
+async def _stream_events(node: object, state: TurnState) -> tuple[list[object], TurnState]:
+    graph = Graph({"answer": node}, start="answer", finish="answer")  # type: ignore[dict-item]
+    events: list[object] = []
+    result = None
+    with anyio.fail_after(5):
+        async for event in graph.stream(state):
+            events.append(event)
+            if isinstance(event, RunFinished):
+                result = event.result
+    assert result is not None
+    return events, result.state
+
+
+class TestCorrection:
+    async def test_a_streamed_sentence_verify_removes_is_taken_back_out_loud(self) -> None:
+        """The model streams a claim its block does not support; verify removes it: a Correction event names
+        it, the stream carries a note after it, and the final reply keeps the note, not the claim."""
+        claim = "Keys are stored on the moon forever."
+        node = turn_node(
+            "answer", answerer=_Says(f"Keys rotate every 90 days. [1] {claim} [1]"), verifier=OfflineVerifier()
+        )
+        events, state = await _stream_events(node, _answered())
+        corrections = [e for e in events if isinstance(e, Correction)]
+        assert len(corrections) == 1 and corrections[0].removed == (claim,)
+        tokens = "".join(e.text for e in events if isinstance(e, Token))
+        assert claim in tokens and tokens.index(claim) < tokens.index("(Correction:")
+        assert claim not in state.answer and "moon" not in state.answer
+        assert state.answer.startswith("Keys rotate every 90 days. [1]")
+        assert state.answer.endswith("(Correction: a sentence shown while this answer was streaming was removed, "
+                                     "not supported by the cited passages.)")  # fmt: skip
+        assert corrections[0].note == state.answer[state.answer.index("(Correction:") :]
+
+    async def test_nothing_removed_no_correction(self) -> None:
+        """A reply verify keeps whole sends no Correction event and no note."""
+        node = turn_node("answer", answerer=_Says("Keys rotate every 90 days. [1]"), verifier=OfflineVerifier())
+        events, state = await _stream_events(node, _answered())
+        assert not any(isinstance(e, Correction) for e in events)
+        assert "Correction" not in state.answer

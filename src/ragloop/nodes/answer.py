@@ -15,7 +15,7 @@ from attrs import define, field
 
 from ragloop._log import get_logger
 from ragloop.errors import JudgeTruncated
-from ragloop.events import Progress, Token
+from ragloop.events import Correction, Progress, Token
 from ragloop.llm.protocols import Answerer
 from ragloop.nodes._citations import CitationGate
 from ragloop.prompt_budget import PromptBudget
@@ -184,7 +184,8 @@ class Verifier(Protocol):
 async def verify_reply(verifier: Verifier, state: TurnState) -> None:
     """The bounded verify step: one pass over the finished reply, no extra retrieval, recorded.
 
-    Sentences the blocks they cite do not support are dropped from the final text (a note says how many);
+    Sentences the blocks they cite do not support are dropped from the final text; they were already streamed,
+    so a :class:`~ragloop.events.Correction` event names them and the reply ends with a note that quotes them;
     a ``context`` outcome whose reply leaves key terms of the question uncovered becomes ``partial``, with
     those terms as what is missing, and the reply says so. A verifier failure leaves the reply as it is.
     """
@@ -195,16 +196,28 @@ async def verify_reply(verifier: Verifier, state: TurnState) -> None:
     except Exception as exc:  # noqa: BLE001 — fail-open: an unverified reply is still the reply
         state.errors.append(f"answer: verify: {type(exc).__name__}: {exc}")
         return
-    for sentence in found.unsupported:
-        state.answer = _drop_sentence(state.answer, sentence)
     if found.unsupported:
-        n = len(found.unsupported)
-        await _say(state, f"\n\n({n} sentence{'s' if n > 1 else ''} not supported by the cited passages removed.)")
+        await _take_back(state, found.unsupported, "not supported by the cited passages")
     if state.outcome == "context" and found.uncovered:
         state.outcome, state.missing = "partial", found.uncovered
         found = attrs.evolve(found, downgraded=True)
-        await _say(state, "\n\nI could not confirm from the sources: " + ", ".join(found.uncovered) + ".")
+        named = ", ".join(f"“{t}”" for t in found.uncovered)
+        await _say(state, f"\n\nThe passages I found don't mention {named}, so this may not answer all of it.")
     state.verification = found
+
+
+async def _take_back(state: TurnState, sentences: Sequence[str], reason: str) -> None:
+    """Remove streamed ``sentences`` from the reply, never silently: a :class:`~ragloop.events.Correction`
+    event names them, and the reply ends with a note saying that streamed words were taken back and why (it
+    streams as tokens too). The note does not repeat the removed claims."""
+    for sentence in sentences:
+        state.answer = _drop_sentence(state.answer, sentence)
+    n = len(sentences)
+    what = "a sentence" if n == 1 else f"{n} sentences"
+    was = "was" if n == 1 else "were"
+    note = f"\n\n(Correction: {what} shown while this answer was streaming {was} removed, {reason}.)"
+    await emit(Correction(removed=tuple(sentences), reason=reason, note=note.strip()))
+    await _say(state, note)
 
 
 def _drop_sentence(text: str, sentence: str) -> str:
