@@ -345,3 +345,37 @@ TABLE_BLOCK = ContextBlock(
     "```python\nclient.purge(items[0])\n```\n",
     query="how long are deleted items kept in the trash",
 )
+
+
+class TestAbstain:
+    def test_names_the_corpus_never_mentions(self) -> None:
+        """Capitalised, mixed-case and digit names the corpus never mentions are found; the first word, known
+        words, a typo of a known word and a name tied to a known neighbour are not."""
+        from ragloop.llm.offline.answer._abstain import unknown_names
+
+        assert unknown_names("Can I import my boards from Trello?", STATS) == ("Trello",)
+        assert unknown_names("Does Widgets serve gRPC and S3 buckets?", STATS) == ("gRPC", "S3")
+        assert unknown_names("Trello boards, how?", STATS) == ()  # the first word of a question
+        assert unknown_names("How do I set up Okta for SSO?", STATS) == ()
+        assert unknown_names("How do I set up Okta Verifyy?", STATS) == ()  # tied to the known "Okta"
+        assert unknown_names("Where is Configurationn for SAML?", STATS) == ()  # one edit from a known word
+
+    def test_a_name_the_corpus_never_mentions_abstains(self) -> None:
+        """A question about a name the knowledge base never mentions gets an abstention naming it."""
+        found = OfflineAnswerer(STATS).abstain("How do I set up SSO with Kubernetes?", [SSO], [])
+        assert found is not None and found.unknown == ("Kubernetes",) and "Kubernetes" in found.reason
+
+    def test_weak_evidence_abstains_and_strong_does_not(self) -> None:
+        """Passages whose best unit barely touches the question score under the threshold; a direct answer
+        with a confident hit does not abstain."""
+        answerer = OfflineAnswerer(STATS)
+        weak = answerer.abstain("How do I rotate the billing invoice signing secret?", [SSO], [])
+        assert weak is not None and weak.score < weak.threshold and not weak.unknown
+        from ragloop.testing import make_hit
+
+        confident = [make_hit(SSO.text, confidence=0.8)]
+        assert answerer.abstain("How do I configure SSO in the admin console?", [SSO], confident) is None
+
+    def test_without_statistics_it_never_abstains(self) -> None:
+        """Without corpus statistics there is nothing to calibrate against: no abstention."""
+        assert OfflineAnswerer().abstain("How do I set up Kubernetes?", [BILLING], []) is None

@@ -10,26 +10,38 @@ import re
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-import attrs
 from attrs import define, field
 
 from ragloop._log import get_logger
 from ragloop.errors import JudgeTruncated
-from ragloop.events import Correction, Progress, Token
+from ragloop.events import Progress
 from ragloop.llm.protocols import Answerer
 from ragloop.nodes._citations import CitationGate
+from ragloop.nodes._verify import Verifier, say, verify_reply
 from ragloop.prompt_budget import PromptBudget
 from ragloop.retrievers.fusion import FusionSettings, anchor_query, fuse_searches
 from ragloop.runner import END, emit
-from ragloop.state import Citation, ContextBlock, Graded, Hit, Label, Message, Outcome, TurnState, Verification
+from ragloop.state import (
+    Abstention,
+    Citation,
+    ContextBlock,
+    Graded,
+    Hit,
+    Label,
+    Message,
+    Outcome,
+    TurnState,
+)
 from ragloop.text.citations import MARKER, MARKER_RUN, MAX_MARKER_CHARS, marker_numbers
 
 __all__ = [
     "CUT_BY_TIME",
     "NOT_IN_TIME",
+    "Abstainer",
     "Answer",
     "Extractive",
     "Verifier",
+    "abstain",
     "build_blocks",
     "decide_outcome",
     "final_ranking",
@@ -173,58 +185,41 @@ class Extractive(Protocol):
 
 
 @runtime_checkable
-class Verifier(Protocol):
-    """Checks a finished reply against its blocks and the question (the offline verifier does)."""
+class Abstainer(Protocol):
+    """Says when the passages found do not support an answer (the offline answerer does)."""
 
-    async def verify(self, question: str, reply: str, blocks: Sequence[ContextBlock]) -> Verification:
-        """Which cited sentences the blocks do not support, and which key terms the reply leaves uncovered."""
+    def abstain(self, question: str, blocks: Sequence[ContextBlock], hits: Sequence[Hit]) -> Abstention | None:
+        """Why ``blocks`` do not support an answer to ``question`` (``hits``: the turn's best search results,
+        best first), or ``None`` when they do. Pure and fast: it runs before the answer streams."""
         ...
 
 
-async def verify_reply(verifier: Verifier, state: TurnState) -> None:
-    """The bounded verify step: one pass over the finished reply, no extra retrieval, recorded.
-
-    Sentences the blocks they cite do not support are dropped from the final text; they were already streamed,
-    so a :class:`~ragloop.events.Correction` event names them and the reply ends with a note that quotes them;
-    a ``context`` outcome whose reply leaves key terms of the question uncovered becomes ``partial``, with
-    those terms as what is missing, and the reply says so. A verifier failure leaves the reply as it is.
+def abstain(abstainer: Abstainer, state: TurnState) -> None:
+    """The calibrated abstention, before anything streams: when the abstainer finds that the chosen blocks do
+    not support an answer, the outcome becomes ``none``, no block is handed on (so nothing is cited), and
+    ``missing`` names what the knowledge base never mentions. A question of several parts whose other parts
+    were answered and never name it becomes ``partial`` instead. Turns with live or planned context (exact
+    records, SQL rows) are left alone; an abstainer failure leaves the outcome as it is (recorded).
     """
-    if state.outcome not in ("context", "partial") or not state.blocks or not state.answer:
+    if state.outcome not in ("context", "partial") or not state.blocks or state.plan is not None:
+        return
+    if any(lookup.accepted for lookup in state.live):
         return
     try:
-        found = await verifier.verify(state.question, state.answer, state.blocks)
-    except Exception as exc:  # noqa: BLE001 — fail-open: an unverified reply is still the reply
-        state.errors.append(f"answer: verify: {type(exc).__name__}: {exc}")
+        found = abstainer.abstain(state.question, state.blocks, final_ranking(state) if state.searches else [])
+    except Exception as exc:  # noqa: BLE001 — fail-open: without a verdict the reply is written as before
+        state.errors.append(f"answer: abstain: {type(exc).__name__}: {exc}")
         return
-    if found.unsupported:
-        await _take_back(state, found.unsupported, "not supported by the cited passages")
-    if state.outcome == "context" and found.uncovered:
-        state.outcome, state.missing = "partial", found.uncovered
-        found = attrs.evolve(found, downgraded=True)
-        named = ", ".join(f"“{t}”" for t in found.uncovered)
-        await _say(state, f"\n\nThe passages I found don't mention {named}, so this may not answer all of it.")
-    state.verification = found
-
-
-async def _take_back(state: TurnState, sentences: Sequence[str], reason: str) -> None:
-    """Remove streamed ``sentences`` from the reply, never silently: a :class:`~ragloop.events.Correction`
-    event names them, and the reply ends with a note saying that streamed words were taken back and why (it
-    streams as tokens too). The note does not repeat the removed claims."""
-    for sentence in sentences:
-        state.answer = _drop_sentence(state.answer, sentence)
-    n = len(sentences)
-    what = "a sentence" if n == 1 else f"{n} sentences"
-    was = "was" if n == 1 else "were"
-    note = f"\n\n(Correction: {what} shown while this answer was streaming {was} removed, {reason}.)"
-    await emit(Correction(removed=tuple(sentences), reason=reason, note=note.strip()))
-    await _say(state, note)
-
-
-def _drop_sentence(text: str, sentence: str) -> str:
-    """``text`` without ``sentence`` and the citation markers right after it."""
-    words = [re.escape(w) for w in sentence.split()]
-    pattern = re.compile(r"\s*" + r"\s+".join(words) + r"(?:\s*\[\d+(?:\s*,\s*\d+)*\])*")
-    return pattern.sub("", text, count=1).strip()
+    if found is None:
+        return
+    state.abstention = found
+    answered = {q.root for q in state.queries.values() if q.status == "enough"}
+    names = [n.casefold() for n in found.unknown]
+    others = [r for r in state.roots() if r in answered and not any(n in r.casefold() for n in names)]
+    if found.unknown and len(state.roots()) > 1 and others:
+        state.outcome, state.missing = "partial", tuple(dict.fromkeys((*state.missing, *found.unknown)))
+        return
+    state.outcome, state.missing, state.blocks = "none", found.unknown, ()
 
 
 #: Said when nothing was streamed and nothing can be composed in the time left.
@@ -248,6 +243,8 @@ class Answer:
         extractive: Optional fast, I/O-free composer (the offline answerer) for :meth:`salvage`.
         verifier: Optional check of the finished reply (:func:`verify_reply`): unsupported sentences dropped,
             a ``context`` outcome whose reply leaves the question's key terms uncovered downgraded to ``partial``.
+        abstainer: Optional check of the chosen blocks before the reply is written (:func:`abstain`): when they
+            do not support an answer, the outcome is ``none`` and nothing is cited.
         max_chars: Longest reply streamed; a longer one is cut there, with a note, and the cut recorded.
         budget: Token budgets of the answer prompt: blocks past it are left out whole (lowest ranked first),
             history oldest first with a note; what was cut goes to ``state.prompt_cuts``.
@@ -262,12 +259,13 @@ class Answer:
     fallback: Answerer | None = field(default=None, kw_only=True)
     extractive: Extractive | None = field(default=None, kw_only=True)
     verifier: Verifier | None = field(default=None, kw_only=True)
+    abstainer: Abstainer | None = field(default=None, kw_only=True)
     max_chars: int = field(default=MAX_ANSWER_CHARS, kw_only=True)
     budget: PromptBudget | None = field(default=None, kw_only=True)
     routes: tuple[str, ...] = field(default=(END,), init=False)
 
     async def __call__(self, state: TurnState) -> str:
-        _choose(state, self.max_blocks)
+        _choose(state, self.max_blocks, self.abstainer)
         history: Sequence[Message] = state.history
         if self.budget is not None:
             state.blocks, history, state.prompt_cuts = self.budget.fit(state.blocks, state.history)
@@ -289,11 +287,11 @@ class Answer:
                         if isinstance(exc, JudgeTruncated)
                         else "\n\n(The answer was cut off by an error; it may be incomplete.)"
                     )
-                    await _say(state, note)
+                    await say(state, note)
                     break
         else:
             if not state.answer:
-                await _say(state, "Sorry, I could not write an answer just now. Please try again.")
+                await say(state, "Sorry, I could not write an answer just now. Please try again.")
         if self.verifier is not None:
             await verify_reply(self.verifier, state)
         _resolve(state)
@@ -308,15 +306,15 @@ class Answer:
         says that nothing was answered.
         """
         if state.outcome is None:  # cut before it chose anything: choosing is pure and fast
-            _choose(state, self.max_blocks)
+            _choose(state, self.max_blocks, self.abstainer)
         if state.answer:
-            await _say(state, CUT_BY_TIME)
+            await say(state, CUT_BY_TIME)
         else:
             text = self._compose(state)
             if not text:
                 state.outcome, state.missing = "none", tuple(state.roots()) or (state.question,)
                 state.blocks = ()
-            await _say(state, text or NOT_IN_TIME)
+            await say(state, text or NOT_IN_TIME)
         _resolve(state)
 
     def _compose(self, state: TurnState) -> str:
@@ -369,25 +367,22 @@ class Answer:
         room = self.max_chars - len(state.answer)
         if len(text) <= room:
             if text:
-                await _say(state, text)
+                await say(state, text)
             return True
-        await _say(state, text[: max(room, 0)])
-        await _say(state, f"\n\n(The answer was cut at {self.max_chars:,} characters.)")
+        await say(state, text[: max(room, 0)])
+        await say(state, f"\n\n(The answer was cut at {self.max_chars:,} characters.)")
         state.errors.append(f"answer: reply cut at the {self.max_chars:,}-character cap")
         return False
 
 
-def _choose(state: TurnState, max_blocks: int) -> None:
-    """Set the outcome, the unanswered queries and the numbered blocks; start an empty reply."""
+def _choose(state: TurnState, max_blocks: int, abstainer: Abstainer | None = None) -> None:
+    """Set the outcome, the unanswered queries and the numbered blocks (abstaining when they do not support an
+    answer); start an empty reply."""
     state.outcome, state.missing = decide_outcome(state)
     state.blocks = build_blocks(state, max_blocks) if state.outcome != "direct" else ()
+    if abstainer is not None:
+        abstain(abstainer, state)
     state.answer = ""
-
-
-async def _say(state: TurnState, text: str) -> None:
-    """Stream ``text`` and add it to the reply (first, so a salvage after a cancelled emit never repeats it)."""
-    state.answer += text
-    await emit(Token(text))
 
 
 def _resolve(state: TurnState) -> None:

@@ -32,30 +32,40 @@ from urllib.parse import urlsplit
 
 from attrs import field, frozen
 
+from ragloop.llm.offline.answer._abstain import AbstainRule, unknown_names
 from ragloop.llm.offline.answer._choose import (
+    HEADING_TIE,
+    REFERS,
+    RESOLVED_WEIGHT,
     Asked,
     Picker,
     Scored,
     asked_for,
     has_asked_for,
+    part_share,
     pick,
     question_terms,
+    resolved_parts,
+    serves,
     side_terms,
+    side_terms_of,
     stems_of,
     value_near,
 )
+from ragloop.llm.offline.answer._render import lead_in, render, with_introduced
 from ragloop.llm.offline.answer._units import Unit, block_units, is_block_unit, split_sentences
 from ragloop.llm.offline.decide import split_topics
 from ragloop.retrievers.base import Embedder
-from ragloop.state import ContextBlock, Message, Outcome
+from ragloop.state import Abstention, ContextBlock, Hit, Message, Outcome
 from ragloop.text.citations import strip_markers
 from ragloop.text.safety import instruction_problem
-from ragloop.text.terms import CorpusStats, key_terms, stem, tokenize
+from ragloop.text.terms import CorpusStats, stem, tokenize
 from ragloop.usage import LLMCall, record_call
 
 __all__ = [
     "INJECTION",
     "NOT_COVERED",
+    "AbstainRule",
     "Asked",
     "OfflineAnswerer",
     "Picker",
@@ -80,9 +90,8 @@ INJECTION = re.compile(
 NOT_COVERED = "The knowledge base doesn't cover this, so I won't guess."
 _TRY = "Try rephrasing, or add a detail such as a product name, a feature or an error message."
 _TOKEN = re.compile(r"\S+\s*")
-#: An opening word that refers back to a subject the sentence does not name ("It returns …", "They are …").
-_SUBJECTLESS = re.compile(r"^(?:It|Its|It's|This|That|These|Those|They|Their|Them|He|She|His|Her)\b|^[a-z]")
-_ANCHOR = re.compile(r"\s*\{\s*#[\w-]*\s*\}\s*$")
+#: A glossary expansion decide wrote into a query ("CSV (comma-separated values)"): not what the question asks.
+_EXPANSION = re.compile(r"\([^()]*\)")
 
 
 def _hosts(block: ContextBlock) -> tuple[str, ...]:
@@ -115,11 +124,6 @@ def _join(items: Sequence[str]) -> str:
     return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
 
 
-def _subject(block: ContextBlock, unit: Unit) -> str:
-    """What a unit's block is about: the heading it sits under, else the page title (anchors removed)."""
-    return _ANCHOR.sub("", unit.heading or block.title).strip()
-
-
 @frozen
 class OfflineAnswerer:
     """Writes an extractive, cited answer without a model, the answering unit first.
@@ -134,7 +138,9 @@ class OfflineAnswerer:
         code_weight: Factor on a code block's relevance: identifiers such as ``app`` or ``run`` match question
             words without answering them.
         query_weight: Weight of the key terms of a block's search query that the question does not hold (a
-            glossary expansion, a resolved pronoun, a hop's bridge entity).
+            hop's bridge entity, a rewrite's new angle); glossary expansions in parentheses are left out, and a
+            question that refers back ("that plan", "this page") counts its queries' terms in full (they
+            resolve the reference).
         asked_bonus: Added to the relevance of a unit holding what the question asks for (a year for "when",
             a number for "how many", a name the question does not contain for "who"; see :func:`asked_for`).
         dense_weight: Weight of the cosine between the question and a unit (``embedder``'s) added to its
@@ -142,6 +148,7 @@ class OfflineAnswerer:
             default: with MiniLM it lowered answer recall on the HotpotQA tuning half (0.54 at 0, 0.53 at 0.3,
             0.49 at 1.0): the question's nearest sentence restates the question instead of answering it.
         embedder: The index's dense embedder, for ``dense_weight``.
+        abstain_rule: When :meth:`abstain` says the passages do not support an answer.
     """
 
     stats: CorpusStats | None = None
@@ -155,6 +162,7 @@ class OfflineAnswerer:
     near_bonus: float = 0.3
     dense_weight: float = 0.0
     embedder: Embedder | None = None
+    abstain_rule: AbstainRule = field(factory=AbstainRule)
 
     def _idf(self, blocks: Sequence[ContextBlock]) -> dict[str, float] | CorpusStats:
         if self.stats is not None:
@@ -183,7 +191,7 @@ class OfflineAnswerer:
         picked = self.select(question, blocks, dense) if outcome in ("context", "partial") else []
         if not picked:
             return not_covered(missing if outcome == "none" else ())
-        body = _render(picked, {b.n: b for b in blocks})
+        body = render(picked, {b.n: b for b in blocks})
         gaps = [m for m in missing if m.strip()]
         if outcome == "partial" and gaps:
             body += f"\n\nThe knowledge base doesn't say anything about {_join(gaps)}."
@@ -207,15 +215,27 @@ class OfflineAnswerer:
         parts = split_topics(question)
         sides = side_terms(parts) if len(parts) > 1 else []
         part_terms = [question_terms(p) for p in parts] if sides else []
+        resolved: frozenset[str] = frozenset()
+        if sides:  # a part that refers back ("that plan") takes the terms its search resolved it to
+            before = frozenset().union(*part_terms)
+            part_terms = resolved_parts(parts, part_terms, [_EXPANSION.sub(" ", b.query) for b in blocks])
+            sides = side_terms_of(part_terms)
+            resolved = frozenset().union(*part_terms) - before
+
+        def part_idf(t: str) -> float:
+            return idf(t) * (RESOLVED_WEIGHT if t in resolved else 1.0)
+
         asked = asked_for(question)
         q_words = {w.casefold() for w in re.findall(r"\w+", question)}
         pool: list[Scored] = []
         units: dict[int, list[Unit]] = {}
+        # A question that refers back ("that plan") is completed by its queries: their terms count in full.
+        query_weight = 1.0 if REFERS.search(question) else self.query_weight
         for block in blocks:
-            wanted = q_terms | {t.stem for t in key_terms(block.query)}
+            wanted = q_terms | question_terms(_EXPANSION.sub(" ", block.query))
 
             def weight(t: str, block_terms: frozenset[str] = wanted - q_terms) -> float:
-                return idf(t) * (self.query_weight if t in block_terms else 1.0)
+                return idf(t) * (query_weight if t in block_terms else 1.0)
 
             total = sum(weight(t) for t in wanted)
             if total <= 0:
@@ -236,16 +256,20 @@ class OfflineAnswerer:
                         rel += self.near_bonus
                 rel += self.dense_weight * (dense or {}).get(unit.text, 0.0)
                 held = scored.terms | title | stems_of(unit.heading)
-                on = frozenset(i for i, side in enumerate(sides) if _serves(side, held, idf))
+                on = frozenset(
+                    i
+                    for i, side in enumerate(sides)
+                    if serves(side, held, idf) and (not side & resolved or side & resolved & held)
+                )
                 heading = stems_of(unit.heading)
                 per_part = tuple(
-                    _share(p, scored.terms, held, idf, self.context_weight)
-                    + HEADING_TIE * _share(p, heading, heading, idf, 1.0)
+                    part_share(p, scored.terms, held, part_idf, self.context_weight)
+                    + HEADING_TIE * part_share(p, heading, heading, part_idf, 1.0)
                     for p in part_terms
                 )
-                lead_in = _lead_in(scored.unit, asked, q_words)
-                pool.append(Scored(scored.unit, scored.terms, scored.covered & q_terms, rel, on, lead_in, per_part))
-        return _with_introduced(pick(pool, self.picker, idf, q_terms, len(sides)), units)
+                lead = lead_in(scored.unit, asked, q_words)
+                pool.append(Scored(scored.unit, scored.terms, scored.covered & q_terms, rel, on, lead, per_part))
+        return with_introduced(pick(pool, self.picker, idf, q_terms, len(sides)), units)
 
     def _score(
         self,
@@ -277,6 +301,23 @@ class OfflineAnswerer:
         clean = Unit(unit.block, unit.position, unit.kind, text, unit.heading, unit.header, unit.table)
         return Scored(clean, terms | header, frozenset(own | (wanted & context)), rel, frozenset(), "")
 
+    def abstain(self, question: str, blocks: Sequence[ContextBlock], hits: Sequence[Hit]) -> Abstention | None:
+        """Why ``blocks`` (the passages found, ``hits`` their search results best first) do not support an
+        answer to ``question``, or ``None`` when they do (see :mod:`._abstain`): a name the corpus never
+        mentions, or an evidence score below the rule's threshold. Needs corpus statistics (``None`` without)."""
+        if self.stats is None:
+            return None
+        rule = self.abstain_rule
+        unknown = unknown_names(question, self.stats)
+        picked = self.select(question, blocks) if blocks else []
+        score = rule.score(picked[0].relevance if picked else 0.0, [h.confidence for h in hits])
+        if unknown:
+            return Abstention(score, rule.threshold, unknown, f"the knowledge base never mentions {_join(unknown)}")
+        if score < rule.threshold:
+            why = f"the best passage scores {score:.2f} as an answer, under the {rule.threshold:.2f} threshold"
+            return Abstention(score, rule.threshold, (), why)
+        return None
+
     async def dense_scores(self, question: str, blocks: Sequence[ContextBlock]) -> dict[str, float] | None:
         """Cosine between the question and each candidate unit, by the index's embedder (``None`` without
         one or with ``dense_weight`` 0)."""
@@ -306,115 +347,3 @@ class OfflineAnswerer:
         record_call(LLMCall(judge="answer", model="offline", seconds=time.perf_counter() - start))
         for m in _TOKEN.finditer(text):
             yield m.group(0)
-
-
-def _render(picked: Sequence[Scored], by_n: Mapping[int, ContextBlock]) -> str:
-    """The quoted units as reply text: prose with ``[n]`` after each sentence, a table's rows under their
-    header (one table once, its citation on the line after it), code blocks on their own lines."""
-    pieces: list[str | list[Unit]] = []  # text, or the rows of one table
-    tables: dict[tuple[int, int], list[Unit]] = {}
-    previous: Unit | None = None
-    for i, s in enumerate(picked):
-        u = s.unit
-        if u.kind == "row":
-            if (u.block, u.table) not in tables:
-                tables[(u.block, u.table)] = []
-                pieces.append(tables[(u.block, u.table)])
-            tables[(u.block, u.table)].append(u)
-        elif u.kind == "code":
-            pieces.append(f"\n\n{u.text}\n\n[{u.block}]\n\n")
-        else:
-            continues = previous is not None and previous.block == u.block and u.position == previous.position + 1
-            text = u.text if continues else _with_subject(u, by_n[u.block], s.lead_in)
-            introduces = i + 1 < len(picked) and _introduced(u, picked[i + 1].unit)
-            pieces.append(f"{text}" if introduces else f"{text} [{u.block}] ")
-        previous = u
-    text = "".join(piece if isinstance(piece, str) else _table(piece) for piece in pieces)
-    return re.sub(r"\n{3,}", "\n\n", text).strip()
-
-
-def _table(rows: Sequence[Unit]) -> str:
-    """Rows of one table under its header line, the citation on the line after it."""
-    header = rows[0].header
-    head = [header, "|" + "---|" * (header.count("|") - 1)] if header else []
-    return "\n\n" + "\n".join([*head, *(r.text for r in rows)]) + f"\n\n[{rows[0].block}]\n\n"
-
-
-def _with_subject(unit: Unit, block: ContextBlock, lead_in: str) -> str:
-    """A sentence after the subject it leaves to its context: the heading that holds the value asked for
-    ("v3.2.0 — 23 July 2024: **Passkeys** can be registered …"), or, for one that opens without a subject of
-    its own ("It is …"), the heading or page title its block names."""
-    text = unit.text
-    if lead_in:
-        return f"{lead_in}: {text}"
-    subject = _subject(block, unit)
-    if not _SUBJECTLESS.match(text) or not subject or not stems_of(subject) - stems_of(text):
-        return text
-    first = text.split(" ", 1)[0]
-    lowered = first.lower() if first[:1].isupper() and not first.isupper() else first
-    return f"{subject}: {lowered}{text[len(first) :]}"
-
-
-#: A unit serves a side of a comparison when it holds this share of the side's distinctive terms (IDF mass).
-SIDE_SHARE = 0.5
-
-
-def _serves(side: frozenset[str], held: frozenset[str], idf: Callable[[str], float]) -> bool:
-    total = sum(idf(t) for t in side)
-    return total > 0 and sum(idf(t) for t in side & held) >= SIDE_SHARE * total
-
-
-#: Weight of a part's terms in a unit's heading when units are ranked for that part (the section about it).
-HEADING_TIE = 0.25
-
-
-def _share(
-    part: frozenset[str], own: frozenset[str], held: frozenset[str], idf: Callable[[str], float], weight: float
-) -> float:
-    """IDF share of a question part's terms a unit holds (its context's at ``weight``)."""
-    total = sum(idf(t) for t in part) or 1.0
-    return (sum(idf(t) for t in part & own) + weight * sum(idf(t) for t in (part & held) - own)) / total
-
-
-def _lead_in(unit: Unit, asked: Asked | None, question_words: set[str]) -> str:
-    """The heading a prose unit is quoted after when only the heading holds the value asked for."""
-    if asked is None or unit.kind not in ("sentence", "item") or not unit.heading:
-        return ""
-    if has_asked_for(asked, unit.text, question_words) or not has_asked_for(asked, unit.heading, question_words):
-        return ""
-    return _ANCHOR.sub("", unit.heading).strip()
-
-
-#: A code block a sentence ending in a colon introduces is quoted with it when it has at most this many lines.
-MAX_INTRODUCED_LINES = 20
-
-
-def _introduced(unit: Unit, nxt: Unit) -> bool:
-    """``nxt`` is the code block that ``unit`` (a sentence ending in a colon) introduces."""
-    return (
-        unit.kind in ("sentence", "item")
-        and unit.text.rstrip().endswith(":")
-        and nxt.kind == "code"
-        and nxt.block == unit.block
-        and nxt.position == unit.position + 1
-    )
-
-
-def _with_introduced(chosen: list[Scored], units: Mapping[int, Sequence[Unit]]) -> list[Scored]:
-    """``chosen`` with the short code block right after each chosen sentence that ends in a colon
-    ("… specify the version with:" and the block that shows it)."""
-    out: list[Scored] = []
-    quoted = {(s.unit.block, s.unit.position) for s in chosen}
-    for s in chosen:
-        out.append(s)
-        block = units.get(s.unit.block, ())
-        nxt = block[s.unit.position + 1] if s.unit.position + 1 < len(block) else None
-        if (
-            nxt is not None
-            and _introduced(s.unit, nxt)
-            and (nxt.block, nxt.position) not in quoted
-            and nxt.text.count("\n") < MAX_INTRODUCED_LINES
-        ):
-            out.append(Scored(nxt, stems_of(nxt.text), frozenset(), 0.0, frozenset(), ""))
-            quoted.add((nxt.block, nxt.position))
-    return out

@@ -22,14 +22,22 @@ from ragloop.text.terms import key_terms, stem, tokenize
 
 __all__ = [
     "COMPARING",
+    "HEADING_TIE",
+    "REFERS",
+    "RESOLVED_WEIGHT",
+    "SIDE_SHARE",
     "Asked",
     "Picker",
     "Scored",
     "asked_for",
     "has_asked_for",
+    "part_share",
     "pick",
     "question_terms",
+    "resolved_parts",
+    "serves",
     "side_terms",
+    "side_terms_of",
     "stems_of",
     "value_near",
 ]
@@ -121,6 +129,8 @@ class Scored:
     part_scores: tuple[float, ...] = ()
 
 
+#: A reference back to something named elsewhere ("that plan", "it"), not "it is"/"that are".
+REFERS = re.compile(r"\b(?:it|its|this|that|these|those|they|them|their)\b(?!\s+(?:is|are|was|were)\b)", re.I)
 #: Words that frame a comparison rather than name what it is about; never counted as key terms.
 COMPARING = frozenset(
     stem(w) for w in ("compare", "comparing", "comparison", "difference", "different", "differ", "versus", "vs")
@@ -143,7 +153,11 @@ def _jaccard(a: frozenset[str], b: frozenset[str]) -> float:
 
 def side_terms(parts: Sequence[str]) -> list[frozenset[str]]:
     """Per part of the question, its key terms that no other part holds (what tells the sides apart)."""
-    terms = [question_terms(p) for p in parts]
+    return side_terms_of([question_terms(p) for p in parts])
+
+
+def side_terms_of(terms: Sequence[frozenset[str]]) -> list[frozenset[str]]:
+    """Per set of a part's terms, those no other part holds."""
     return [t - frozenset().union(*(o for j, o in enumerate(terms) if j != i)) for i, t in enumerate(terms)]
 
 
@@ -248,3 +262,40 @@ def _next_to(s: Scored, chosen: Sequence[Scored]) -> bool:
     return s.unit.kind in prose and any(
         c.unit.block == s.unit.block and s.unit.position == c.unit.position + 1 and c.unit.kind in prose for c in chosen
     )
+
+
+#: A unit serves a side of a comparison when it holds this share of the side's distinctive terms (IDF mass).
+SIDE_SHARE = 0.5
+
+
+def serves(side: frozenset[str], held: frozenset[str], idf: Callable[[str], float]) -> bool:
+    total = sum(idf(t) for t in side)
+    return total > 0 and sum(idf(t) for t in side & held) >= SIDE_SHARE * total
+
+
+#: Weight of the terms that resolve a part's reference ("that plan" → "Enterprise") when units are ranked for it.
+RESOLVED_WEIGHT = 2.0
+
+
+def resolved_parts(parts: Sequence[str], terms: list[frozenset[str]], queries: Sequence[str]) -> list[frozenset[str]]:
+    """Each part's terms, with those of the search query closest to it when the part refers back."""
+    out = list(terms)
+    for query in dict.fromkeys(queries):
+        q = question_terms(query)
+        overlap = [len(q & t) for t in terms]
+        best = max(range(len(terms)), key=lambda i: overlap[i])
+        if overlap[best] and REFERS.search(parts[best]):
+            out[best] = out[best] | q
+    return out
+
+
+#: Weight of a part's terms in a unit's heading when units are ranked for that part (the section about it).
+HEADING_TIE = 0.25
+
+
+def part_share(
+    part: frozenset[str], own: frozenset[str], held: frozenset[str], idf: Callable[[str], float], weight: float
+) -> float:
+    """IDF share of a question part's terms a unit holds (its context's at ``weight``)."""
+    total = sum(idf(t) for t in part) or 1.0
+    return (sum(idf(t) for t in part & own) + weight * sum(idf(t) for t in (part & held) - own)) / total
