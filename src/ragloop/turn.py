@@ -19,7 +19,7 @@ from ragloop.events import StoppedBy
 from ragloop.llm.cached import CachedGrader
 from ragloop.llm.planner import Planner
 from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
-from ragloop.nodes.answer import Answer, Extractive, Verifier
+from ragloop.nodes.answer import Abstainer, Answer, Extractive, Verifier
 from ragloop.nodes.decide import Decide
 from ragloop.nodes.grade import Grade
 from ragloop.nodes.hop import Hop
@@ -36,6 +36,7 @@ from ragloop.retrievers.live import LiveSource
 from ragloop.retrievers.sources import Source
 from ragloop.runner import Graph, Node, RunResult
 from ragloop.state import (
+    Abstention,
     HopAttempt,
     Label,
     LiveLookup,
@@ -174,7 +175,10 @@ def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYL
 
     A ``fallback_answerer`` that can also compose a reply without I/O (the offline one: an
     :class:`~ragloop.nodes.answer.Extractive`) ends a reply the deadline cut short (``Answer.salvage``).
-    A ``verifier`` checks every finished reply (:func:`ragloop.nodes.answer.verify_reply`).
+    A ``verifier`` checks every finished reply (:func:`ragloop.nodes.answer.verify_reply`). An answerer (or
+    fallback answerer) that can also say when the passages do not support an answer (the offline one: an
+    :class:`~ragloop.nodes.answer.Abstainer`) makes the turn abstain before it answers
+    (:func:`ragloop.nodes.answer.abstain`).
 
     With ``caches`` (:class:`~ragloop.caches.Caches`) the grader, the rewrite check's embedder and, when the
     index's version is known (``index_version``, or a ``version`` attribute of the retriever), the retriever
@@ -236,9 +240,18 @@ def default_nodes(  # noqa: PLR0913 — configuration by keyword arguments (STYL
             fallback=fallback_answerer,
             extractive=fallback_answerer if isinstance(fallback_answerer, Extractive) else None,
             verifier=verifier,
+            abstainer=_abstainer(answerer, fallback_answerer),
             budget=s.prompt_budget,
         ),
     }
+
+
+def _abstainer(*answerers: Answerer | None) -> Abstainer | None:
+    """The first answerer that can also say when the passages do not support an answer."""
+    for answerer in answerers:
+        if isinstance(answerer, Abstainer):
+            return answerer
+    return None
 
 
 def _version_of(retriever: Retriever) -> Callable[[], str] | None:
@@ -394,6 +407,8 @@ class TurnRecord:
         prompt_cuts: What the answer prompt's token budget left out (blocks, history messages), and the tokens
             it counted.
         cache_hits: Cache hits of the turn by cache (``embedding``, ``retrieval``, ``grade``, ``reply``).
+        abstention: Why the answer step said the knowledge base does not cover the question though passages
+            were found (its evidence score, the threshold, names the corpus never mentions), when it did.
     """
 
     run_id: str
@@ -420,6 +435,7 @@ class TurnRecord:
     cost: float | None = None
     cache_hits: Mapping[str, int] = attrs.field(factory=dict)
     prompt_cuts: PromptCuts | None = None
+    abstention: Abstention | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (nested records as dicts, tuples as lists)."""
@@ -481,4 +497,5 @@ def turn_record(result: RunResult, *, prices: Mapping[str, Price] | None = None)
         cost=cost_of(calls, prices or {}),
         cache_hits=dict(usage.cache_hits),
         prompt_cuts=state.prompt_cuts,
+        abstention=state.abstention,
     )
