@@ -15,7 +15,6 @@ import re
 from collections.abc import Callable, Collection, Sequence
 from typing import Literal
 
-import attrs
 from attrs import frozen
 
 from ragloop.llm.offline.answer._units import Unit
@@ -177,18 +176,11 @@ class Picker:
             least this share of the lead's (a second passage saying the same thing in other words often holds
             the fact the lead lacks). 0.6 was chosen on the tuning halves (answer recall up 4-6 points on the
             FastAPI and HotpotQA halves, replies ~120 characters longer).
-        weak_lead: A lead scoring under this is a weak answer: more support is quoted (``weak_chars``,
-            ``weak_units``), so the evidence is shown rather than guessed from (0: off).
-        weak_chars: The length budget after a weak lead.
-        weak_units: Most units quoted after a weak lead.
     """
 
     max_units: int = 4
     max_chars: int = 600
     repeat_ratio: float = 0.6
-    weak_lead: float = 0.0
-    weak_chars: int = 900
-    weak_units: int = 5
     support_ratio: float = 0.3
     diversity: float = 0.7
     cover_weight: float = 1.0
@@ -207,8 +199,6 @@ def pick(
     q_mass = sum(idf(t) for t in q_terms) or 1.0
     order = sorted(pool, key=lambda s: (-s.relevance, s.unit.block, s.unit.position))
     lead = order[0]
-    if lead.relevance < picker.weak_lead:
-        picker = attrs.evolve(picker, max_chars=picker.weak_chars, max_units=picker.weak_units)
     chosen = _sides_first(order, n_sides)[: picker.max_units] if n_sides > 1 else [lead]
     used = sum(len(c.unit.text) for c in chosen)
     rest = [s for s in order[1:] if s not in chosen and s.relevance >= picker.support_ratio * lead.relevance]
