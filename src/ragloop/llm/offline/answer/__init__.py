@@ -94,6 +94,18 @@ _TOKEN = re.compile(r"\S+\s*")
 _EXPANSION = re.compile(r"\([^()]*\)")
 
 
+def _coverage(
+    block: ContextBlock, title: frozenset[str], wanted: frozenset[str], total: float, weight: Callable[[str], float]
+) -> float:
+    """How much of the question a block holds: of all the wanted terms, or of its own search's terms when that
+    is higher (the block answers one part of a multi-part question)."""
+    held = stems_of(block.text) | title
+    searched = question_terms(_EXPANSION.sub(" ", block.query))
+    coverage = sum(weight(t) for t in wanted & held) / total
+    part = sum(weight(t) for t in searched)
+    return max(coverage, sum(weight(t) for t in searched & held) / part) if part > 0 else coverage
+
+
 def _hosts(block: ContextBlock) -> tuple[str, ...]:
     """The hosts a block's own links may point at: its document's host, when its source or URL is a URL."""
     hosts = []
@@ -190,7 +202,7 @@ class OfflineAnswerer:
             return direct_reply or "Hello! Ask me anything about this knowledge base."
         picked = self.select(question, blocks, dense) if outcome in ("context", "partial") else []
         if not picked:
-            return not_covered(missing if outcome == "none" else ())
+            return not_covered(missing)
         body = render(picked, {b.n: b for b in blocks})
         gaps = [m for m in missing if m.strip()]
         if outcome == "partial" and gaps:
@@ -241,7 +253,7 @@ class OfflineAnswerer:
             if total <= 0:
                 continue
             title = stems_of(block.title)
-            if sum(weight(t) for t in wanted & (stems_of(block.text) | title)) / total < self.min_block_coverage:
+            if _coverage(block, title, wanted, total, weight) < self.min_block_coverage:
                 continue  # a block about another topic is not cited
             hosts = _hosts(block)  # once per block, not per unit
             units[block.n] = block_units(block.n, block.text)
