@@ -78,6 +78,8 @@ ANSWER_KEYS = (
 #: The seed of the tuning/reporting split (stated in benchmarks/README.md; never change it after reporting).
 SPLIT_SEED = 13
 _CITED = re.compile(r"\[(\d+)\]")
+#: Whether the agentic arm's ranking is reranked (``--no-rerank`` measures the fused order alone).
+RERANK = True
 _ARTICLES = re.compile(r"\b(?:a|an|the)\b")
 
 
@@ -280,15 +282,21 @@ async def agentic(
 
 def turn_ranking(question: str, record: Any, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
     """The turn's final ranking, as the answer node computes it (``ragloop.nodes.answer.final_ranking``):
-    every search's list fused by rank, the grades as a signal, the question's own list protected."""
-    from ragloop.retrievers.fusion import anchor_query, fuse_searches
+    every search's list fused by rank, the grades as a signal, the question's own list protected, the head
+    reranked (unless ``--no-rerank``: the fused order alone, to measure the reranker)."""
+    from ragloop.retrievers.fusion import FusionSettings, anchor_query, fuse_searches
+    from ragloop.retrievers.rerank import rerank
 
     searches = {query: list(hits) for query, hits in calls}
     grades: dict[str, list[Any]] = {}
     for g in record.grades:
         grades.setdefault(g.chunk_id, []).append(g.label)
     anchor = anchor_query(question, record.decision.queries, searches)
-    return fuse_searches(searches, anchor=anchor, grades=grades)
+    fused = fuse_searches(searches, anchor=anchor, grades=grades)
+    if not RERANK:
+        return fused
+    protected = [h.id for h in searches.get(anchor, [])[: FusionSettings().protect]] if anchor else []
+    return rerank(question, fused, protected=protected)
 
 
 def diagnose(
@@ -365,7 +373,10 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="first N questions of the half only (quick runs)")
     parser.add_argument("--out", type=Path, default=None, help="report path (default results/quality-NAME-HALF.json)")
     parser.add_argument("--json", action="store_true", help="print {single_shot, agentic} as one JSON object")
+    parser.add_argument("--no-rerank", action="store_true", help="rank the agentic arm by the fused order alone")
     args = parser.parse_args()
+    global RERANK
+    RERANK = not args.no_rerank
     if args.half == "reporting":
         args.half = "validation"
     if args.half != "tuning" and not args.note.strip():
@@ -384,6 +395,10 @@ def main() -> None:
         from ragloop.chat import ChatRAG
 
         rag = ChatRAG.from_index(index)
+        if not RERANK:
+            from ragloop.retrievers.rerank import RerankSettings
+
+            rag.nodes["answer"].ranking = RerankSettings(title_weight=0, proximity_weight=0, bridge_weight=0)  # type: ignore[attr-defined]
         try:
             ss = await single_shot(index, rag, queries, qids, answers)
             ag = await agentic(index, rag, queries, qids, qrels, answers)

@@ -20,6 +20,7 @@ from ragloop.nodes._citations import CitationGate
 from ragloop.nodes._verify import Verifier, say, verify_reply
 from ragloop.prompt_budget import PromptBudget
 from ragloop.retrievers.fusion import FusionSettings, anchor_query, fuse_searches
+from ragloop.retrievers.rerank import RerankSettings, rerank
 from ragloop.runner import END, emit
 from ragloop.state import (
     Abstention,
@@ -68,18 +69,24 @@ def decide_outcome(state: TurnState) -> tuple[Outcome, tuple[str, ...]]:
     return ("partial" if len(missing) < len(roots) else "none"), missing
 
 
-def final_ranking(state: TurnState, settings: FusionSettings | None = None) -> list[Hit]:
+def final_ranking(
+    state: TurnState, settings: FusionSettings | None = None, rerank_settings: RerankSettings | None = None
+) -> list[Hit]:
     """Every hit the turn's searches returned, fused by rank with the grades as a signal
-    (:func:`ragloop.retrievers.fusion.fuse_searches`); the question's own list is the protected anchor."""
+    (:func:`ragloop.retrievers.fusion.fuse_searches`; the question's own list is the protected anchor), its
+    head reordered for the answer by :func:`ragloop.retrievers.rerank.rerank`."""
     grades: dict[str, list[Label]] = {}
     for g in state.graded:
         grades.setdefault(g.hit.id, []).append(g.verdict.label)
     decided = state.decision.queries if state.decision is not None else ()
     anchor = anchor_query(state.question, decided, state.searches)
-    return fuse_searches(state.searches, anchor=anchor, grades=grades, settings=settings or FusionSettings())
+    fusion = settings or FusionSettings()
+    fused = fuse_searches(state.searches, anchor=anchor, grades=grades, settings=fusion)
+    protected = [h.id for h in state.searches.get(anchor, [])[: fusion.protect]] if anchor else []
+    return rerank(state.question, fused, protected=protected, settings=rerank_settings)
 
 
-def build_blocks(state: TurnState, max_blocks: int) -> tuple[ContextBlock, ...]:
+def build_blocks(state: TurnState, max_blocks: int, ranking: RerankSettings | None = None) -> tuple[ContextBlock, ...]:
     """Number the kept context, one chunk once, at most ``max_blocks``.
 
     With recorded searches: context the live sources added first, then the chunks a grader kept (relevant or
@@ -87,7 +94,7 @@ def build_blocks(state: TurnState, max_blocks: int) -> tuple[ContextBlock, ...]:
     hand): per decide query in turn (relevant before partial, best score first).
     """
     if state.searches:
-        return _ranked_blocks(state, max_blocks)
+        return _ranked_blocks(state, max_blocks, ranking)
     roots = state.roots()
     per_root: dict[str, list[Graded]] = {r: [] for r in roots}
     for g in state.graded:
@@ -112,7 +119,7 @@ def build_blocks(state: TurnState, max_blocks: int) -> tuple[ContextBlock, ...]:
     return tuple(blocks)
 
 
-def _ranked_blocks(state: TurnState, max_blocks: int) -> tuple[ContextBlock, ...]:
+def _ranked_blocks(state: TurnState, max_blocks: int, ranking: RerankSettings | None) -> tuple[ContextBlock, ...]:
     searched = {h.id for hits in state.searches.values() for h in hits}
     verdicts: dict[str, list[Graded]] = {}
     for g in state.graded:
@@ -120,7 +127,7 @@ def _ranked_blocks(state: TurnState, max_blocks: int) -> tuple[ContextBlock, ...
     # Live records are exact-id lookups, never in a search list: they lead.
     live = [g for g in state.graded if g.hit.id not in searched and g.verdict.keep]
     picked: list[tuple[Hit, str]] = [(g.hit, g.query) for g in live]
-    for hit in final_ranking(state):
+    for hit in final_ranking(state, rerank_settings=ranking):
         kept = [g for g in verdicts.get(hit.id, []) if g.verdict.keep]
         if kept:  # only graded context is handed to the answerer; the ranking orders it
             picked.append((hit, kept[0].query))
@@ -245,6 +252,8 @@ class Answer:
             a ``context`` outcome whose reply leaves the question's key terms uncovered downgraded to ``partial``.
         abstainer: Optional check of the chosen blocks before the reply is written (:func:`abstain`): when they
             do not support an answer, the outcome is ``none`` and nothing is cited.
+        ranking: How the head of the final ranking is reordered for the answer
+            (:func:`ragloop.retrievers.rerank.rerank`; zero weights keep the fused order).
         max_chars: Longest reply streamed; a longer one is cut there, with a note, and the cut recorded.
         budget: Token budgets of the answer prompt: blocks past it are left out whole (lowest ranked first),
             history oldest first with a note; what was cut goes to ``state.prompt_cuts``.
@@ -260,12 +269,13 @@ class Answer:
     extractive: Extractive | None = field(default=None, kw_only=True)
     verifier: Verifier | None = field(default=None, kw_only=True)
     abstainer: Abstainer | None = field(default=None, kw_only=True)
+    ranking: RerankSettings = field(factory=RerankSettings, kw_only=True)
     max_chars: int = field(default=MAX_ANSWER_CHARS, kw_only=True)
     budget: PromptBudget | None = field(default=None, kw_only=True)
     routes: tuple[str, ...] = field(default=(END,), init=False)
 
     async def __call__(self, state: TurnState) -> str:
-        _choose(state, self.max_blocks, self.abstainer)
+        _choose(state, self.max_blocks, self.abstainer, self.ranking)
         history: Sequence[Message] = state.history
         if self.budget is not None:
             state.blocks, history, state.prompt_cuts = self.budget.fit(state.blocks, state.history)
@@ -306,7 +316,7 @@ class Answer:
         says that nothing was answered.
         """
         if state.outcome is None:  # cut before it chose anything: choosing is pure and fast
-            _choose(state, self.max_blocks, self.abstainer)
+            _choose(state, self.max_blocks, self.abstainer, self.ranking)
         if state.answer:
             await say(state, CUT_BY_TIME)
         else:
@@ -375,11 +385,13 @@ class Answer:
         return False
 
 
-def _choose(state: TurnState, max_blocks: int, abstainer: Abstainer | None = None) -> None:
+def _choose(
+    state: TurnState, max_blocks: int, abstainer: Abstainer | None = None, ranking: RerankSettings | None = None
+) -> None:
     """Set the outcome, the unanswered queries and the numbered blocks (abstaining when they do not support an
     answer); start an empty reply."""
     state.outcome, state.missing = decide_outcome(state)
-    state.blocks = build_blocks(state, max_blocks) if state.outcome != "direct" else ()
+    state.blocks = build_blocks(state, max_blocks, ranking) if state.outcome != "direct" else ()
     if abstainer is not None:
         abstain(abstainer, state)
     state.answer = ""
