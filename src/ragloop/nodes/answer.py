@@ -397,9 +397,23 @@ def _choose(
     state.answer = ""
 
 
+#: A reply that opens by saying the sources do not hold the answer (the model's words or the offline ones).
+SAYS_NOT_COVERED = re.compile(
+    r"^\W*(?:the\s+(?:documentation|docs|knowledge\s+base|context|provided\s+(?:context|blocks|documentation)|sources?)"
+    r"|I)\s+(?:does\s+not|doesn't|do\s+not|don't|did\s+not|didn't|could\s+not|couldn't|cannot|can't)\s+"
+    r"(?:cover|contain|mention|find|include|say|answer)",
+    re.IGNORECASE,
+)
+
+
 def _resolve(state: TurnState) -> None:
-    """Resolve the reply's citations against the blocks and set the final text."""
+    """Resolve the reply's citations against the blocks and set the final text. A reply that opens by saying
+    the sources do not cover the question is an abstention whatever was planned: outcome ``none``, and any
+    citation it made is dropped (an abstaining reply cites nothing)."""
     text, citations, invalid = resolve_citations(state.answer, state.blocks)
     if invalid:
         state.errors.append(f"answer: removed citations to unknown blocks {sorted(set(invalid))}")
+    if state.outcome in ("context", "partial") and SAYS_NOT_COVERED.match(text):
+        state.outcome, state.missing = "none", state.missing or (state.question,)
+        text, citations = resolve_citations(text, ())[0], ()
     state.answer, state.citations = text.strip(), citations
