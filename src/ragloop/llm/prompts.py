@@ -345,9 +345,9 @@ _ANSWER_BY_OUTCOME: Mapping[Outcome, str] = {
     ),
     "partial": (
         "The context answers only part of the question. Answer the part it supports first, citing every claim "
-        f"as [n] with the block number. {ANSWER_FIRST} Then say plainly, in the user's words, which parts the "
-        "documentation does not cover (listed in the user message); do not guess them. Ignore blocks about a "
-        "different topic."
+        f"as [n] with the block number. {ANSWER_FIRST} Then say plainly, in the user's words, which parts could "
+        "not be found in the documentation (listed in the user message); do not guess them. Ignore blocks about "
+        "a different topic."
     ),
     "none": (
         f"The documentation does not cover the question: begin with '{NOT_COVERED_REPLY}' Say what is missing "
