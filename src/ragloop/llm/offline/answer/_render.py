@@ -62,7 +62,7 @@ def _with_subject(unit: Unit, block: ContextBlock, lead_in: str) -> str:
     if lead_in:
         return f"{lead_in}: {text}"
     subject = _subject(block, unit)
-    if not _SUBJECTLESS.match(text) or not subject or not stems_of(subject) - stems_of(text):
+    if not _SUBJECTLESS.match(text) or not subject:
         return text
     first = text.split(" ", 1)[0]
     lowered = first.lower() if first[:1].isupper() and not first.isupper() else first
