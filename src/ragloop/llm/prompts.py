@@ -350,7 +350,8 @@ _ANSWER_BY_OUTCOME: Mapping[Outcome, str] = {
         "a different topic."
     ),
     "none": (
-        f"The documentation does not cover the question: begin with '{NOT_COVERED_REPLY}' Say what is missing "
+        f"The documentation search found nothing relevant to the question: begin with '{NOT_COVERED_REPLY}' Say "
+        "what is missing "
         "briefly and plainly, cite nothing, do not guess and do not answer from general knowledge; you may "
         "suggest how to rephrase the question or where to look."
     ),
