@@ -97,7 +97,7 @@ async def run(repeats: int, cache_dir: Path | None, embedder_kind: str) -> dict[
     real: dict[str, Source] = {
         "sql": sql,
         "documents": DocumentSource(index.retriever("hybrid")),  # type: ignore[arg-type]
-        "tickets": LiveLookupSource(SQLiteTicketSource()),
+        "tickets": LiveLookupSource(SQLiteTicketSource(require_caller=False)),
     }
     sources: dict[str, Source] = {name: Delayed(s, LATENCY[name]) for name, s in real.items()}
     planner = OfflinePlanner(sql, live={"tickets": "tickets"})

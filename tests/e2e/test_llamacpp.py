@@ -18,7 +18,8 @@ from ragloop.chat import ChatRAG, ReplyReady
 from ragloop.events import Token
 from ragloop.llm.doctor import diagnose
 from ragloop.llm.openai_judges import OpenAIDecider, OpenAIJudges
-from ragloop.turn import TurnSettings
+from ragloop.sample import sample_index
+from ragloop.turn import Judges, Turn, TurnSettings
 from tests.llamacpp_server import LlamaCppServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.llamacpp]
@@ -57,7 +58,8 @@ async def test_turn_against_llamacpp(llamacpp: LlamaCppServer, sample_cache: Pat
     request capped, the answer streamed and non-empty, with an outcome and a decision record."""
     bodies: list[dict[str, Any]] = []
     client = recording_client(llamacpp, bodies)
-    offline = ChatRAG.sample(None, cache_dir=sample_cache)
+    index = sample_index(sample_cache)
+    offline = Judges.offline([c.text for c in index.chunks])
     judges = OpenAIJudges.create(
         client,
         fast_model=llamacpp.model,
@@ -67,16 +69,15 @@ async def test_turn_against_llamacpp(llamacpp: LlamaCppServer, sample_cache: Pat
         max_tokens=CAPS,
     )
     settings = TurnSettings(max_queries=2, k=2, per_query_budget=2, total_budget=3, max_attempts=0, grade_concurrency=1)
-    rag = ChatRAG(
-        retriever=offline.nodes["retrieve"].retriever,  # type: ignore[attr-defined]
+    model = Judges(
         decider=judges.decider,
         grader=judges.grader,
         rewriter=judges.rewriter,
         answerer=judges.answerer,
-        settings=settings,
-        fallback_decider=offline.nodes["decide"].decider,  # type: ignore[attr-defined]
-        fallback_answerer=offline.nodes["answer"].answerer,  # type: ignore[attr-defined]
+        fallback_decider=offline.decider,
+        fallback_answerer=offline.answerer,
     )
+    rag = ChatRAG(Turn(index.retriever("hybrid"), model, settings=settings))
     tokens: list[str] = []
     reply = None
     async with client:

@@ -150,8 +150,9 @@ async def test_simple_question_keeps_the_decide_route(sample_cache: Path) -> Non
 
 
 def test_ragloop_ask_sql_then_documents(sample_cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`ragloop ask` on the sample: citations to a row and a passage, and a record with two waves."""
-    status = main(["ask", QUESTION, "--json", "--cache-dir", str(sample_cache)])
+    """`ragloop ask --org` on the sample: citations to a row and a passage, and a record with two waves; another
+    organisation (or none) gets no CRM row of Harbor Lane Bank."""
+    status = main(["ask", QUESTION, "--json", "--cache-dir", str(sample_cache), "--org", "Harbor Lane Bank"])
     assert status == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     sources = [c["source"] for c in out["citations"]]
@@ -159,6 +160,10 @@ def test_ragloop_ask_sql_then_documents(sample_cache: Path, capsys: pytest.Captu
     assert any("plans-and-pricing" in s for s in sources)
     waves = out["record"]["plan"]["waves"]
     assert [w["ids"] for w in waves] == [["sql1"], ["docs1"]]
+    for org in (["--org", "Zephyr Telecom"], []):
+        assert main(["ask", QUESTION, "--json", "--cache-dir", str(sample_cache), *org]) == 0
+        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert not any("crm.sqlite" in c["source"] for c in out["citations"])
 
 
 async def test_plan_and_waves_are_streamed(sample_cache: Path) -> None:

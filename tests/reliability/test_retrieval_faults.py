@@ -108,7 +108,7 @@ class TestLiveSource:
     async def test_down_then_reconnects_on_the_next_turn(self, tmp_path: Path) -> None:
         """A missing ticket database is recorded and the turn answers; once back, the next turn reconnects."""
         db = tmp_path / "tickets.sqlite"
-        source = SQLiteTicketSource(db)
+        source = SQLiteTicketSource(db, require_caller=False)
         rag: ChatRAG = offline_rag(live_sources=(source,))
         question = "What is the status of ticket #1017?"
         down = await rag.ask(question)
@@ -126,7 +126,7 @@ class TestLiveSource:
     async def test_concurrency_limit_holds_under_load(self) -> None:
         """Many concurrent turns asking about different tickets never run more lookups at once than the limit."""
         limit = 2
-        source = SQLiteTicketSource(max_concurrency=limit)
+        source = SQLiteTicketSource(max_concurrency=limit, require_caller=False)
         rag = offline_rag(live_sources=(source,))
         ids = _ticket_ids(scale(40, 200))
         replies: dict[int, object] = {}

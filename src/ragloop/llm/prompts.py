@@ -204,6 +204,13 @@ def decide_system_prompt(page: PageContext, glossary: Mapping[str, str] | None =
         "Every query must stand alone, as if read by someone who never saw the conversation:",
         "- no vague pronouns or references ('it', 'this', 'that one', 'the above'): name the thing - the "
         "subject the conversation is about (what the earlier question asked about), not the last noun said;",
+        "- a follow-up that leaves words out is the previous question with one part changed: write it out whole. "
+        "After 'How many API requests per minute can a key make on the Team plan?', 'and on Business?' is "
+        "'API requests per minute per key on the Business plan'; after 'How do I set up SAML single sign-on?', "
+        "'what about OIDC?' is 'set up OIDC single sign-on'; after 'How do I rotate an API key?', 'how long is "
+        "the old one valid?' is 'how long an old API key stays valid after rotation';",
+        "- keep what the follow-up asks about even when the documentation may not cover it ('and from "
+        "Trello?' after a Jira import question is 'import from Trello'): never swap in a different topic;",
         "- resolve 'this project', 'this page', 'here' from the page below and from the conversation;",
         "- expand abbreviations (use the glossary below when it lists them);",
         "- keep exact identifiers verbatim: error codes, ticket numbers, versions, function names;",
