@@ -13,6 +13,7 @@ from ragloop.events import StoppedBy
 from ragloop.plan import PlanRun
 from ragloop.runner import RunResult
 from ragloop.state import (
+    Abstention,
     HopAttempt,
     Label,
     LiveLookup,
@@ -167,6 +168,8 @@ class TurnRecord:
         prompt_cuts: What the answer prompt's token budget left out (blocks, history messages), and the tokens
             it counted.
         cache_hits: Cache hits of the turn by cache (``embedding``, ``retrieval``, ``grade``, ``reply``).
+        abstention: Why the answer step said the knowledge base does not cover the question though passages
+            were found (its evidence score, the threshold, names the corpus never mentions), when it did.
         stale: Cited pages past their ``valid_until`` or older than ``TurnSettings.stale_after_days``.
     """
 
@@ -194,6 +197,7 @@ class TurnRecord:
     cost: float | None = None
     cache_hits: Mapping[str, int] = attrs.field(factory=dict)
     prompt_cuts: PromptCuts | None = None
+    abstention: Abstention | None = None
     stale: tuple[StaleSource, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
@@ -270,5 +274,6 @@ def turn_record(result: RunResult, *, prices: Mapping[str, Price] | None = None)
         cost=cost_of(calls, prices or {}),
         cache_hits=dict(usage.cache_hits),
         prompt_cuts=state.prompt_cuts,
+        abstention=state.abstention,
         stale=tuple(state.stale),
     )
