@@ -59,6 +59,17 @@ class TestCause:
             (_turn(2, "Zapier app?"), "no_passage"),  # nothing retrieved at all
             (_turn(3, "Guest invoices?", hits=(_hit("billing.md"),)), "irrelevant"),
             (_turn(4, "Import from Asana?", "partial", unfound=("asana",)), "partial"),
+            # the answer step abstained on pages about importing that never name Asana: partly covered
+            (
+                _turn(
+                    8,
+                    "Import from Asana?",
+                    unfound=("asana",),
+                    hits=(_hit("import.md", 0.8, "relevant"),),
+                    abstained=True,
+                ),
+                "partial",
+            ),
             (_turn(5, "Price?", "context", rating="down", stale=(StaleSource(1, "p.md", "P", "expired"),)), "stale"),
             (_turn(6, "Price?", "context", rating="down"), "rated_down"),
             (

@@ -35,9 +35,9 @@ def turn_cause(turn: LoggedTurn) -> Cause:
     row = turn.row
     if row.conflicts:
         return "contradicting"
-    if row.outcome == "none":
+    if row.outcome == "none" and not row.abstained:
         return "no_passage" if set(row.unfound) & set(row.terms) or not row.hits else "irrelevant"
-    if row.outcome == "partial":
+    if row.outcome in ("none", "partial"):  # an abstention: pages on the subject that do not cover this part of it
         return "partial"
     return "stale" if row.stale else "rated_down"
 

@@ -152,6 +152,7 @@ def prepare(turn: PendingTurn, policy: LogPolicy) -> TurnRow:
         models=tuple(sorted({clean(c.model) for c in record.calls})),
         errors=tuple(policy.private(e) for e in record.errors),
         truncated=truncated,
+        abstained=record.abstention is not None,
     )
 
 

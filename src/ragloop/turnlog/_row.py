@@ -248,6 +248,8 @@ class TurnRow:
         models: Models the turn's judges used (``offline`` for the offline judges).
         errors: Failures the turn absorbed (redacted).
         truncated: True when the question was longer than the log keeps (its start is kept).
+        abstained: True when the answer step abstained on the passages the search found (they were on the subject
+            but did not support an answer: ``TurnRecord.abstention``); the outcome is then ``none``.
     """
 
     turn_id: str
@@ -274,6 +276,7 @@ class TurnRow:
     models: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
     truncated: bool = False
+    abstained: bool = False
 
 
 @frozen
@@ -364,4 +367,5 @@ def row_from_json(columns: Mapping[str, Any], data: Mapping[str, Any]) -> TurnRo
         models=tuple(data.get("models") or ()),
         errors=tuple(data.get("errors") or ()),
         truncated=bool(data.get("truncated", False)),
+        abstained=bool(data.get("abstained", False)),
     )
