@@ -37,6 +37,7 @@ __all__ = [
     "QueryState",
     "QueryStatus",
     "RewriteAttempt",
+    "StaleSource",
     "TurnState",
     "Verdict",
     "Verification",
@@ -371,6 +372,29 @@ class PromptCuts:
 
 
 @frozen
+class StaleSource:
+    """A cited page that may be out of date: past its ``valid_until``, or older than the configured age (answer).
+
+    Attributes:
+        n: The block number the reply cites it as.
+        source: The page (its source path or URL).
+        title: Its title.
+        reason: ``expired`` (past ``valid_until``) or ``old`` (its ``updated`` date is older than the limit).
+        owner: Its ``owner`` metadata, when it has one: who should refresh it.
+        updated: Its ``updated`` metadata, as written.
+        valid_until: Its ``valid_until`` metadata, as written.
+    """
+
+    n: int
+    source: str
+    title: str
+    reason: Literal["expired", "old"]
+    owner: str | None = None
+    updated: str | None = None
+    valid_until: str | None = None
+
+
+@frozen
 class Verification:
     """What the verify step found in the composed reply (answer).
 
@@ -431,6 +455,7 @@ class TurnState:
         verification: What the verify step found in the reply, when it ran (answer).
         prompt_cuts: What the answer prompt's token budget left out, when a budget is set (answer).
         abstention: Why the answer step abstained on passages the search found, when it did (answer).
+        stale: Cited pages past their ``valid_until`` or older than the configured age (answer).
         outcome: How the turn ended up (answer).
         missing: Queries left unanswered, for a partial or none outcome (answer).
         blocks: The numbered context handed to the answerer (answer).
@@ -459,6 +484,7 @@ class TurnState:
     verification: Verification | None = None
     prompt_cuts: PromptCuts | None = None
     abstention: Abstention | None = None
+    stale: tuple[StaleSource, ...] = ()
     outcome: Outcome | None = None
     missing: tuple[str, ...] = ()
     blocks: tuple[ContextBlock, ...] = ()

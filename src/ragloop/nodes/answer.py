@@ -15,6 +15,7 @@ from attrs import define, field
 from ragloop._log import get_logger
 from ragloop.errors import JudgeTruncated
 from ragloop.events import Progress
+from ragloop.freshness import Freshness, stale_note, stale_sources
 from ragloop.llm.protocols import Answerer
 from ragloop.nodes._citations import CitationGate
 from ragloop.nodes._verify import Verifier, say, verify_reply
@@ -46,6 +47,7 @@ __all__ = [
     "build_blocks",
     "decide_outcome",
     "final_ranking",
+    "note_stale",
     "resolve_citations",
     "verify_reply",
 ]
@@ -257,6 +259,8 @@ class Answer:
         max_chars: Longest reply streamed; a longer one is cut there, with a note, and the cut recorded.
         budget: Token budgets of the answer prompt: blocks past it are left out whole (lowest ranked first),
             history oldest first with a note; what was cut goes to ``state.prompt_cuts``.
+        freshness: When a cited page counts as stale (:mod:`ragloop.freshness`); a reply that cites one ends with
+            a note naming it, and ``state.stale`` lists them. ``None``: no check.
 
     Whatever an answerer yields is checked before it is streamed: a token that is not a string is skipped
     (and recorded), and citation markers are held back until they close and keep only numbers that name a
@@ -272,6 +276,7 @@ class Answer:
     ranking: RerankSettings = field(factory=RerankSettings, kw_only=True)
     max_chars: int = field(default=MAX_ANSWER_CHARS, kw_only=True)
     budget: PromptBudget | None = field(default=None, kw_only=True)
+    freshness: Freshness | None = field(default=None, kw_only=True)
     routes: tuple[str, ...] = field(default=(END,), init=False)
 
     async def __call__(self, state: TurnState) -> str:
@@ -305,6 +310,8 @@ class Answer:
         if self.verifier is not None:
             await verify_reply(self.verifier, state)
         _resolve(state)
+        if self.freshness is not None:
+            await note_stale(state, self.freshness)
         return END
 
     async def salvage(self, state: TurnState) -> None:
@@ -383,6 +390,16 @@ class Answer:
         await say(state, f"\n\n(The answer was cut at {self.max_chars:,} characters.)")
         state.errors.append(f"answer: reply cut at the {self.max_chars:,}-character cap")
         return False
+
+
+async def note_stale(state: TurnState, freshness: Freshness) -> None:
+    """After the reply: the cited pages that are stale go to ``state.stale`` and the reply ends with a note."""
+    chunks = {g.hit.id: g.hit.chunk for g in state.graded}
+    for hits in state.searches.values():
+        chunks.update((h.id, h.chunk) for h in hits if h.id not in chunks)
+    state.stale = stale_sources(state.citations, chunks, freshness)
+    if state.stale:
+        await say(state, stale_note(state.stale))
 
 
 def _choose(
