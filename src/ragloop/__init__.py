@@ -21,7 +21,7 @@ from ragloop.errors import (
     RetrievalError,
     RouteError,
 )
-from ragloop.events import Event, NodeFinished, NodeStarted, Progress, RunFinished, Token
+from ragloop.events import Correction, Event, NodeFinished, NodeStarted, Progress, RunFinished, Token
 from ragloop.runner import END, Graph, Node, RunResult, Step, emit
 
 # The chat-turn API pulls in numpy, the judges and the retrievers: load it on first use.
@@ -58,6 +58,7 @@ __all__ = [
     "ChatRAG",
     "Chunk",
     "ConfigError",
+    "Correction",
     "Embedder",
     "Event",
     "Graph",

@@ -1,7 +1,8 @@
 """Typed events streamed to callers by :meth:`ragloop.runner.Graph.stream`, and the run result the last one carries.
 
 The runner emits :class:`NodeStarted`, :class:`NodeFinished` and, last, :class:`RunFinished`; nodes add their
-own through :func:`ragloop.emit` (the chat-turn graph emits :class:`Progress` and :class:`Token`). Every event
+own through :func:`ragloop.emit` (the chat-turn graph emits :class:`Progress`, :class:`Token` and, when it takes
+back words it already streamed, :class:`Correction`). Every event
 is a frozen attrs value, so a consumer can match on its class::
 
     async for event in graph.stream(state):
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
 __all__ = [
+    "Correction",
     "Event",
     "EventStream",
     "NodeFinished",
@@ -195,6 +197,25 @@ class Token(Event):
     """
 
     text: str
+
+
+@frozen
+class Correction(Event):
+    """Words already streamed are taken back: the final reply no longer holds them, and says so.
+
+    A client that shows tokens as they arrive should strike or remove ``removed`` from what it shows (or
+    replace its text with the final reply); ``note`` is the sentence the reply adds about it, which also
+    streams as a :class:`Token`.
+
+    Attributes:
+        removed: The streamed sentences the final reply leaves out, in reply order.
+        reason: Why, in a few words (``"not supported by the cited passages"``).
+        note: What the reply says about it.
+    """
+
+    removed: tuple[str, ...]
+    reason: str
+    note: str
 
 
 @frozen

@@ -19,6 +19,7 @@ from ragloop.plan import PlanRun
 from ragloop.usage import UsageMeter
 
 __all__ = [
+    "Abstention",
     "Caller",
     "Chunk",
     "Citation",
@@ -36,6 +37,7 @@ __all__ = [
     "QueryState",
     "QueryStatus",
     "RewriteAttempt",
+    "StaleSource",
     "TurnState",
     "Verdict",
     "Verification",
@@ -370,6 +372,29 @@ class PromptCuts:
 
 
 @frozen
+class StaleSource:
+    """A cited page that may be out of date: past its ``valid_until``, or older than the configured age (answer).
+
+    Attributes:
+        n: The block number the reply cites it as.
+        source: The page (its source path or URL).
+        title: Its title.
+        reason: ``expired`` (past ``valid_until``) or ``old`` (its ``updated`` date is older than the limit).
+        owner: Its ``owner`` metadata, when it has one: who should refresh it.
+        updated: Its ``updated`` metadata, as written.
+        valid_until: Its ``valid_until`` metadata, as written.
+    """
+
+    n: int
+    source: str
+    title: str
+    reason: Literal["expired", "old"]
+    owner: str | None = None
+    updated: str | None = None
+    valid_until: str | None = None
+
+
+@frozen
 class Verification:
     """What the verify step found in the composed reply (answer).
 
@@ -385,6 +410,24 @@ class Verification:
     unsupported: tuple[str, ...] = ()
     uncovered: tuple[str, ...] = ()
     downgraded: bool = False
+
+
+@frozen
+class Abstention:
+    """Why the answer step said the knowledge base does not cover the question, though a search found
+    passages (answer).
+
+    Attributes:
+        score: The evidence score of the best passages (see :mod:`ragloop.llm.offline.answer`).
+        threshold: The score below which the answer step abstains.
+        unknown: Names in the question the knowledge base never mentions ("Trello", "Kubernetes").
+        reason: One line a person can read.
+    """
+
+    score: float
+    threshold: float
+    unknown: tuple[str, ...] = ()
+    reason: str = ""
 
 
 @define
@@ -411,6 +454,8 @@ class TurnState:
         hops: Every follow-up hop attempt (hop).
         verification: What the verify step found in the reply, when it ran (answer).
         prompt_cuts: What the answer prompt's token budget left out, when a budget is set (answer).
+        abstention: Why the answer step abstained on passages the search found, when it did (answer).
+        stale: Cited pages past their ``valid_until`` or older than the configured age (answer).
         outcome: How the turn ended up (answer).
         missing: Queries left unanswered, for a partial or none outcome (answer).
         blocks: The numbered context handed to the answerer (answer).
@@ -438,6 +483,8 @@ class TurnState:
     hops: list[HopAttempt] = field(factory=list)
     verification: Verification | None = None
     prompt_cuts: PromptCuts | None = None
+    abstention: Abstention | None = None
+    stale: tuple[StaleSource, ...] = ()
     outcome: Outcome | None = None
     missing: tuple[str, ...] = ()
     blocks: tuple[ContextBlock, ...] = ()

@@ -122,7 +122,9 @@ async def test_model_planner_failure_falls_back_offline(sample_cache: Path) -> N
 async def test_offline_gap_is_named(sample_cache: Path) -> None:
     """Offline, a SQL part beyond the patterns is refused and named as missing; the document part answers."""
     rag = ChatRAG.sample(cache_dir=sample_cache, plan_sources=(crm(),))
-    reply = await rag.ask("Which customers churned last quarter, and what happens to their data after they cancel?")
+    reply = await rag.ask(
+        "Which customers churned last quarter in each region, and what happens to their data after they cancel?"
+    )
     await rag.aclose()
     plan = reply.record.plan
     assert plan is not None
@@ -131,7 +133,9 @@ async def test_offline_gap_is_named(sample_cache: Path) -> None:
     assert fates["docs1"].status == "ok"
     assert reply.outcome == "partial"
     assert [
-        m for m in reply.missing if m.startswith("Which customers churned last quarter (sql: cannot answer offline")
+        m
+        for m in reply.missing
+        if m.startswith("Which customers churned last quarter in each region (sql: cannot answer offline")
     ]
     assert "cannot answer offline" in reply.text
     assert any("data-retention" in c.source for c in reply.citations)

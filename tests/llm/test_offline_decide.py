@@ -96,6 +96,29 @@ class TestSplitting:
         assert queries("REST vs GraphQL APIs") == ("REST APIs", "GraphQL APIs")
         assert queries("Can you compare REST, GraphQL and gRPC?") == ("REST", "GraphQL", "gRPC")
 
+    def test_what_the_sides_are_compared_on_goes_to_each(self) -> None:
+        """'… when it comes to X', 'in terms of X' and 'A vs B: X' give every side the aspect X."""
+        assert queries("What's the difference between SAML and OIDC when it comes to certificate rotation?") == (
+            "SAML certificate rotation",
+            "OIDC certificate rotation",
+        )
+        assert split_topics("Team vs Business: how many API requests per minute?") == [
+            "Team how many API requests per minute",
+            "Business how many API requests per minute",
+        ]
+        assert split_topics("compare REST and GraphQL in terms of caching") == ["REST caching", "GraphQL caching"]
+
+    def test_with_joins_two_sides_and_keeps_their_ands(self) -> None:
+        """'Compare A with B and C': two sides, the 'and' stays inside the second."""
+        assert split_topics("Compare the lifespan parameter with the startup and shutdown event handlers") == [
+            "lifespan parameter",
+            "startup and shutdown event handlers",
+        ]
+
+    def test_an_aspect_alone_is_not_a_side(self) -> None:
+        """A colon with nothing compared before it splits nothing."""
+        assert split_topics("Note: how do webhooks retry?") == ["Note: how do webhooks retry"]
+
     def test_coordinated_questions(self) -> None:
         """'How do I X and how do I Y?', several question marks and 'and also' split."""
         assert len(queries("How do I configure SSO and how do I set up SCIM?")) == 2

@@ -15,6 +15,7 @@ import numpy.typing as npt
 import pytest
 
 from ragloop.chat import ChatRAG
+from ragloop.llm.offline.answer import NOT_COVERED
 from ragloop.retrievers.index import KnowledgeIndex
 from ragloop.retrievers.live import SQLiteTicketSource, default_tickets_path
 from ragloop.turn import TurnSettings
@@ -23,7 +24,7 @@ from tests.reliability._support import FaultyRetriever, count, offline_rag, scal
 pytestmark = pytest.mark.anyio
 
 TWO_TOPICS = "How long does the audit log keep actions and how big can a CSV import be?"
-NOTHING_FOUND = "couldn't find anything relevant"
+NOTHING_FOUND = NOT_COVERED  # the offline answerer's honest none
 
 
 class FailingEmbedder:

@@ -6,10 +6,13 @@ import hashlib
 import shutil
 import sqlite3
 from collections.abc import Sequence
+from datetime import date
 from pathlib import Path
 
 import pytest
 from attrs import define
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ragloop.errors import ConfigError, QueryRefused, SourceError
 from ragloop.retrievers.sql import (
@@ -303,19 +306,183 @@ class TestOfflineWriter:
     @pytest.mark.parametrize(
         ("request_text", "why"),
         [
-            ("Which customers churned last quarter", "'last quarter'"),
-            ("Top 5 customers by seats", "'Top 5'"),
-            ("What is the total amount of orders", "'total'"),
+            ("How many tickets per customer", "'per' asks for a breakdown"),
+            ("Which customers are not on Enterprise", "'not' asks for a breakdown, a percentage or a negation"),
+            ("What percentage of customers churned", "'percentage'"),
+            ("Which Enterprise customers opened P1 tickets this month", "'P1' is not a value the database holds"),
             ("Tell me about orders", "names no id or known value of orders"),
             ("What is the weather", "names no table"),
+            ("orders with more than 3 widgets", "no numeric column of orders or a linked table is named by 'widgets'"),
+            ("Top 3 customers by happiness", "ranks on something no numeric column of customers names"),
         ],
     )
     async def test_cannot_answer_offline(self, crm: Path, request_text: str, why: str) -> None:
-        """Requests beyond the patterns are refused with 'cannot answer offline' and the reason."""
+        """Requests beyond the shapes are refused with 'cannot answer offline' and the precise reason."""
         schema = await _schema(crm)
         with pytest.raises(QueryRefused, match="cannot answer offline") as info:
             OfflineSQLWriter().write_sync(request_text, schema)
         assert why in str(info.value)
+
+
+TODAY = date(2024, 10, 15)
+
+
+def _rows(crm: Path, sql: str, *params: object) -> list[tuple[object, ...]]:
+    return sqlite3.connect(crm).execute(sql, params).fetchall()
+
+
+class TestOfflineShapes:
+    """Ordinary questions the offline writer answers, each checked against hand-written SQL on the same file."""
+
+    async def _run(self, crm: Path, request: str) -> tuple[str, list[dict[str, str]]]:
+        source = SQLiteSource(crm, SAMPLE_CRM_ALLOW, OfflineSQLWriter(today=lambda: TODAY))
+        result = await source.run(request, {})
+        return source.statements[-1], [dict(r) for r in result.rows]
+
+    async def test_last_quarter(self, crm: Path) -> None:
+        """'churned last quarter' is a half-open range on churned_on over the previous calendar quarter."""
+        sql, rows = await self._run(crm, "Which customers churned last quarter")
+        want = _rows(crm, "SELECT id FROM customers WHERE churned_on >= '2024-07-01' AND churned_on < '2024-10-01'")
+        assert sorted(int(r["id"]) for r in rows) == sorted(i for (i,) in want) and want
+        assert "churned_on >= ?" in sql and "churned_on < ?" in sql
+
+    async def test_this_month_across_a_foreign_key_with_values(self, crm: Path) -> None:
+        """'Which Enterprise customers opened urgent tickets this month' joins tickets by the foreign key, on
+        the date column the verb names."""
+        sql, rows = await self._run(crm, "Which Enterprise customers opened urgent tickets this month")
+        want = _rows(
+            crm,
+            "SELECT id FROM customers WHERE plan = 'Enterprise' AND id IN (SELECT customer_id FROM tickets "
+            "WHERE priority = 'urgent' AND opened >= '2024-10-01' AND opened < '2024-11-01')",
+        )
+        assert sorted(int(r["id"]) for r in rows) == sorted(i for (i,) in want)
+        assert "tickets.opened >= ?" in sql
+
+    async def test_count_in_a_named_month(self, crm: Path) -> None:
+        """'How many tickets were opened in March 2024' counts over that month."""
+        _, rows = await self._run(crm, "How many tickets were opened in March 2024")
+        (want,) = _rows(crm, "SELECT COUNT(*) FROM tickets WHERE opened >= '2024-03-01' AND opened < '2024-04-01'")
+        assert rows == [{"count": str(want[0])}]
+
+    async def test_numeric_comparisons(self, crm: Path) -> None:
+        """'more than 300 seats', 'over $5,000' and 'between 10 and 20 seats' compare the column they name."""
+        _, rows = await self._run(crm, "customers with more than 300 seats")
+        assert sorted(int(r["id"]) for r in rows) == sorted(
+            i for (i,) in _rows(crm, "SELECT id FROM customers WHERE seats > 300")
+        )
+        _, rows = await self._run(crm, "orders over $10,000")
+        want = _rows(crm, "SELECT id FROM orders WHERE amount_usd > 10000")
+        assert sorted(r["id"] for r in rows) == sorted(i for (i,) in want)
+        _, rows = await self._run(crm, "orders between 10 and 20 seats")
+        assert len(rows) == len(_rows(crm, "SELECT id FROM orders WHERE seats BETWEEN 10 AND 20"))
+
+    async def test_counts_of_related_rows(self, crm: Path) -> None:
+        """'customers with more than 12 tickets' compares a count of related rows (GROUP BY … HAVING)."""
+        sql, rows = await self._run(crm, "customers with more than 12 tickets")
+        want = _rows(crm, "SELECT customer_id FROM tickets GROUP BY customer_id HAVING COUNT(*) > 12")
+        assert sorted(int(r["id"]) for r in rows) == sorted(i for (i,) in want) and "HAVING COUNT(*) > ?" in sql
+
+    async def test_rankings(self, crm: Path) -> None:
+        """'Top 5 customers by seats' and 'the customer with the most tickets' order and limit."""
+        _, rows = await self._run(crm, "Top 5 customers by seats")
+        want = _rows(crm, "SELECT id FROM customers ORDER BY seats DESC LIMIT 5")
+        assert [int(r["id"]) for r in rows] == [i for (i,) in want]
+        _, rows = await self._run(crm, "Which customer has the most tickets")
+        (top,) = _rows(crm, "SELECT customer_id FROM tickets GROUP BY customer_id ORDER BY COUNT(*) DESC LIMIT 1")
+        assert [int(r["id"]) for r in rows] == [top[0]]
+
+    async def test_totals_and_averages(self, crm: Path) -> None:
+        """'total amount of orders' and 'average seats of customers' aggregate the column they name."""
+        _, rows = await self._run(crm, "What is the total amount of orders")
+        assert float(rows[0]["sum_amount_usd"]) == _rows(crm, "SELECT SUM(amount_usd) FROM orders")[0][0]
+        _, rows = await self._run(crm, "average seats of customers")
+        assert float(rows[0]["avg_seats"]) == pytest.approx(_rows(crm, "SELECT AVG(seats) FROM customers")[0][0])
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        st.lists(
+            st.sampled_from(
+                [
+                    "which",
+                    "how many",
+                    "top 3",
+                    "customers",
+                    "orders",
+                    "tickets",
+                    "Enterprise",
+                    "urgent",
+                    "open",
+                    "this month",
+                    "last quarter",
+                    "in 2024",
+                    "more than 5",
+                    "over $1,000",
+                    "seats",
+                    "by seats",
+                    "the most",
+                    "opened",
+                    "churned",
+                    "signed up",
+                    "total amount",
+                    "average",
+                    "latest",
+                    "Harbor Lane Bank",
+                    "ORD-1042",
+                    "customer 8",
+                    "between 10 and 20",
+                    "since 2024-03-01",
+                    "with",
+                    "and",
+                    "of",
+                ]
+            ),
+            min_size=1,
+            max_size=8,
+        ).map(" ".join)
+    )
+    async def test_every_statement_passes_the_check_or_is_refused(self, request_text: str) -> None:
+        """Whatever the words: the writer refuses with 'cannot answer offline', or writes a statement that the
+        statement check accepts and that runs on the read-only source."""
+        source = SQLiteSource(sample_crm_path(), SAMPLE_CRM_ALLOW, OfflineSQLWriter(today=lambda: TODAY))
+        try:
+            await source.run(request_text, {})
+        except QueryRefused as exc:
+            assert str(exc).startswith("cannot answer offline"), (request_text, str(exc))
+
+    @pytest.mark.parametrize(("sql", "why"), REFUSED)
+    async def test_refused_through_the_source_and_database_unchanged(self, crm: Path, sql: str, why: str) -> None:
+        """A writer proposing the statement gets a refusal; the file is byte-for-byte unchanged."""
+        before = _digest(crm)
+        source = SQLiteSource(crm, SAMPLE_CRM_ALLOW, ScriptedWriter(sql))
+        with pytest.raises(QueryRefused) as info:
+            await source.run("anything", {})
+        assert why in str(info.value)
+        assert source.statements == []
+        assert _digest(crm) == before
+
+    async def test_limit_is_added_and_clamped(self, crm: Path) -> None:
+        """Every statement gets a LIMIT of at most max_rows."""
+        schema = await _schema(crm)
+        assert check_sql("SELECT name FROM customers", (), schema, max_rows=7)[0].endswith("LIMIT 7")
+        assert check_sql("SELECT name FROM customers LIMIT 1000", (), schema, max_rows=7)[0].endswith("LIMIT 7")
+        assert check_sql("SELECT name FROM customers LIMIT 3", (), schema, max_rows=7)[0].endswith("LIMIT 3")
+
+    async def test_key_is_added_for_citations(self, crm: Path) -> None:
+        """A plain one-table select gets its key column, so each row can be cited."""
+        schema = await _schema(crm)
+        sql, _ = check_sql("SELECT name FROM customers WHERE plan = ?", ("Team",), schema)
+        assert "customers.id" in sql
+
+    async def test_allowed_shapes_pass(self, crm: Path) -> None:
+        """Joins, sub-selects, CTEs over allowed tables and COUNT(*) are fine."""
+        schema = await _schema(crm)
+        for sql in (
+            "SELECT COUNT(*) AS n FROM tickets WHERE priority = ?",
+            "SELECT c.name, o.id FROM customers AS c JOIN orders AS o ON o.customer_id = c.id WHERE c.name = ?",
+            "WITH t AS (SELECT customer_id FROM tickets WHERE priority = ?) SELECT name FROM customers "
+            "WHERE id IN (SELECT customer_id FROM t)",
+        ):
+            check_sql(sql, ("x",), schema)
 
 
 class TestAllowlist:

@@ -200,6 +200,17 @@ class _NewlineAnswerer:
             yield token
 
 
+class _Streams:
+    """An answerer (a model) that streams ``text`` word by word."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    async def answer(self, *args: object, **kwargs: object) -> AsyncIterator[str]:
+        for word in self.text.split(" "):
+            yield word + " "
+
+
 class TestApiChat:
     async def test_typed_events_and_client_safe_reply(self, rag: ChatRAG) -> None:
         """/api/chat streams progress, token and a last reply event; the reply has no internal record."""
@@ -213,10 +224,35 @@ class TestApiChat:
         progress = json.loads(next(d for n, d in events if n == "progress"))
         assert set(progress) == {"node", "kind", "text"}
         reply = json.loads(events[-1][1])
-        assert set(reply) == {"text", "outcome", "citations", "missing"}
+        assert set(reply) == {"turn_id", "text", "outcome", "citations", "missing"}
         assert reply["outcome"] == "context"
         tokens = "".join(json.loads(d)["text"] for n, d in events if n == "token")
         assert tokens.strip() == reply["text"]
+
+    async def test_a_sentence_taken_back_is_forwarded_as_a_correction_event(self) -> None:
+        """When verify removes a streamed sentence, /api/chat sends a correction event naming it before the
+        reply, whose text holds the note and no longer the sentence."""
+        from ragloop.llm.offline.verify import OfflineVerifier
+        from ragloop.testing import FakeGrader, FakeRewriter
+
+        claim = "Keys are stored on the moon forever."
+        rag = ChatRAG(
+            retriever=FakeRetriever(DOCS),
+            decider=decider(),
+            grader=FakeGrader(),
+            rewriter=FakeRewriter(),
+            answerer=_Streams(f"Create a new key, deploy it, then revoke the old one. [1] {claim} [1]"),
+            verifier=OfflineVerifier(),
+        )
+        async with asgi_client(create_app(rag)) as client:
+            r = await client.post("/api/chat", json={"message": "How do I rotate an API key?"})
+        events = sse_events(r.text)
+        names = [n for n, _ in events]
+        assert "correction" in names and names.index("correction") < names.index("reply")
+        correction = json.loads(next(d for n, d in events if n == "correction"))
+        assert correction["removed"] == [claim] and correction["text"].startswith("(Correction:")
+        reply = json.loads(events[-1][1])
+        assert claim not in reply["text"] and correction["text"] in reply["text"]
 
     async def test_tokens_with_newlines_stay_whole(self) -> None:
         """Each event is one JSON data line, so tokens with newlines (or SSE syntax) arrive intact."""
@@ -509,10 +545,10 @@ class TestPage:
 
 class TestClientDict:
     async def test_client_dict_holds_no_record(self, rag: ChatRAG) -> None:
-        """Reply.client_dict has exactly text, outcome, citations (n, title, source, url) and missing."""
+        """Reply.client_dict has exactly turn_id, text, outcome, citations (n, title, source, url) and missing."""
         reply = await rag.ask("How do I rotate an API key?")
         out = reply.client_dict(lambda source: "https://x.example/" + source)
-        assert set(out) == {"text", "outcome", "citations", "missing"}
+        assert set(out) == {"turn_id", "text", "outcome", "citations", "missing"}
         cited = next(c for c in out["citations"] if c["source"] == "api-keys.md")
         assert cited == {
             "n": cited["n"],

@@ -9,7 +9,7 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 from ragloop.chat import ReplyReady
-from ragloop.events import Progress, Token
+from ragloop.events import Correction, Progress, Token
 from ragloop.serve._server import _Server
 from ragloop.serve._stream import Body, Rejected, Start, error_body, json_bytes
 from ragloop.serve._validate import _Turn
@@ -121,7 +121,8 @@ class _Completion:
 
 
 async def _api_stream(server: _Server, turn: _Turn, start: Start, body: Body) -> None:
-    """``/api/chat``: ``progress``, ``token`` and a last ``reply`` event, each one JSON payload."""
+    """``/api/chat``: ``progress``, ``token``, ``correction`` (streamed words taken back) and a last ``reply``
+    event, each one JSON payload."""
     turn = await server.prepare(turn)
     async with aclosing(server.events(turn)) as events:
         event = await anext(events, None)  # bad input raises here, before any byte
@@ -131,6 +132,10 @@ async def _api_stream(server: _Server, turn: _Turn, start: Start, body: Body) ->
                 await body(_sse("progress", {"node": event.node, "kind": event.kind, "text": event.message}))
             elif isinstance(event, Token) and event.text:
                 await body(_sse("token", {"text": event.text}))
+            elif isinstance(event, Correction):
+                await body(
+                    _sse("correction", {"removed": list(event.removed), "reason": event.reason, "text": event.note})
+                )
             elif isinstance(event, ReplyReady):
                 await body(_sse("reply", server.client_reply(event.reply, turn.session_id)))
             event = await anext(events, None)

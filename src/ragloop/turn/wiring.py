@@ -6,8 +6,10 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Unpack
 
+from ragloop.freshness import Freshness
 from ragloop.llm.cached import CachedGrader
-from ragloop.nodes.answer import Answer, Extractive
+from ragloop.llm.protocols import Answerer
+from ragloop.nodes.answer import Abstainer, Answer, Extractive
 from ragloop.nodes.decide import Decide
 from ragloop.nodes.grade import Grade
 from ragloop.nodes.hop import Hop
@@ -37,7 +39,10 @@ def default_nodes(**wiring: Unpack[TurnWiring]) -> dict[str, Node]:
 
     A ``fallback_answerer`` that can also compose a reply without I/O (the offline one: an
     :class:`~ragloop.nodes.answer.Extractive`) ends a reply the deadline cut short (``Answer.salvage``).
-    A ``verifier`` checks every finished reply (:func:`ragloop.nodes.answer.verify_reply`).
+    A ``verifier`` checks every finished reply (:func:`ragloop.nodes.answer.verify_reply`). An answerer (or
+    fallback answerer) that can also say when the passages do not support an answer (the offline one: an
+    :class:`~ragloop.nodes.answer.Abstainer`) makes the turn abstain before it answers
+    (:func:`ragloop.nodes.answer.abstain`).
 
     With ``caches`` (:class:`~ragloop.caches.Caches`) the grader, the rewrite check's embedder and, when the
     index's version is known (``index_version``, or a ``version`` attribute of the retriever), the retriever
@@ -104,9 +109,19 @@ def default_nodes(**wiring: Unpack[TurnWiring]) -> dict[str, Node]:
             fallback=fallback_answerer,
             extractive=fallback_answerer if isinstance(fallback_answerer, Extractive) else None,
             verifier=wiring.get("verifier"),
+            abstainer=_abstainer(wiring["answerer"], fallback_answerer),
             budget=s.prompt_budget,
+            freshness=Freshness(max_age_days=s.stale_after_days),
         ),
     }
+
+
+def _abstainer(*answerers: Answerer | None) -> Abstainer | None:
+    """The first answerer that can also say when the passages do not support an answer."""
+    for answerer in answerers:
+        if isinstance(answerer, Abstainer):
+            return answerer
+    return None
 
 
 def _version_of(retriever: Retriever) -> Callable[[], str] | None:

@@ -10,7 +10,9 @@ Steps, in order:
    ("How do I X and how do I Y?"), and inside comparisons ("compare A and B", "A vs B", "difference between A
    and B", lists "A, B and C"). Shared context is copied into every part: text before "compare", a trailing
    prepositional phrase ("… in the admin console"), a shared plural head ("the pro and enterprise *plans*") or
-   a shared leading head ("the *pricing of* pro and enterprise"). Comparisons of named things give one query
+   a shared leading head ("the *pricing of* pro and enterprise"), and what the sides are compared on ("SAML and
+   OIDC *when it comes to certificate rotation*", "Team vs Business*: API requests per minute*";
+   :func:`compared_sides`); "compare A *with* B and C" has two sides. Comparisons of named things give one query
    per name, each with what is asked about it (:func:`comparison_parts`): "Who is older, A or B?", "which …
    first, A or B", "Are A and B both …", "Were A and B of the same …", "Both A and B …". The turn also
    searches the question as asked beside its parts, and fuses every list (``ragloop.retrievers.fusion``).
@@ -51,6 +53,7 @@ __all__ = [
     "REPLIES",
     "Glossary",
     "OfflineDecider",
+    "compared_sides",
     "comparison_parts",
     "page_subject",
     "small_talk_kind",
@@ -246,12 +249,12 @@ def split_topics(text: str) -> list[str]:
         if m:
             pre = _surface(m.group("pre"))
             body = re.sub(r"^(?:the\s+)?(?:between|of)\s+", "", m.group("body").strip(), flags=re.IGNORECASE)
-            parts = _share_context(_CONJUNCT.split(body))
+            parts = compared_sides(body)
             if len(parts) >= 2:
                 topics.extend(f"{pre} {p}".strip() for p in parts)
                 continue
         if _VERSUS.search(clause):
-            parts = _share_context(_VERSUS.split(clause))
+            parts = compared_sides(clause)
             if len(parts) >= 2:
                 topics.extend(parts)
                 continue
@@ -260,6 +263,31 @@ def split_topics(text: str) -> list[str]:
 
 
 # --- comparison and coordination ---------------------------------------------------------------------
+# What every side is compared on: "… when it comes to X", "… in terms of X", "A vs B: X".
+_ASPECT = re.compile(
+    r"\s*,?\s*(?:\b(?:when it comes to|in terms of|with respect to|with regard to|regarding|as regards|as far as)\b"
+    r"\s+|:\s+)(?P<aspect>\S.*)$",
+    re.IGNORECASE,
+)
+# Two sides joined by "with", "to", "against" or "vs": "compare the lifespan parameter with the startup and
+# shutdown event handlers" has two sides, not three.
+_PAIRWISE = re.compile(r"^(?P<a>.+?)\s+(?:with|to|against|versus|vs\.?)\s+(?P<b>.+)$", re.IGNORECASE)
+
+
+def compared_sides(body: str) -> list[str]:
+    """The sides of a comparison ("A and B", "A vs B", "A with B and C"), each with the context they share
+    and what they are compared on ("SAML and OIDC when it comes to certificate rotation" → "SAML certificate
+    rotation", "OIDC certificate rotation"); one item when nothing is compared."""
+    aspect = ""
+    m = _ASPECT.search(body)
+    if m and key_terms(body[: m.start()]) and key_terms(m.group("aspect")):
+        aspect, body = m.group("aspect").strip(" ?.!"), body[: m.start()]
+    pair = _PAIRWISE.match(body)
+    sides = [pair.group("a"), pair.group("b")] if pair else _CONJUNCT.split(body)
+    parts = _share_context(sides)
+    return [f"{p} {aspect}".strip() for p in parts] if aspect and len(parts) >= 2 else parts
+
+
 # A name: a run of capitalised words or numbers (small joining words allowed inside), or a quoted title.
 _NAME_WORD = r"(?:[A-Z0-9][\w'’.&-]*)"
 _NAME = (

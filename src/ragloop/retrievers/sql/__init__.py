@@ -3,8 +3,9 @@
 The application says which tables and columns the source may see (``allow``) and, for a database shared by
 many organisations, which tables are tenant-scoped (``tenants``). :class:`SQLiteSource` introspects the
 allowlist (types, primary keys, foreign keys, and the distinct values of small text columns) and nothing else.
-A sub-query becomes SQL through a :class:`SQLWriter`: :class:`OfflineSQLWriter` (a few honest patterns;
-anything else is refused with "cannot answer offline") or a model (structured output, see
+A sub-query becomes SQL through a :class:`SQLWriter`: :class:`OfflineSQLWriter` (the common shapes of an
+ordinary question — values, date ranges, comparisons, counts, totals, rankings, one-hop joins; anything else is
+refused with "cannot answer offline" and what it could not write) or a model (structured output, see
 :mod:`ragloop.llm.openai_planner`). Whatever wrote it, the statement passes :func:`check_sql`, which accepts
 only what it can prove safe:
 
