@@ -1,4 +1,4 @@
-"""Helpers of the Postgres store: the driver import, credentials hiding, tsvector literals, embedding in batches."""
+"""Helpers of the Postgres store: the driver import, credentials hiding, tsvector literals, vectors read back."""
 
 from __future__ import annotations
 
@@ -9,12 +9,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.to_thread
-import numpy as np
-import numpy.typing as npt
 from attrs import frozen
 
 from ragloop._redact import redact
-from ragloop.errors import ConfigError, IndexError_, StoreUnavailable
+from ragloop.errors import ConfigError, StoreUnavailable
 from ragloop.retrievers.base import Embedder
 from ragloop.retrievers.bm25 import Tokenizer
 
@@ -143,23 +141,6 @@ def install_hint(dbname: str) -> str:
     )
 
 
-async def embed_batched(
-    embedder: Embedder, texts: Sequence[str], progress: Callable[[int, int], None] | None, batch: int = 256
-) -> list[npt.NDArray[np.float32]]:
-    out: list[npt.NDArray[np.float32]] = []
-    embed_sync = getattr(embedder, "embed_sync", None)
-    for start in range(0, len(texts), batch):
-        part = texts[start : start + batch]
-        if embed_sync is not None:
-            vecs = await anyio.to_thread.run_sync(embed_sync, part)
-        else:
-            vecs = await embedder.embed(part)
-        out.extend(np.asarray(vecs, dtype=np.float32))
-        if progress is not None:
-            progress(min(start + batch, len(texts)), len(texts))
-    return out
-
-
 def as_array(value: Any) -> Any:
     """A pgvector value as something numpy reads (the adapter returns ``Vector`` or an ndarray by version)."""
     to_numpy = getattr(value, "to_numpy", None)
@@ -179,17 +160,3 @@ def psycopg_module() -> Any:
         raise ConfigError("the Postgres store needs the [postgres] extra: pip install 'ragloop[postgres]'") from exc
     del pgvector, psycopg_pool
     return psycopg
-
-
-def embedder_named(name: str, dim: int) -> Embedder:
-    """The embedder a collection was built with, by the name recorded in ``ragloop_schema``."""
-    from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder
-
-    if name == MiniLMEmbedder.name:
-        return MiniLMEmbedder()
-    if name == f"hash-{dim}":
-        return HashEmbedder(dim)
-    raise IndexError_(
-        f"the collection was built with embedder {name!r} ({dim}-dim), which ragloop cannot rebuild by name; "
-        "pass the same embedder to PostgresStore(url, embedder)"
-    )

@@ -13,12 +13,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ragloop.errors import PruneRefused, StoreUnavailable
+from ragloop.retrievers.embed import embed_batched
 from ragloop.retrievers.index import index_text
 from ragloop.retrievers.postgres._common import (
     _APP,
     Store,
     as_array,
-    embed_batched,
     hide_credentials,
     hide_password,
     psycopg_module,
@@ -225,9 +225,8 @@ async def replace_documents(
             delta = Counter(deltas)
             delta.subtract({term: int(n) for term, n in old_terms})
             removed_chunks, removed_tokens = len(gone), sum(int(g[2]) for g in gone)
-            st = await (
+            st = await (  # the statistics row is rewritten by every write: its transaction id is the version
                 await conn.execute(
-                    # The statistics row is rewritten by every write: its transaction id is the version.
                     f"update {t['stats']} set n = n + %s, total_len = total_len + %s "
                     "returning n, total_len, xmin::text",
                     (len(rows) - removed_chunks, new_len - removed_tokens),
@@ -412,8 +411,7 @@ async def refresh_stats(store: Store) -> None:
             await conn.execute(
                 f"insert into {t['keys']} select distinct jsonb_object_keys(metadata) from {t['chunks']}"
             )
-            assert row is not None
-            return str(row[0])
+            return str(row[0])  # type: ignore[index]  # the statistics row always exists
 
     store._saw_version(await store._run(go))
 
