@@ -171,7 +171,6 @@ class TestDisconnect:
         assert 'status="500"' not in metrics
         assert "ragloop_turns_in_flight 0.0" in metrics
 
-
     @pytest.mark.parametrize(
         ("content_type", "length", "status"),
         [("text/plain", 300, b"415"), ("application/json", 3000, b"413")],
