@@ -51,10 +51,6 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 
 #: Arrows allowed against the order, each with the reason and who removes it: ``(importer, imported) -> note``.
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("ragloop.testing._handler", "ragloop.testing._server"): (
-        "TYPE_CHECKING-only back-reference (the handler's owner type) closing a cycle with _server -> _handler; "
-        "the test-kit owner replaces it with a Protocol in _handler"
-    ),
     ("ragloop.cli_store", "ragloop.cli"): (
         "function-level imports of cli's helpers (_Progress …) close a cycle with cli -> cli_store; the store "
         "CLI's owner moves the shared helpers into a module both import"

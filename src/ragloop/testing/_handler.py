@@ -9,23 +9,39 @@ import json
 import select
 import socket
 import struct
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ragloop.testing._recorded import RecordedRequest
 from ragloop.testing._script import Latency, ScriptedResponse, word_count
 
-if TYPE_CHECKING:
-    from ragloop.testing._server import ScriptedOpenAIServer
+
+class ScriptOwner(Protocol):
+    """What the handler needs of the server that owns the script (:class:`~ragloop.testing.ScriptedOpenAIServer`).
+
+    A Protocol rather than the server's class, so that this module does not import the one that imports it.
+    """
+
+    latency: Latency | None
+    _stopping: threading.Event
+
+    def vector(self, text: str) -> list[float]: ...
+    def _connection_opened(self, sock: socket.socket) -> None: ...
+    def _connection_closed(self, sock: socket.socket) -> None: ...
+    def _count(self, name: str) -> None: ...
+    def _record(self, method: str, path: str, headers: Mapping[str, str], body: Any) -> RecordedRequest: ...
+    def _next_chat(self, request: RecordedRequest) -> ScriptedResponse: ...
+    def _next_embedding(self) -> ScriptedResponse: ...
 
 
 class _ClientGone(Exception):
     """The client closed the connection while the server was waiting or writing."""
 
 
-def make_http_server(owner: ScriptedOpenAIServer) -> http.server.ThreadingHTTPServer:
+def make_http_server(owner: ScriptOwner) -> http.server.ThreadingHTTPServer:
     """A threading HTTP server bound to a free port on 127.0.0.1 whose handlers answer from ``owner``."""
 
     class Handler(_Handler):
@@ -44,7 +60,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     # Headers and body go out in separate writes; with Nagle's algorithm the body would wait for the client's
     # delayed ACK (~40 ms on Linux), a server artefact that would show up as model latency.
     disable_nagle_algorithm = True
-    server_owner: ScriptedOpenAIServer
+    server_owner: ScriptOwner
 
     # -- connection bookkeeping ---------------------------------------------------------------------------
 
