@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["REDACTED", "bounded", "redact", "upstream"]
+__all__ = ["REDACTED", "bounded", "hide_credentials", "hide_password", "redact", "upstream"]
 
 #: What a redacted secret reads as.
 REDACTED = "***"
@@ -58,3 +58,14 @@ def bounded(text: str, max_chars: int = 2_000) -> str:
     if len(text) <= max_chars:
         return text
     return f"{text[:max_chars]}… ({len(text) - max_chars:,} more characters)"
+
+
+def hide_password(text: str) -> str:
+    """``text`` without the passwords of URLs (even unescaped ``/`` or ``@`` in one), ``password=`` settings
+    (keyword conninfo, ``?password=``) or other credentials :func:`redact` knows."""
+    return redact(re.sub(r"(?i)(postgres(?:ql)?://[^:@/\s]*):\S*@", r"\1:***@", text))
+
+
+def hide_credentials(message: str, url: str) -> str:
+    """A driver's error about ``url`` on one line, the password gone (libpq quotes a URL it cannot parse whole)."""
+    return " ".join(hide_password(message).replace(url, hide_password(url)).split())

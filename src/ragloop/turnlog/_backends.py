@@ -54,7 +54,7 @@ class PostgresBackend(SQLBackend):
     float_type, blob_type = "double precision", "bytea"
 
     def __init__(self, url: str, *, connect_timeout_s: float = 5.0, statement_timeout_s: float = 10.0) -> None:
-        from ragloop.retrievers.postgres import hide_credentials
+        from ragloop._redact import hide_credentials
 
         super().__init__(hide_credentials(url, url))
         self.url = url

@@ -66,7 +66,8 @@ which :meth:`~PostgresStore.sync` runs when a large share of the collection chan
 
 from __future__ import annotations
 
-from ragloop.retrievers.postgres._common import StoreInfo, hide_credentials
+from ragloop._redact import hide_credentials
+from ragloop.retrievers.postgres._common import StoreInfo
 from ragloop.retrievers.postgres._doctor import (
     CollectionReport,
     ScopeCount,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -11,7 +10,7 @@ import anyio
 import anyio.to_thread
 from attrs import frozen
 
-from ragloop._redact import redact
+from ragloop._redact import hide_credentials, hide_password
 from ragloop.errors import ConfigError, StoreUnavailable
 from ragloop.retrievers.base import Embedder
 from ragloop.retrievers.bm25 import Tokenizer
@@ -103,17 +102,6 @@ def tsvector(tokens: Sequence[str]) -> str:
         quoted = tok.replace("\\", "\\\\").replace("'", "''")
         parts.append(f"'{quoted}':{','.join(map(str, where[:256]))}")
     return " ".join(parts)
-
-
-def hide_password(text: str) -> str:
-    """``text`` without the passwords of URLs (even unescaped ``/`` or ``@`` in one), ``password=`` settings
-    (keyword conninfo, ``?password=``) or other credentials :func:`ragloop._redact.redact` knows."""
-    return redact(re.sub(r"(?i)(postgres(?:ql)?://[^:@/\s]*):\S*@", r"\1:***@", text))
-
-
-def hide_credentials(message: str, url: str) -> str:
-    """A driver's error about ``url`` on one line, the password gone (libpq quotes a URL it cannot parse whole)."""
-    return " ".join(hide_password(message).replace(url, hide_password(url)).split())
 
 
 async def probe(url: str, timeout_s: float) -> None:

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from ragloop._redact import hide_credentials, hide_password
 from ragloop.errors import RetrievalError, StoreUnavailable
-from ragloop.retrievers.postgres._common import _APP, hide_credentials, hide_password, probe, psycopg_module
+from ragloop.retrievers.postgres._common import _APP, probe, psycopg_module
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection

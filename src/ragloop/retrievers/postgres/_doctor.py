@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import asdict, frozen
 
+from ragloop._redact import hide_credentials, hide_password
 from ragloop.errors import StoreUnavailable
-from ragloop.retrievers.postgres._common import _APP, hide_credentials, hide_password, psycopg_module
+from ragloop.retrievers.postgres._common import _APP, psycopg_module
 from ragloop.retrievers.postgres._schema import SCHEMA_VERSION, missing_indexes, table_dim
 from ragloop.retrievers.scope import Scope
 

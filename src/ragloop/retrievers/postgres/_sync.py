@@ -12,18 +12,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from ragloop._redact import hide_credentials, hide_password
 from ragloop.errors import PruneRefused, StoreUnavailable
 from ragloop.retrievers.embed import embed_batched
 from ragloop.retrievers.index import index_text
-from ragloop.retrievers.postgres._common import (
-    _APP,
-    Store,
-    as_array,
-    hide_credentials,
-    hide_password,
-    psycopg_module,
-    tsvector,
-)
+from ragloop.retrievers.postgres._common import _APP, Store, as_array, psycopg_module, tsvector
 from ragloop.retrievers.scope import Scope
 from ragloop.retrievers.update import (
     SyncSummary,

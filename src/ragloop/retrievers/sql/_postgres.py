@@ -10,8 +10,8 @@ from typing import Any
 from attrs import define, field
 
 from ragloop._log import get_logger
+from ragloop._redact import hide_credentials
 from ragloop.errors import ConfigError, QueryRefused, SourceError
-from ragloop.retrievers.postgres import hide_credentials
 from ragloop.retrievers.sources import Filters, SourceResult
 from ragloop.retrievers.sql._check import check_sql
 from ragloop.retrievers.sql._offline import OfflineSQLWriter
