@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("turn",),  # settings, default nodes, graph, decision record
     ("chat", "otel"),  # ChatRAG, Reply; OpenTelemetry spans of finished turns
     # the app, the CLI, the test kit, the facade
-    ("serve", "cli", "cli_chat", "cli_doctor", "cli_serve", "cli_store", "testing", "ragloop"),
+    ("serve", "cli", "cli_chat", "cli_doctor", "cli_ingest", "cli_serve", "cli_store", "testing", "ragloop"),
 )
 
 #: Arrows allowed against the order, each with the reason and who removes it: ``(importer, imported) -> note``.

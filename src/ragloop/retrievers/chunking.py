@@ -1,8 +1,8 @@
-"""Splitting cleaned text into bounded, heading-aware pieces (moved to :mod:`ragloop.retrievers.ingest`).
+"""Cutting documents into chunks (moved to :mod:`ragloop.retrievers.ingest`).
 
 The public names stay importable from here.
 """
 
-from ragloop.retrievers.ingest._chunk import Section, check_limits, chunk_id, split_long, split_sections
+from ragloop.retrievers.ingest._chunk import Piece, check_limits, chunk_blocks, chunk_id, index_text
 
-__all__ = ["Section", "check_limits", "chunk_id", "split_long", "split_sections"]
+__all__ = ["Piece", "check_limits", "chunk_blocks", "chunk_id", "index_text"]

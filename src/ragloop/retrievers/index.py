@@ -46,6 +46,7 @@ from ragloop.retrievers.dense import DenseIndex, DenseRetriever
 from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder, Progress, file_sha256
 from ragloop.retrievers.filters import Filters
 from ragloop.retrievers.hybrid import HybridRetriever
+from ragloop.retrievers.ingest._chunk import index_text
 from ragloop.state import Chunk, Hit
 
 __all__ = ["FORMAT_VERSION", "INDEX_MARKER", "KnowledgeIndex", "Mode", "check_index_target", "index_text"]
@@ -65,17 +66,6 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>[0-9]+)-[0-9a-f]{12}")
 #: Names a save writes at the top of an index folder (what a leftover temporary folder may hold).
 _INDEX_ENTRIES = frozenset({_MANIFEST, _CHUNKS, "bm25", "dense.faiss", "dense.json"})
-
-
-def index_text(chunk: Chunk) -> str:
-    """The text that is indexed for a chunk: its title and heading path (when not already in the text),
-    then the text. Titles carry much of a document's topic, for both BM25 and the embedder."""
-    head: list[str] = []
-    for part in (chunk.title, *chunk.title_path):
-        part = part.strip()
-        if part and part not in head and not chunk.text.startswith(part):
-            head.append(part)
-    return "\n".join([*head, chunk.text]) if head else chunk.text
 
 
 def _remove_dead_leftovers(parent: Path, name: str) -> None:

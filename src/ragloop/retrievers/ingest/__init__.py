@@ -1,7 +1,8 @@
 """Ingestion: load documents, clean them, cut them into chunks.
 
-Two sources are understood: a folder of ``.md``/``.markdown``/``.txt``/``.html``/``.htm`` files, and a
-BEIR corpus (``corpus.jsonl`` or ``corpus.jsonl.gz``, one ``{"_id", "title", "text"}`` object a line).
+Two sources are understood: a folder of documents (markdown, text, HTML, reStructuredText, PDF, DOCX; see
+:data:`SUFFIXES`), and a BEIR corpus (``corpus.jsonl`` or ``corpus.jsonl.gz``, one ``{"_id", "title",
+"text"}`` object a line).
 :func:`ingest_path` detects which one it was given and returns deduplicated chunks plus what it skipped
 and why; nothing in a bad file (not UTF-8, binary, malformed JSON line) stops the run.
 
@@ -18,36 +19,63 @@ Example::
 """
 
 from ragloop.retrievers.ingest._beir import load_beir
+from ragloop.retrievers.ingest._blocks import Block, MissingExtra, render
+from ragloop.retrievers.ingest._chunk import index_text
 from ragloop.retrievers.ingest._clean import clean_text, split_front_matter
 from ragloop.retrievers.ingest._files import load_folder, read_document
-from ragloop.retrievers.ingest._pipeline import chunk_document, ingest_path
+from ragloop.retrievers.ingest._globs import FileFilter
+from ragloop.retrievers.ingest._pipeline import (
+    INGEST_VERSION,
+    Explained,
+    chunk_document,
+    document_blocks,
+    explain_file,
+    ingest_path,
+)
+from ragloop.retrievers.ingest._tokens import Tokenizer, WordTokens, default_tokenizer
 from ragloop.retrievers.ingest._types import (
     CLEAN_BUDGET_S,
     MAX_FILE_BYTES,
     MAX_LINE_BYTES,
+    SKIP_KINDS,
     SUFFIXES,
     Document,
     IngestResult,
     Skip,
     safe_name,
+    skip_kind,
     skip_kinds,
 )
 
 __all__ = [
     "CLEAN_BUDGET_S",
+    "INGEST_VERSION",
     "MAX_FILE_BYTES",
     "MAX_LINE_BYTES",
+    "SKIP_KINDS",
     "SUFFIXES",
+    "Block",
     "Document",
+    "Explained",
+    "FileFilter",
     "IngestResult",
+    "MissingExtra",
     "Skip",
+    "Tokenizer",
+    "WordTokens",
     "chunk_document",
     "clean_text",
+    "default_tokenizer",
+    "document_blocks",
+    "explain_file",
+    "index_text",
     "ingest_path",
     "load_beir",
     "load_folder",
     "read_document",
+    "render",
     "safe_name",
+    "skip_kind",
     "skip_kinds",
     "split_front_matter",
 ]

@@ -1,33 +1,35 @@
-"""Splitting cleaned text into bounded, heading-aware pieces.
+"""Cutting a document's blocks into chunks sized in the embedder's own tokens.
 
-Pure functions over strings; :func:`ragloop.retrievers.ingest.chunk_document` turns their output into
-:class:`~ragloop.state.Chunk` values. Every piece is a slice of the cleaned text (stripped of surrounding
-whitespace), so no text is lost or rewritten: long sections are split at the best boundary available
-(paragraph, line, sentence, word) and consecutive pieces of one section overlap by up to ``overlap``
-characters, starting at a word boundary.
+A chunk never spans two sections: the document is split at its headings first (a heading with nothing under
+it joins the section that follows). A section whose text, with the title and heading path that
+:func:`index_text` puts in front, fits ``max_tokens`` is one chunk; a longer one is cut into pieces of about
+equal size at the best boundary there is: between blocks, then between sentences of a paragraph or rows of a
+table or lines of code (each piece of code fenced again), then between words, and only a single enormous word
+at a token boundary. So no chunk is ever truncated by the embedder, a table is never cut inside a row, and
+the pieces of every block, joined, give the block back: nothing is lost and nothing repeated.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import unicodedata
+from collections.abc import Sequence
+
+from attrs import frozen
 
 from ragloop.errors import ConfigError
-from ragloop.retrievers.ingest._clean import iter_segments
+from ragloop.retrievers.ingest._blocks import Block, render_block
+from ragloop.retrievers.ingest._tokens import Tokenizer
+from ragloop.state import Chunk
 
-__all__ = ["Section", "check_limits", "chunk_id", "split_long", "split_sections"]
+__all__ = ["Piece", "check_limits", "chunk_blocks", "chunk_id", "index_text"]
 
-#: A section of a markdown document: ``(title_path, start, end)`` offsets into the text.
-Section = tuple[tuple[str, ...], int, int]
-
-_HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.+?)[ \t]*$")
-_BREAKS = (
-    re.compile(r"\n[ \t]*\n"),  # paragraph
-    re.compile(r"\n"),  # line
-    re.compile(r"[.!?:;][\"')\]]*[ \t]+"),  # sentence or clause
-    re.compile(r"[ \t]+"),  # word
-)
+#: Fewest tokens left for a chunk's own text once the title and heading path are counted.
+_MIN_BODY = 16
+_SENTENCE_END = re.compile(r"(?<=[.!?:;])[\"')\]]*\s+")
+_SPACE = re.compile(r"\s+")
 
 
 def chunk_id(text: str) -> str:
@@ -40,146 +42,288 @@ def chunk_id(text: str) -> str:
     return hashlib.sha256(normalised.encode("utf-8", "surrogatepass")).hexdigest()[:20]
 
 
-def check_limits(max_chars: int, overlap: int) -> None:
-    """Raise :class:`~ragloop.errors.ConfigError` unless ``0 <= overlap < max_chars``."""
-    if max_chars < 1:
-        raise ConfigError(f"max_chars must be at least 1 (got {max_chars}); 1200 is a good default")
-    if not 0 <= overlap < max_chars:
-        raise ConfigError(
-            f"overlap must be at least 0 and smaller than max_chars={max_chars} (got {overlap}); "
-            "about an eighth of max_chars works well"
+def index_text(chunk: Chunk) -> str:
+    """The text that is indexed for a chunk: its title and heading path (when not already in the text),
+    then the text. Titles carry much of a document's topic, for both BM25 and the embedder."""
+    head: list[str] = []
+    for part in (chunk.title, *chunk.title_path):
+        part = part.strip()
+        if part and part not in head and not chunk.text.startswith(part):
+            head.append(part)
+    return "\n".join([*head, chunk.text]) if head else chunk.text
+
+
+def check_limits(max_tokens: int, max_chars: int | None = None) -> None:
+    """Raise :class:`~ragloop.errors.ConfigError` unless the chunk limits leave room for text."""
+    if max_tokens < _MIN_BODY + 2:
+        raise ConfigError(f"max_tokens must be at least {_MIN_BODY + 2} (got {max_tokens}); 256 is a good default")
+    if max_chars is not None and max_chars < 1:
+        raise ConfigError(f"max_chars must be at least 1 (got {max_chars}); leave it out to cut by tokens only")
+
+
+@frozen
+class Piece:
+    """One chunk's worth of a document, before it becomes a :class:`~ragloop.state.Chunk`.
+
+    Attributes:
+        text: The chunk text (markdown: heading lines, prose, fenced code, table rows).
+        title_path: The headings it sits under, outermost first.
+        anchor: The id of its nearest heading (``""`` if none).
+        page: The page it starts on (PDF), else 0.
+        parts: The content of each block piece it holds, in order (what the no-loss property checks).
+    """
+
+    text: str
+    title_path: tuple[str, ...]
+    anchor: str
+    page: int
+    parts: tuple[str, ...]
+
+
+@frozen
+class _Unit:
+    """An uncuttable piece of a block: its rendered text, tokens, and what joins it to the previous unit."""
+
+    text: str
+    content: str
+    tokens: int
+    joiner: str
+    page: int
+
+
+def _sections(blocks: Sequence[Block]) -> list[tuple[tuple[str, ...], str, list[Block]]]:
+    """``(heading path, anchor, blocks)`` per section; bare headings join the next section."""
+    stack: list[tuple[int, str, str]] = []
+    sections: list[tuple[tuple[str, ...], str, list[Block]]] = []
+    pending: list[Block] = []
+    current: list[Block] = []
+    path: tuple[str, ...] = ()
+    anchor = ""
+    for block in blocks:
+        if block.kind == "heading":
+            if any(b.kind != "heading" for b in current):
+                sections.append((path, anchor, current))
+                current = []
+            pending, current = [], [*current, block]
+            while stack and stack[-1][0] >= block.level:
+                stack.pop()
+            stack.append((block.level, block.text, block.anchor))
+            path = tuple(t for _, t, _ in stack)
+            anchor = block.anchor or next((a for _, _, a in reversed(stack) if a), "")
+        else:
+            current.append(block)
+    del pending
+    if current:
+        if all(b.kind == "heading" for b in current) and sections:
+            p, a, prev = sections[-1]
+            sections[-1] = (p, a, prev + current)
+        else:
+            sections.append((path, anchor, current))
+    return sections
+
+
+def chunk_blocks(
+    blocks: Sequence[Block],
+    tokenizer: Tokenizer,
+    *,
+    max_tokens: int = 256,
+    title: str = "",
+    max_chars: int | None = None,
+) -> list[Piece]:
+    """Cut a document's blocks into pieces whose :func:`index_text` fits ``max_tokens`` (see the module docstring).
+
+    Args:
+        blocks: The document's blocks, in order.
+        tokenizer: The embedder's tokenizer.
+        max_tokens: Most tokens per chunk, the embedder's special tokens and the title in front included.
+        title: The document title (put in front of every chunk's indexed text).
+        max_chars: Most characters of chunk text, as well (``None``: tokens only).
+
+    Returns:
+        The pieces in document order, none empty.
+    """
+    check_limits(max_tokens, max_chars)
+    limit_chars = math.inf if max_chars is None else max_chars
+    out: list[Piece] = []
+    for path, anchor, section in _sections(blocks):
+        kept, budget = _fit_head(tokenizer, title, path, max_tokens)
+        head = "\n".join(p for p in dict.fromkeys(x.strip() for x in (title, *kept)) if p)
+        for _ in range(4):  # counts add up across whitespace; a cut inside a word may not, so check and retry
+            pieces = _pack_section(section, tokenizer, budget, limit_chars, kept, anchor)
+            texts = [f"{head}\n{p.text}" if head else p.text for p in pieces]
+            worst = max((len(s) for s in tokenizer.token_spans(texts)), default=0) + tokenizer.special_tokens
+            if worst <= max_tokens or budget <= _MIN_BODY:
+                break
+            budget = max(_MIN_BODY, budget - (worst - max_tokens))
+        out.extend(pieces)
+    return out
+
+
+def _pack_section(
+    section: Sequence[Block], tokenizer: Tokenizer, budget: int, limit_chars: float, path: tuple[str, ...], anchor: str
+) -> list[Piece]:
+    units = _units(section, tokenizer, budget, limit_chars)
+    if not units:
+        return []
+    total = sum(u.tokens for u in units)
+    target = min(budget, max(math.ceil(total / max(1, math.ceil(total / budget))), max(u.tokens for u in units)))
+    pieces: list[Piece] = []
+    current: list[_Unit] = []
+    used = chars = 0
+    for unit in units:
+        grown = chars + (len(unit.joiner) if current else 0) + len(unit.text)
+        if current and (used + unit.tokens > target or grown > limit_chars):
+            pieces.append(_piece(current, path, anchor))
+            current, used, grown = [], 0, len(unit.text)
+        current.append(unit)
+        used += unit.tokens
+        chars = grown
+    pieces.append(_piece(current, path, anchor))
+    return pieces
+
+
+def _fit_head(tokenizer: Tokenizer, title: str, path: tuple[str, ...], max_tokens: int) -> tuple[tuple[str, ...], int]:
+    """The heading path kept in front of the chunks (outer headings dropped when it leaves too little room) and
+    the tokens left for the chunk text."""
+    while True:
+        head = "\n".join(p for p in dict.fromkeys(x.strip() for x in (title, *path)) if p)
+        used = len(tokenizer.token_spans([head])[0]) if head else 0
+        budget = max_tokens - tokenizer.special_tokens - used
+        if budget >= max(_MIN_BODY, max_tokens // 4) or not path:
+            return path, max(budget, _MIN_BODY)
+        path = path[1:]
+
+
+def _piece(units: list[_Unit], path: tuple[str, ...], anchor: str) -> Piece:
+    text = units[0].text + "".join(u.joiner + u.text for u in units[1:])
+    page = next((u.page for u in units if u.page), 0)
+    return Piece(text, path, anchor, page, tuple(u.content for u in units))
+
+
+def _units(blocks: Sequence[Block], tokenizer: Tokenizer, budget: int, limit_chars: float) -> list[_Unit]:
+    """Every block as one unit when it fits, else cut at its best boundaries into units that do."""
+    kept = [b for b in blocks if b.text.strip()]
+    rendered = [render_block(b) for b in kept]
+    counts = [len(s) for s in tokenizer.token_spans(rendered)]
+    units: list[_Unit] = []
+    for block, text, tokens in zip(kept, rendered, counts, strict=True):
+        if tokens <= budget and len(text) <= limit_chars:
+            units.append(_Unit(text, block.text, tokens, "\n\n", block.page))
+        elif block.kind == "code":
+            units.extend(_code_units(block, tokenizer, budget, limit_chars))
+        else:
+            units.extend(_prose_units(block, tokenizer, budget, limit_chars))
+    return units
+
+
+def _prose_units(block: Block, tokenizer: Tokenizer, budget: int, limit_chars: float) -> list[_Unit]:
+    """A long paragraph, table or heading cut at sentences (rows), then words; a heading keeps its marker."""
+    marker = "#" * max(1, min(block.level, 6)) + " " if block.kind == "heading" else ""
+    marker_tokens = len(tokenizer.token_spans([marker])[0]) if marker else 0
+    separator = "\n" if block.kind == "table" else None
+    parts = _cut(block.text, tokenizer, budget - marker_tokens, limit_chars - len(marker), separator)
+    return [
+        _Unit(
+            (marker if i == 0 else "") + part,
+            part,
+            tokens + (marker_tokens if i == 0 else 0),
+            "\n\n" if i == 0 else joiner,
+            block.page,
         )
+        for i, (part, tokens, joiner) in enumerate(parts)
+    ]
 
 
-def split_sections(text: str) -> list[Section]:
-    """Split cleaned markdown at its heading lines (``#`` lines outside fenced code).
+def _code_units(block: Block, tokenizer: Tokenizer, budget: int, limit_chars: float) -> list[_Unit]:
+    """A long code block cut between lines, each piece fenced again."""
+    fence = "~~~" if "```" in block.text else "```"
+    frame = f"{fence}{block.lang}\n\n{fence}"
+    overhead = len(tokenizer.token_spans([frame])[0])
+    units = []
+    for part, _tokens, _joiner in _cut(block.text, tokenizer, budget - overhead, limit_chars - len(frame), "\n"):
+        rendered = f"{fence}{block.lang}\n{part}\n{fence}"
+        units.append(_Unit(rendered, part, len(tokenizer.token_spans([rendered])[0]), "\n\n", block.page))
+    return units
 
-    A section runs from its heading line to the next heading line; the text before the first heading is a
-    section with an empty title path. A heading with no text under it is merged into the section that
-    follows (or, at the end of the document, the one before), so no section is a lone heading unless the
-    document is only headings.
 
-    Args:
-        text: Cleaned markdown (see :func:`ragloop.retrievers.clean.clean_text`).
+def _cut(
+    text: str, tokenizer: Tokenizer, budget: int, limit_chars: float, separator: str | None
+) -> list[tuple[str, int, str]]:
+    """``text`` cut into ``(part, tokens, separator before it)`` that each fit, packed greedily.
 
-    Returns:
-        Sections in document order; their spans are contiguous and together cover ``text``.
+    The cut points are, in order of preference: ``separator`` (rows, lines) or sentence ends, then whitespace,
+    then token boundaries. Joining the parts with their separators gives ``text`` back exactly.
     """
-    headings: list[tuple[int, int, str]] = []  # (offset, level, title)
-    offset = 0
-    for is_code, segment in iter_segments(text):
-        if not is_code:
-            line_start = offset
-            for line in segment.split("\n"):
-                match = _HEADING.match(line)
-                if match is not None:
-                    headings.append((line_start, len(match.group(1)), match.group(2)))
-                line_start += len(line) + 1
-        offset += len(segment)
-
-    stack: list[tuple[int, str]] = []
-    sections: list[Section] = []
-    if not headings or headings[0][0] > 0:
-        first_end = headings[0][0] if headings else len(text)
-        if text[:first_end].strip():
-            sections.append(((), 0, first_end))
-    for index, (start, level, title) in enumerate(headings):
-        while stack and stack[-1][0] >= level:
-            stack.pop()
-        stack.append((level, title))
-        end = headings[index + 1][0] if index + 1 < len(headings) else len(text)
-        sections.append((tuple(t for _, t in stack), start, end))
-    if sections and sections[0][1] > 0:  # leading whitespace before the first heading
-        path, _, end = sections[0]
-        sections[0] = (path, 0, end)
-    return _merge_bare_headings(text, sections)
+    budget = max(1, budget)
+    atoms = _atoms(text, tokenizer, budget, limit_chars, 0 if separator is None else 1, separator)
+    out: list[tuple[str, int, str]] = []
+    for atom, tokens, before in atoms:
+        if out and out[-1][1] + tokens <= budget and len(out[-1][0]) + len(before) + len(atom) <= limit_chars:
+            part, count, sep = out[-1]
+            out[-1] = (part + before + atom, count + tokens, sep)
+        else:
+            out.append((atom, tokens, before))
+    return out
 
 
-def _merge_bare_headings(text: str, sections: list[Section]) -> list[Section]:
-    merged: list[Section] = []
-    pending_start: int | None = None
-    for path, start, end in sections:
-        body = text[start:end].split("\n", 1)
-        bare = path != () and (len(body) == 1 or not body[1].strip())
-        if bare:
-            pending_start = start if pending_start is None else pending_start
+def _atoms(
+    text: str, tokenizer: Tokenizer, budget: int, limit_chars: float, level: int, separator: str | None
+) -> list[tuple[str, int, str]]:
+    """``(atom, tokens, separator before it)``: ``text`` split at the level's boundaries, recursing into any
+    atom that is still too long; level 0 sentences (or ``separator``), 1 whitespace, 2 token boundaries."""
+    if level >= 3:
+        return _token_cut(text, tokenizer, budget)
+    if level == 0:
+        pairs = _split_keep(text, _SENTENCE_END)
+    elif level == 1 and separator is not None:
+        pairs = [(line, "\n") for line in text.split(separator)]
+        pairs[-1] = (pairs[-1][0], "")
+        separator = None
+        level = 0  # rows or lines next fall back to whitespace
+    else:
+        pairs = _split_keep(text, _SPACE)
+    counts = [len(s) for s in tokenizer.token_spans([p for p, _ in pairs])]
+    out: list[tuple[str, int, str]] = []
+    before = ""
+    for (part, after), tokens in zip(pairs, counts, strict=True):
+        if tokens <= budget and len(part) <= limit_chars:
+            out.append((part, tokens, before))
+        else:
+            sub = _atoms(part, tokenizer, budget, limit_chars, level + 1 if level > 0 else 1, None)
+            if sub:
+                sub[0] = (sub[0][0], sub[0][1], before)
+            out.extend(sub)
+        before = after
+    return out
+
+
+def _token_cut(text: str, tokenizer: Tokenizer, budget: int) -> list[tuple[str, int, str]]:
+    """One word too long for a chunk, cut at token boundaries (never inside a token)."""
+    spans = tokenizer.token_spans([text])[0]
+    out: list[tuple[str, int, str]] = []
+    start = 0
+    for i in range(budget, len(spans), budget):
+        cut = spans[i][0]
+        out.append((text[start:cut], budget, ""))
+        start = cut
+    out.append((text[start:], len(spans) - budget * (len(out)), ""))
+    return [(t, max(k, 1), s) for t, k, s in out if t]
+
+
+def _split_keep(text: str, pattern: re.Pattern[str]) -> list[tuple[str, str]]:
+    """``text`` cut at each match of ``pattern``: ``(piece, separator that followed it)``; the pieces and
+    separators joined give ``text`` back."""
+    out: list[tuple[str, str]] = []
+    pos = 0
+    for m in pattern.finditer(text):
+        if m.start() == pos and out:  # a separator right after another joins it
+            out[-1] = (out[-1][0], out[-1][1] + m.group(0))
+            pos = m.end()
             continue
-        merged.append((path, start if pending_start is None else pending_start, end))
-        pending_start = None
-    if pending_start is not None:
-        if merged:
-            path, start, _ = merged[-1]
-            merged[-1] = (path, start, len(text))
-        else:
-            merged.append((sections[-1][0], pending_start, len(text)))
-    return merged
-
-
-def split_long(text: str, start: int, end: int, max_chars: int, overlap: int) -> list[tuple[int, int]]:
-    """Split ``text[start:end]`` into spans of at most ``max_chars`` characters.
-
-    Each span ends at the best boundary inside its window (paragraph, then line, then sentence, then word,
-    preferring boundaries in the window's second half); the next span starts at the first word that begins
-    within ``overlap`` characters before that end. A word longer than ``max_chars`` is cut hard, without
-    overlap.
-
-    Args:
-        text: The whole cleaned text.
-        start: Span start offset.
-        end: Span end offset.
-        max_chars: Largest span length.
-        overlap: Characters of context repeated from the end of one span at the start of the next.
-
-    Returns:
-        ``(start, end)`` offsets, in order, each with non-whitespace content.
-    """
-    spans: list[tuple[int, int]] = []
-    pos = _skip_space(text, start, end)
-    while pos < end:
-        if end - pos <= max_chars:
-            spans.append((pos, end))
-            break
-        cut, hard = _best_cut(text, pos, pos + max_chars)
-        spans.append((pos, cut))
-        if hard:
-            pos = cut
-        else:
-            nxt = _next_word_start(text, max(cut - overlap, pos + 1), cut)
-            pos = _skip_space(text, nxt, end)
-    return [(a, b) for a, b in spans if text[a:b].strip()]
-
-
-def _best_cut(text: str, pos: int, limit: int) -> tuple[int, bool]:
-    """Return ``(cut, hard)``: where to end a span that starts at ``pos`` and may not pass ``limit``."""
-    window = text[pos:limit]
-    # A boundary only counts if it lies before the start of the text that follows it; include the next
-    # character so a break exactly at ``limit`` is seen.
-    probe = text[pos : limit + 1]
-    half = len(window) // 2
-    fallback = -1
-    for pattern in _BREAKS:
-        best = -1
-        for match in pattern.finditer(probe):
-            cut = match.start() + len(match.group(0).rstrip())  # keep "end." and its closing quote
-            if 0 < cut <= len(window):
-                best = cut
-        if best >= half:
-            return pos + best, False
-        fallback = max(fallback, best)
-    if fallback > 0:
-        return pos + fallback, False
-    return limit, True  # one word longer than max_chars
-
-
-def _next_word_start(text: str, lo: int, hi: int) -> int:
-    """First offset in ``[lo, hi]`` where a word starts (``hi`` if none)."""
-    for i in range(lo, hi):
-        if not text[i].isspace() and (i == 0 or text[i - 1].isspace()):
-            return i
-    return hi
-
-
-def _skip_space(text: str, pos: int, end: int) -> int:
-    while pos < end and text[pos].isspace():
-        pos += 1
-    return pos
+        kept = m.group(0)
+        stripped = kept.rstrip()
+        out.append((text[pos : m.start()] + stripped, kept[len(stripped) :]))
+        pos = m.end()
+    if pos < len(text) or not out:
+        out.append((text[pos:], ""))
+    return out

@@ -7,24 +7,35 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from ragloop.retrievers.ingest._clean import clean_title, element_text, split_front_matter
+from ragloop.retrievers.ingest._blocks import Block, MissingExtra, render
+from ragloop.retrievers.ingest._clean import clean_title, split_front_matter
+from ragloop.retrievers.ingest._decode import Undecodable, decode_text
+from ragloop.retrievers.ingest._globs import FileFilter
+from ragloop.retrievers.ingest._html import html_blocks
+from ragloop.retrievers.ingest._loaders import LoaderError, docx_blocks, pdf_blocks, rst_blocks
 from ragloop.retrievers.ingest._types import _MD_H1, MAX_FILE_BYTES, SUFFIXES, Document, Skip, _Refused, safe_name
 
 # --- loading a folder ----------------------------------------------------------------------------------
 
 
-def load_folder(path: str | os.PathLike[str], *, max_file_bytes: int = MAX_FILE_BYTES) -> Iterator[Document | Skip]:
-    """Read every supported file under a folder, recursively, in sorted path order.
+def load_folder(
+    path: str | os.PathLike[str],
+    *,
+    max_file_bytes: int = MAX_FILE_BYTES,
+    select: FileFilter | None = None,
+) -> Iterator[Document | Skip]:
+    """Read every file under a folder, recursively, in sorted path order.
 
-    Hidden files and folders (names starting with ``.``) are left out. A file that cannot be read, is
-    binary, is not UTF-8, is larger than ``max_file_bytes``, is not a regular file (FIFO, device, socket) or
-    is a symbolic link leading out of the folder comes back as a :class:`Skip` naming the file and the
-    problem; so does a linked folder (never followed). Nothing raises. A single supported file may be passed
-    instead of a folder.
+    Hidden files and folders (names starting with ``.``) are left out (counted in ``select``), and so are
+    files ``select`` excludes. Every other file becomes a :class:`Document` or a :class:`Skip` naming the file
+    and the problem: a type ragloop does not read, a file that cannot be read, is binary, is larger than
+    ``max_file_bytes``, is not a regular file (FIFO, device, socket) or is a symbolic link leading out of the
+    folder; so does a linked folder (never followed). Nothing raises. A single file may be passed instead.
 
     Args:
         path: The folder (or one file).
         max_file_bytes: Largest file read.
+        select: The include/exclude globs (:class:`FileFilter`); it also counts what it left out.
 
     Yields:
         A :class:`Document` or a :class:`Skip` per file.
@@ -34,11 +45,11 @@ def load_folder(path: str | os.PathLike[str], *, max_file_bytes: int = MAX_FILE_
         real = root.resolve()  # a file named by the caller is read even through a link
         yield read_document(real, real.parent, max_file_bytes=max_file_bytes)
         return
-    for item in _walk(root):
+    for item in _walk(root, select or FileFilter()):
         yield item if isinstance(item, Skip) else read_document(item, root, max_file_bytes=max_file_bytes)
 
 
-def _walk(root: Path) -> list[Path | Skip]:
+def _walk(root: Path, select: FileFilter) -> list[Path | Skip]:
     found: list[tuple[str, Path | Skip]] = []
 
     def unreadable(exc: OSError) -> None:
@@ -56,12 +67,14 @@ def _walk(root: Path) -> list[Path | Skip]:
                         Skip(where, "linked folder, not followed; move or copy it inside to index it"),
                     )
                 )
+        select.hidden += sum(1 for d in dirnames if d.startswith(".")) + sum(1 for f in filenames if f.startswith("."))
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        found.extend(
-            (safe_name((here / name).relative_to(root).as_posix()), here / name)
-            for name in filenames
-            if not name.startswith(".") and Path(name).suffix.lower() in SUFFIXES
-        )
+        for name in filenames:
+            if name.startswith("."):
+                continue
+            relative = (here / name).relative_to(root).as_posix()
+            if select.wants(relative):
+                found.append((safe_name(relative), here / name))
     found.sort(key=lambda pair: pair[0])
     return [item for _, item in found]
 
@@ -125,6 +138,9 @@ def _check_regular(mode: int, size: int, max_bytes: int) -> None:
 def read_document(path: Path, root: Path, *, max_file_bytes: int = MAX_FILE_BYTES) -> Document | Skip:
     """Read one file as a :class:`Document`, or explain in a :class:`Skip` why it cannot be used.
 
+    Text is decoded as UTF-8, else by its byte-order mark, else by detection (latin-1, UTF-16, Shift-JIS…);
+    stray NUL bytes are removed. PDF, DOCX, HTML and RST are read into blocks here by their loaders.
+
     Args:
         path: The file; its suffix picks the format (see :data:`SUFFIXES`).
         root: The ingested folder; the document id is the path relative to it. A link whose target is
@@ -134,27 +150,48 @@ def read_document(path: Path, root: Path, *, max_file_bytes: int = MAX_FILE_BYTE
     where = safe_name(os.fspath(path))
     fmt = SUFFIXES.get(path.suffix.lower())
     if fmt is None:
-        return Skip(where, f"unsupported file type {safe_name(path.suffix)!r}; use one of {', '.join(SUFFIXES)}")
+        shown = safe_name(path.suffix) or "(no suffix)"
+        return Skip(where, f"unsupported type {shown!r}; ragloop reads {', '.join(SUFFIXES)}")
     try:
         data = _read_inside(path, root, max_file_bytes)
     except _Refused as refused:
         return Skip(where, str(refused))
-    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        return Skip(where, "UTF-16 text, not UTF-8; convert it to UTF-8 (e.g. with iconv) to index it")
-    if b"\x00" in data:
-        return Skip(where, "binary file (contains NUL bytes); only UTF-8 text files are indexed")
-    try:
-        raw = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        return Skip(
-            where,
-            f"not UTF-8 (invalid byte 0x{data[exc.start]:02x} at offset {exc.start}); "
-            "convert it to UTF-8 (e.g. with iconv) to index it",
-        )
     doc_id = safe_name(path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name)
-    title, text = _title_and_body(raw, fmt)
+    try:
+        title, text, blocks, encoding = _load(data, fmt)
+    except (MissingExtra, Undecodable, LoaderError) as exc:
+        return Skip(where, str(exc))
     # The source is the path under the ingested folder, so an index reads the same on every machine.
-    return Document(id=doc_id, title=title or safe_name(path.stem), text=text, source=doc_id, fmt=fmt)
+    return Document(
+        id=doc_id,
+        title=title or safe_name(path.stem),
+        text=text,
+        source=doc_id,
+        fmt=fmt,
+        blocks=tuple(blocks),
+        encoding=encoding,
+    )
+
+
+def _load(data: bytes, fmt: str) -> tuple[str, str, list[Block], str]:
+    """``(title, text, blocks, encoding)`` of a file's bytes in format ``fmt``."""
+    if fmt == "pdf":
+        title, blocks = pdf_blocks(data)
+        return clean_title(title), render(blocks), blocks, ""
+    if fmt == "docx":
+        title, blocks = docx_blocks(data)
+        return clean_title(title), render(blocks), blocks, ""
+    raw, encoding = decode_text(data)
+    if raw.startswith("\ufeff"):
+        raw = raw[1:]
+    if fmt == "html":
+        title, blocks = html_blocks(raw)
+        return clean_title(title), raw, blocks, encoding
+    if fmt == "rst":
+        title, blocks = rst_blocks(raw)
+        return clean_title(title), raw, blocks, encoding
+    title, text = _title_and_body(raw, fmt)
+    return title, text, [], encoding
 
 
 def _title_and_body(raw: str, fmt: str) -> tuple[str, str]:
@@ -165,7 +202,4 @@ def _title_and_body(raw: str, fmt: str) -> tuple[str, str]:
             match = _MD_H1.search(body)
             title = match.group(1) if match else ""
         return clean_title(title), body
-    if fmt == "html":
-        found = element_text(raw, "title") or element_text(raw, "h1")
-        return (clean_title(found) if found else ""), raw
     return "", raw

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from attrs import frozen
 
 from ragloop._log import get_logger
 from ragloop.errors import InputError
 from ragloop.retrievers.ingest._beir import _beir_corpus, load_beir
-from ragloop.retrievers.ingest._chunk import check_limits, chunk_id, split_long, split_sections
+from ragloop.retrievers.ingest._blocks import Block, markdown_anchors, markdown_blocks, render
+from ragloop.retrievers.ingest._chunk import check_limits, chunk_blocks, chunk_id
 from ragloop.retrievers.ingest._clean import clean_text
-from ragloop.retrievers.ingest._files import load_folder
+from ragloop.retrievers.ingest._files import load_folder, read_document
+from ragloop.retrievers.ingest._globs import FileFilter
+from ragloop.retrievers.ingest._html import html_blocks
+from ragloop.retrievers.ingest._loaders import rst_blocks
+from ragloop.retrievers.ingest._tokens import Tokenizer, default_tokenizer
 from ragloop.retrievers.ingest._types import (
     _WHAT_TO_PASS,
     CLEAN_BUDGET_S,
@@ -25,67 +32,153 @@ from ragloop.retrievers.ingest._types import (
 )
 from ragloop.state import Chunk
 
-# --- chunking ------------------------------------------------------------------------------------------
+__all__ = ["Explained", "chunk_document", "document_blocks", "explain_file", "ingest_path"]
 
 _log = get_logger("ragloop.retrievers.ingest")
+#: Changes whenever the same file would give other chunks (cached sample indexes key on it).
+INGEST_VERSION = "2"
+_EMPTY = "empty after cleaning (only markup, navigation, images, shortcodes or whitespace)"
 
 
-def chunk_document(doc: Document, *, max_chars: int = 1200, overlap: int = 150) -> list[Chunk]:
-    """Clean a document and cut it into chunks.
+def document_blocks(doc: Document, *, budget_s: float | None = None) -> list[Block]:
+    """The blocks of a document: what its loader read, else its text cleaned and read as markdown or text.
 
-    Markdown (and HTML, whose headings become ``#`` lines) is split at headings, and each chunk carries its
-    heading path, outermost first; a section longer than ``max_chars`` is split at paragraph, line,
-    sentence or word boundaries, consecutive pieces overlapping by up to ``overlap`` characters. A BEIR
-    document no longer than ``max_chars`` stays one chunk. Each chunk's text is a slice of the cleaned text.
+    Raises:
+        InputError: cleaning took longer than ``budget_s``.
+        MissingExtra: the document's format needs a package that is not installed.
+    """
+    if doc.blocks:
+        return list(doc.blocks)
+    if doc.fmt == "html":
+        return html_blocks(doc.text)[1]
+    if doc.fmt == "rst":
+        return rst_blocks(doc.text)[1]
+    if doc.fmt in ("markdown", "beir"):
+        cleaned = clean_text(doc.text, doc.fmt, budget_s=budget_s)
+        return markdown_blocks(cleaned, anchors=list(markdown_anchors(doc.text)))
+    fmt = "text" if doc.fmt in ("pdf", "docx") else doc.fmt
+    return markdown_blocks(clean_text(doc.text, fmt, budget_s=budget_s), headings=False)
+
+
+def chunk_document(
+    doc: Document,
+    *,
+    max_tokens: int = 256,
+    tokenizer: Tokenizer | None = None,
+    max_chars: int | None = None,
+) -> list[Chunk]:
+    """Clean a document and cut it into chunks sized in the embedder's tokens.
+
+    Sections are split at headings and each chunk carries its heading path, outermost first, and the id of its
+    nearest heading (``metadata["anchor"]``; PDF chunks carry ``metadata["page"]``). A section whose indexed
+    text (:func:`~ragloop.retrievers.ingest._chunk.index_text`) is longer than ``max_tokens`` is cut between
+    blocks, sentences, table rows or code lines, never truncated (:mod:`ragloop.retrievers.ingest._chunk`).
 
     Args:
         doc: The document.
-        max_chars: Largest chunk length in characters (only a single longer word is ever cut).
-        overlap: Characters repeated from the end of one piece at the start of the next piece of a section.
+        max_tokens: Most tokens per chunk, in ``tokenizer``'s tokens (the embedder's limit: 256 for MiniLM).
+        tokenizer: The embedder's tokenizer; default :func:`~ragloop.retrievers.ingest.default_tokenizer`.
+        max_chars: Most characters per chunk as well (``None``: tokens only).
 
     Returns:
-        Chunks in document order, none empty, none longer than ``max_chars``; ids are content hashes of
-        the chunk text (:func:`ragloop.retrievers.chunking.chunk_id`). Empty if nothing survives cleaning.
+        Chunks in document order, none empty; ids are content hashes of the chunk text.
 
     Raises:
-        ConfigError: ``max_chars < 1`` or ``overlap`` not in ``[0, max_chars)``.
+        ConfigError: limits that leave no room for text.
     """
-    check_limits(max_chars, overlap)
-    return _chunk_cleaned(doc, clean_text(doc.text, doc.fmt), max_chars, overlap)
+    check_limits(max_tokens, max_chars)
+    return _chunks(doc, document_blocks(doc), tokenizer or default_tokenizer(), max_tokens, max_chars)
 
 
-def _chunk_cleaned(doc: Document, text: str, max_chars: int, overlap: int) -> list[Chunk]:
-    if not text:
+def _chunks(
+    doc: Document, blocks: Sequence[Block], tokenizer: Tokenizer, max_tokens: int, max_chars: int | None
+) -> list[Chunk]:
+    if not any(b.kind != "heading" for b in blocks):
         return []
-    if doc.fmt == "text" or (doc.fmt == "beir" and len(text) <= max_chars):
-        sections: list[tuple[tuple[str, ...], int, int]] = [((), 0, len(text))]
-    else:
-        sections = split_sections(text)
-    chunks: list[Chunk] = []
-    for title_path, start, end in sections:
-        for a, b in split_long(text, start, end, max_chars, overlap):
-            piece = text[a:b].strip()
-            chunks.append(
-                Chunk(
-                    id=chunk_id(piece),
-                    text=piece,
-                    source=doc.source,
-                    title=doc.title,
-                    title_path=title_path,
-                    doc_id=doc.id,
-                )
+    out = []
+    for piece in chunk_blocks(blocks, tokenizer, max_tokens=max_tokens, title=doc.title, max_chars=max_chars):
+        meta = {"anchor": piece.anchor} if piece.anchor else {}
+        if piece.page:
+            meta["page"] = str(piece.page)
+            meta["anchor"] = f"page={piece.page}"  # the PDF open parameter: file.pdf#page=N
+        out.append(
+            Chunk(
+                id=chunk_id(piece.text),
+                text=piece.text,
+                source=doc.source,
+                title=doc.title,
+                title_path=piece.title_path,
+                doc_id=doc.id,
+                metadata=tuple(meta.items()),
             )
-    return chunks
+        )
+    return out
 
 
-# --- the whole pipeline --------------------------------------------------------------------------------
+@frozen
+class Explained:
+    """What one file becomes (``ragloop index --explain FILE``).
+
+    Attributes:
+        path: The file.
+        skip: Why it is not indexed, or ``""``.
+        title: Its title.
+        fmt: The format it was read as.
+        encoding: The encoding it was decoded from, when text.
+        cleaned: Its cleaned text (its blocks as markdown).
+        chunks: Its chunks, with their token counts (the indexed text: title, heading path and text).
+    """
+
+    path: str
+    skip: str
+    title: str
+    fmt: str
+    encoding: str
+    cleaned: str
+    chunks: tuple[tuple[Chunk, int], ...]
 
 
-def ingest_path(
+def explain_file(
     path: str | os.PathLike[str],
     *,
-    max_chars: int = 1200,
-    overlap: int = 150,
+    max_tokens: int = 256,
+    tokenizer: Tokenizer | None = None,
+    max_chars: int | None = None,
+) -> Explained:
+    """Read, clean and chunk one file as :func:`ingest_path` would, and return every step's result."""
+    from ragloop.retrievers.ingest._chunk import index_text
+
+    file = Path(path).resolve()
+    tok = tokenizer or default_tokenizer()
+    item = read_document(file, file.parent)
+    if isinstance(item, Skip):
+        return Explained(os.fspath(path), item.reason, "", "", "", "", ())
+    try:
+        blocks = document_blocks(item, budget_s=CLEAN_BUDGET_S)
+    except InputError as exc:
+        return Explained(os.fspath(path), str(exc), item.title, item.fmt, item.encoding, "", ())
+    chunks = _chunks(item, blocks, tok, max_tokens, max_chars)
+    counts = [len(s) + tok.special_tokens for s in tok.token_spans([index_text(c) for c in chunks])]
+    skip = "" if chunks else _EMPTY
+    return Explained(
+        os.fspath(path),
+        skip,
+        item.title,
+        item.fmt,
+        item.encoding,
+        render(blocks),
+        tuple(zip(chunks, counts, strict=True)),
+    )
+
+
+def ingest_path(  # noqa: PLR0913 — keyword-only limits, each with its default (STYLE habit 7)
+    path: str | os.PathLike[str],
+    *,
+    max_tokens: int = 256,
+    tokenizer: Tokenizer | None = None,
+    max_chars: int | None = None,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
     progress: Callable[[int, int], None] | None = None,
     max_file_bytes: int = MAX_FILE_BYTES,
     max_line_bytes: int = MAX_LINE_BYTES,
@@ -94,15 +187,19 @@ def ingest_path(
     """Load, clean, chunk and deduplicate a folder of documents or a BEIR corpus.
 
     A folder holding ``corpus.jsonl`` or ``corpus.jsonl.gz`` (or such a file) is read as BEIR; anything
-    else as a folder of documents (see :func:`load_folder`). Documents with nothing left after cleaning
-    are skipped with a reason. Identical chunks (same normalised text) are stored once. Links out of the
-    folder, special files, files over ``max_file_bytes``, corpus lines over ``max_line_bytes`` and documents
-    whose cleaning takes longer than ``clean_budget_s`` are skipped with a reason too.
+    else as a folder of documents (see :func:`load_folder`). Every file is accounted for: it yields chunks, or
+    is skipped with a reason (unsupported type, too large, binary, unreadable, outside the folder, empty after
+    cleaning, a loader's extra not installed), or was left out by ``include``/``exclude`` (counted in
+    ``excluded``), or is hidden (counted in ``hidden``). Identical chunks (same normalised text) are stored once.
 
     Args:
         path: Folder, single document file, or BEIR corpus.
-        max_chars: Largest chunk length in characters.
-        overlap: Overlap between consecutive pieces of a long section, in characters.
+        max_tokens: Most tokens per chunk, in the embedder's tokens (see :func:`chunk_document`).
+        tokenizer: The embedder's tokenizer (``MiniLMEmbedder().tokenizer``); default
+            :func:`~ragloop.retrievers.ingest.default_tokenizer`.
+        max_chars: Most characters per chunk as well (``None``: tokens only).
+        include: Globs of files to read, relative to the folder (none: all; see :class:`FileFilter`).
+        exclude: Globs of files to leave out.
         progress: Called as ``progress(done, total)`` after each document.
         max_file_bytes: Largest document file read, in bytes.
         max_line_bytes: Longest BEIR corpus line read, in bytes.
@@ -112,17 +209,18 @@ def ingest_path(
         The chunks, counts, skips and elapsed seconds.
 
     Raises:
-        InputError: ``path`` does not exist, is an unsupported or special file, or a folder with no supported
-            files.
-        ConfigError: Bad ``max_chars``/``overlap``.
+        InputError: ``path`` does not exist, is an unsupported or special file, or a folder with no files.
+        ConfigError: Bad limits.
     """
     started = time.perf_counter()
-    check_limits(max_chars, overlap)
+    check_limits(max_tokens, max_chars)
+    tok = tokenizer or default_tokenizer()
     root = Path(path)
     if not root.exists():
         raise InputError(f"no such file or folder: {os.fspath(path)!r}; {_WHAT_TO_PASS}")
     skipped: list[tuple[str, str]] = []
     docs: list[Document] = []
+    select = FileFilter(include, exclude)
     corpus = _beir_corpus(root)
     if corpus is not None:
         docs = list(
@@ -133,29 +231,29 @@ def ingest_path(
     elif not root.is_file() and not root.is_dir():
         raise InputError(f"cannot ingest {os.fspath(path)!r}: not a regular file or folder; {_WHAT_TO_PASS}")
     else:
-        for item in load_folder(root, max_file_bytes=max_file_bytes):
+        for item in load_folder(root, max_file_bytes=max_file_bytes, select=select):
             if isinstance(item, Skip):
                 skipped.append((item.path, item.reason))
             else:
                 docs.append(item)
         if not docs and not skipped:
-            raise InputError(f"found no .md, .markdown, .txt, .html or .htm files under {os.fspath(path)!r}")
+            raise InputError(f"found no files to read under {os.fspath(path)!r} ({select.excluded} excluded)")
 
     by_id: dict[str, Chunk] = {}
     files = 0
     for done, doc in enumerate(docs, start=1):
         try:
-            cleaned: str | None = clean_text(doc.text, doc.fmt, budget_s=clean_budget_s)
+            blocks: list[Block] | None = document_blocks(doc, budget_s=clean_budget_s)
         except InputError as exc:  # over its time budget
             skipped.append((doc.source, str(exc)))
-            cleaned = None
-        chunks = _chunk_cleaned(doc, cleaned, max_chars, overlap) if cleaned is not None else []
+            blocks = None
+        chunks = _chunks(doc, blocks, tok, max_tokens, max_chars) if blocks is not None else []
         if chunks:
             files += 1
             for chunk in chunks:
                 by_id.setdefault(chunk.id, chunk)
-        elif cleaned is not None:
-            skipped.append((doc.source, "empty after cleaning (only markup, images, shortcodes or whitespace)"))
+        elif blocks is not None:
+            skipped.append((doc.source, _EMPTY))
         if progress is not None:
             progress(done, len(docs))
     result = IngestResult(
@@ -163,6 +261,8 @@ def ingest_path(
         files=files,
         skipped=tuple(skipped),
         seconds=time.perf_counter() - started,
+        excluded=select.excluded,
+        hidden=select.hidden,
     )
     # One record per run; the skips themselves are in the result for the caller to show.
     _log.debug("ingest.done", files=files, chunks=len(result.chunks), skipped=len(skipped), seconds=result.seconds)

@@ -9,15 +9,58 @@ from collections.abc import Iterable
 from attrs import field, frozen
 from attrs.validators import in_
 
+from ragloop.retrievers.ingest._blocks import Block
 from ragloop.retrievers.ingest._clean import FORMATS
 from ragloop.state import Chunk
 
-#: File suffixes :func:`load_folder` reads, and the format each is cleaned as.
-SUFFIXES = {".md": "markdown", ".markdown": "markdown", ".txt": "text", ".html": "html", ".htm": "html"}
+#: File suffixes :func:`load_folder` reads, and the format each is read as.
+SUFFIXES = {
+    ".md": "markdown",
+    ".markdown": "markdown",
+    ".mdx": "markdown",
+    ".txt": "text",
+    ".html": "html",
+    ".htm": "html",
+    ".rst": "rst",
+    ".pdf": "pdf",
+    ".docx": "docx",
+}
+#: Every document format: the text formats :func:`~ragloop.retrievers.ingest.clean_text` cleans, and the
+#: formats a loader turns into blocks.
+DOC_FORMATS = (*FORMATS, "rst", "pdf", "docx")
+#: The kinds of skip a summary counts (:func:`skip_kind`), in the order it lists them.
+SKIP_KINDS = (
+    "unsupported type",
+    "too large",
+    "binary",
+    "unreadable",
+    "outside the folder",
+    "empty after cleaning",
+    "needs an extra",
+    "malformed",
+    "too slow",
+)
+_KIND_WORDS = (
+    ("needs the [", "needs an extra"),
+    ("unsupported", "unsupported type"),
+    ("too large", "too large"),
+    ("line too long", "too large"),
+    ("binary", "binary"),
+    ("empty after cleaning", "empty after cleaning"),
+    ("link out of the folder", "outside the folder"),
+    ("linked folder", "outside the folder"),
+    ("cleaning too slow", "too slow"),
+    ("cannot", "unreadable"),
+    ("broken symbolic link", "unreadable"),
+    ("not a regular file", "unreadable"),
+    ("damaged", "unreadable"),
+    ("encrypted", "unreadable"),
+    ("not a readable", "unreadable"),
+)
 
 _BEIR_NAMES = ("corpus.jsonl", "corpus.jsonl.gz")
 _WHAT_TO_PASS = (
-    "pass a folder of .md, .markdown, .txt, .html or .htm files, or a BEIR corpus "
+    "pass a folder of .md, .txt, .html, .rst, .pdf or .docx files, or a BEIR corpus "
     "(a folder containing corpus.jsonl or corpus.jsonl.gz, or that file itself)"
 )
 _MD_H1 = re.compile(r"^ {0,3}#[ \t]+(.+)$", re.M)
@@ -30,7 +73,6 @@ MAX_LINE_BYTES = 16 << 20
 #: (``benchmarks/bench_clean.py``) and files stop at :data:`MAX_FILE_BYTES`.
 CLEAN_BUDGET_S = 60.0
 _UNSAFE_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-_KIND_END = re.compile(r" \(|;|:")
 
 
 def safe_name(text: str) -> str:
@@ -46,9 +88,18 @@ def safe_name(text: str) -> str:
     return _UNSAFE_CHARS.sub(lambda m: ascii(m.group(0))[1:-1], text)
 
 
+def skip_kind(reason: str) -> str:
+    """The kind of a skip (one of :data:`SKIP_KINDS`) from its reason; ``"malformed"`` for a bad corpus line."""
+    lowered = reason.lower()
+    for words, kind in _KIND_WORDS:
+        if words in lowered:
+            return kind
+    return "malformed"
+
+
 def skip_kinds(skipped: Iterable[tuple[str, str]]) -> list[tuple[str, int]]:
-    """Count skips by kind (a reason's words before its first ``" ("``, ``;`` or ``:``), most common first."""
-    counts = Counter(_KIND_END.split(why, maxsplit=1)[0].strip() for _, why in skipped)
+    """Count skips by kind (:func:`skip_kind`), most common first."""
+    counts = Counter(skip_kind(why) for _, why in skipped)
     return counts.most_common()
 
 
@@ -65,14 +116,19 @@ class Document:
         title: Document title (front matter ``title:``, first heading, ``<title>``, BEIR title or file stem).
         text: Raw text, front matter removed.
         source: Where it came from (file path, or ``corpus-file#_id``).
-        fmt: How to clean it: ``"markdown"``, ``"text"``, ``"html"`` or ``"beir"``.
+        fmt: How to read it: ``"markdown"``, ``"text"``, ``"html"``, ``"beir"``, ``"rst"``, ``"pdf"`` or ``"docx"``.
+        blocks: Its structure when a loader already read it (PDF, DOCX, HTML, RST); empty for text that is
+            cleaned as markdown or plain text.
+        encoding: The text encoding it was decoded from (``""`` for binary formats and corpus lines).
     """
 
     id: str
     title: str
     text: str
     source: str
-    fmt: str = field(validator=in_(FORMATS))
+    fmt: str = field(validator=in_(DOC_FORMATS))
+    blocks: tuple[Block, ...] = ()
+    encoding: str = ""
 
 
 @frozen
@@ -97,9 +153,13 @@ class IngestResult:
         files: Documents that yielded at least one chunk (files, or BEIR corpus entries).
         skipped: ``(path, reason)`` for every file, document or corpus line left out.
         seconds: Wall-clock time the whole ingestion took.
+        excluded: Files left out by the caller's include and exclude globs (not skips: asked for).
+        hidden: Hidden files and folders (names starting with ``.``) left out, not looked into.
     """
 
     chunks: tuple[Chunk, ...]
     files: int
     skipped: tuple[tuple[str, str], ...]
     seconds: float
+    excluded: int = 0
+    hidden: int = 0
