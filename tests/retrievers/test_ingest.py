@@ -9,12 +9,11 @@ import os
 import re
 import stat
 import threading
-import time
 import tracemalloc
 from pathlib import Path
 
 import pytest
-from hypothesis import example, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ragloop.errors import ConfigError, InputError
@@ -32,9 +31,8 @@ from ragloop.retrievers.ingest import (
     load_folder,
     safe_name,
     skip_kinds,
-    split_front_matter,
 )
-from tests.strategies import markdown_documents, markup_text, words
+from tests.strategies import markdown_documents, markup_text
 
 DATA = Path(__file__).parents[2] / ".." / "shared" / "data"
 
@@ -47,139 +45,6 @@ def in_order(needles: list[str], haystack: list[str]) -> bool:
     """Whether ``needles`` is a subsequence of ``haystack``."""
     it = iter(haystack)
     return all(any(n == h for h in it) for n in needles)
-
-
-class TestCleanText:
-    def test_script_and_style_removed_with_their_content(self) -> None:
-        """<script> and <style> elements vanish with everything inside them."""
-        out = clean_text("Before <script>var x = 1;</script><style>p { color: red }</style> after", "html")
-        assert out == "Before after"
-
-    def test_html_comment_removed(self) -> None:
-        """HTML comments are dropped."""
-        assert clean_text("keep <!-- secret\nnote --> this", "markdown") == "keep this"
-
-    def test_tags_stripped_text_kept_and_headings_become_lines(self) -> None:
-        """Tags go, their text stays; <h2> becomes a markdown heading line; <p> breaks paragraphs."""
-        out = clean_text("<h2>Setup</h2><p>Run <b>make</b>.</p><p>Done.</p>", "html")
-        assert out == "## Setup\n\nRun make.\n\nDone."
-
-    def test_placeholders_that_are_not_html_survive_in_markdown(self) -> None:
-        """<key> and <node-id> in command docs are not HTML elements and are kept."""
-        assert clean_text("Use GET <key> on <node-id>", "markdown") == "Use GET <key> on <node-id>"
-
-    def test_base64_blob_dropped(self) -> None:
-        """A long mixed-case base64 run is removed; a long lower-case hex digest is not."""
-        blob = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
-        digest = "a" * 30 + "0123456789abcdef" * 2
-        assert clean_text(f"payload {blob} end", "text") == "payload end"
-        assert clean_text(f"sha {digest}", "text") == f"sha {digest}"
-
-    def test_data_uri_dropped(self) -> None:
-        """data: URIs are removed, and so is an image that only carried one."""
-        out = clean_text('Logo <img src="data:image/png;base64,QUJDRA=="> here data:text/plain,hi!', "markdown")
-        assert out == "Logo here"
-
-    def test_data_colon_in_prose_is_not_a_uri(self) -> None:
-        """'data: something' in prose is not a data URI."""
-        assert clean_text("send data: a JSON body", "markdown") == "send data: a JSON body"
-
-    def test_hugo_shortcodes_keep_inner_text(self) -> None:
-        """Hugo shortcode delimiters go, the human text they wrap stays."""
-        out = clean_text('{{% alert title="Note" %}}Keys expire.{{% /alert %}} {{< highlight bash >}}', "markdown")
-        assert out == "Keys expire."
-
-    def test_jinja_and_mkdocs_directives_dropped(self) -> None:
-        """{{ … }}, {% … %}, {# … #}, {* include *} and { #anchor } are removed."""
-        text = "# Intro { #intro }\n\n{% if x %}Hello {{ user.name }}{# note #}{% endif %}\n\n{* ../src/a.py hl[1] *}"
-        assert clean_text(text, "markdown") == "# Intro\n\nHello"
-
-    def test_wordpress_shortcodes_resolved(self) -> None:
-        """[name …]inner[/name] keeps inner; attribute-only and self-closing shortcodes are dropped."""
-        text = '[note type="x"]Read this[/note] [gallery ids="1,2"] [embed url="u" /] done'
-        assert clean_text(text, "markdown") == "Read this done"
-
-    def test_admonition_markers_dropped_titles_kept(self) -> None:
-        """mkdocs '/// note | Title' keeps its title; bare markers and tab labels go."""
-        text = "/// note | Technical Details\n\nBody.\n\n///\n\n//// tab | Python 3.10+\n\nCode.\n\n////"
-        assert clean_text(text, "markdown") == "Technical Details\n\nBody.\n\nCode."
-
-    def test_logo_image_dropped_informative_alt_kept(self) -> None:
-        """Short-alt or logo images vanish; informative alt text is kept as plain text."""
-        text = "![logo](l.png) ![Swagger UI](s.png) ![A company logo for us](c.png) ![Latency by pipeline size](p.png)"
-        assert clean_text(text, "markdown") == "Latency by pipeline size"
-
-    def test_captioned_figure_kept(self) -> None:
-        """An image with a caption keeps alt text and caption, however short the alt."""
-        html_figure = '<figure><img src="c.png" alt="Cat"><figcaption>Figure 1: a <b>cat</b></figcaption></figure>'
-        assert clean_text(html_figure, "html") == "Cat\nFigure 1: a cat"
-        assert clean_text('![NUMA](n.gif "NUMA nodes versus latency")', "markdown") == "NUMA NUMA nodes versus latency"
-        wp = '[caption id="a1"]<img src="x.png" alt="Map"> The city centre[/caption]'
-        assert clean_text(wp, "markdown") == "Map\nThe city centre"
-
-    def test_links_keep_text(self) -> None:
-        """Markdown links keep their text (code and nested brackets included), not the URL."""
-        text = "See [the `Depends` docs](https://x.y/deps) by [@bot[bot]](https://github.com/apps/bot)."
-        assert clean_text(text, "markdown") == "See the `Depends` docs by @bot[bot]."
-
-    def test_entities_decoded(self) -> None:
-        """HTML entities are decoded."""
-        assert clean_text("Tom &amp; Jerry &lt;3 &#233;t&eacute;", "html") == "Tom & Jerry <3 été"
-
-    def test_whitespace_normalised_paragraphs_and_headings_kept(self) -> None:
-        """Runs of spaces collapse, blank-line runs become one, heading lines and breaks survive."""
-        text = "\ufeff  # Title  \r\n\r\n\r\n\r\nword\t\t word\u00a0end  \n\n\n\n## Next ##\nline"
-        assert clean_text(text, "markdown") == "# Title\n\nword word end\n\n## Next\nline"
-
-    def test_code_blocks_are_literal(self) -> None:
-        """Fenced code keeps its tags, braces and indentation; inline code keeps its tags."""
-        text = 'Use `<div>` here.\n\n```python\ndef f():\n    return "<b>{{ x }}</b>"\n```'
-        assert clean_text(text, "markdown") == text
-
-    def test_terminal_transcripts_lose_their_colour_markup(self) -> None:
-        """HTML colouring inside a console fence is removed."""
-        text = '```console\n<span style="color:red">INFO</span> started &lt;pid&gt;\n```'
-        assert clean_text(text, "markdown") == "```console\nINFO started <pid>\n```"
-
-    def test_unknown_format_rejected(self) -> None:
-        """An unknown fmt raises ValueError naming the valid ones."""
-        with pytest.raises(ValueError, match="markdown"):
-            clean_text("x", "pdf")
-
-    @given(markup_text, st.sampled_from(["markdown", "text", "html", "beir"]))
-    @example("&amp;lt;b&amp;gt;x", "text")
-    @example("<b>/// tip", "markdown")
-    @example("{<b>{ x }</b>}", "html")
-    @example("<b>```</b>\n<script>x</script>", "markdown")
-    def test_idempotent(self, text: str, fmt: str) -> None:
-        """Cleaning a cleaned text changes nothing."""
-        once = clean_text(text, fmt)
-        assert clean_text(once, fmt) == once
-
-    @given(st.text(), st.sampled_from(["markdown", "text", "html", "beir"]))
-    def test_arbitrary_text_never_raises_and_is_encodable(self, text: str, fmt: str) -> None:
-        """Any string, lone surrogates and control characters included, cleans to encodable UTF-8."""
-        out = clean_text(text, fmt)
-        out.encode("utf-8")
-        assert out == out.strip()
-        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", out)
-
-    @given(st.lists(words, min_size=1, max_size=20), st.sampled_from(["markdown", "text", "html", "beir"]))
-    def test_plain_words_survive(self, ws: list[str], fmt: str) -> None:
-        """Meaningful text without markup comes out with every word, in order."""
-        assert clean_text(" ".join(ws), fmt).split() == ws
-
-
-class TestFrontMatter:
-    def test_title_taken_and_block_dropped(self) -> None:
-        """A YAML block at the top is removed and its title returned unquoted."""
-        title, body = split_front_matter('---\ntitle: "Redis ACL"\nweight: 3\ntags:\n  - a\n---\n# Body\n')
-        assert (title, body) == ("Redis ACL", "# Body\n")
-
-    def test_horizontal_rule_is_not_front_matter(self) -> None:
-        """A document opening with a rule and prose is left whole."""
-        text = "---\nThis is prose, not YAML.\n---\nMore."
-        assert split_front_matter(text) == ("", text)
 
 
 class TestChunkDocument:
@@ -559,88 +424,3 @@ class TestHostileCorpus:
         (tmp_path / "beir" / "corpus.jsonl").symlink_to(elsewhere)
         with pytest.raises(InputError, match="link out of the folder"):
             ingest_path(tmp_path / "beir")
-
-
-#: Patterns that made the old cleaning regexes quadratic (64 KB of ``[a](`` took 53 s).
-PATHOLOGICAL = {
-    "markdown link": "[a](",
-    "markdown image": "![a](",
-    "unclosed script": "<script>",
-    "unclosed comment": "x<!--",
-    "unclosed img": "<img ",
-    "unclosed heading": "<h1>",
-    "unclosed figure": "<figure>",
-    "unclosed caption": "[caption]",
-    "shortcode": "{{<",
-    "jinja": "{%",
-    "backticks": "``a`",
-    "wordpress": "[a b]",
-}
-
-
-class TestCleaningStaysLinear:
-    @pytest.mark.parametrize("pattern", PATHOLOGICAL.values(), ids=PATHOLOGICAL.keys())
-    @pytest.mark.parametrize("fmt", ["markdown", "html"])
-    def test_256_kb_of_a_pathological_pattern_cleans_quickly(self, pattern: str, fmt: str) -> None:
-        """256 KB of each pattern cleans in well under 3 s (the old regexes took minutes)."""
-        text = (pattern * (262_144 // len(pattern) + 1))[:262_144]
-        started = time.perf_counter()
-        clean_text(text, fmt)
-        assert time.perf_counter() - started < 3.0
-
-    def test_budget_is_enforced(self) -> None:
-        """A document over its cleaning budget raises InputError, and ingestion skips it with the reason."""
-        with pytest.raises(InputError, match="cleaning too slow"):
-            clean_text("<p>text</p>" * 1000, "html", budget_s=0.0)
-
-    def test_ingest_skips_a_document_over_budget(self, tmp_path: Path) -> None:
-        """ingest_path reports the document it gave up cleaning."""
-        (tmp_path / "slow.md").write_text("# Slow\n\nSome words here.\n")
-        result = ingest_path(tmp_path, clean_budget_s=0.0)
-        assert reasons(result)["slow.md"].startswith("cleaning too slow")
-
-
-class TestHiddenHtml:
-    @pytest.mark.parametrize(
-        "hidden",
-        [
-            '<div style="display:none">SECRET</div>',
-            '<div style="color: red; display : none;">SECRET</div>',
-            "<span style='visibility:hidden'>SECRET</span>",
-            "<p hidden>SECRET</p>",
-            '<p hidden="hidden">SECRET</p>',
-            '<div aria-hidden="true">SECRET</div>',
-            "<div hidden><div>SECRET</div>SECRET</div>",
-            "<template>SECRET</template>",
-            "<![CDATA[SECRET]]>",
-            "<!-- SECRET -->",
-            "<script>SECRET</script>",
-            "<noscript>SECRET</noscript>",
-        ],
-    )
-    @pytest.mark.parametrize("fmt", ["markdown", "html"])
-    def test_hidden_content_is_dropped(self, hidden: str, fmt: str) -> None:
-        """What a reader never sees is not indexed; the visible text around it is."""
-        cleaned = clean_text(f"<p>Visible before.</p>\n\n{hidden}\n\n<p>Visible after.</p>", fmt)
-        assert "SECRET" not in cleaned
-        assert "Visible before." in cleaned and "Visible after." in cleaned
-
-    @pytest.mark.parametrize("opener", ["<script>", "<style>", "<!--", "<![CDATA[", "<template>", "<div hidden>"])
-    def test_unterminated_hiding_construct_hides_the_rest(self, opener: str) -> None:
-        """An unterminated script, style, comment, CDATA, template or hidden element hides the rest."""
-        cleaned = clean_text(f"<p>Visible.</p>\n{opener}\nSECRET instructions for the assistant", "html")
-        assert cleaned == "Visible."
-
-    def test_visible_attributes_that_mention_hidden_are_kept(self) -> None:
-        """Only real hiding counts: a class or title mentioning 'hidden', aria-hidden=false stay visible."""
-        text = '<p class="hidden-xs" title="hidden gem">Kept one.</p><p aria-hidden="false">Kept two.</p>'
-        assert clean_text(text, "html") == "Kept one.\n\nKept two."
-
-    def test_hidden_void_element_drops_only_itself(self) -> None:
-        """A hidden input or image is dropped alone; the text after it stays."""
-        assert clean_text('<p>A <input type="text" hidden> B</p>', "html") == "A B"
-
-    def test_plain_text_keeps_what_follows_an_unterminated_opener(self) -> None:
-        """A .txt file is not rendered: a stray '<script>' or '<!--' in it hides nothing."""
-        text = "Use a <script> tag or an <!-- comment marker; this sentence stays."
-        assert clean_text(text, "text") == "Use a tag or an <!-- comment marker; this sentence stays."

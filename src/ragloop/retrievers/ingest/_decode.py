@@ -25,6 +25,7 @@ _MANY_NULS = 0.05
 #: Share of control characters (other than tab, newline, carriage return, form feed) that makes text binary.
 _MAX_CONTROL = 0.05
 _TEXT_CONTROLS = frozenset("\t\n\r\f\x0b")
+_WESTERN = ("cp1252", "latin_1", "iso8859_15")
 
 
 class Undecodable(Exception):
@@ -71,7 +72,12 @@ def _detect(data: bytes) -> tuple[str, str]:
             "not UTF-8, and detecting its encoding needs the [ingest] extra (charset-normalizer): "
             "pip install 'ragloop[ingest]', or convert the file to UTF-8"
         ) from exc
-    best = from_bytes(data).best()
+    matches = list(from_bytes(data))
+    best = matches[0] if matches else None
+    if best is not None:
+        # Among equally good single-byte guesses, Windows-1252 (a superset of latin-1) is by far the most common.
+        tied = [m for m in matches if m.chaos == best.chaos and m.coherence == best.coherence]
+        best = next((m for m in tied if m.encoding in _WESTERN), best)
     if best is None:
         raise Undecodable("binary file (no text encoding fits its bytes); only text and supported documents are read")
     return str(best), best.encoding

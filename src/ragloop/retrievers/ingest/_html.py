@@ -182,7 +182,7 @@ class _Walker:
                 self.blocks.append(Block("heading", text, level=int(tag[1]), anchor=self.anchors.get(node.mem_id, "")))
         elif tag == "pre":
             self.flush()
-            code = clean_code(node.text(deep=True))
+            code = clean_code(_pre_text(node))
             if code:
                 self.blocks.append(Block("code", code, lang=_language(node)))
         elif tag == "table":
@@ -216,6 +216,21 @@ class _Walker:
             self.flush()
         elif tag is not None and not tag.startswith("-"):
             self.walk(node)  # inline element: its text joins the paragraph
+
+
+def _pre_text(node: Any) -> str:
+    """A ``<pre>``'s text verbatim, a ``<br>`` inside it a line break (Docusaurus ends each line with one)."""
+    parts: list[str] = []
+    child = node.child
+    while child is not None:
+        if child.tag == "-text":
+            parts.append(child.text_content or "")
+        elif child.tag == "br":
+            parts.append("\n")
+        elif child.tag is not None and not child.tag.startswith("-"):
+            parts.append(_pre_text(child))
+        child = child.next
+    return "".join(parts)
 
 
 def _language(pre: Any) -> str:

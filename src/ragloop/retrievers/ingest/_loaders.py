@@ -199,8 +199,8 @@ class _RstWalker:
                 self.blocks.append(Block("code", code, lang=classes[0] if classes else ""))
         elif isinstance(node, n.table):
             rows = [
-                [clean_inline(e.astext()).replace("|", "\\|") for e in row.traverse(n.entry)]
-                for row in node.traverse(n.row)
+                [clean_inline(e.astext()).replace("|", "\\|") for e in row.findall(n.entry)]
+                for row in node.findall(n.row)
             ]
             rows = [r for r in rows if any(r)]
             if rows:

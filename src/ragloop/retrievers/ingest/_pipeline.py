@@ -13,7 +13,7 @@ from ragloop._log import get_logger
 from ragloop.errors import InputError
 from ragloop.retrievers.ingest._beir import _beir_corpus, load_beir
 from ragloop.retrievers.ingest._blocks import Block, markdown_anchors, markdown_blocks, render
-from ragloop.retrievers.ingest._chunk import check_limits, chunk_blocks, chunk_id
+from ragloop.retrievers.ingest._chunk import Piece, check_limits, chunk_blocks, chunk_id
 from ragloop.retrievers.ingest._clean import clean_text
 from ragloop.retrievers.ingest._files import load_folder, read_document
 from ragloop.retrievers.ingest._globs import FileFilter
@@ -96,7 +96,15 @@ def _chunks(
     if not any(b.kind != "heading" for b in blocks):
         return []
     out = []
-    for piece in chunk_blocks(blocks, tokenizer, max_tokens=max_tokens, title=doc.title, max_chars=max_chars):
+    pieces = chunk_blocks(blocks, tokenizer, max_tokens=max_tokens, title=doc.title, max_chars=max_chars)
+    if doc.fmt == "beir" and len(pieces) > 1:
+        # A corpus entry (an abstract, a passage) that fits one chunk whole stays one chunk, as BEIR scores it.
+        whole = render(blocks)
+        head = f"{doc.title}\n{whole}" if doc.title else whole
+        fits = len(tokenizer.token_spans([head])[0]) + tokenizer.special_tokens <= max_tokens
+        if fits and (max_chars is None or len(whole) <= max_chars):
+            pieces = [Piece(whole, (), "", 0, tuple(b.text for b in blocks))]
+    for piece in pieces:
         meta = {"anchor": piece.anchor} if piece.anchor else {}
         if piece.page:
             meta["page"] = str(piece.page)
