@@ -86,7 +86,9 @@ class _Progress:
 def _add_index(sub: Any) -> None:
     p = sub.add_parser("index", help="ingest documents and build a searchable index")
     p.add_argument(
-        "path", nargs="?", help="a folder of documents (.md .txt .html .rst .pdf .docx), or a BEIR folder / corpus.jsonl[.gz]"
+        "path",
+        nargs="?",
+        help="a folder of documents (.md .txt .html .rst .pdf .docx), or a BEIR folder / corpus.jsonl[.gz]",
     )
     p.add_argument(
         "--out", help="index folder to write: new, empty or a ragloop index (replaced atomically); or pass --store"

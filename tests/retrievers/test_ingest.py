@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import itertools
 import json
 import os
 import re
@@ -13,22 +12,23 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ragloop.errors import ConfigError, InputError
-from ragloop.retrievers.chunking import chunk_id
-from ragloop.retrievers.embed import HashEmbedder
+from ragloop.retrievers.chunking import chunk_blocks, chunk_id, index_text
+from ragloop.retrievers.embed import HashEmbedder, minilm_tokenizer
 from ragloop.retrievers.index import KnowledgeIndex
 from ragloop.retrievers.ingest import (
     Document,
     IngestResult,
     Skip,
     chunk_document,
-    clean_text,
+    document_blocks,
     ingest_path,
     load_beir,
     load_folder,
+    render,
     safe_name,
     skip_kinds,
 )
@@ -47,6 +47,16 @@ def in_order(needles: list[str], haystack: list[str]) -> bool:
     return all(any(n == h for h in it) for n in needles)
 
 
+TOKENS = minilm_tokenizer()
+assert TOKENS is not None  # the [embed] extra is part of [test]
+
+
+def tokens(text: str) -> int:
+    """MiniLM tokens of ``text``, [CLS] and [SEP] included (what the embedder sees)."""
+    assert TOKENS is not None
+    return len(TOKENS.token_spans([text])[0]) + TOKENS.special_tokens
+
+
 class TestChunkDocument:
     def test_sections_carry_title_paths(self) -> None:
         """Each chunk carries its heading path, outermost first; a bare heading joins the next section."""
@@ -60,34 +70,58 @@ class TestChunkDocument:
         ]
         assert {c.doc_id for c in chunks} == {"doc.md"} and {c.title for c in chunks} == {"Doc"}
 
+    def test_anchor_is_the_nearest_heading_id(self) -> None:
+        """A chunk's anchor is its heading's explicit { #id }, else MkDocs' slug of the title."""
+        chunks = chunk_document(md("# Big Title { #big }\n\ntext\n\n## Second Part\n\nmore"))
+        assert [c.meta().get("anchor") for c in chunks] == ["big", "second-part"]
+
     def test_hash_lines_in_code_are_not_headings(self) -> None:
         """'# comment' inside a fenced block does not start a section."""
         chunks = chunk_document(md("# Top\n\n```\n# not a heading\n```\n\ntext"))
         assert [c.title_path for c in chunks] == [("Top",)]
 
-    def test_long_section_bounded_with_overlap_at_word_starts(self) -> None:
-        """A long section splits into pieces ≤ max_chars that overlap and start and end on whole words."""
+    def test_long_section_is_cut_at_sentences_within_the_token_limit(self) -> None:
+        """A long section splits into pieces of at most max_tokens (title and path included), at sentence ends."""
         sentences = [f"Sentence number {i} talks about topic {i % 7} at length." for i in range(60)]
         doc = md("# Long\n\n" + " ".join(sentences))
-        chunks = chunk_document(doc, max_chars=300, overlap=60)
+        chunks = chunk_document(doc, max_tokens=64, tokenizer=TOKENS)
         assert len(chunks) > 5
-        vocabulary = set(doc.text.split())
-        assert all(len(c.text) <= 300 for c in chunks)
-        for a, b in itertools.pairwise(chunks):
-            assert a.text.split()[0] in vocabulary and a.text.split()[-1] in vocabulary
-            assert b.text.split()[0] in a.text.split()[-12:]  # b starts inside a's tail: the overlap
+        assert all(tokens(index_text(c)) <= 64 for c in chunks)
+        assert all(c.text.endswith(".") for c in chunks)
+        assert " ".join(c.text.removeprefix("# Long\n\n") for c in chunks) == " ".join(sentences)
         assert all(c.title_path == ("Long",) for c in chunks)
 
-    def test_sentence_boundaries_preferred(self) -> None:
-        """When a section must be split, pieces end at a sentence end rather than mid-sentence."""
-        text = " ".join(["Alpha beta gamma delta epsilon."] * 30)
-        chunks = chunk_document(md(text), max_chars=200, overlap=0)
-        assert all(c.text.endswith(".") for c in chunks)
+    def test_pieces_are_about_equal(self) -> None:
+        """A section just over the limit becomes two halves, not a full chunk and a crumb."""
+        text = " ".join(f"Word{i} is here." for i in range(40))
+        sizes = [tokens(index_text(c)) for c in chunk_document(md(text), max_tokens=tokens("Doc\n" + text) - 5)]
+        assert len(sizes) == 2 and abs(sizes[0] - sizes[1]) < 0.25 * max(sizes)
 
-    def test_word_longer_than_max_is_cut(self) -> None:
-        """A single word longer than max_chars is the only thing ever cut mid-word."""
-        chunks = chunk_document(md("short " + "x" * 250 + " tail"), max_chars=100, overlap=20)
-        assert [len(c.text) for c in chunks] == [5, 100, 100, 55]
+    def test_code_is_cut_between_lines_and_fenced_again(self) -> None:
+        """A long code block is cut between lines; every piece is a fenced block of whole lines."""
+        code = "\n".join(f"    value_{i} = compute({i})  # step {i}" for i in range(80))
+        chunks = chunk_document(md(f"# Code\n\n```python\n{code}\n```"), max_tokens=96, tokenizer=TOKENS)
+        assert len(chunks) > 2 and all(tokens(index_text(c)) <= 96 for c in chunks)
+        lines = []
+        for c in chunks:
+            body = c.text.removeprefix("# Code\n\n")
+            assert body.startswith("```python\n") and body.endswith("\n```")
+            lines += body[len("```python\n") : -len("\n```")].split("\n")
+        assert lines == code.split("\n")
+
+    def test_tables_are_cut_between_rows(self) -> None:
+        """A long table is cut between rows, never inside one."""
+        rows = ["| key | value |", "| --- | --- |"] + [f"| k{i} | some value number {i} |" for i in range(60)]
+        chunks = chunk_document(md("\n".join(rows)), max_tokens=80, tokenizer=TOKENS)
+        assert len(chunks) > 2
+        assert [line for c in chunks for line in c.text.split("\n")] == rows
+
+    def test_word_longer_than_the_limit_is_cut_at_tokens(self) -> None:
+        """A single enormous word is the only thing cut mid-word, at a token boundary; nothing is lost."""
+        word = "x" * 3000
+        chunks = chunk_document(md("short " + word + " tail", title=""), max_tokens=64, tokenizer=TOKENS)
+        assert all(tokens(index_text(c)) <= 64 for c in chunks)
+        assert "".join("".join(c.text.split()) for c in chunks) == "short" + word + "tail"
 
     def test_ids_are_stable_content_hashes(self) -> None:
         """Ids depend only on the normalised chunk text, not on the document."""
@@ -97,43 +131,42 @@ class TestChunkDocument:
         assert chunk_id("Other words.") != a[0].id
 
     def test_short_beir_document_is_one_chunk(self) -> None:
-        """A BEIR document within max_chars stays whole, keeps its title and _id."""
+        """A BEIR document within the limit stays whole, keeps its title and _id."""
         doc = Document(id="d1", title="T", text="# A\n\nx\n\n# B\n\ny", source="c#d1", fmt="beir")
         (chunk,) = chunk_document(doc)
         assert (chunk.text, chunk.title, chunk.doc_id, chunk.title_path) == ("# A\n\nx\n\n# B\n\ny", "T", "d1", ())
 
     def test_bad_limits_rejected(self) -> None:
-        """overlap must be below max_chars."""
-        with pytest.raises(ConfigError, match="overlap"):
-            chunk_document(md("x"), max_chars=100, overlap=100)
+        """A token limit with no room for text is a ConfigError that names a good value."""
+        with pytest.raises(ConfigError, match="max_tokens"):
+            chunk_document(md("x"), max_tokens=4)
 
     @given(
         st.one_of(markdown_documents, markup_text),
-        st.integers(20, 400),
-        st.integers(0, 100),
+        st.integers(24, 160),
         st.sampled_from(["markdown", "text", "html", "beir"]),
     )
-    def test_never_empty_never_too_long_never_loses_words(
-        self, text: str, max_chars: int, overlap: int, fmt: str
+    @example("Lorem " * 400, 24, "markdown")
+    @example("```\n" + "a = 1\n" * 300 + "```", 30, "markdown")
+    def test_never_loses_or_duplicates_text_and_never_exceeds_the_limit(
+        self, text: str, max_tokens: int, fmt: str
     ) -> None:
-        """Chunks are non-empty, within max_chars, slices of the cleaned text, and keep every word in order."""
-        overlap = min(overlap, max_chars - 1)
+        """Chunks are non-empty, within max_tokens in the embedder's own tokens (title and path included), and
+        their pieces joined give the document's blocks back: nothing lost, nothing repeated."""
         doc = Document(id="d", title="t", text=text, source="s", fmt=fmt)
-        cleaned = clean_text(text, fmt)
-        chunks = chunk_document(doc, max_chars=max_chars, overlap=overlap)
-        assert bool(chunks) == bool(cleaned)
+        blocks = document_blocks(doc)
+        chunks = chunk_document(doc, max_tokens=max_tokens, tokenizer=TOKENS)
+        assert bool(chunks) == any(b.kind != "heading" for b in blocks)
         for c in chunks:
-            assert c.text and c.text == c.text.strip() and len(c.text) <= max_chars
-            assert c.text in cleaned
-        chunk_words = [w for c in chunks for w in c.text.split()]
-        if not any(len(w) > max_chars for w in cleaned.split()):
-            assert in_order(cleaned.split(), chunk_words)
-
-    @given(markdown_documents)
-    def test_without_overlap_chunks_tile_the_text(self, text: str) -> None:
-        """With overlap=0 the chunks' words are exactly the cleaned words: nothing lost, nothing repeated."""
-        chunks = chunk_document(md(text), max_chars=120, overlap=0)
-        assert [w for c in chunks for w in c.text.split()] == clean_text(text, "markdown").split()
+            assert c.text.strip() and tokens(index_text(c)) <= max_tokens
+        if chunks and not (fmt == "beir" and len(chunks) == 1):
+            pieces = chunk_blocks(blocks, TOKENS, max_tokens=max_tokens, title="t")
+            assert "".join("".join(p.split()) for piece in pieces for p in piece.parts) == "".join(
+                "".join(b.text.split()) for b in blocks if b.text.strip()
+            )
+        if chunks and not any(b.kind == "code" for b in blocks):  # a cut code block is fenced again
+            words_in = [w for b in blocks for w in render([b]).split()]
+            assert [w for c in chunks for w in c.text.split()] == words_in
 
 
 class TestLoadFolder:
@@ -154,15 +187,20 @@ class TestLoadFolder:
         ]
         assert docs[1].text == "# Heading\n\nbody"  # type: ignore[union-attr]
 
-    def test_non_utf8_and_binary_files_skipped_with_reason(self, tmp_path: Path) -> None:
-        """A Latin-1 file and a binary file come back as Skips naming the file and the problem."""
-        (tmp_path / "latin.md").write_bytes("café".encode("latin-1"))
-        (tmp_path / "blob.txt").write_bytes(b"ab\x00cd")
-        items = list(load_folder(tmp_path))
-        assert all(isinstance(i, Skip) for i in items)
-        reasons = {Path(i.path).name: i.reason for i in items if isinstance(i, Skip)}
-        assert "not UTF-8" in reasons["latin.md"] and "0xe9" in reasons["latin.md"]
-        assert "binary" in reasons["blob.txt"]
+    def test_non_utf8_is_decoded_and_binary_files_skipped_with_reason(self, tmp_path: Path) -> None:
+        """A Latin-1 file is decoded (its encoding recorded), a stray NUL removed; binary junk and an unknown
+        type come back as Skips naming the file and the problem."""
+        (tmp_path / "latin.md").write_bytes("Un café crème pour la table du fond, s'il vous plaît.".encode("latin-1"))
+        (tmp_path / "nul.txt").write_bytes(b"ab\x00cd")
+        (tmp_path / "blob.txt").write_bytes(bytes(range(256)) * 8)
+        (tmp_path / "image.png").write_bytes(b"\x89PNG\r\n")
+        items = {Path(i.path if isinstance(i, Skip) else i.id).name: i for i in load_folder(tmp_path)}
+        latin, nul = items["latin.md"], items["nul.txt"]
+        assert isinstance(latin, Document) and "café crème" in latin.text and latin.encoding == "cp1252"
+        assert isinstance(nul, Document) and nul.text == "abcd"
+        blob, image = items["blob.txt"], items["image.png"]
+        assert isinstance(blob, Skip) and "binary" in blob.reason
+        assert isinstance(image, Skip) and image.reason.startswith("unsupported type '.png'")
 
 
 def write_corpus(path: Path, lines: list[str]) -> None:
@@ -207,13 +245,13 @@ class TestIngestPath:
         (tmp_path / "a.md").write_text("# A\n\nShared paragraph.\n\n# B\n\nOnly in a.", encoding="utf-8")
         (tmp_path / "b.md").write_text("# A\n\nShared paragraph.", encoding="utf-8")
         (tmp_path / "empty.html").write_text("<script>x()</script><img src='logo.png' alt='logo'>", encoding="utf-8")
-        (tmp_path / "bad.txt").write_bytes(b"\xff\xfe\x00x")
+        (tmp_path / "bad.txt").write_bytes(bytes(range(256)) * 4)
         calls: list[tuple[int, int]] = []
         result = ingest_path(tmp_path, progress=lambda done, total: calls.append((done, total)))
         assert isinstance(result, IngestResult)
         assert [c.text for c in result.chunks] == ["# A\n\nShared paragraph.", "# B\n\nOnly in a."]
         assert result.files == 2 and result.seconds >= 0
-        assert [(Path(p).name, "UTF-16" in r or "empty" in r) for p, r in result.skipped] == [
+        assert [(Path(p).name, "binary" in r or "empty" in r) for p, r in result.skipped] == [
             ("bad.txt", True),
             ("empty.html", True),
         ]
@@ -234,10 +272,29 @@ class TestIngestPath:
             ingest_path(tmp_path / "nope")
 
     def test_folder_without_documents_rejected(self, tmp_path: Path) -> None:
-        """A folder with no supported files is an InputError, not an empty index."""
-        (tmp_path / "x.pdf").write_bytes(b"%PDF")
-        with pytest.raises(InputError, match=r"\.md"):
-            ingest_path(tmp_path)
+        """A folder with nothing to read (only hidden or excluded files) is an InputError, not an empty index."""
+        (tmp_path / ".hidden.md").write_text("# x\n\ny")
+        (tmp_path / "notes.md").write_text("# x\n\ny")
+        with pytest.raises(InputError, match=r"found no files.*1 excluded"):
+            ingest_path(tmp_path, exclude=["*.md"])
+
+    def test_include_and_exclude_globs(self, tmp_path: Path) -> None:
+        """--include keeps only matching files, --exclude wins; both are counted, not reported as skips."""
+        for name in ("docs/a.md", "docs/_sources/a.txt", "docs/deep/b.md", "top.txt"):
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name).write_text(f"# {name}\n\ntext of {name}")
+        result = ingest_path(tmp_path, include=["docs/**"], exclude=["_sources/**", "docs/_sources/**"])
+        assert sorted({c.doc_id for c in result.chunks}) == ["docs/a.md", "docs/deep/b.md"]
+        assert (result.excluded, result.skipped) == (2, ())
+        result = ingest_path(tmp_path, exclude=["*.txt"])
+        assert sorted({c.doc_id for c in result.chunks}) == ["docs/a.md", "docs/deep/b.md"]
+
+    def test_unsupported_files_are_reported_not_silently_dropped(self, tmp_path: Path) -> None:
+        """A file of a type ragloop cannot read is a skip of kind 'unsupported type', never silently ignored."""
+        (tmp_path / "a.md").write_text("# A\n\ntext")
+        (tmp_path / "diagram.svg").write_text("<svg/>")
+        result = ingest_path(tmp_path)
+        assert skip_kinds(result.skipped) == [("unsupported type", 1)]
 
     @pytest.mark.parametrize("name", ["fastapi-docs", "redis-docs"])
     def test_real_docs_corpus_is_clean(self, name: str) -> None:
@@ -367,13 +424,13 @@ class TestHostileFolder:
         assert safe_name("plain/ünïcode.md") == "plain/ünïcode.md"
 
     def test_skips_are_counted_by_kind(self) -> None:
-        """skip_kinds groups reasons by their leading words, most common first."""
+        """skip_kinds groups reasons by kind (unreadable, outside the folder, …), most common first."""
         skipped = [
             ("a", "not a regular file (a FIFO); only regular files are read"),
             ("b", "not a regular file (a device); only regular files are read"),
             ("c", "symbolic link out of the folder (to '/etc/passwd'); copy the file"),
         ]
-        assert skip_kinds(skipped) == [("not a regular file", 2), ("symbolic link out of the folder", 1)]
+        assert skip_kinds(skipped) == [("unreadable", 2), ("outside the folder", 1)]
 
 
 def write_gz_bomb(path: Path, line_bytes: int, after: str) -> None:

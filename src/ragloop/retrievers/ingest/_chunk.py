@@ -240,30 +240,42 @@ def _code_units(block: Block, tokenizer: Tokenizer, budget: int, limit_chars: fl
     frame = f"{fence}{block.lang}\n\n{fence}"
     overhead = len(tokenizer.token_spans([frame])[0])
     units = []
-    for part, _tokens, _joiner in _cut(block.text, tokenizer, budget - overhead, limit_chars - len(frame), "\n"):
+    room = max(1, budget - overhead)
+    for part in _group(
+        _cut(block.text, tokenizer, room, limit_chars - len(frame), "\n"), room, limit_chars - len(frame)
+    ):
         rendered = f"{fence}{block.lang}\n{part}\n{fence}"
         units.append(_Unit(rendered, part, len(tokenizer.token_spans([rendered])[0]), "\n\n", block.page))
     return units
 
 
+def _group(atoms: list[tuple[str, int, str]], budget: int, limit_chars: float) -> list[str]:
+    """Atoms joined (with their separators) into groups of about equal size, each within the limits."""
+    total = sum(t for _, t, _ in atoms)
+    target = min(budget, max(math.ceil(total / max(1, math.ceil(total / budget))), max(t for _, t, _ in atoms)))
+    groups: list[list[tuple[str, int, str]]] = []
+    used = chars = 0
+    for atom in atoms:
+        grown = chars + len(atom[2]) + len(atom[0])
+        if groups and groups[-1] and used + atom[1] <= target and grown <= limit_chars:
+            groups[-1].append(atom)
+            used, chars = used + atom[1], grown
+        else:
+            groups.append([atom])
+            used, chars = atom[1], len(atom[0])
+    return [g[0][0] + "".join(sep + text for text, _, sep in g[1:]) for g in groups]
+
+
 def _cut(
     text: str, tokenizer: Tokenizer, budget: int, limit_chars: float, separator: str | None
 ) -> list[tuple[str, int, str]]:
-    """``text`` cut into ``(part, tokens, separator before it)`` that each fit, packed greedily.
+    """``text`` cut into ``(part, tokens, separator before it)`` that each fit (the section packs them).
 
     The cut points are, in order of preference: ``separator`` (rows, lines) or sentence ends, then whitespace,
     then token boundaries. Joining the parts with their separators gives ``text`` back exactly.
     """
     budget = max(1, budget)
-    atoms = _atoms(text, tokenizer, budget, limit_chars, 0 if separator is None else 1, separator)
-    out: list[tuple[str, int, str]] = []
-    for atom, tokens, before in atoms:
-        if out and out[-1][1] + tokens <= budget and len(out[-1][0]) + len(before) + len(atom) <= limit_chars:
-            part, count, sep = out[-1]
-            out[-1] = (part + before + atom, count + tokens, sep)
-        else:
-            out.append((atom, tokens, before))
-    return out
+    return _atoms(text, tokenizer, budget, limit_chars, 0 if separator is None else 1, separator)
 
 
 def _atoms(
