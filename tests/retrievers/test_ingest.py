@@ -481,3 +481,34 @@ class TestHostileCorpus:
         (tmp_path / "beir" / "corpus.jsonl").symlink_to(elsewhere)
         with pytest.raises(InputError, match="link out of the folder"):
             ingest_path(tmp_path / "beir")
+
+
+class TestCitationUrls:
+    def test_url_points_at_the_section_and_keeps_the_real_extension(self, tmp_path: Path) -> None:
+        """With --url-base, a chunk links page.html#anchor (extension kept); a markdown source loses .md only."""
+        from ragloop.retrievers.metadata import with_metadata
+
+        (tmp_path / "guide").mkdir()
+        (tmp_path / "guide" / "errors.html").write_text(
+            '<html><body><main><h1 id="errors">Errors</h1><p>One.</p>'
+            '<section id="syntax"><h2>Syntax</h2><p>Two.</p></section></main></body></html>'
+        )
+        (tmp_path / "intro.md").write_text("# Intro { #start }\n\nHello.")
+        chunks = with_metadata(ingest_path(tmp_path).chunks, tmp_path, url_base="https://docs.example/v1/")
+        assert sorted(c.url for c in chunks) == [
+            "https://docs.example/v1/guide/errors.html#errors",
+            "https://docs.example/v1/guide/errors.html#syntax",
+            "https://docs.example/v1/intro#start",
+        ]
+
+    def test_pdf_chunks_link_their_page(self, tmp_path: Path) -> None:
+        """A PDF chunk's URL is file.pdf#page=N and its metadata carries the page."""
+        from ragloop.retrievers.metadata import with_metadata
+        from tests.retrievers._docs import write_pdf
+
+        write_pdf(tmp_path / "manual.pdf", ["First page text.", "Second page text."])
+        chunks = with_metadata(ingest_path(tmp_path).chunks, tmp_path, url_base="https://x.test")
+        assert [(c.url, c.meta()["page"]) for c in chunks] == [
+            ("https://x.test/manual.pdf#page=1", "1"),
+            ("https://x.test/manual.pdf#page=2", "2"),
+        ]

@@ -1,6 +1,6 @@
 """Cutting a document's blocks into chunks sized in the embedder's own tokens.
 
-A chunk never spans two sections: the document is split at its headings first (a heading with nothing under
+A chunk never spans two sections (nor two pages of a PDF): the document is split at its headings first (a heading with nothing under
 it joins the section that follows). A section whose text, with the title and heading path that
 :func:`index_text` puts in front, fits ``max_tokens`` is one chunk; a longer one is cut into pieces of about
 equal size at the best boundary there is: between blocks, then between sentences of a paragraph or rows of a
@@ -111,6 +111,10 @@ def _sections(blocks: Sequence[Block]) -> list[tuple[tuple[str, ...], str, list[
             path = tuple(t for _, t, _ in stack)
             anchor = block.anchor or next((a for _, _, a in reversed(stack) if a), "")
         else:
+            last = current[-1] if current else None
+            if last is not None and last.kind != "heading" and 0 < last.page != block.page > 0:
+                sections.append((path, anchor, current))  # a chunk never spans two pages of a PDF
+                current = []
             current.append(block)
     del pending
     if current:
