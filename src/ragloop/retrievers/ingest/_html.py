@@ -13,7 +13,7 @@ What a documentation generator wraps around the content never reaches the index:
   permalink, or of the ``<section>`` it opens) as the anchor; tables become markdown rows; inline ``<code>`` is
   kept in backticks; an image keeps its alt text when that says something.
 
-Measured against trafilatura and readability-lxml in ``benchmarks/bench_clean.py --extractors``.
+Measured against trafilatura and readability-lxml in ``benchmarks/bench_extract.py``.
 """
 
 from __future__ import annotations

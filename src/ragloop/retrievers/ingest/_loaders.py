@@ -2,8 +2,8 @@
 
 Each returns ``(title, blocks)``. The packages are optional extras (``[pdf]``, ``[office]``, ``[ingest]``);
 without one, :class:`~ragloop.retrievers.ingest._blocks.MissingExtra` says which to install and the file is
-skipped with that reason. pypdf was chosen over pdfminer.six by measurement (``benchmarks/bench_clean.py
---loaders``: faster on the same files, the same words out).
+skipped with that reason. pypdf was chosen over pdfminer.six by measurement (``benchmarks/bench_extract.py``:
+faster on the same files, the same words out).
 
 - PDF: one text block per paragraph of each page, carrying its page number (citations link
   ``file.pdf#page=N``); the document outline (bookmarks) gives the headings; the metadata title, the title.
