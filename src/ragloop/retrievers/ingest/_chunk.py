@@ -1,8 +1,8 @@
 """Cutting a document's blocks into chunks sized in the embedder's own tokens.
 
-A chunk never spans two sections (nor two pages of a PDF): the document is split at its headings first (a heading with nothing under
-it joins the section that follows). A section whose text, with the title and heading path that
-:func:`index_text` puts in front, fits ``max_tokens`` is one chunk; a longer one is cut into pieces of about
+A chunk never spans two sections (nor two pages of a PDF): the document is split at its headings first (a
+heading with nothing under it joins the section that follows). A section whose text, with the title and heading path
+that :func:`index_text` puts in front, fits ``max_tokens`` is one chunk; a longer one is cut into pieces of about
 equal size at the best boundary there is: between blocks, then between sentences of a paragraph or rows of a
 table or lines of code (each piece of code fenced again), then between words, and only a single enormous word
 at a token boundary. So no chunk is ever truncated by the embedder, a table is never cut inside a row, and
@@ -43,12 +43,15 @@ def chunk_id(text: str) -> str:
 
 
 def index_text(chunk: Chunk) -> str:
-    """The text that is indexed for a chunk: its title and heading path (when not already in the text),
-    then the text. Titles carry much of a document's topic, for both BM25 and the embedder."""
+    """The text that is indexed for a chunk: its title and heading path (when not already in the text, as the
+    text's opening line or heading), then the text. Titles carry much of a document's topic, for both BM25 and
+    the embedder; said twice they only cost tokens."""
     head: list[str] = []
+    first = chunk.text.split("\n", 1)[0]
+    opening = first.lstrip("#").strip() if first.startswith("#") else ""  # the chunk opens with its heading
     for part in (chunk.title, *chunk.title_path):
         part = part.strip()
-        if part and part not in head and not chunk.text.startswith(part):
+        if part and part not in head and not chunk.text.startswith(part) and part != opening:
             head.append(part)
     return "\n".join([*head, chunk.text]) if head else chunk.text
 

@@ -94,7 +94,8 @@ def html_blocks(raw: str) -> tuple[str, list[Block]]:
         raw: The page's HTML.
 
     Returns:
-        ``(title, blocks)``: the ``<title>`` (else the first ``<h1>``; ``""`` if neither) and the blocks.
+        ``(title, blocks)``: the first ``<h1>`` of the content (else the ``<title>``; ``""`` if neither) and the
+        blocks.
 
     Raises:
         MissingExtra: selectolax is not installed.
@@ -119,9 +120,10 @@ def html_blocks(raw: str) -> tuple[str, list[Block]]:
     walker.walk(root)
     walker.flush()
     blocks = walker.blocks
-    if not title:
-        title = next((b.text for b in blocks if b.kind == "heading" and b.level == 1), "")
-    return title, blocks
+    # The page's own h1 names it; <title> adds the site's name ("… — Python 3.11 documentation"), which would
+    # be repeated in front of every chunk of every page.
+    h1 = next((b.text for b in blocks if b.kind == "heading" and b.level == 1), "")
+    return h1 or title, blocks
 
 
 def _heading_anchors(root: Any) -> list[tuple[Any, str]]:
