@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 from ragloop.cli_chat import add_ask, add_chat
 from ragloop.cli_doctor import add_doctor
-from ragloop.cli_ingest import Progress, add_ingest_options, cmd_explain, ingest_for_index, make_embedder, print_skips
+from ragloop.cli_ingest import (
+    Progress,
+    add_ingest_options,
+    build_index,
+    cmd_explain,
+    ingest_for_index,
+    make_embedder,
+    print_skips,
+)
 from ragloop.cli_serve import add_serve
 from ragloop.cli_store import (
     add_filter_option,
@@ -35,6 +43,7 @@ from ragloop.errors import RagloopError
 
 if TYPE_CHECKING:
     from ragloop.retrievers.base import Embedder
+    from ragloop.state import Hit
 
 __all__ = ["main"]
 
@@ -110,7 +119,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
         raise RagloopError("pass --out DIR (a local index) or --store postgresql://… (a shared store)")
     if args.update and (status := cmd_index_update(args)) >= 0:
         return status
-    from ragloop.retrievers.index import KnowledgeIndex, check_index_target
+    from ragloop.retrievers.index import check_index_target
 
     started = time.perf_counter()
     check_index_target(args.out, source=args.path)  # refuse a bad --out before minutes of work
@@ -118,7 +127,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
     result = ingest_for_index(args, embedder)
     embedding = Progress(f"embedding ({embedder.name})")
     try:
-        index = KnowledgeIndex.build(attach_metadata(args, result.chunks), embedder, progress=embedding)
+        index = build_index(attach_metadata(args, result.chunks), embedder, embedding)
     finally:
         embedding.close()
     out = index.save(args.out, source=args.path)
@@ -159,11 +168,19 @@ def _cmd_search(args: argparse.Namespace) -> int:
     if args.query is None:
         raise RagloopError("pass INDEX QUERY, or --store URL QUERY")
 
+    from ragloop.cli_ingest import close_embedder, embedder_for_index
     from ragloop.retrievers.index import KnowledgeIndex
 
-    index = KnowledgeIndex.load(args.index)
+    index = KnowledgeIndex.load(args.index, embedder_for_index(args.index))
     filters = parse_filters(args.filter)
-    hits = anyio.run(lambda: index.search(args.query, args.k, args.mode, filters=filters))
+
+    async def search() -> list[Hit]:
+        try:
+            return await index.search(args.query, args.k, args.mode, filters=filters)
+        finally:
+            await close_embedder(index.embedder)
+
+    hits = anyio.run(search)
     print_hits(hits, args.json)
     return 0
 

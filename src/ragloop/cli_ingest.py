@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 __all__ = [
     "Progress",
     "add_ingest_options",
+    "build_index",
+    "close_embedder",
     "cmd_explain",
+    "embedder_for_index",
     "ingest_for_index",
     "make_embedder",
     "print_skips",
@@ -71,22 +74,61 @@ def make_embedder(kind: str, base_url: str | None = None) -> Embedder:
     import openai
 
     url = base_url or os.environ.get("OPENAI_BASE_URL") or None
-    client = openai.AsyncOpenAI(base_url=url, api_key=os.environ.get("OPENAI_API_KEY") or "not-needed")
+    key = os.environ.get("OPENAI_API_KEY") or "not-needed"
     model = kind[len("openai:") :]
-    probe = OpenAIEmbedder(client, model, dim=0)
 
     async def learn_dim() -> int:
-        resp = await client.embeddings.create(model=model, input=["dimension probe"])
-        return len(resp.data[0].embedding)
+        # Its own client: an AsyncOpenAI's connections belong to the event loop that opened them.
+        async with openai.AsyncOpenAI(base_url=url, api_key=key) as client:
+            resp = await client.embeddings.create(model=model, input=["dimension probe"])
+            return len(resp.data[0].embedding)
 
     try:
-        probe.dim = anyio.run(learn_dim)
+        dim = anyio.run(learn_dim)
     except openai.OpenAIError as exc:
         raise ConfigError(
             f"the embeddings API at {url or 'api.openai.com'} failed for model {model!r}: {exc}; check "
             "--embedder-base-url, the model name and $OPENAI_API_KEY"
         ) from exc
-    return probe
+    return OpenAIEmbedder(openai.AsyncOpenAI(base_url=url, api_key=key), model, dim=dim)
+
+
+async def close_embedder(embedder: Embedder) -> None:
+    """Close an API embedder's client, inside the event loop that used it (a no-op for local embedders)."""
+    client = getattr(embedder, "client", None)
+    close = getattr(client, "close", None)
+    if close is not None:
+        await close()
+
+
+def build_index(chunks: Any, embedder: Embedder, progress: Any) -> Any:
+    """``KnowledgeIndex.build``; an API embedder's requests and its client's closing run in one event loop."""
+    from ragloop.retrievers.index import KnowledgeIndex
+
+    if getattr(embedder, "embed_sync", None) is not None:
+        return KnowledgeIndex.build(chunks, embedder, progress=progress)
+    import anyio
+
+    async def run() -> KnowledgeIndex:
+        try:
+            return await KnowledgeIndex.abuild(chunks, embedder, progress=progress)
+        finally:
+            await close_embedder(embedder)
+
+    return anyio.run(run)
+
+
+def embedder_for_index(directory: str, base_url: str | None = None) -> Embedder | None:
+    """The embedder to search an index with when ragloop cannot rebuild it by name (``openai:MODEL``), else None."""
+    import json as _json
+    from pathlib import Path
+
+    try:
+        manifest = _json.loads((Path(directory) / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # KnowledgeIndex.load reports a missing or broken index itself
+    name = manifest.get("embedder", {}).get("name", "") if isinstance(manifest.get("embedder"), dict) else ""
+    return make_embedder(name, base_url) if isinstance(name, str) and name.startswith("openai:") else None
 
 
 class Progress:
