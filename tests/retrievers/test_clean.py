@@ -112,6 +112,22 @@ class TestHtmlMainContent:
         assert render(html_blocks(page)[1]) == "shown"
 
 
+class TestHostileHtml:
+    def test_deeply_nested_page_is_refused_quickly(self, tmp_path: Path) -> None:
+        """100,000 nested <div>s (the parser's time grows with the square of the depth) are a skip in well under a
+        second, not minutes of parsing or a RecursionError."""
+        (tmp_path / "deep.html").write_text("<body>" + "<div>" * 100_000 + "x" + "</div>" * 100_000 + "</body>")
+        started = time.perf_counter()
+        result = ingest_path(tmp_path)
+        assert time.perf_counter() - started < 3.0
+        assert "nested too deeply" in dict(result.skipped)[str(tmp_path / "deep.html")]
+
+    def test_sloppy_html_with_unclosed_paragraphs_is_read(self) -> None:
+        """Thousands of unclosed <p> and <li> (closed by HTML itself) are not deep nesting."""
+        page = "<body><ul>" + "<li>item <p>para" * 3000 + "</ul></body>"
+        assert render(html_blocks(page)[1]).count("para") == 3000
+
+
 class TestLoaders:
     def test_pdf_pages_are_kept_in_blocks_and_chunks(self, tmp_path: Path) -> None:
         """A PDF's text keeps its page numbers; its outline gives headings; chunks link #page=N."""

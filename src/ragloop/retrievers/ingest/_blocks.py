@@ -22,6 +22,7 @@ from ragloop.retrievers.ingest._clean import iter_segments
 __all__ = [
     "BLOCK_KINDS",
     "Block",
+    "LoaderError",
     "MissingExtra",
     "clean_code",
     "clean_inline",
@@ -46,6 +47,10 @@ _SPACES = re.compile(r"[^\S\n]+")
 
 class MissingExtra(Exception):
     """A loader's package is not installed; the message names the extra to install."""
+
+
+class LoaderError(Exception):
+    """The file is damaged, encrypted or built to hurt the parser; the message says so."""
 
 
 @frozen

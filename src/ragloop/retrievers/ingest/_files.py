@@ -7,12 +7,12 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from ragloop.retrievers.ingest._blocks import Block, MissingExtra, render
+from ragloop.retrievers.ingest._blocks import Block, LoaderError, MissingExtra, render
 from ragloop.retrievers.ingest._clean import clean_title, split_front_matter
 from ragloop.retrievers.ingest._decode import Undecodable, decode_text
 from ragloop.retrievers.ingest._globs import FileFilter
 from ragloop.retrievers.ingest._html import html_blocks
-from ragloop.retrievers.ingest._loaders import LoaderError, docx_blocks, pdf_blocks, rst_blocks
+from ragloop.retrievers.ingest._loaders import docx_blocks, pdf_blocks, rst_blocks
 from ragloop.retrievers.ingest._types import _MD_H1, MAX_FILE_BYTES, SUFFIXES, Document, Skip, _Refused, safe_name
 
 # --- loading a folder ----------------------------------------------------------------------------------
@@ -161,6 +161,8 @@ def read_document(path: Path, root: Path, *, max_file_bytes: int = MAX_FILE_BYTE
         title, text, blocks, encoding = _load(data, fmt)
     except (MissingExtra, Undecodable, LoaderError) as exc:
         return Skip(where, str(exc))
+    except RecursionError:  # docutils on pathologically nested markup
+        return Skip(where, "cannot parse the file: nested too deeply; simplify or split it")
     # The source is the path under the ingested folder, so an index reads the same on every machine.
     return Document(
         id=doc_id,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ragloop.retrievers.ingest._blocks import Block, MissingExtra, clean_code, clean_inline
+from ragloop.retrievers.ingest._blocks import Block, LoaderError, MissingExtra, clean_code, clean_inline
 from ragloop.retrievers.ingest._markup import _image_text
 
 __all__ = ["html_blocks"]
@@ -77,6 +77,46 @@ _BLOCK_TAGS = frozenset(
 )
 _HEADINGS = frozenset(("h1", "h2", "h3", "h4", "h5", "h6"))
 _LINK_LISTS = "ul, ol, dl, table"
+#: Deepest element nesting read. Real pages nest a few dozen deep; the parser's time grows with the square of the
+#: depth (100,000 nested <div>s take minutes) and the walk recurses, so a deeper page is refused up front.
+MAX_DEPTH = 256
+_TAG_SCAN = re.compile(r"<(/?)([a-zA-Z][a-zA-Z0-9-]*)[^<>]*?(/?)>")
+#: Elements HTML closes by itself (and void elements): they never deepen a real page.
+_SELF_CLOSING = frozenset(
+    [
+        "p",
+        "li",
+        "dt",
+        "dd",
+        "tr",
+        "td",
+        "th",
+        "option",
+        "optgroup",
+        "tbody",
+        "thead",
+        "tfoot",
+        "colgroup",
+        "caption",
+        "rb",
+        "rt",
+        "rp",
+        "area",
+        "base",
+        "br",
+        "col",
+        "embed",
+        "hr",
+        "img",
+        "input",
+        "link",
+        "meta",
+        "param",
+        "source",
+        "track",
+        "wbr",
+    ]
+)
 
 
 def _parser() -> Any:
@@ -100,6 +140,7 @@ def html_blocks(raw: str) -> tuple[str, list[Block]]:
     Raises:
         MissingExtra: selectolax is not installed.
     """
+    _check_depth(raw)
     tree = _parser()(raw)
     title_node = tree.css_first("title")
     title = clean_inline(title_node.text(deep=True)) if title_node is not None else ""
@@ -124,6 +165,20 @@ def html_blocks(raw: str) -> tuple[str, list[Block]]:
     # be repeated in front of every chunk of every page.
     h1 = next((b.text for b in blocks if b.kind == "heading" and b.level == 1), "")
     return h1 or title, blocks
+
+
+def _check_depth(raw: str) -> None:
+    """Refuse markup nested deeper than :data:`MAX_DEPTH` (one linear scan of the tags, before parsing)."""
+    depth = 0
+    for m in _TAG_SCAN.finditer(raw):
+        if m.group(2).lower() in _SELF_CLOSING or m.group(3):
+            continue
+        depth = max(0, depth - 1) if m.group(1) else depth + 1
+        if depth > MAX_DEPTH:
+            raise LoaderError(
+                f"HTML nested too deeply (over {MAX_DEPTH} elements inside each other); no real page is, "
+                "so it is refused rather than parsed"
+            )
 
 
 def _heading_anchors(root: Any) -> list[tuple[Any, str]]:

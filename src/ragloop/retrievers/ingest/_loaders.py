@@ -20,16 +20,12 @@ import io
 import re
 from typing import Any
 
-from ragloop.retrievers.ingest._blocks import Block, MissingExtra, clean_code, clean_inline
+from ragloop.retrievers.ingest._blocks import Block, LoaderError, MissingExtra, clean_code, clean_inline
 
 __all__ = ["docx_blocks", "pdf_blocks", "rst_blocks"]
 
 _PARAGRAPHS = re.compile(r"\n[ \t]*\n")
 _HEADING_STYLE = re.compile(r"^(?:heading|überschrift|titre)\s*([1-9])$", re.I)
-
-
-class LoaderError(Exception):
-    """The file is damaged or encrypted; the message says so."""
 
 
 def pdf_blocks(data: bytes) -> tuple[str, list[Block]]:
