@@ -11,7 +11,9 @@ the pieces of every block, joined, give the block back: nothing is lost and noth
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
 import math
 import re
 import unicodedata
@@ -30,6 +32,8 @@ __all__ = ["Piece", "check_limits", "chunk_blocks", "chunk_id", "index_text"]
 _MIN_BODY = 16
 _SENTENCE_END = re.compile(r"(?<=[.!?:;])[\"')\]]*\s+")
 _SPACE = re.compile(r"\s+")
+#: Blocks longer than this (characters) are cut without being counted whole first.
+_COUNT_WHOLE_CHARS = 65_536
 
 
 def chunk_id(text: str) -> str:
@@ -156,7 +160,9 @@ def chunk_blocks(
         kept, budget = _fit_head(tokenizer, title, path, max_tokens)
         head = "\n".join(p for p in dict.fromkeys(x.strip() for x in (title, *kept)) if p)
         for _ in range(4):  # counts add up across whitespace; a cut inside a word may not, so check and retry
-            pieces = _pack_section(section, tokenizer, budget, limit_chars, kept, anchor)
+            pieces, exact = _pack_section(section, tokenizer, budget, limit_chars, kept, anchor)
+            if exact:
+                break
             texts = [f"{head}\n{p.text}" if head else p.text for p in pieces]
             worst = max((len(s) for s in tokenizer.token_spans(texts)), default=0) + tokenizer.special_tokens
             if worst <= max_tokens or budget <= _MIN_BODY:
@@ -168,10 +174,10 @@ def chunk_blocks(
 
 def _pack_section(
     section: Sequence[Block], tokenizer: Tokenizer, budget: int, limit_chars: float, path: tuple[str, ...], anchor: str
-) -> list[Piece]:
+) -> tuple[list[Piece], bool]:
     units = _units(section, tokenizer, budget, limit_chars)
     if not units:
-        return []
+        return [], True
     total = sum(u.tokens for u in units)
     target = min(budget, max(math.ceil(total / max(1, math.ceil(total / budget))), max(u.tokens for u in units)))
     pieces: list[Piece] = []
@@ -186,7 +192,8 @@ def _pack_section(
         used += unit.tokens
         chars = grown
     pieces.append(_piece(current, path, anchor))
-    return pieces
+    # Units joined by "" are pieces of one word cut at a token boundary: the only place counts may not add up.
+    return pieces, all(u.joiner for u in units)
 
 
 def _fit_head(tokenizer: Tokenizer, title: str, path: tuple[str, ...], max_tokens: int) -> tuple[tuple[str, ...], int]:
@@ -211,7 +218,11 @@ def _units(blocks: Sequence[Block], tokenizer: Tokenizer, budget: int, limit_cha
     """Every block as one unit when it fits, else cut at its best boundaries into units that do."""
     kept = [b for b in blocks if b.text.strip()]
     rendered = [render_block(b) for b in kept]
-    counts = [len(s) for s in tokenizer.token_spans(rendered)]
+    # A block far longer than any chunk is cut without being counted whole first (tokenising is the cost here).
+    small = [i for i, t in enumerate(rendered) if len(t) <= _COUNT_WHOLE_CHARS]
+    counts = [budget + 1] * len(rendered)
+    for i, spans in zip(small, tokenizer.token_spans([rendered[i] for i in small]), strict=True):
+        counts[i] = len(spans)
     units: list[_Unit] = []
     for block, text, tokens in zip(kept, rendered, counts, strict=True):
         if tokens <= budget and len(text) <= limit_chars:
@@ -273,76 +284,85 @@ def _group(atoms: list[tuple[str, int, str]], budget: int, limit_chars: float) -
     return [g[0][0] + "".join(sep + text for text, _, sep in g[1:]) for g in groups]
 
 
+class _Counter:
+    """Token counts of any slice of one text from a single tokenisation: the tokens that start inside the slice.
+
+    Exact for slices cut at whitespace or punctuation (where WordPiece starts a new word); a cut between two
+    pieces of one word may be off by a token, which :func:`chunk_blocks` checks afterwards.
+    """
+
+    def __init__(self, text: str, tokenizer: Tokenizer) -> None:
+        self.starts = [a for a, _ in tokenizer.token_spans([text])[0]]
+
+    def __call__(self, a: int, b: int) -> int:
+        return bisect.bisect_left(self.starts, b) - bisect.bisect_left(self.starts, a)
+
+
 def _cut(
     text: str, tokenizer: Tokenizer, budget: int, limit_chars: float, separator: str | None
 ) -> list[tuple[str, int, str]]:
     """``text`` cut into ``(part, tokens, separator before it)`` that each fit (the section packs them).
 
     The cut points are, in order of preference: ``separator`` (rows, lines) or sentence ends, then whitespace,
-    then token boundaries. Joining the parts with their separators gives ``text`` back exactly.
+    then token boundaries. Joining the parts with their separators gives ``text`` back exactly. The text is
+    tokenised once, however many levels the cutting goes down.
     """
-    budget = max(1, budget)
-    return _atoms(text, tokenizer, budget, limit_chars, 0 if separator is None else 1, separator)
+    count = _Counter(text, tokenizer)
+    out: list[tuple[str, int, str]] = []
+    for a, b, before in _atoms(text, 0, len(text), count, max(1, budget), limit_chars, 0, separator, ""):
+        out.append((text[a:b], max(count(a, b), 1 if b > a else 0), before))
+    return out
 
 
-def _atoms(
-    text: str, tokenizer: Tokenizer, budget: int, limit_chars: float, level: int, separator: str | None
-) -> list[tuple[str, int, str]]:
-    """``(atom, tokens, separator before it)``: ``text`` split at the level's boundaries, recursing into any
-    atom that is still too long; level 0 sentences (or ``separator``), 1 whitespace, 2 token boundaries."""
-    if level >= 3:
-        return _token_cut(text, tokenizer, budget)
-    if level == 0:
-        pairs = _split_keep(text, _SENTENCE_END)
-    elif level == 1 and separator is not None:
-        pairs = [(line, "\n") for line in text.split(separator)]
-        pairs[-1] = (pairs[-1][0], "")
-        separator = None
-        level = 0  # rows or lines next fall back to whitespace
+def _atoms(  # noqa: PLR0913 — one recursive step: the text, its slice, the limits, the level
+    text: str,
+    start: int,
+    end: int,
+    count: _Counter,
+    budget: int,
+    limit_chars: float,
+    level: int,
+    separator: str | None,
+    before: str,
+) -> list[tuple[int, int, str]]:
+    """``(start, end, separator before it)`` slices of ``text[start:end]`` that fit: split at sentences (or
+    ``separator``) at level 0, at whitespace at level 1, at token boundaries at level 2."""
+    if level >= 2:
+        return _token_cut(start, end, count, budget, before)
+    if level == 0 and separator is not None:
+        pattern = re.compile(re.escape(separator))
     else:
-        pairs = _split_keep(text, _SPACE)
-    counts = [len(s) for s in tokenizer.token_spans([p for p, _ in pairs])]
-    out: list[tuple[str, int, str]] = []
-    before = ""
-    for (part, after), tokens in zip(pairs, counts, strict=True):
-        if tokens <= budget and len(part) <= limit_chars:
-            out.append((part, tokens, before))
+        pattern = _SENTENCE_END if level == 0 else _SPACE
+    out: list[tuple[int, int, str]] = []
+    for a, b, sep_before in _slices(text, start, end, pattern, before):
+        if count(a, b) <= budget and b - a <= limit_chars:
+            out.append((a, b, sep_before))
         else:
-            sub = _atoms(part, tokenizer, budget, limit_chars, level + 1 if level > 0 else 1, None)
-            if sub:
-                sub[0] = (sub[0][0], sub[0][1], before)
-            out.extend(sub)
-        before = after
+            out.extend(_atoms(text, a, b, count, budget, limit_chars, level + 1, None, sep_before))
     return out
 
 
-def _token_cut(text: str, tokenizer: Tokenizer, budget: int) -> list[tuple[str, int, str]]:
-    """One word too long for a chunk, cut at token boundaries (never inside a token)."""
-    spans = tokenizer.token_spans([text])[0]
-    out: list[tuple[str, int, str]] = []
-    start = 0
-    for i in range(budget, len(spans), budget):
-        cut = spans[i][0]
-        out.append((text[start:cut], budget, ""))
-        start = cut
-    out.append((text[start:], len(spans) - budget * (len(out)), ""))
-    return [(t, max(k, 1), s) for t, k, s in out if t]
-
-
-def _split_keep(text: str, pattern: re.Pattern[str]) -> list[tuple[str, str]]:
-    """``text`` cut at each match of ``pattern``: ``(piece, separator that followed it)``; the pieces and
-    separators joined give ``text`` back."""
-    out: list[tuple[str, str]] = []
-    pos = 0
-    for m in pattern.finditer(text):
-        if m.start() == pos and out:  # a separator right after another joins it
-            out[-1] = (out[-1][0], out[-1][1] + m.group(0))
-            pos = m.end()
-            continue
+def _slices(text: str, start: int, end: int, pattern: re.Pattern[str], before: str) -> list[tuple[int, int, str]]:
+    """``text[start:end]`` cut at each match of ``pattern``: ``(a, b, separator before)``; a match's trailing
+    whitespace is the separator, anything else in it (a closing quote) stays with the piece before."""
+    out: list[tuple[int, int, str]] = []
+    pos, sep = start, before
+    for m in pattern.finditer(text, start, end):
         kept = m.group(0)
-        stripped = kept.rstrip()
-        out.append((text[pos : m.start()] + stripped, kept[len(stripped) :]))
+        stripped = len(kept.rstrip()) if kept.strip() else 0
+        if m.start() + stripped > pos:
+            out.append((pos, m.start() + stripped, sep))
+            sep = kept[stripped:]
+        else:
+            sep += kept[stripped:]
         pos = m.end()
-    if pos < len(text) or not out:
-        out.append((text[pos:], ""))
+    if pos < end:
+        out.append((pos, end, sep))
     return out
+
+
+def _token_cut(start: int, end: int, count: _Counter, budget: int, before: str) -> list[tuple[int, int, str]]:
+    """One word too long for a chunk, cut at token starts (never inside a token)."""
+    inside = [t for t in count.starts[bisect.bisect_left(count.starts, start) : bisect.bisect_left(count.starts, end)]]
+    cuts = [start, *(inside[i] for i in range(budget, len(inside), budget)), end]
+    return [(a, b, before if k == 0 else "") for k, (a, b) in enumerate(itertools.pairwise(cuts)) if b > a]
