@@ -108,8 +108,9 @@ class TestHostileCorpus:
         assert rc == 0, err
         assert time.perf_counter() - started < 60
         summary = next(line for line in out.splitlines() if line.startswith("skipped "))
-        assert "symbolic link out of the folder" in summary and "not a regular file" in summary
-        assert "too large" in summary and "linked folder, not followed" in summary
+        assert "outside the folder" in summary and "unreadable" in summary and "too large" in summary
+        assert "symbolic link out of the folder" in out and "not a regular file" in out
+        assert "linked folder, not followed" in out
         for name in ("passwd.md", "escape.md", "pipe.md", "zero.md", "huge.txt", "linked"):
             assert name in out, f"{name} not reported"
         assert "\x1b" not in out

@@ -282,7 +282,8 @@ class TestCommandLineAndChat:
         assert (again["changed"], again["embedded"], again["unchanged"]) == (0, 0, 34)
         assert main(["search", *store, "rotate an API key", "--json", "-k", "2"]) == 0
         hits = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-        assert hits[0]["doc_id"] == "api-keys.md" and hits[0]["url"] == "https://docs.example/kb/api-keys"
+        assert hits[0]["doc_id"] == "api-keys.md"
+        assert hits[0]["url"] == "https://docs.example/kb/api-keys#api-keys"  # the section it cites
         question = "What does the audit log record?"
         assert main(["ask", question, *store, "--json", "--no-live", "--filter", "path=audit-log.md,webhooks.md"]) == 0
         reply = json.loads(capsys.readouterr().out)
