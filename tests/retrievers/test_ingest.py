@@ -91,12 +91,6 @@ class TestChunkDocument:
         assert " ".join(c.text.removeprefix("# Long\n\n") for c in chunks) == " ".join(sentences)
         assert all(c.title_path == ("Long",) for c in chunks)
 
-    def test_pieces_are_about_equal(self) -> None:
-        """A section just over the limit becomes two halves, not a full chunk and a crumb."""
-        text = " ".join(f"Word{i} is here." for i in range(40))
-        sizes = [tokens(index_text(c)) for c in chunk_document(md(text), max_tokens=tokens("Doc\n" + text) - 5)]
-        assert len(sizes) == 2 and abs(sizes[0] - sizes[1]) < 0.25 * max(sizes)
-
     def test_code_is_cut_between_lines_and_fenced_again(self) -> None:
         """A long code block is cut between lines; every piece is a fenced block of whole lines."""
         code = "\n".join(f"    value_{i} = compute({i})  # step {i}" for i in range(80))

@@ -2,8 +2,8 @@
 
 A chunk never spans two sections (nor two pages of a PDF): the document is split at its headings first (a
 heading with nothing under it joins the section that follows). A section whose text, with the title and heading path
-that :func:`index_text` puts in front, fits ``max_tokens`` is one chunk; a longer one is cut into pieces of about
-equal size at the best boundary there is: between blocks, then between sentences of a paragraph or rows of a
+that :func:`index_text` puts in front, fits ``max_tokens`` is one chunk; a longer one is cut into pieces that fill the
+limit, at the best boundary there is: between blocks, then between sentences of a paragraph or rows of a
 table or lines of code (each piece of code fenced again), then between words, and only a single enormous word
 at a token boundary. So no chunk is ever truncated by the embedder, a table is never cut inside a row, and
 the pieces of every block, joined, give the block back: nothing is lost and nothing repeated.
@@ -178,8 +178,8 @@ def _pack_section(
     units = _units(section, tokenizer, budget, limit_chars)
     if not units:
         return [], True
-    total = sum(u.tokens for u in units)
-    target = min(budget, max(math.ceil(total / max(1, math.ceil(total / budget))), max(u.tokens for u in units)))
+    # Greedy to the full budget: aiming at equal pieces made more, smaller chunks (13,139 against 9,830 on SciFact).
+    target = budget
     pieces: list[Piece] = []
     current: list[_Unit] = []
     used = chars = 0
