@@ -69,7 +69,7 @@ def build(base_url: str, model: str, index: Any, settings: TurnSettings, caps: d
         grader=_sim.Timed(judges.grader, "grade"),
         rewriter=_sim.Timed(judges.rewriter, "rewrite"),
         answerer=_sim.Timed(judges.answerer, "answer"),
-        live_sources=(_sim.Timed(SQLiteTicketSource(), "live"),),
+        live_sources=(_sim.Timed(SQLiteTicketSource(require_caller=False), "live"),),
         settings=settings,
         embedder=_sim.Timed(index.embedder, "embed"),
         fallback_decider=offline_decider,

@@ -218,7 +218,7 @@ def build_chat(
         grader=Timed(judges.grader, "grade"),
         rewriter=Timed(judges.rewriter, "rewrite"),
         answerer=Timed(judges.answerer, "answer"),
-        live_sources=(Timed(SQLiteTicketSource(), "live"),),
+        live_sources=(Timed(SQLiteTicketSource(require_caller=False), "live"),),
         settings=settings,
         embedder=Timed(index.embedder, "embed"),
         fallback_decider=offline_decider,
@@ -263,18 +263,22 @@ class Sleepy:
 
 def build_sleepy_chat(index: Any, settings: Any) -> Any:
     """``ChatRAG.from_index(index)`` (offline judges), each judge first sleeping its simulated latency."""
-    from ragloop.chat import ChatRAG
+    import attrs
 
-    rag = ChatRAG.from_index(index, settings=settings)
-    for name, attr, kind in (
-        ("decide", "decider", "decide"),
-        ("grade", "grader", "grade"),
-        ("rewrite", "rewriter", "rewrite"),
-        ("answer", "answerer", "answer"),
-    ):
-        node = rag.nodes[name]
-        setattr(node, attr, Sleepy(getattr(node, attr), kind))
-    return rag
+    from ragloop.chat import ChatRAG
+    from ragloop.turn import Judges, Turn
+
+    texts = [c.text for c in index.chunks]
+    offline = Judges.offline(texts, max_queries=settings.max_queries, embedder=index.embedder)
+    judges = attrs.evolve(
+        offline,
+        decider=Sleepy(offline.decider, "decide"),
+        grader=Sleepy(offline.grader, "grade"),
+        rewriter=Sleepy(offline.rewriter, "rewrite"),
+        answerer=Sleepy(offline.answerer, "answer"),
+    )
+    retriever, version = index.retriever("hybrid"), lambda: index.version
+    return ChatRAG(Turn(retriever, judges, settings=settings, embedder=index.embedder, index_version=version))
 
 
 # -- timing spans ---------------------------------------------------------------------------------------

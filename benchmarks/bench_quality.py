@@ -4,9 +4,11 @@ Both arms search the same :class:`~ragloop.retrievers.index.KnowledgeIndex` of t
 mode: bm25s + dense, RRF-fused), built once with ``--embedder`` (MiniLM by default) and cached under
 ``--cache`` (``/tmp/ragloop-bench-quality``).
 
-**Tuning discipline.** The judged questions are split once into a *tuning* half and a *reporting* half: the
-sorted query ids shuffled with ``random.Random(13)`` (``SPLIT_SEED``), first half tuning. Thresholds are chosen
-with ``--half tuning``; figures are quoted from ``--half reporting`` (the default). ``--half all`` runs both.
+**Tuning discipline.** The judged questions are split once into a *tuning* half and a *validation* half (called
+*reporting* before issue 22): the sorted query ids shuffled with ``random.Random(13)`` (``SPLIT_SEED``), first
+half tuning. Thresholds are chosen with ``--half tuning`` (the default); figures are quoted from ``--half
+validation``, which needs ``--note "the finished change"`` and appends its figures to
+``results/validation-log.md`` (one look per finished change). ``--half all`` runs both.
 
 - **single_shot**: the question as one query, ``search(question, k=30)``; documents ranked by their best
   chunk's score (the ``ragloop eval`` convention), top 10 scored. Its answer is the offline answerer's over
@@ -21,19 +23,23 @@ Metrics: :func:`ragloop.retrievers.evaluate.evaluate_run`'s recall@2, recall@5, 
 trec_eval definitions), retrieval calls and wall seconds per question (the agentic figure includes the offline
 judges), and per arm at answer level: ``answer_recall`` (a normalised gold answer, ``metadata.answers``,
 appears in the reply as whole words; ``None`` without gold answers), ``supported_rate`` (cited sentences with
-at least 80 % of their key terms in the blocks they cite) and ``context_precision`` (of the replies with
-outcome ``context``, the share that hold the gold answer). The full report — also ``kept_only`` recall (the
-answer's blocks alone) and a diagnosis (how often decide split the question, a rewrite or a hop ran, where
-the judged documents were lost) — goes to ``benchmarks/results/quality-<folder>-<half>.json``.
+at least 80 % of their key terms in the blocks they cite), ``context_precision`` (of the replies with
+outcome ``context``, the share that hold the gold answer), and, as ``bench_answers.py`` scores them
+(:mod:`_answers`), ``answer_at_1`` (a gold answer in the reply's first sentence), ``false_none`` (replies with
+outcome ``none``: every question here has an answer in the corpus) and ``reply_chars_median``. The full
+report — also ``kept_only`` recall (the answer's blocks alone) and a diagnosis (how often decide split the
+question, a rewrite or a hop ran, where the judged documents were lost) — goes to
+``benchmarks/results/quality-<folder>-<half>.json``.
 
 Usage::
 
-    python benchmarks/bench_quality.py --beir ../shared/data/hotpotqa-dev200 --split dev
+    python benchmarks/bench_quality.py --beir ../shared/data/hotpotqa-dev200 --split dev --half tuning
     python benchmarks/bench_quality.py --beir ../shared/data/scifact-train --split train --half tuning --json
 
 With ``--json`` it prints one object ``{"single_shot": {...}, "agentic": {...}}``, each keyed ``recall@2``,
 ``recall@5``, ``recall@10``, ``ndcg@10``, ``retrieval_calls_per_question``, ``seconds_per_question``,
-``answer_recall``, ``supported_rate``, ``context_precision``. It never asserts anything.
+``answer_recall``, ``answer_at_1``, ``false_none``, ``reply_chars_median``, ``supported_rate``,
+``context_precision``. It never asserts anything.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import _answers
 import anyio
 import structlog
 
@@ -60,10 +67,19 @@ from ragloop.retrievers.evaluate import evaluate_run, load_qrels, load_queries, 
 
 RESULTS = Path(__file__).parent / "results"
 KEYS = ("recall@2", "recall@5", "recall@10", "ndcg@10", "retrieval_calls_per_question", "seconds_per_question")
-ANSWER_KEYS = ("answer_recall", "supported_rate", "context_precision")
+ANSWER_KEYS = (
+    "answer_recall",
+    "answer_at_1",
+    "false_none",
+    "reply_chars_median",
+    "supported_rate",
+    "context_precision",
+)
 #: The seed of the tuning/reporting split (stated in benchmarks/README.md; never change it after reporting).
 SPLIT_SEED = 13
 _CITED = re.compile(r"\[(\d+)\]")
+#: Whether the agentic arm's ranking is reranked (``--no-rerank`` measures the fused order alone).
+RERANK = True
 _ARTICLES = re.compile(r"\b(?:a|an|the)\b")
 
 
@@ -127,6 +143,9 @@ def answer_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, float | None]:
     context = [r for r in judged if r["outcome"] == "context"]
     return {
         "answer_recall": sum(r["has_answer"] for r in judged) / len(judged) if judged else None,
+        "answer_at_1": sum(r["answer_at_1"] for r in judged) / len(judged) if judged else None,
+        "false_none": sum(r["outcome"] == "none" for r in rows) / len(rows) if rows else None,
+        "reply_chars_median": statistics.median(r["reply_chars"] for r in rows) if rows else None,
         "supported_rate": sum(r["supported"] for r in rows) / cited if cited else None,
         "context_precision": sum(r["has_answer"] for r in context) / len(context) if context else None,
     }
@@ -137,6 +156,8 @@ def answer_row(reply_text: str, outcome: str, blocks: Sequence[Any], answers: Se
     return {
         "answers": list(answers),
         "has_answer": has_answer(reply_text, answers) if answers else None,
+        "answer_at_1": any(_answers.has_fact(_answers.first_unit(reply_text), a) for a in answers) if answers else None,
+        "reply_chars": len(reply_text),
         "outcome": outcome,
         "supported": supported,
         "cited": cited,
@@ -261,15 +282,21 @@ async def agentic(
 
 def turn_ranking(question: str, record: Any, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
     """The turn's final ranking, as the answer node computes it (``ragloop.nodes.answer.final_ranking``):
-    every search's list fused by rank, the grades as a signal, the question's own list protected."""
-    from ragloop.retrievers.fusion import anchor_query, fuse_searches
+    every search's list fused by rank, the grades as a signal, the question's own list protected, the head
+    reranked (unless ``--no-rerank``: the fused order alone, to measure the reranker)."""
+    from ragloop.retrievers.fusion import FusionSettings, anchor_query, fuse_searches
+    from ragloop.retrievers.rerank import rerank
 
     searches = {query: list(hits) for query, hits in calls}
     grades: dict[str, list[Any]] = {}
     for g in record.grades:
         grades.setdefault(g.chunk_id, []).append(g.label)
     anchor = anchor_query(question, record.decision.queries, searches)
-    return fuse_searches(searches, anchor=anchor, grades=grades)
+    fused = fuse_searches(searches, anchor=anchor, grades=grades)
+    if not RERANK:
+        return fused
+    protected = [h.id for h in searches.get(anchor, [])[: FusionSettings().protect]] if anchor else []
+    return rerank(question, fused, protected=protected)
 
 
 def diagnose(
@@ -337,21 +364,30 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path("/tmp/ragloop-bench-quality"))
     parser.add_argument(
         "--half",
-        choices=("reporting", "tuning", "all"),
-        default="reporting",
-        help=f"which half of the judged questions (seeded split, seed {SPLIT_SEED}); tune only on 'tuning'",
+        choices=("tuning", "validation", "reporting", "all"),
+        default="tuning",
+        help=f"which half of the judged questions (seeded split, seed {SPLIT_SEED}); tune only on 'tuning'; "
+        "'reporting' is the old name of 'validation'",
     )
+    parser.add_argument("--note", default="", help="the finished change a validation look confirms (required then)")
     parser.add_argument("--limit", type=int, default=None, help="first N questions of the half only (quick runs)")
     parser.add_argument("--out", type=Path, default=None, help="report path (default results/quality-NAME-HALF.json)")
     parser.add_argument("--json", action="store_true", help="print {single_shot, agentic} as one JSON object")
+    parser.add_argument("--no-rerank", action="store_true", help="rank the agentic arm by the fused order alone")
     args = parser.parse_args()
+    global RERANK
+    RERANK = not args.no_rerank
+    if args.half == "reporting":
+        args.half = "validation"
+    if args.half != "tuning" and not args.note.strip():
+        parser.error("--half validation/all looks at validation questions: say which finished change with --note")
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
     qrels = {q: r for q, r in load_qrels(args.beir, args.split).items() if any(v > 0 for v in r.values())}
     queries = load_queries(args.beir)
     answers = load_answers(args.beir)
     halves = split_halves([q for q in qrels if q in queries])
-    qids = halves[args.half][: args.limit]
+    qids = halves["reporting" if args.half == "validation" else args.half][: args.limit]
     qrels = {q: qrels[q] for q in qids}
     index = open_index(args.beir, args.embedder, args.cache)
 
@@ -359,6 +395,10 @@ def main() -> None:
         from ragloop.chat import ChatRAG
 
         rag = ChatRAG.from_index(index)
+        if not RERANK:
+            from ragloop.retrievers.rerank import RerankSettings
+
+            rag.nodes["answer"].ranking = RerankSettings(title_weight=0, proximity_weight=0, bridge_weight=0)  # type: ignore[attr-defined]
         try:
             ss = await single_shot(index, rag, queries, qids, answers)
             ag = await agentic(index, rag, queries, qids, qrels, answers)
@@ -393,6 +433,8 @@ def main() -> None:
         "split": args.split,
         "half": args.half,
         "split_seed": SPLIT_SEED,
+        "commit": _answers.commit(),
+        "load_average": _answers.load_average(),
         "questions": len(qids),
         "limit": args.limit,
         "wall_seconds": wall,
@@ -404,12 +446,18 @@ def main() -> None:
     out = args.out or RESULTS / f"quality-{args.beir.resolve().name}-{args.half}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(full, indent=1) + "\n")
+    if args.half != "tuning":  # every look is logged, a partial one (--limit) too
+        limit = f" (first {args.limit})" if args.limit is not None else ""
+        shown = {f"{arm} {k}": report[arm][k] for arm in report for k in ("recall@2", "recall@5", "answer_recall")}
+        shown["agentic context_precision"] = report["agentic"]["context_precision"]
+        shown["agentic answer_at_1"] = report["agentic"]["answer_at_1"]
+        _answers.log_validation("bench_quality.py", f"{args.beir.name}/{args.half}{limit}", args.note, shown, out)
     if args.json:
         print(json.dumps(report))
         return
     print(
         f"{args.beir.name}, {args.half} half (seed {SPLIT_SEED}; {len(qids)} questions, {len(index.chunks)} chunks, "
-        f"{index.embedder.name}, hybrid; {wall:.0f}s)"
+        f"{index.embedder.name}, hybrid; {wall:.0f}s; load {full['load_average']})"
     )
     cols = (*KEYS, *ANSWER_KEYS)
     print(f"{'':<14}" + "".join(f"{k.replace('_per_question', '/q'):>18}" for k in cols))

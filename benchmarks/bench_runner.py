@@ -25,8 +25,9 @@ What it measures, in one process run, side by side:
   ``--deadline-runs`` times on asyncio and on trio (deadline 50 ms, grace 100 ms). Negative means early: a
   salvage hook gets the last quarter of the grace (at most 0.5 s) and ends at once here.
 
-Each figure is the median over ``--repeats`` rounds (the spread is min–max); rounds interleave ragloop
-and the bare loop so machine noise hits both alike. Logging is left as the library leaves it (nothing
+Each figure is the median over ``--repeats`` rounds (the spread is min–max); rounds interleave ragloop,
+the bare loop and the peers so machine noise hits all alike, and the load average before and after the rounds
+is printed and kept beside the figures. Logging is left as the library leaves it (nothing
 configured: each run's ``turn.finished`` event is dropped by the standard library's level check).
 It asserts nothing; it prints a table and writes JSON to ``benchmarks/results/bench_runner.json``.
 
@@ -40,6 +41,7 @@ import argparse
 import importlib.util
 import itertools
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -302,6 +304,7 @@ def main() -> None:
         "loop": {"ragloop": [], "bare": []},
         "linear": {"ragloop": [], "bare": []},
     }
+    load_before = os.getloadavg()
     for _ in range(args.repeats):
         r, b = anyio.run(time_loop, args.transitions)
         rows["loop"]["ragloop"].append(r)
@@ -315,9 +318,12 @@ def main() -> None:
             lo, li = anyio.run(PEERS[name][1], steps, invokes)
             rows["loop"].setdefault(name, []).append(lo)
             rows["linear"].setdefault(name, []).append(li)
+    load_after = os.getloadavg()
     imp = import_ms(args.imports)
 
     report: dict[str, Any] = {"python": sys.version.split()[0], "args": vars(args)}
+    report["load_average"] = {"before": list(load_before), "after": list(load_after)}
+    print(f"load average (1, 5, 15 min) before the rounds {load_before}, after {load_after}")
     print(f"{'shape':<34}{'ragloop µs':>12}{'bare µs':>10}{'ratio':>8}   spread (ragloop min–max)")
     for shape, label in (("loop", "per transition, 3-node loop"), ("linear", "per invoke, 5-node linear")):
         rs, bs = summary(rows[shape]["ragloop"]), summary(rows[shape]["bare"])

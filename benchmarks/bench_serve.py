@@ -10,8 +10,12 @@ sample ticket database as its live source. Two set-ups, measured in the same run
   (``ragloop.testing`` in a child process, ``_sim.py``: decide 200 ms, grade 150 ms, rewrite 180 ms,
   answer 300 ms to the first token then 10 ms per token, 60 tokens) — a realistic model deployment.
 
-At each level N (default 1, 50, 200) N clients (one ``httpx.AsyncClient`` each connection, all started
-together) each stream ``--turns`` questions in a row through ``POST /api/chat`` (typed server-sent events),
+At each level N (default 1, 50, 200) and for each endpoint (``--endpoints``: ``api-chat`` — ``POST /api/chat``,
+ragloop's typed events; ``completions`` — ``/v1/chat/completions`` streamed; ``responses`` — ``/v1/responses``
+streamed; ``ai-sdk`` — ``/api/chat?format=ai-sdk``; ``mcp`` — the ``ask`` tool over ``/mcp`` through the MCP
+SDK's client, whose answer comes whole, so its TTFT is the time to the tool result), measured one after another
+against the same server, N clients (one ``httpx.AsyncClient`` each connection, all started
+together) each stream ``--turns`` questions in a row,
 cycling over five questions (one topic, two topics, a rewrite, a ticket lookup, four topics). Per turn it
 records the time to the first ``token`` event (TTFT) and to the ``reply`` event (last token); a turn
 completes when its ``reply`` event arrives. Errors are non-200 statuses, ``error`` events, cut streams and
@@ -125,12 +129,44 @@ class Server:
             self.proc.wait()
 
 
-async def one_turn(client: httpx.AsyncClient, question: str) -> dict[str, Any]:
-    """Stream one turn; the times to the first token and to the reply, or the error."""
+#: Per endpoint: (path, request body for a question, how an SSE line marks the first token / the end / an error).
+ENDPOINTS: dict[str, Any] = {
+    "api-chat": ("/api/chat", lambda q: {"message": q}),
+    "completions": ("/v1/chat/completions", lambda q: {"messages": [{"role": "user", "content": q}], "stream": True}),
+    "responses": ("/v1/responses", lambda q: {"input": q, "stream": True}),
+    "ai-sdk": (
+        "/api/chat?format=ai-sdk",
+        lambda q: {"messages": [{"id": "1", "role": "user", "parts": [{"type": "text", "text": q}]}]},
+    ),
+}
+
+
+def _mark(endpoint: str, name: str, data: str) -> str:
+    """``first``, ``last``, ``error`` or ``""`` for one server-sent event of ``endpoint``."""
+    if endpoint == "api-chat":
+        return {"token": "first", "reply": "last", "error": "error"}.get(name, "")
+    if endpoint == "completions":
+        if data == "[DONE]":
+            return ""
+        if '"error"' in data[:12]:
+            return "error"
+        return "last" if '"finish_reason":"stop"' in data else "first" if '"content":"' in data else ""
+    if endpoint == "responses":
+        marks = {"response.output_text.delta": "first", "response.completed": "last", "response.incomplete": "last"}
+        return marks.get(name, "error" if name == "response.failed" else "")
+    kind = data[9:30]  # ai-sdk: data is {"type":"…",…}
+    if kind.startswith("text-delta"):
+        return "first"
+    return "last" if kind.startswith("finish") else "error" if kind.startswith("error") else ""
+
+
+async def one_turn(client: httpx.AsyncClient, question: str, endpoint: str = "api-chat") -> dict[str, Any]:
+    """Stream one turn; the times to the first token and to the end of the answer, or the error."""
+    path, body = ENDPOINTS[endpoint]
     started = time.perf_counter()
     first = last = None
     try:
-        async with client.stream("POST", "/api/chat", json={"message": question}) as r:
+        async with client.stream("POST", path, json=body(question)) as r:
             if r.status_code != 200:
                 await r.aread()
                 return {"error": f"HTTP {r.status_code}"}
@@ -139,11 +175,12 @@ async def one_turn(client: httpx.AsyncClient, question: str) -> dict[str, Any]:
                 if line.startswith("event: "):
                     name = line.removeprefix("event: ")
                 elif line.startswith("data: "):
-                    if name == "token" and first is None:
+                    mark = _mark(endpoint, name, line.removeprefix("data: "))
+                    if mark == "first" and first is None:
                         first = time.perf_counter() - started
-                    elif name == "reply":
+                    elif mark == "last":
                         last = time.perf_counter() - started
-                    elif name == "error":
+                    elif mark == "error":
                         return {"error": "error event"}
     except httpx.HTTPError as exc:
         return {"error": type(exc).__name__}
@@ -152,7 +189,31 @@ async def one_turn(client: httpx.AsyncClient, question: str) -> dict[str, Any]:
     return {"ttft": first if first is not None else last, "last": last}
 
 
-async def level(url: str, n: int, turns: int, pids: dict[str, int] | None = None) -> dict[str, Any]:
+async def mcp_turns(url: str, questions: list[str], results: list[dict[str, Any]]) -> None:
+    """One MCP client (the SDK's, streamable HTTP) calling ``ask`` for each question; the answer comes whole, so
+    the time to the first token is the time to the tool result."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    async with (
+        httpx2.AsyncClient(timeout=180.0) as http,
+        Client(streamable_http_client(url + "/mcp", http_client=http)) as client,
+    ):
+        for question in questions:
+            started = time.perf_counter()
+            try:
+                result = await client.call_tool("ask", {"question": question})
+            except Exception as exc:  # noqa: BLE001 — a benchmark counts every failure as an error
+                results.append({"error": type(exc).__name__})
+                continue
+            took = time.perf_counter() - started
+            results.append({"error": "tool error"} if result.is_error else {"ttft": took, "last": took})
+
+
+async def level(
+    url: str, n: int, turns: int, pids: dict[str, int] | None = None, endpoint: str = "api-chat"
+) -> dict[str, Any]:
     """N clients, each streaming ``turns`` questions in a row, all started together.
 
     ``pids`` names processes (the server, the model server) whose CPU time per completed turn is reported.
@@ -162,9 +223,13 @@ async def level(url: str, n: int, turns: int, pids: dict[str, int] | None = None
     timeout = httpx.Timeout(180.0, connect=30.0)
 
     async def client_task(i: int) -> None:
+        questions = [QUESTIONS[(i + t) % len(QUESTIONS)] for t in range(turns)]
+        if endpoint == "mcp":
+            await mcp_turns(url, questions, results)
+            return
         async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
-            for t in range(turns):
-                results.append(await one_turn(client, QUESTIONS[(i + t) % len(QUESTIONS)]))
+            for question in questions:
+                results.append(await one_turn(client, question, endpoint))
 
     pids = dict(pids or {})
     cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
@@ -187,6 +252,7 @@ async def level(url: str, n: int, turns: int, pids: dict[str, int] | None = None
     ttft = [r["ttft"] for r in ok]
     last = [r["last"] for r in ok]
     return {
+        "endpoint": endpoint,
         "clients": n,
         "turns": len(results),
         "completed": len(ok),
@@ -210,6 +276,10 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3, help="turns per client, in a row")
     parser.add_argument("--setups", nargs="+", default=["offline", "scripted"], choices=["offline", "scripted"])
     parser.add_argument("--embedder", default="hash", choices=["hash", "minilm"])
+    parser.add_argument(
+        "--endpoints", nargs="+", default=["api-chat", "completions", "responses", "ai-sdk", "mcp"],
+        choices=["api-chat", "completions", "responses", "ai-sdk", "mcp"],
+    )  # fmt: skip
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the simulated model latencies")
     parser.add_argument("--out", default=str(RESULTS / "bench_serve.json"))
     args = parser.parse_args()
@@ -229,22 +299,24 @@ def main() -> None:
                         env |= {"RAGLOOP_MODEL": "sim-fast", "RAGLOOP_ANSWER_MODEL": "sim-answer"}
                     server = Server(index, env, max_concurrency=max(64, 2 * n))
                     with server as url:
-                        anyio.run(level, url, 1, 1)  # warm-up turn (imports, first model connection)
                         pids = {"server": server.proc.pid}
                         if model is not None:
                             pids["model"] = model.proc.pid
-                        row = {"setup": setup, **anyio.run(level, url, n, args.turns, pids)}
+                        for endpoint in args.endpoints:  # one server, every endpoint in turn, one after another
+                            anyio.run(level, url, 1, 1, None, endpoint)  # warm-up (imports, first connection)
+                            row = {"setup": setup, **anyio.run(level, url, n, args.turns, pids, endpoint)}
+                            rows.append(row)
+                            print(
+                                f"{setup:<9} {endpoint:<12} N={n:<4} turns {row['completed']}/{row['turns']}  "
+                                f"errors {row['errors']}  TTFT p50 {row['ttft_p50_ms']:.0f} ms "
+                                f"p95 {row['ttft_p95_ms']:.0f} ms  last p50 {row['last_p50_ms']:.0f} ms "
+                                f"p95 {row['last_p95_ms']:.0f} ms  {row['turns_per_s']:.1f} turns/s  "
+                                f"load {row['load_average_1min']}",
+                                flush=True,
+                            )
                 finally:
                     if model is not None:
                         model.__exit__(None, None, None)
-                rows.append(row)
-                print(
-                    f"{setup:<9} N={n:<4} turns {row['completed']}/{row['turns']}  errors {row['errors']}  "
-                    f"TTFT p50 {row['ttft_p50_ms']:.0f} ms p95 {row['ttft_p95_ms']:.0f} ms  "
-                    f"last token p50 {row['last_p50_ms']:.0f} ms p95 {row['last_p95_ms']:.0f} ms  "
-                    f"{row['turns_per_s']:.1f} turns/s  CPU ms/turn {row['cpu_ms_per_turn']}",
-                    flush=True,
-                )
     meta = {
         "command": "python benchmarks/bench_serve.py " + " ".join(sys.argv[1:]),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
@@ -258,11 +330,13 @@ def main() -> None:
     out.write_text(json.dumps({"meta": meta, "levels": rows}, indent=2) + "\n")
     lines = [
         f"# {meta['command']}  ({meta['machine']}, {meta['date']})",
-        "setup      N     completed  errors  TTFT p50  TTFT p95  last p50  last p95  turns/s  server CPU/turn  load",
+        "setup     endpoint        N     completed  errors  TTFT p50  TTFT p95  last p50  last p95  turns/s  "
+        "server CPU/turn  load",
     ]
     for r in rows:
         lines.append(
-            f"{r['setup']:<9} {r['clients']:>4}  {r['completed']:>5}/{r['turns']:<5} {r['errors']:>5}  "
+            f"{r['setup']:<9} {r['endpoint']:<12} {r['clients']:>4}  "
+            f"{r['completed']:>5}/{r['turns']:<5} {r['errors']:>5}  "
             f"{r['ttft_p50_ms']:>6.0f} ms {r['ttft_p95_ms']:>6.0f} ms {r['last_p50_ms']:>6.0f} ms "
             f"{r['last_p95_ms']:>6.0f} ms {r['turns_per_s']:>7.1f}  "
             f"{r['cpu_ms_per_turn']['server']:>6.1f} ms  {r['load_average_1min']:>5.1f}"

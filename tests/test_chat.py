@@ -12,6 +12,7 @@ from ragloop.errors import InputError
 from ragloop.events import Progress, Token
 from ragloop.retrievers.live import SQLiteTicketSource
 from ragloop.sample import sample_questions_path
+from ragloop.turn import Turn
 
 pytestmark = pytest.mark.anyio
 
@@ -75,15 +76,17 @@ class TestSampleTurns:
         assert all(f"[{c.n}]" in reply.text for c in reply.citations)
 
     async def test_two_topics_two_queries(self, rag: ChatRAG) -> None:
-        """A two-topic question searches twice and cites both pages."""
+        """A two-topic question searches twice and answers both topics from their pages (the audit log's
+        retention is on its own page and in the retention table)."""
         reply = await rag.ask("How do I export my workspace data and how long is the audit log kept?")
         assert len(reply.record.decision.queries) == 2
         sources = {c.source for c in reply.citations}
-        assert {"data-export.md", "audit-log.md"} <= sources
+        assert "data-export.md" in sources and sources & {"audit-log.md", "data-retention-and-deletion.md"}
+        assert "Export workspace" in reply.text and "1 year" in reply.text
 
     async def test_ticket_goes_live_and_rejects_neighbours(self, sample_cache: Path) -> None:
         """A ticket question reaches the live source; neighbouring tickets with other ids are rejected."""
-        source = SQLiteTicketSource(related=True)
+        source = SQLiteTicketSource(related=True, require_caller=False)
         rag = ChatRAG.sample(cache_dir=sample_cache, live_sources=(source,))
         reply = await rag.ask("What is the status of ticket #1234?")
         await rag.aclose()
@@ -133,12 +136,12 @@ class TestSampleTurns:
             seen = [e async for e in events]
         assert isinstance(seen[-1], ReplyReady) and seen[-1].reply.text
 
-    async def test_break_with_stream_still_held_cancels_the_turn(self, rag: ChatRAG) -> None:
+    async def test_break_with_stream_still_held_cancels_the_turn(self, rag: ChatRAG, sample_cache: Path) -> None:
         """`break` out of `async for` stops the turn even while the caller still holds the stream object."""
         import anyio
 
         entered, cancelled = anyio.Event(), anyio.Event()
-        decide = rag.graph.nodes["decide"]
+        decide = rag.nodes["decide"]
 
         class Hang:
             routes = decide.routes
@@ -151,7 +154,7 @@ class TestSampleTurns:
                     cancelled.set()
                 return "answer"
 
-        rag.graph.nodes["decide"] = Hang()
+        rag = ChatRAG(Turn.sample(cache_dir=sample_cache).replace("decide", Hang()))
         events = rag.stream("How do I rotate an API key?")
         async for _ in events:
             await entered.wait()
@@ -172,3 +175,54 @@ class TestSampleTurns:
 def test_terminal_escapes_are_dropped_whole() -> None:
     """Pasted ANSI colour codes vanish instead of becoming search terms like '[31m'."""
     assert validate_question("\x1b[31mreset\x1b[0m my password") == "reset my password"
+
+
+class TestClientUrl:
+    """Reply.client_dict hands a client only http(s) and relative links (issue 20: front-matter javascript: URLs)."""
+
+    @pytest.mark.parametrize(
+        "url",
+        ["https://docs.example.com/sso", "http://intranet/x", "/docs/api-keys.md", "guides/sso.md", "x.md#part"],
+    )
+    def test_http_and_relative_links_pass(self, url: str) -> None:
+        """Links a browser opens as pages stay as they are."""
+        from ragloop.chat import client_url
+
+        assert client_url(url) == url
+
+    @pytest.mark.parametrize(
+        "url",
+        [
+            "javascript:alert(1)",
+            "JavaScript:alert(1)",
+            "java\tscript:alert(1)",
+            " javascript:alert(1)",
+            "data:text/html,<script>alert(1)</script>",
+            "vbscript:msgbox",
+            "file:///etc/passwd",
+            "//evil.example/x",
+            "/\\evil.example",
+            "https:evil",
+            "https:///x",
+            "\x01https://x",
+        ],
+    )
+    def test_other_links_are_dropped(self, url: str) -> None:
+        """Script, data and file links, protocol-relative links and URLs with controls become None."""
+        from ragloop.chat import client_url
+
+        assert client_url(url) is None
+
+    def test_a_front_matter_javascript_url_never_reaches_client_dict(self) -> None:
+        """A citation whose document set url: javascript:… has url None in the client shape."""
+        from ragloop.chat import Reply
+        from ragloop.state import Citation
+
+        cites = (
+            Citation(1, "evil.md", "Evil", "c1", url="javascript:alert(1)"),
+            Citation(2, "https://ok.example/a", "Ok", "c2"),
+        )
+        reply = Reply("x [1] [2]", "context", cites, (), (), None)  # type: ignore[arg-type]
+        out = reply.client_dict()
+        assert [c["url"] for c in out["citations"]] == [None, "https://ok.example/a"]
+        assert out["citations"][0]["source"] == "evil.md"

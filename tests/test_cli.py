@@ -20,6 +20,20 @@ def _docs(root: Path) -> Path:
 
 
 class TestCLI:
+    def test_version(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """`ragloop --version` prints the package's version, the one pyproject.toml and the installed metadata say."""
+        import importlib.metadata
+        import tomllib
+
+        import ragloop
+
+        with pytest.raises(SystemExit) as done:
+            main(["--version"])
+        assert done.value.code == 0
+        pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["version"]
+        assert capsys.readouterr().out == f"ragloop {pyproject}\n"
+        assert ragloop.__version__ == pyproject == importlib.metadata.version("ragloop")
+
     def test_index_then_search(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """`index` prints a summary; `search --json` returns the matching chunk with provenance."""
         out = tmp_path / "kb"

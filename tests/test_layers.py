@@ -30,8 +30,20 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nodes",),  # one module per node
     ("turn",),  # settings, default nodes, graph, decision record
     ("chat", "otel"),  # ChatRAG, Reply; OpenTelemetry spans of finished turns
-    # the app, the CLI, the test kit, the facade
-    ("serve", "cli", "cli_chat", "cli_doctor", "cli_ingest", "cli_serve", "cli_store", "testing", "ragloop"),
+    # the app, the CLI, the test kit, the extension contract, the facade
+    (
+        "serve",
+        "cli",
+        "cli_chat",
+        "cli_doctor",
+        "cli_ingest",
+        "cli_mcp",
+        "cli_serve",
+        "cli_store",
+        "testing",
+        "extend",
+        "ragloop",
+    ),
 )
 
 #: Arrows allowed against the order, each with the reason and who removes it: ``(importer, imported) -> note``.

@@ -7,7 +7,17 @@ from typing import Any
 from hypothesis import given, target
 from hypothesis import strategies as st
 
-from ragloop.policy import ROUTES, RoutingPolicy, can_rewrite, is_short, next_step, short_queries, wants_live
+from ragloop.policy import (
+    EDGES,
+    ROUTES,
+    RoutingPolicy,
+    can_rewrite,
+    is_short,
+    most_runs,
+    next_step,
+    short_queries,
+    wants_live,
+)
 from ragloop.state import HopAttempt, QueryState, TurnState
 from ragloop.turn import TurnSettings
 
@@ -168,6 +178,14 @@ class TestTurnDrivenByPolicy:
         assert path[-1] == "answer", path
         assert len(path) <= longest_turn(policy), path
 
+    @given(policies, st.data())
+    def test_no_node_runs_more_often_than_most_runs(self, policy: RoutingPolicy, data: st.DataObject) -> None:
+        """Each node runs at most most_runs() times in a turn (what a builder adds to the cap per inserted node)."""
+        path = simulate(policy, data, longest_turn(policy) + 10)
+        for node in set(path):
+            target(float(path.count(node)), label=node)
+            assert path.count(node) <= most_runs(node, policy), (node, path)
+
     @given(st.data())
     def test_default_settings_never_meet_the_step_cap(self, data: st.DataObject) -> None:
         """With TurnSettings' defaults and live sources, a turn ends before the runner's step cap."""
@@ -181,3 +199,58 @@ class TestTurnDrivenByPolicy:
         policy = RoutingPolicy(max_attempts=2, max_hops=1, live_signal=_signal)
         longest = ["decide", "retrieve", "grade", *["live", "rewrite", "retrieve", "grade"] * 2]
         assert longest_turn(policy) == len([*longest, "hop", "retrieve", "grade", "answer"]) == 15
+
+
+class TestEdgeTable:
+    """The default turn's edges are written once (``policy.EDGES``); every node and the graph agree with it."""
+
+    def nodes(self) -> dict[str, Any]:
+        from ragloop.llm.planner import OfflinePlanner
+        from ragloop.testing import FakeAnswerer, FakeDecider, FakeGrader, FakeRetriever, FakeRewriter
+        from ragloop.turn import default_nodes
+
+        return default_nodes(
+            retriever=FakeRetriever(),
+            decider=FakeDecider(),
+            grader=FakeGrader(),
+            rewriter=FakeRewriter(),
+            answerer=FakeAnswerer(),
+            planner=OfflinePlanner(None),
+        )
+
+    def test_every_default_node_declares_its_entry(self) -> None:
+        """Each default node's routes are its entry of EDGES, in order, and no node is missing from it."""
+        nodes = self.nodes()
+        assert set(nodes) == set(EDGES)
+        for name, node in nodes.items():
+            assert tuple(node.routes) == EDGES[name], name
+
+    def test_the_default_graph_is_the_table(self) -> None:
+        """The built default graph sends every route to the node of its name: its edges are EDGES."""
+        from ragloop.turn import build_graph
+
+        graph = build_graph(self.nodes())
+        assert {n: dict(e) for n, e in graph.edges.items()} == {n: {r: r for r in rs} for n, rs in EDGES.items()}
+
+    def test_routes_of_the_policy_are_entries_of_the_table(self) -> None:
+        """The policy's ROUTES are the table's entries for the nodes that route through it."""
+        assert dict(ROUTES) == {after: EDGES[after] for after in ("grade", "live", "rewrite", "hop")}
+
+    def test_nodes_return_named_constants(self) -> None:
+        """No module of ragloop.nodes returns a node name as a string literal: they return policy's constants."""
+        import ast
+        from pathlib import Path
+
+        import ragloop.nodes
+
+        found = []
+        for path in sorted(Path(ragloop.nodes.__file__).parent.glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                returned = node.value if isinstance(node, ast.Return) else None
+                values = [returned.body, returned.orelse] if isinstance(returned, ast.IfExp) else [returned]
+                found += [
+                    f"{path.name}:{node.lineno} returns {v.value!r}"
+                    for v in values
+                    if isinstance(v, ast.Constant) and v.value in EDGES
+                ]
+        assert not found, found

@@ -61,3 +61,16 @@ def test_cli_error_is_one_line(tmp_path: Path) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr and "error:" in done.stderr
+
+
+def test_layout_names_only_paths_that_exist() -> None:
+    """Every src/ragloop path the README's Layout section names is in the tree (no module that is gone)."""
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text(encoding="utf-8")
+    layout = text[text.index("## Layout") :]
+    named = re.findall(r"src/ragloop/[\w/]+(?:\.py)?", layout)
+    assert named, "README.md's Layout section names no src/ragloop paths"
+    assert [p for p in named if not (root / p).exists()] == []
+    mentioned = re.findall(r"\b([a-z_]+\.py)\b", layout)  # other modules named in passing (plan.py, cli*.py)
+    tree = {p.name for p in (root / "src" / "ragloop").rglob("*.py")}
+    assert [m for m in mentioned if m not in tree] == []

@@ -132,6 +132,159 @@ class TestValidation:
         ]
 
 
+class TestEdges:
+    """A route leads to the node of its name unless the graph's edges send it elsewhere."""
+
+    def graph(self, **edges: dict[str, str]) -> Graph:
+        nodes = {
+            "a": Fn("a", ("b", "fin"), to("b")),
+            "b": Fn("b", ("fin",), to("fin")),
+            "x": Fn("x", ("b",), to("b")),
+            "fin": Fn("fin", (END,), to(END)),
+        }
+        return Graph(nodes, start="a", finish="fin", edges=edges)
+
+    async def test_rewired_route_runs_the_node_it_leads_to(self) -> None:
+        """a returns 'b', its edge sends 'b' to x, and x's own 'b' leads to b: a → x → b → fin."""
+        result = await self.graph(a={"b": "x"}).run(Log())
+        assert result.path == ("a", "x", "b", "fin")
+
+    def test_edges_and_routes_are_resolved_once(self) -> None:
+        """The graph keeps every declared route with its target; routes (and the diagram) show the targets."""
+        g = self.graph(a={"b": "x"})
+        assert dict(g.edges["a"]) == {"b": "x", "fin": "fin"}
+        assert g.routes["a"] == frozenset({"x", "fin"})
+        assert "    a --> x" in g.to_mermaid() and "    a --> b" not in g.to_mermaid()
+
+    def test_edge_to_a_missing_node(self) -> None:
+        """An edge that leads nowhere is rejected, naming the route, its node and where it led."""
+        with pytest.raises(GraphError, match=r"unknown route 'b' from node 'a' \(its edge leads to 'rerank'\)"):
+            self.graph(a={"b": "rerank"})
+
+    def test_edge_on_an_undeclared_route(self) -> None:
+        """An edge on a route the node does not declare is a mistake, not silently ignored."""
+        with pytest.raises(GraphError, match=r"edge from 'b' on 'grade': 'b' does not declare 'grade'"):
+            self.graph(b={"grade": "x"})
+
+    def test_edge_of_an_unknown_node(self) -> None:
+        """Edges of a node that is not in the graph are rejected."""
+        with pytest.raises(GraphError, match=r"edges name node 'nope', which is not in the graph"):
+            self.graph(nope={"b": "x"})
+
+    def test_end_cannot_be_rewired(self) -> None:
+        """END always ends the run: no edge may send it to a node."""
+        with pytest.raises(GraphError, match=r"edge from 'fin' on 'END': END ends a run"):
+            self.graph(fin={END: "a"})
+
+    async def test_undeclared_return_is_still_a_route_error(self) -> None:
+        """Returning the name of an edge's target instead of a declared route is refused."""
+        g = Graph(
+            {"a": Fn("a", ("b",), to("x")), "b": Fn("b", (END,), to(END)), "x": Fn("x", ("b",), to("b"))},
+            start="a",
+            finish="b",
+            edges={"a": {"b": "x"}},
+        )
+        with pytest.raises(RouteError, match=r"node 'a' returned 'x'.*its routes are: b"):
+            await g.run(Log())
+
+
+class TestImmutable:
+    def test_a_built_graph_cannot_be_changed(self) -> None:
+        """Setting an attribute of a built graph, or a node in its table, is refused."""
+        g = linear()
+        with pytest.raises(GraphError, match="a built Graph cannot be changed"):
+            g.max_steps = 99
+        with pytest.raises(TypeError):
+            g.nodes["a"] = Fn("a", (END,), to(END))  # type: ignore[index]
+        with pytest.raises(TypeError):
+            g.edges["a"]["b"] = "fin"  # type: ignore[index]
+
+    def test_the_nodes_given_are_copied(self) -> None:
+        """Changing the mapping a graph was built from does not change the graph."""
+        nodes: dict[str, Any] = {"a": Fn("a", (END,), to(END))}
+        g = Graph(nodes, start="a", finish="a")
+        nodes["b"] = Fn("b", (END,), to(END))
+        assert list(g.nodes) == ["a"]
+
+
+class TestPayOnlyWhenUsed:
+    async def test_record_becomes_log_fields_only_when_a_log_keeps_them(self) -> None:
+        """With no logging configured the record is never turned into log fields; with a log it is."""
+
+        class Unloggable(dict[str, Any]):
+            def keys(self) -> Any:
+                raise AssertionError("the record was turned into log fields")
+
+        g = Graph({"a": Fn("a", (END,), to(END))}, start="a", finish="a", summarize=lambda r: Unloggable())
+        assert isinstance((await g.run(Log())).record, Unloggable)
+        logged = Graph({"a": Fn("a", (END,), to(END))}, start="a", finish="a", summarize=lambda r: {"seen": 1})
+        with structlog.testing.capture_logs() as logs:
+            result = await logged.run(Log())
+        [finished] = [e for e in logs if e["event"] == "turn.finished"]
+        assert finished["seen"] == 1 and finished["run_id"] == result.run_id and finished["path"] == ["a"]
+
+    async def test_trace_is_made_when_first_read(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A run keeps its trace as rows; the Steps are made once, when someone reads them, and then kept.
+
+        (No log keeps events here: a configured log reads the path for turn.finished, which makes the Steps.)
+        """
+        import ragloop._log
+        import ragloop.events
+
+        monkeypatch.setattr(ragloop._log.Logger, "enabled", lambda self, method: False)
+
+        made: list[int] = []
+        original = ragloop.events._steps
+
+        def counting(rows: Any) -> Any:
+            made.append(len(rows))
+            return original(rows)
+
+        monkeypatch.setattr(ragloop.events, "_steps", counting)
+        result = await linear().run(Log())
+        assert made == []
+        assert result.trace is result.trace and [s.node for s in result.trace] == ["a", "b", "fin"]
+        assert made == [3] and result.path == ("a", "b", "fin")
+
+    def test_result_of_rows_equals_result_of_steps(self) -> None:
+        """RunResult takes the runner's rows or Steps alike, and compares by the steps."""
+        from ragloop.events import RunResult, Step
+
+        rows = RunResult("r", None, ((1, "a", END, 0.0, 0.5, None, False),), "end", 0.5)
+        steps = RunResult("r", None, (Step(1, "a", END, 0.0, 0.5),), "end", 0.5)
+        assert rows == steps and rows.trace == steps.trace and rows.timings == {"a": 0.5}
+
+    async def test_run_ids_are_unique_16_hex_digits(self) -> None:
+        """Every run gets its own id of 16 hex digits, whatever the application did to `random`."""
+        import random
+
+        random.seed(0)
+        g = Graph({"a": Fn("a", (END,), to(END))}, start="a", finish="a")
+        ids = [(await g.run(Log())).run_id for _ in range(500)]
+        assert len(set(ids)) == 500 and all(len(i) == 16 and int(i, 16) >= 0 for i in ids)
+
+    def test_forked_child_gets_other_run_ids(self) -> None:
+        """A worker forked from a process draws run ids of its own, not a copy of its parent's sequence."""
+        import subprocess
+        import sys
+
+        script = (
+            "import os\n"
+            "from ragloop import END, Graph\n"
+            "class A:\n"
+            "    routes = (END,)\n"
+            "    async def __call__(self, state): return END\n"
+            "g = Graph({'a': A()}, start='a', finish='a')\n"
+            "read, write = os.pipe()\n"
+            "if os.fork() == 0:\n"
+            "    os.write(write, g.run_sync(None).run_id.encode()); os._exit(0)\n"
+            "os.wait(); print(os.read(read, 64).decode(), g.run_sync(None).run_id)\n"
+        )
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60)
+        child, parent = out.stdout.split()
+        assert len(child) == len(parent) == 16 and child != parent
+
+
 class TestEndings:
     async def test_end(self) -> None:
         """A run that reaches END stops by 'end' with a full trace."""

@@ -18,6 +18,7 @@ megabyte of someone's input.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from ragloop._redact import bounded, redact
@@ -39,11 +40,21 @@ _LEVELS = {
 class Logger:
     """A structlog-style logger (``log.info("event", key=value)``, ``bind``) that never prints by itself."""
 
-    __slots__ = ("_context", "_name")
+    __slots__ = ("_context", "_name", "_stdlib")
 
     def __init__(self, name: str, context: dict[str, Any] | None = None) -> None:
         self._name = name
         self._context = dict(context or {})
+        self._stdlib = logging.getLogger(name)  # loggers live as long as the process: safe to keep
+
+    def enabled(self, method: str) -> bool:
+        """Whether an event at ``method``'s level would be handled: structlog is configured, or the standard
+        library logger is enabled for that level (the check :meth:`info` and the others make first).
+
+        Lets a caller skip building an event's fields when nothing would receive them.
+        """
+        structlog = sys.modules.get("structlog")  # not imported yet: not configured either
+        return (structlog is not None and structlog.is_configured()) or self._stdlib.isEnabledFor(_LEVELS[method])
 
     def bind(self, **values: Any) -> Logger:
         """A logger whose events also carry ``values``."""
@@ -58,7 +69,7 @@ class Logger:
         if structlog.is_configured():
             getattr(structlog.get_logger(self._name).bind(**self._context), method)(event, **values)
             return
-        stdlib = logging.getLogger(self._name)
+        stdlib = self._stdlib
         if not stdlib.isEnabledFor(_LEVELS[method]):
             return
         if method == "exception":

@@ -10,7 +10,8 @@
         ...
 
 With ``llm=openai.AsyncOpenAI(...)`` the same graph uses OpenAI-compatible judges, with the offline decider
-and answerer as fallbacks, so a failing model still yields an answer.
+and answerer as fallbacks, so a failing model still yields an answer. The turn itself is assembled by
+:class:`ragloop.turn.Turn` (``ChatRAG(turn)``); this module keeps only its use: questions in, replies out.
 """
 
 from __future__ import annotations
@@ -19,36 +20,41 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from attrs import frozen
 
 from ragloop.errors import ConfigError, InputError
 from ragloop.events import Event, EventStream
-from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
-from ragloop.retrievers.base import Embedder, Retriever
-from ragloop.retrievers.filters import FiltersArg, normalize_filters
-from ragloop.retrievers.live import LiveSource
-from ragloop.runner import RunResult
-from ragloop.state import Caller, Citation, ContextBlock, Message, Outcome, PageContext, TurnState
-from ragloop.turn import TurnRecord, TurnSettings, build_graph, default_nodes, turn_record
+from ragloop.retrievers.base import Retriever
+from ragloop.retrievers.filters import FiltersArg, check_retriever_filters
+from ragloop.runner import Node, RunResult
+from ragloop.state import Caller, Citation, ContextBlock, Message, Outcome, TurnState
+from ragloop.turn import (
+    BuiltTurn,
+    IndexOptions,
+    RetrieverOptions,
+    StoreOptions,
+    Turn,
+    TurnRecord,
+    TurnWiring,
+    turn_record,
+)
+from ragloop.turn.request import (
+    MAX_HISTORY_CHARS,
+    MAX_HISTORY_MESSAGES,
+    MAX_QUESTION_CHARS,
+    MAX_URL_CHARS,
+    turn_state,
+    validate_question,
+)
 
 if TYPE_CHECKING:
     import openai
 
-    from ragloop.caches import Caches
-    from ragloop.llm.planner import Planner
-    from ragloop.nodes.answer import Verifier
     from ragloop.retrievers.index import KnowledgeIndex
-    from ragloop.retrievers.postgres import PostgresStore
-    from ragloop.retrievers.sources import Source
 
-__all__ = ["ChatRAG", "Reply", "ReplyReady", "validate_question"]
-
-#: Longest question accepted by default (characters).
-MAX_QUESTION_CHARS = 8_000
-_MAX_URL_CHARS = 2_048
+__all__ = ["MAX_QUESTION_CHARS", "AskOptions", "ChatRAG", "Reply", "ReplyReady", "client_url", "validate_question"]
 
 
 @frozen
@@ -86,7 +92,9 @@ class Reply:
     def client_dict(self, source_url: Callable[[str], str | None] | None = None) -> dict[str, Any]:
         """The reply as it may be sent to an end user: text, outcome, citations and what is missing.
 
-        Never the decision record (queries, grades, errors, model names): keep that for your logs.
+        Never the decision record (queries, grades, errors, model names): keep that for your logs. A citation's
+        ``url`` is an ``http(s)://`` URL or a relative path, or ``None``: a ``javascript:``, ``data:`` or other
+        link (from a document's front matter or ``source_url``) never reaches the client.
 
         Args:
             source_url: Maps a citation's source to a link; by default a source that is itself an
@@ -97,7 +105,8 @@ class Reply:
             "text": self.text,
             "outcome": self.outcome,
             "citations": [
-                {"n": c.n, "title": c.title, "source": c.source, "url": c.url or link(c.source)} for c in self.citations
+                {"n": c.n, "title": c.title, "source": c.source, "url": client_url(c.url or link(c.source))}
+                for c in self.citations
             ],
             "missing": list(self.missing),
         }
@@ -105,6 +114,28 @@ class Reply:
 
 def _own_url(source: str) -> str | None:
     return source if source.startswith(("https://", "http://")) else None
+
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+_URL_UNSAFE = re.compile(r"[\x00-\x20\x7f-\x9f\\]")
+
+
+def client_url(url: str | None) -> str | None:
+    """``url`` when it is safe to hand a client as a link: ``http(s)://host…`` or a relative path; else ``None``.
+
+    Refused: any other scheme (``javascript:``, ``data:``, ``vbscript:``, ``file:``), protocol-relative ``//host``
+    links, and URLs holding whitespace, control characters or backslashes (browsers drop tabs and newlines
+    from a URL and read ``\\`` as ``/``, so ``java\tscript:`` or ``/\\evil`` would pass a naive check).
+    """
+    if not url or len(url) > MAX_URL_CHARS or _URL_UNSAFE.search(url):
+        return None
+    scheme = _SCHEME.match(url)
+    if scheme is None:
+        return None if url.startswith("//") else url
+    rest = url[scheme.end() :]
+    if scheme.group(1).lower() in ("http", "https") and rest.startswith("//") and len(rest) > 2 and rest[2] != "/":
+        return url
+    return None
 
 
 @frozen
@@ -118,426 +149,140 @@ class ReplyReady(Event):
     reply: Reply
 
 
-_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+class AskOptions(TypedDict, total=False):
+    """The keywords of :meth:`ChatRAG.ask` and :meth:`ChatRAG.stream`, besides the question.
 
-
-#: Unicode's control characters (category ``Cc``: U+0000-U+001F and U+007F-U+009F) but newline and tab.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
-
-
-def _clean_text(text: str) -> str:
-    # Terminal escape sequences are pasted noise, not words: drop them whole. Lone surrogates cannot be
-    # encoded or sent anywhere: each becomes U+FFFD. Other control characters become spaces. (Two regex passes,
-    # not a per-character category lookup: every question and history message of every turn goes through here.)
-    text = _ANSI.sub("", text)
-    return _SURROGATE.sub("\ufffd", _CONTROL.sub(" ", text))
-
-
-def validate_question(question: object, *, max_chars: int = MAX_QUESTION_CHARS) -> str:
-    """The question, cleaned; :class:`InputError` if it is not usable.
-
-    Nothing is truncated: an over-long question is an error that says the limit.
+    Attributes:
+        history: Earlier messages (``Message`` or ``{"role", "content"}`` dicts), oldest first.
+        page_url: URL of the page the user asks from (resolves "this page/project").
+        page_title: Its title.
+        deadline_s: Time limit for the turn (default: ``settings.deadline_s``).
+        filters: Metadata filters for every search of the turn: ``{"tenant": "acme"}`` (equality) or
+            ``{"version": ["1.0", "1.1"]}`` (any of); see :mod:`ragloop.retrievers.filters`.
+        caller: Who asks (``Caller(tenant="Acme", user="u1")``); every live lookup receives it, so a source
+            shows the user only what their organisation may see.
     """
-    if not isinstance(question, str):
-        raise InputError(f"question must be a string, got {type(question).__name__}")
-    if len(question) > max_chars:
-        raise InputError(
-            f"question is {len(question):,} characters; the limit is {max_chars:,}. "
-            "Shorten it, or pass a larger max_question_chars to ChatRAG."
-        )
-    cleaned = " ".join(_clean_text(question).split())
-    if not cleaned:
-        raise InputError("question is empty; pass the user's message, e.g. rag.ask('How do I reset 2FA?')")
-    return cleaned
 
-
-#: Most earlier messages accepted as history, and the longest one (characters), by default.
-MAX_HISTORY_MESSAGES = 50
-MAX_HISTORY_CHARS = 32_000
-#: What a turn keeps of each history message: its last this-many characters (judging a megabyte of history
-#: would hold the event loop; the latest words are what a follow-up refers to).
-KEPT_HISTORY_CHARS = 8_000
-
-
-def _history(
-    history: object, *, max_messages: int = MAX_HISTORY_MESSAGES, max_chars: int = MAX_HISTORY_CHARS
-) -> tuple[Message, ...]:
-    """Validated history: roles ``user``/``assistant`` only, string content, within the count and size caps.
-
-    ``Message`` objects are checked like dicts (a ``Message("system", …)`` is refused, not passed on). Each
-    message keeps its last :data:`KEPT_HISTORY_CHARS` characters.
-    """
-    if history is None:
-        return ()
-    if isinstance(history, str | bytes) or not isinstance(history, Sequence):
-        raise InputError(
-            f"history must be a list of messages like {{'role': 'user', 'content': '…'}}, got {type(history).__name__}"
-        )
-    if len(history) > max_messages:
-        raise InputError(
-            f"history has {len(history):,} messages; the limit is {max_messages:,} (max_history_messages). "
-            "Send only the latest messages."
-        )
-    out = []
-    for i, item in enumerate(history):
-        role: object
-        content: object
-        if isinstance(item, Message):
-            role, content = item.role, item.content
-        elif isinstance(item, Mapping):
-            role, content = item.get("role"), item.get("content")
-        else:
-            role = content = None
-        if role not in ("user", "assistant") or not isinstance(content, str):
-            shown = f"role {role!r}" if isinstance(role, str) else f"{item!r:.80}"
-            raise InputError(
-                f"history[{i}] must be a Message or a dict with role 'user'/'assistant' and string content, got {shown}"
-            )
-        if len(content) > max_chars:
-            raise InputError(
-                f"history[{i}] is {len(content):,} characters; the limit is {max_chars:,} (max_history_chars). "
-                "Shorten or drop it."
-            )
-        kept = content[-KEPT_HISTORY_CHARS:]  # cut before cleaning: the cost stays bounded whatever the cap
-        out.append(Message("user" if role == "user" else "assistant", _clean_text(kept)))
-    return tuple(out)
-
-
-def _filters(filters: object) -> dict[str, tuple[str, ...]]:
-    try:
-        return normalize_filters(filters)  # type: ignore[arg-type]
-    except ConfigError as exc:
-        raise InputError(str(exc)) from exc
-
-
-def _page(url: object, title: object) -> PageContext:
-    for name, value in (("page_url", url), ("page_title", title)):
-        if value is not None and not isinstance(value, str):
-            raise InputError(f"{name} must be a string or None, got {type(value).__name__}")
-        if isinstance(value, str) and len(value) > _MAX_URL_CHARS:
-            raise InputError(f"{name} is {len(value):,} characters; the limit is {_MAX_URL_CHARS:,}")
-    return PageContext(
-        url=_clean_text(url).strip() or None if isinstance(url, str) else None,
-        title=_clean_text(title).strip() or None if isinstance(title, str) else None,
-    )
+    history: Sequence[Message | Mapping[str, str]] | None
+    page_url: str | None
+    page_title: str | None
+    deadline_s: float | None
+    filters: FiltersArg | None
+    caller: Caller | None
 
 
 class ChatRAG:
-    """Answers chat questions with the default agentic-RAG turn.
+    """Answers chat questions with a built turn: ``ask``, ``stream``, the reply cache and ``aclose``.
+
+    ``ChatRAG(turn)`` runs a :class:`~ragloop.turn.Turn` (built here) or a :class:`~ragloop.turn.BuiltTurn`;
+    ``ChatRAG(retriever=..., decider=..., ...)`` builds the default turn from its collaborators one by one
+    (the keywords of :class:`~ragloop.turn.options.TurnWiring`, through
+    :meth:`~ragloop.turn.builder.Turn.of`); :meth:`from_index`, :meth:`from_store`, :meth:`from_retriever` and
+    :meth:`sample` open one with the default judges.
 
     Args:
-        retriever: Where to search.
-        decider: Decide judge.
-        grader: Grade judge.
-        rewriter: Rewrite judge.
-        answerer: Answer judge.
-        live_sources: Live sources for the live node.
-        settings: Turn settings.
-        embedder: Optional embedder, for semantic near-duplicate checks of rewrites.
-        fallback_decider: Used when ``decider`` fails (e.g. offline behind an LLM).
-        fallback_answerer: Used when ``answerer`` fails before its first token.
-        bridger: Proposes follow-up (second-hop) searches for multi-hop questions; ``None``: no hops.
-        planner: Plans retrieval across ``plan_sources`` (SQL, documents, live) in dependency waves; ``None``:
-            no plan node (see :mod:`ragloop.nodes.plan`).
-        plan_sources: The plan sources by name, the document source included.
-        fallback_planner: Used when ``planner`` fails or plans something invalid (the offline planner).
+        turn: The turn to run.
         max_question_chars: Longest question accepted.
         max_history_messages: Most earlier messages accepted as ``history``.
         max_history_chars: Longest history message accepted (characters).
-        verifier: Checks each finished reply (offline: :class:`~ragloop.llm.offline.verify.OfflineVerifier`).
-        caches: Caches for query embeddings, search results and grades (:class:`~ragloop.caches.Caches`),
-            and, only when its ``replies`` cache is set, whole replies of :meth:`ask` to a question without
-            history (same page, filters, caller and index version); ``None``: nothing is cached.
-        index_version: The index's current version (e.g. ``lambda: index.version``), which search results
-            are cached under; default: the retriever's ``version`` attribute, if it has one.
+        **wiring: Without ``turn``: the turn's collaborators (``retriever``, ``decider``, ``grader``,
+            ``rewriter``, ``answerer`` required; see :class:`~ragloop.turn.options.TurnWiring`). With ``caches``
+            whose ``replies`` cache is set, whole replies of :meth:`ask` to a question without history (same page,
+            filters, caller and index version) are reused.
+
+    Raises:
+        ConfigError: Both a turn and wiring keywords, or neither (a required collaborator missing).
     """
 
-    def __init__(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
+    def __init__(
         self,
+        turn: Turn | BuiltTurn | None = None,
+        /,
         *,
-        retriever: Retriever,
-        decider: Decider,
-        grader: Grader,
-        rewriter: Rewriter,
-        answerer: Answerer,
-        live_sources: Sequence[LiveSource] = (),
-        settings: TurnSettings = TurnSettings(),
-        embedder: Embedder | None = None,
-        fallback_decider: Decider | None = None,
-        fallback_answerer: Answerer | None = None,
-        bridger: Bridger | None = None,
-        planner: Planner | None = None,
-        plan_sources: Mapping[str, Source] | None = None,
-        fallback_planner: Planner | None = None,
         max_question_chars: int = MAX_QUESTION_CHARS,
-        verifier: Verifier | None = None,
         max_history_messages: int = MAX_HISTORY_MESSAGES,
         max_history_chars: int = MAX_HISTORY_CHARS,
-        caches: Caches | None = None,
-        index_version: Callable[[], str] | None = None,
+        **wiring: Unpack[TurnWiring],
     ) -> None:
-        self.settings = settings
-        self.live_sources = tuple(live_sources)
+        if turn is not None and wiring:
+            raise ConfigError(f"pass a turn or its collaborators ({', '.join(sorted(wiring))}), not both")
+        built = (turn or Turn.of(**wiring)).build() if not isinstance(turn, BuiltTurn) else turn
+        #: The turn this chat runs.
+        self.turn = built
+        #: Its graph (``turn.graph``; :func:`ragloop.otel.instrument` rebuilds it with a tracing hook).
+        self.graph = built.graph
+        self.settings = built.settings
+        self.live_sources = built.live_sources
+        #: The caches given (:meth:`ask` uses the reply cache, when there is one).
+        self.caches = built.caches
+        #: True when every judge is offline (no model calls).
+        self.offline = built.offline
+        #: The Postgres store this chat opened (:meth:`from_store`); :meth:`aclose` closes it.
+        self.store = built.store
         self.max_question_chars = max_question_chars
         self.max_history_messages = max_history_messages
         self.max_history_chars = max_history_chars
-        self.nodes = default_nodes(
-            retriever=retriever,
-            decider=decider,
-            grader=grader,
-            rewriter=rewriter,
-            answerer=answerer,
-            live_sources=self.live_sources,
-            settings=settings,
-            embedder=embedder,
-            fallback_decider=fallback_decider,
-            fallback_answerer=fallback_answerer,
-            bridger=bridger,
-            planner=planner,
-            plan_sources=plan_sources,
-            fallback_planner=fallback_planner,
-            verifier=verifier,
-            caches=caches,
-            index_version=index_version,
-        )
-        self.graph = build_graph(self.nodes, settings)
-        #: The caches given (:meth:`ask` uses the reply cache, when there is one).
-        self.caches = caches
-        self._index_version = index_version or (lambda: str(getattr(retriever, "version", "")))
-        #: True when every judge is offline (no model calls).
-        self.offline = False
-        #: The Postgres store this chat opened (:meth:`from_store`); :meth:`aclose` closes it.
-        self.store: PostgresStore | None = None
+        #: The raw retriever: filter keys are checked against the metadata keys it knows.
+        self._retriever = built.retriever
+
+    @property
+    def nodes(self) -> Mapping[str, Node]:
+        """The nodes of the graph this chat runs, by name (read-only)."""
+        return self.graph.nodes
 
     @classmethod
-    def from_index(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
+    def from_index(
         cls,
         index: str | os.PathLike[str] | KnowledgeIndex,
         llm: openai.AsyncOpenAI | None = None,
-        *,
-        fast_model: str | None = None,
-        answer_model: str | None = None,
-        mode: str = "hybrid",
-        live_sources: Sequence[LiveSource] = (),
-        settings: TurnSettings = TurnSettings(),
-        glossary: Mapping[str, str] | None = None,
-        timeout_s: float = 20.0,
-        embedder: Embedder | None = None,
-        plan_sources: Sequence[Source] = (),
-        caches: Caches | None = None,
+        **options: Unpack[IndexOptions],
     ) -> ChatRAG:
         """A chat over an index directory (or a loaded :class:`~ragloop.retrievers.index.KnowledgeIndex`).
 
-        Args:
-            index: Index directory written by ``ragloop index``, or an index object.
-            llm: An ``openai.AsyncOpenAI`` client; ``None`` runs the offline judges (no model, no network).
-            fast_model: Model for decide, grade and rewrite (required with ``llm``).
-            answer_model: Model for the answer (default: ``fast_model``).
-            mode: Retrieval mode: ``hybrid``, ``bm25`` or ``dense``.
-            live_sources: Live sources (e.g. :class:`~ragloop.retrievers.live.SQLiteTicketSource`).
-            settings: Turn settings.
-            glossary: Extra abbreviations (``{"SSO": "single sign-on"}``), over those mined from the index.
-            timeout_s: Per-call timeout of the LLM judges.
-            embedder: Query embedder; by default the one the index was built with.
-            plan_sources: Structured sources to plan over besides the documents and the live sources (e.g. a
-                :class:`~ragloop.retrievers.sql.SQLiteSource`); given, the turn starts with the ``plan`` node.
-            caches: Caches (:class:`~ragloop.caches.Caches`); search results are keyed on the index's version.
+        ``ChatRAG(Turn.from_index(index, llm, **options))``: see :meth:`~ragloop.turn.builder.Turn.from_index`
+        and :class:`~ragloop.turn.options.IndexOptions`.
         """
-        from ragloop.retrievers.index import KnowledgeIndex
-
-        idx = index if isinstance(index, KnowledgeIndex) else KnowledgeIndex.load(index, embedder)
-        searched = idx
-        if caches is not None and caches.embeddings is not None:  # the searches' query embeddings are cached too
-            from ragloop.retrievers.cached import CachedEmbedder
-
-            cached = CachedEmbedder(idx.embedder, caches.embeddings)
-            searched = KnowledgeIndex(idx.chunks, idx.bm25, idx.dense, cached, weights=idx.weights, rrf_k=idx.rrf_k)
-        return cls.from_retriever(
-            searched.retriever(mode),  # type: ignore[arg-type]
-            [c.text for c in idx.chunks],
-            llm,
-            embedder=idx.embedder,
-            fast_model=fast_model,
-            answer_model=answer_model,
-            live_sources=live_sources,
-            settings=settings,
-            glossary=glossary,
-            timeout_s=timeout_s,
-            plan_sources=plan_sources,
-            caches=caches,
-            index_version=lambda: idx.version,
-        )
+        return cls(Turn.from_index(index, llm, **options))
 
     @classmethod
-    def from_store(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
-        cls,
-        url: str,
-        llm: openai.AsyncOpenAI | None = None,
-        *,
-        collection: str = "ragloop",
-        pool_size: int = 10,
-        mode: str = "hybrid",
-        fast_model: str | None = None,
-        answer_model: str | None = None,
-        live_sources: Sequence[LiveSource] = (),
-        settings: TurnSettings = TurnSettings(),
-        glossary: Mapping[str, str] | None = None,
-        timeout_s: float = 20.0,
-        embedder: Embedder | None = None,
-        plan_sources: Sequence[Source] = (),
-        caches: Caches | None = None,
-    ) -> ChatRAG:
+    def from_store(cls, url: str, llm: openai.AsyncOpenAI | None = None, **options: Unpack[StoreOptions]) -> ChatRAG:
         """A chat over a PostgreSQL collection written by ``ragloop index DIR --store URL`` (``[postgres]`` extra).
 
-        Every replica of a service can point at the same database. The store's statement timeout is the
-        turn's ``settings.retrieve_timeout_s``. This call reads the collection's texts (for the offline
-        judges) on a connection of its own; the connection pool opens on the first search, in the event loop
-        that serves, and :meth:`aclose` closes it.
-
-        Args:
-            url: ``postgresql://`` URL of a database with the ``vector`` extension.
-            llm: As in :meth:`from_index`.
-            collection: The collection name given to ``ragloop index --collection``.
-            pool_size: Most connections this process opens to the database.
-            mode: ``hybrid`` (the store's only mode).
-            fast_model: As in :meth:`from_index`.
-            answer_model: As in :meth:`from_index`.
-            live_sources: As in :meth:`from_index`.
-            settings: Turn settings.
-            glossary: As in :meth:`from_index`.
-            timeout_s: Per-call timeout of the LLM judges.
-            embedder: Query embedder; by default the one the collection was built with.
-            plan_sources: As in :meth:`from_index`.
-            caches: As in :meth:`from_index` (search results keyed on the store's version).
+        ``ChatRAG(Turn.from_store(url, llm, **options))``: see :meth:`~ragloop.turn.builder.Turn.from_store`
+        and :class:`~ragloop.turn.options.StoreOptions`; :meth:`aclose` closes
+        the store's pool.
         """
-        import concurrent.futures
-
-        import anyio
-
-        from ragloop.retrievers.postgres import PostgresStore
-
-        if mode != "hybrid":
-            raise ConfigError(f"the Postgres store searches in hybrid mode only, not {mode!r}")
-        store = PostgresStore(
-            url,
-            embedder,
-            collection=collection,
-            pool_size=pool_size,
-            statement_timeout_s=settings.retrieve_timeout_s,
-            create=False,
-        )
-
-        # A thread of its own: this works whether or not the caller is inside an event loop.
-        def read() -> list[str]:
-            return anyio.run(store.prepare)
-
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            texts = pool.submit(read).result()
-        rag = cls.from_retriever(
-            store,
-            texts,
-            llm,
-            embedder=store.embedder,
-            fast_model=fast_model,
-            answer_model=answer_model,
-            live_sources=live_sources,
-            settings=settings,
-            glossary=glossary,
-            timeout_s=timeout_s,
-            plan_sources=plan_sources,
-            caches=caches,
-        )
-        rag.store = store
-        return rag
+        return cls(Turn.from_store(url, llm, **options))
 
     @classmethod
-    def from_retriever(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
+    def from_retriever(
         cls,
         retriever: Retriever,
         texts: Sequence[str],
         llm: openai.AsyncOpenAI | None = None,
-        *,
-        embedder: Embedder | None = None,
-        fast_model: str | None = None,
-        answer_model: str | None = None,
-        live_sources: Sequence[LiveSource] = (),
-        settings: TurnSettings = TurnSettings(),
-        glossary: Mapping[str, str] | None = None,
-        timeout_s: float = 20.0,
-        plan_sources: Sequence[Source] = (),
-        caches: Caches | None = None,
-        index_version: Callable[[], str] | None = None,
+        **options: Unpack[RetrieverOptions],
     ) -> ChatRAG:
         """A chat over any retriever; ``texts`` (every chunk's text) feed the offline judges' corpus statistics.
 
-        Other arguments are as in :meth:`from_index`.
+        ``ChatRAG(Turn.from_retriever(retriever, texts, llm, **options))``: see
+        :meth:`~ragloop.turn.builder.Turn.from_retriever` and :class:`~ragloop.turn.options.RetrieverOptions`.
         """
-        from ragloop.llm.offline import OfflineAnswerer, OfflineDecider, OfflineGrader, OfflineRewriter
-        from ragloop.llm.offline.bridge import OfflineBridger
-        from ragloop.llm.offline.verify import OfflineVerifier
-        from ragloop.text.terms import CorpusStats
-
-        stats = CorpusStats.from_texts(texts)
-        offline_decider = OfflineDecider(stats, glossary=dict(glossary or {}), max_queries=settings.max_queries)
-        offline_answerer = OfflineAnswerer(stats)
-        common: dict[str, Any] = dict(
-            retriever=retriever,
-            live_sources=live_sources,
-            settings=settings,
-            embedder=embedder,
-            caches=caches,
-            index_version=index_version,
-            **_planning(retriever, live_sources, plan_sources, llm, fast_model, timeout_s),
-        )
-        if llm is None:
-            rag = cls(
-                decider=offline_decider,
-                grader=OfflineGrader.calibrate(stats, texts),
-                rewriter=OfflineRewriter(stats),
-                answerer=offline_answerer,
-                bridger=OfflineBridger(stats),  # with a model, the LLM decider writes bridge queries itself
-                verifier=OfflineVerifier(embedder=embedder),
-                **common,
-            )
-            rag.offline = True
-            return rag
-        if not fast_model:
-            raise ConfigError("pass fast_model (and optionally answer_model) together with an llm client")
-        from ragloop.llm.openai_judges import OpenAIJudges
-
-        judges = OpenAIJudges.create(
-            llm,
-            fast_model=fast_model,
-            answer_model=answer_model or fast_model,
-            timeout_s=timeout_s,
-            glossary=offline_decider.terms_glossary,
-        )
-        return cls(
-            decider=judges.decider,
-            grader=judges.grader,
-            rewriter=judges.rewriter,
-            answerer=judges.answerer,
-            fallback_decider=offline_decider,
-            fallback_answerer=offline_answerer,
-            **common,
-        )
+        return cls(Turn.from_retriever(retriever, texts, llm, **options))
 
     @classmethod
     def sample(
-        cls, llm: openai.AsyncOpenAI | None = None, *, cache_dir: str | os.PathLike[str] | None = None, **kwargs: Any
+        cls,
+        llm: openai.AsyncOpenAI | None = None,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        **options: Unpack[IndexOptions],
     ) -> ChatRAG:
         """A chat over the bundled sample knowledge base and its live ticket source.
 
-        The sample index is built on first use and cached in ``cache_dir`` (default ``~/.cache/ragloop``).
-        Other keyword arguments go to :meth:`from_index`.
+        The sample index is built on first use and cached in ``cache_dir`` (default ``~/.cache/ragloop``); see
+        :meth:`~ragloop.turn.builder.Turn.sample`.
         """
-        from ragloop.retrievers.live import SQLiteTicketSource
-        from ragloop.sample import sample_index
-
-        index = sample_index(Path(cache_dir) if cache_dir is not None else None)
-        kwargs.setdefault("live_sources", (SQLiteTicketSource(),))
-        return cls.from_index(index, llm, **kwargs)
+        return cls(Turn.sample(llm, cache_dir=cache_dir, **options))
 
     def new_state(
         self,
@@ -549,16 +294,44 @@ class ChatRAG:
         filters: FiltersArg | None = None,
         caller: Caller | None = None,
     ) -> TurnState:
-        """The validated state a turn starts from (raises :class:`InputError` on unusable input)."""
-        if caller is not None and not isinstance(caller, Caller):
-            raise InputError(f"caller must be a ragloop.state.Caller or None, got {type(caller).__name__}")
-        return TurnState(
-            question=validate_question(question, max_chars=self.max_question_chars),
-            history=_history(history, max_messages=self.max_history_messages, max_chars=self.max_history_chars),
-            page=_page(page_url, page_title),
-            filters=_filters(filters),
+        """The validated state a turn starts from (raises :class:`InputError` on unusable input; see
+        :func:`ragloop.turn.request.turn_state`; a filter key no chunk has is
+        :class:`~ragloop.errors.UnknownFilterKey`)."""
+        state = turn_state(
+            question,
+            history=history,
+            page_url=page_url,
+            page_title=page_title,
+            filters=filters,
             caller=caller,
+            max_question_chars=self.max_question_chars,
+            max_history_messages=self.max_history_messages,
+            max_history_chars=self.max_history_chars,
         )
+        self.check_filters(state.filters)
+        return state
+
+    def check_filters(self, filters: Mapping[str, tuple[str, ...]] | None) -> None:
+        """Refuse filters on a metadata key that no indexed chunk has (a misspelled key would find nothing).
+
+        Nothing is checked while the retriever does not know its keys (an empty index, a store not yet read).
+
+        Raises:
+            UnknownFilterKey: A key no chunk has; the message lists the known keys.
+        """
+        check_retriever_filters(self._retriever, filters)
+
+    def _start(self, question: str, options: AskOptions) -> tuple[TurnState, float | None]:
+        """The turn's validated state and deadline (``ask`` and ``stream`` check their input alike)."""
+        state = self.new_state(
+            question,
+            history=options.get("history"),
+            page_url=options.get("page_url"),
+            page_title=options.get("page_title"),
+            filters=options.get("filters"),
+            caller=options.get("caller"),
+        )
+        return state, self._deadline(options.get("deadline_s"))
 
     def _deadline(self, deadline_s: float | None) -> float | None:
         value = self.settings.deadline_s if deadline_s is None else deadline_s
@@ -566,42 +339,25 @@ class ChatRAG:
             raise InputError(f"deadline_s must be a positive number of seconds, got {value!r}")
         return value
 
-    async def ask(
-        self,
-        question: str,
-        *,
-        history: Sequence[Message | Mapping[str, str]] | None = None,
-        page_url: str | None = None,
-        page_title: str | None = None,
-        deadline_s: float | None = None,
-        filters: FiltersArg | None = None,
-        caller: Caller | None = None,
-    ) -> Reply:
+    async def ask(self, question: str, **options: Unpack[AskOptions]) -> Reply:
         """Answer one question.
 
         Args:
             question: The user's message.
-            history: Earlier messages (``Message`` or ``{"role", "content"}`` dicts), oldest first.
-            page_url: URL of the page the user asks from (resolves "this page/project").
-            page_title: Its title.
-            deadline_s: Time limit for the turn (default: ``settings.deadline_s``).
-            filters: Metadata filters for every search of the turn: ``{"tenant": "acme"}`` (equality) or
-                ``{"version": ["1.0", "1.1"]}`` (any of); see :mod:`ragloop.retrievers.filters`.
-            caller: Who asks (``Caller(tenant="Acme", user="u1")``); every live lookup receives it, so a source
-                shows the user only what their organisation may see.
+            **options: ``history``, ``page_url``, ``page_title``, ``deadline_s``, ``filters``, ``caller``: see
+                :class:`AskOptions`.
 
         Raises:
-            InputError: The question, history, page context or filters are unusable; the message says why.
+            InputError: The question, history, page context or filters are unusable (a filter key no chunk has
+                is :class:`~ragloop.errors.UnknownFilterKey`); the message says why.
         """
-        state = self.new_state(
-            question, history=history, page_url=page_url, page_title=page_title, filters=filters, caller=caller
-        )
+        state, deadline = self._start(question, options)
         key = self._reply_key(state)
         if key is not None and self.caches is not None and self.caches.replies is not None:
             found = self.caches.replies.get(key)
             if isinstance(found, Reply):
                 return _from_reply_cache(found)
-        result = await self.graph.run(state, deadline_s=self._deadline(deadline_s))
+        result = await self.graph.run(state, deadline_s=deadline)
         reply = _reply(result)
         if key is not None and self.caches is not None and self.caches.replies is not None and _reusable(reply):
             self.caches.replies.set(key, reply)
@@ -616,30 +372,18 @@ class ChatRAG:
         filters = sorted((k, list(v)) for k, v in state.filters.items())
         caller = (state.caller.tenant, state.caller.user) if state.caller is not None else None
         page = (state.page.url, state.page.title)
-        return cache_key("reply", state.question, page, filters, caller, self._index_version())
+        return cache_key("reply", state.question, page, filters, caller, self.turn.index_version())
 
-    def stream(
-        self,
-        question: str,
-        *,
-        history: Sequence[Message | Mapping[str, str]] | None = None,
-        page_url: str | None = None,
-        page_title: str | None = None,
-        deadline_s: float | None = None,
-        filters: FiltersArg | None = None,
-        caller: Caller | None = None,
-    ) -> EventStream:
+    def stream(self, question: str, **options: Unpack[AskOptions]) -> EventStream:
         """Answer one question as a stream of events: progress, answer tokens, then :class:`ReplyReady`.
 
         The input is checked here, before any event (an :class:`InputError` is raised by this call). Use it as
         ``async for event in rag.stream(q)`` or ``async with rag.stream(q) as events``; stopping the iteration
         (``break`` — even while the stream is still referenced —, ``aclose()``, cancellation, a client that
-        disconnects) cancels the turn's in-flight work. ``filters`` and ``caller`` are as in :meth:`ask`.
+        disconnects) cancels the turn's in-flight work. The keywords are as in :meth:`ask`.
         """
-        state = self.new_state(
-            question, history=history, page_url=page_url, page_title=page_title, filters=filters, caller=caller
-        )
-        return self.graph.stream(state, deadline_s=self._deadline(deadline_s), then=_reply_ready)
+        state, deadline = self._start(question, options)
+        return self.graph.stream(state, deadline_s=deadline, then=_reply_ready)
 
     async def aclose(self) -> None:
         """Close the live sources' connections (and the store's pool, for :meth:`from_store`)."""
@@ -647,37 +391,6 @@ class ChatRAG:
             await source.aclose()
         if self.store is not None:
             await self.store.aclose()
-
-
-def _planning(
-    retriever: Retriever,
-    live_sources: Sequence[LiveSource],
-    plan_sources: Sequence[Source],
-    llm: openai.AsyncOpenAI | None,
-    model: str | None,
-    timeout_s: float,
-) -> dict[str, Any]:
-    """The plan node's collaborators when the application gives plan sources (none: no plan node).
-
-    The documents (``documents``) and every live source (by its name) join ``plan_sources``; the offline planner
-    plans over the first source with a schema, and backs up the model planner when there is a model.
-    """
-    if not plan_sources:
-        return {}
-    from ragloop.llm.planner import OfflinePlanner, SchemaSource
-    from ragloop.retrievers.sources import DocumentSource, LiveLookupSource
-
-    sources: dict[str, Source] = {"documents": DocumentSource(retriever)}
-    sources.update({s.name: LiveLookupSource(s) for s in live_sources})
-    sources.update({s.name: s for s in plan_sources})
-    sql = next((s for s in plan_sources if isinstance(s, SchemaSource)), None)
-    offline = OfflinePlanner(sql, live={s.name: s.name for s in live_sources})
-    if llm is None or not model:
-        return {"planner": offline, "plan_sources": sources}
-    from ragloop.llm.openai_planner import OpenAIPlanner
-
-    planner = OpenAIPlanner(llm, model, tuple(sources.values()), timeout_s=timeout_s)
-    return {"planner": planner, "fallback_planner": offline, "plan_sources": sources}
 
 
 def _reply_ready(result: RunResult) -> tuple[Event, ...]:

@@ -26,15 +26,18 @@ from ragloop.cli_ingest import (
     make_embedder,
     print_skips,
 )
+from ragloop.cli_mcp import add_mcp
 from ragloop.cli_serve import add_serve
 from ragloop.cli_store import (
     add_filter_option,
     add_index_options,
     add_store_options,
     attach_metadata,
+    check_rebuild,
     cmd_index_store,
     cmd_index_update,
     cmd_search_store,
+    index_scope,
     parse_filters,
     print_hits,
     store_url,
@@ -123,11 +126,12 @@ def _cmd_index(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     check_index_target(args.out, source=args.path)  # refuse a bad --out before minutes of work
+    check_rebuild(args)  # nor drop documents of other scopes (tenants) that --out holds
     embedder = _make_embedder(args.embedder, args.embedder_base_url)
     result = ingest_for_index(args, embedder)
     embedding = Progress(f"embedding ({embedder.name})")
     try:
-        index = build_index(attach_metadata(args, result.chunks), embedder, embedding)
+        index = build_index(attach_metadata(args, result.chunks), embedder, embedding, scope=index_scope(args))
     finally:
         embedding.close()
     out = index.save(args.out, source=args.path)
@@ -242,13 +246,17 @@ _COMMANDS: tuple[Callable[[Any], None], ...] = (
     _add_search,
     _add_eval,
     add_serve,
+    add_mcp,
     add_doctor,
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
+    from ragloop import __version__
+
     parser = argparse.ArgumentParser(prog="ragloop", description="Agentic RAG in a small graph runner.")
+    parser.add_argument("--version", action="version", version=f"ragloop {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in _COMMANDS:
         add(sub)

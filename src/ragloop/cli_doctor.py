@@ -2,6 +2,10 @@
 
 The endpoint, key and model are read as ``ragloop ask`` reads them (``OPENAI_BASE_URL``, ``OPENAI_API_KEY``,
 ``RAGLOOP_MODEL``); ``--base-url``, ``--api-key`` and ``--model`` override them.
+
+``ragloop doctor --store URL [--collection C]`` checks a PostgreSQL store instead, read-only: the schema
+version, the embedder, documents and chunks (per scope), the metadata keys, and missing indexes; exit 1 when
+something needs doing (each problem says what).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Any
 
 from ragloop.errors import ConfigError
 
-__all__ = ["add_doctor", "cmd_doctor"]
+__all__ = ["add_doctor", "cmd_doctor", "cmd_doctor_store"]
 
 
 def add_doctor(sub: Any) -> None:
@@ -29,11 +33,37 @@ def add_doctor(sub: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=48, help="output cap of each probe (default 48)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per probe request (default 120)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _add_store_options(p)
     p.set_defaults(func=cmd_doctor)
+
+
+def _add_store_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--store",
+        metavar="URL",
+        help="check a PostgreSQL store (postgresql://…) instead of a model endpoint: schema, embedder, counts, indexes",
+    )
+    p.add_argument("--collection", default=None, help="with --store: check only this collection (default: all)")
+
+
+def cmd_doctor_store(args: argparse.Namespace) -> int:
+    """``ragloop doctor --store URL``: the store's report; exit status 1 when something needs doing."""
+    import anyio
+
+    from ragloop.retrievers.postgres import diagnose_store
+
+    report = anyio.run(diagnose_store, args.store, args.collection)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print("\n".join(report.lines()))
+    return 0 if report.healthy else 1
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Run the probes and print the report; exit status 1 when no decide mode but offline works."""
+    if getattr(args, "store", None):
+        return cmd_doctor_store(args)
     import anyio
     import openai
 

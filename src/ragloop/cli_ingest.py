@@ -101,17 +101,17 @@ async def close_embedder(embedder: Embedder) -> None:
         await close()
 
 
-def build_index(chunks: Any, embedder: Embedder, progress: Any) -> Any:
+def build_index(chunks: Any, embedder: Embedder, progress: Any, *, scope: Any = None) -> Any:
     """``KnowledgeIndex.build``; an API embedder's requests and its client's closing run in one event loop."""
     from ragloop.retrievers.index import KnowledgeIndex
 
     if getattr(embedder, "embed_sync", None) is not None:
-        return KnowledgeIndex.build(chunks, embedder, progress=progress)
+        return KnowledgeIndex.build(chunks, embedder, progress=progress, scope=scope)
     import anyio
 
     async def run() -> KnowledgeIndex:
         try:
-            return await KnowledgeIndex.abuild(chunks, embedder, progress=progress)
+            return await KnowledgeIndex.abuild(chunks, embedder, progress=progress, scope=scope)
         finally:
             await close_embedder(embedder)
 
@@ -210,7 +210,7 @@ def ingest_for_index(args: argparse.Namespace, embedder: Embedder | None = None)
         reasons = "; ".join(f"{where}: {why}" for where, why in result.skipped[:3])
         raise RagloopError(
             f"nothing to index in {args.path}: all {len(result.skipped)} file(s) or document(s) were skipped "
-            f"({reasons}); the index was left unchanged"
+            f"({reasons}); {getattr(args, 'out', None) or 'the index'} was left unchanged"
         )
     return result
 

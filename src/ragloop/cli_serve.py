@@ -3,7 +3,14 @@
 Registered by :mod:`ragloop.cli`; this module imports nothing heavy at import time, so ``ragloop --help``
 stays fast. Environment (read here, nowhere else in the library): ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``
 with ``RAGLOOP_MODEL`` select a model (as for ``ragloop ask``); ``RAGLOOP_API_KEYS`` (comma-separated)
-turns on bearer authentication.
+turns on bearer authentication, each key its own principal; ``--keys keys.toml`` maps keys to principals,
+tenants and filters.
+
+Without any key the server is open to whoever reaches it, so it serves a loopback address only: a
+non-loopback ``--host`` without keys is refused (exit 2, one line) unless ``--allow-no-keys`` says that
+something in front of it authenticates. On a loopback address the ``Host`` header must name loopback
+(``localhost``, ``127.0.0.1``, ``::1``; DNS rebinding) unless ``--allowed-host`` says otherwise. SIGINT and
+SIGTERM cancel the turns in flight (each ends with an error frame) and exit 0.
 """
 
 from __future__ import annotations
@@ -24,24 +31,13 @@ def add_serve(sub: Any) -> None:
         description=(
             "Serve the chat over HTTP (needs the [serve] extra). Environment: OPENAI_BASE_URL and/or "
             "OPENAI_API_KEY with RAGLOOP_MODEL select a model (offline without them); RAGLOOP_API_KEYS "
-            "(comma-separated) requires 'Authorization: Bearer <key>' on the API."
+            "(comma-separated) requires 'Authorization: Bearer <key>' on the API. Without keys it serves "
+            "loopback only."
         ),
     )
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--index", metavar="DIR", help="index directory (default: the bundled sample knowledge base)")
-    where.add_argument(
-        "--store", metavar="URL", help="a PostgreSQL knowledge store (postgresql://…; see `ragloop index --store`)"
-    )
-    p.add_argument("--collection", default="ragloop", help="collection (table prefix) in the store")
-    p.add_argument("--pool-size", type=int, default=10, help="most connections to the store")
+    add_knowledge_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
-    p.add_argument("--mode", choices=("hybrid", "bm25", "dense"), default="hybrid", help="retrieval mode")
-    p.add_argument("--tickets", metavar="SQLITE", help="ticket database for the live ticket source")
-    p.add_argument("--no-live", action="store_true", help="no live sources")
-    p.add_argument("--no-plan", action="store_true", help="no retrieval planner over the sample CRM database")
-    p.add_argument("--cache-dir", metavar="DIR", help="where the sample index is cached (~/.cache/ragloop)")
-    p.add_argument("--deadline", type=float, default=60.0, metavar="S", help="time limit per turn (default 60 s)")
     p.add_argument("--max-concurrency", type=int, default=64, metavar="N", help="turns at once; more get 429")
     p.add_argument(
         "--sessions",
@@ -49,9 +45,27 @@ def add_serve(sub: Any) -> None:
         metavar="WHERE",
         help="session store: memory (default), sqlite:PATH, or a postgresql:// URL",
     )
+    p.add_argument(
+        "--keys", metavar="TOML", help="API keys file: key -> principal, tenant, filters (see docs/serving.md)"
+    )
+    p.add_argument(
+        "--allow-no-keys",
+        action="store_true",
+        help="serve a non-loopback --host without API keys (only behind a proxy that authenticates)",
+    )
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="serve requests whose Host header is HOST (repeatable; *.example.com for subdomains)",
+    )
+    p.add_argument("--header-timeout", type=float, default=10.0, metavar="S", help="request head timeout (10 s)")
+    p.add_argument("--body-timeout", type=float, default=10.0, metavar="S", help="request body timeout (10 s)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN", help="allow this browser origin")
     p.add_argument("--source-base-url", metavar="URL", help="link citations to URL + source (e.g. your docs site)")
     p.add_argument("--no-page", action="store_true", help="do not serve the chat page at /")
+    p.add_argument("--no-mcp", action="store_true", help="do not serve MCP at /mcp")
     p.add_argument(
         "--log-level",
         default="warning",
@@ -60,6 +74,23 @@ def add_serve(sub: Any) -> None:
         help="uvicorn log level (default warning)",
     )
     p.set_defaults(func=cmd_serve)
+
+
+def add_knowledge_options(p: argparse.ArgumentParser) -> None:
+    """``--index DIR`` or ``--store URL`` (with its collection and pool size): what ``serve`` and ``mcp`` read."""
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--index", metavar="DIR", help="index directory (default: the bundled sample knowledge base)")
+    where.add_argument(
+        "--store", metavar="URL", help="a PostgreSQL knowledge store (postgresql://…; see `ragloop index --store`)"
+    )
+    p.add_argument("--collection", default="ragloop", help="collection (table prefix) in the store")
+    p.add_argument("--pool-size", type=int, default=10, help="most connections to the store")
+    p.add_argument("--mode", choices=("hybrid", "bm25", "dense"), default="hybrid", help="retrieval mode")
+    p.add_argument("--tickets", metavar="SQLITE", help="ticket database for the live ticket source")
+    p.add_argument("--no-live", action="store_true", help="no live sources")
+    p.add_argument("--no-plan", action="store_true", help="no retrieval planner over the sample CRM database")
+    p.add_argument("--cache-dir", metavar="DIR", help="where the sample index is cached (~/.cache/ragloop)")
+    p.add_argument("--deadline", type=float, default=60.0, metavar="S", help="time limit per turn (default 60 s)")
 
 
 def _port(text: str) -> int:
@@ -88,6 +119,39 @@ def _api_keys(raw: str) -> tuple[str, ...]:
     return keys
 
 
+def _is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    import ipaddress
+
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _access(args: argparse.Namespace, keys: int) -> tuple[tuple[str, ...], str]:
+    """The ``Host`` allowlist and the line that says who may call; refuses an open non-loopback server."""
+    from ragloop.errors import ConfigError
+    from ragloop.serve._hosts import LOOPBACK_HOSTS
+
+    loopback = _is_loopback(args.host)
+    if not keys and not loopback and not args.allow_no_keys:
+        raise ConfigError(
+            f"--host {args.host} without API keys would let anyone who reaches it read the knowledge base; "
+            "set RAGLOOP_API_KEYS or --keys keys.toml (or pass --allow-no-keys when a proxy in front authenticates)"
+        )
+    hosts = tuple(args.allowed_host) or (LOOPBACK_HOSTS if loopback else ())
+    if keys:
+        who = f"API keys required ({keys})"
+    elif loopback:
+        who = "no API keys: loopback only, anyone on this machine may call it"
+    else:
+        who = "no API keys (--allow-no-keys): anyone who reaches it may call it"
+    return hosts, who
+
+
 def _sessions(where: str) -> Any:
     from ragloop.errors import ConfigError
     from ragloop.serve import MemorySessionStore, PostgresSessionStore, SQLiteSessionStore
@@ -99,6 +163,20 @@ def _sessions(where: str) -> Any:
     if where.startswith(("postgresql://", "postgres://")):
         return PostgresSessionStore(where)
     raise ConfigError(f"--sessions must be memory, sqlite:PATH or a postgresql:// URL, got {where!r}")
+
+
+async def _check_sessions(sessions: Any) -> None:
+    """Refuse an old session table now, in one line; a store that is only down is reported, not fatal."""
+    from ragloop.errors import ConfigError
+
+    try:
+        await sessions.ping()
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 — the server starts; /readyz says "sessions: unavailable" until it is up
+        from ragloop._redact import redact
+
+        print(f"ragloop: warning: the session store is not reachable yet ({redact(str(exc))[:200]})", file=sys.stderr)
 
 
 def _source_url(base: str | None) -> Any:
@@ -126,38 +204,58 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from ragloop.errors import ConfigError
 
         raise ConfigError(f"ragloop serve needs the [serve] extra: pip install 'ragloop[serve]' ({exc})") from exc
-    from ragloop.cli_chat import _build
-
     if args.store:
         from ragloop.chat import ChatRAG
         from ragloop.errors import ConfigError
 
         if not hasattr(ChatRAG, "from_store"):
             raise ConfigError("this ragloop has no Postgres knowledge store yet; use --index DIR")
-    keys = _api_keys(os.environ.get("RAGLOOP_API_KEYS", ""))
+    from ragloop.serve import CleanExitServer, h11_protocol, load_keys
+
+    env_keys = _api_keys(os.environ.get("RAGLOOP_API_KEYS", ""))
+    file_keys = load_keys(args.keys) if args.keys else ()
+    hosts, who = _access(args, len(env_keys) + len(file_keys))
     settings = ServeSettings(  # before the index loads: a bad setting fails in a moment
         max_concurrent_turns=args.max_concurrency,
         deadline_s=args.deadline,
-        api_keys=keys,
+        api_keys=env_keys,
+        keys=file_keys,
+        allowed_hosts=hosts,
+        body_timeout_s=args.body_timeout,
         cors_origins=tuple(args.cors_origin),
         page=not args.no_page,
+        mcp=not args.no_mcp,
     )
-    rag, client = _build(_chat_args(args))  # as `ragloop ask` builds it: --store, --index or the sample
+    http = h11_protocol(header_timeout_s=args.header_timeout)
+    rag, client, documents = build_with_documents(_chat_args(args))  # as `ragloop ask` builds it
     sessions = _sessions(args.sessions)
     app = create_app(
-        rag, settings=settings, sessions=sessions, source_url=_source_url(args.source_base_url), llm=client
+        rag,
+        settings=settings,
+        sessions=sessions,
+        source_url=_source_url(args.source_base_url),
+        llm=client,
+        documents=documents,
     )
-    auth = f", API keys required ({len(keys)})" if keys else ""
-    print(f"ragloop: serving on http://{args.host}:{args.port}/ (chat page at /, API at /v1{auth})", file=sys.stderr)
     config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5, lifespan="off"
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=5,
+        lifespan="on",  # runs the MCP endpoint's session manager
+        http=http,
+        ws="none",
     )
     import anyio
 
     async def run() -> None:
         # One event loop for serving and for closing: pools opened while serving close in their own loop.
         try:
-            await uvicorn.Server(config).serve()
+            await _check_sessions(sessions)
+            print(f"ragloop: serving on http://{args.host}:{args.port}/ (chat page at /, API at /v1; {who})",
+                  file=sys.stderr)  # fmt: skip
+            await CleanExitServer(config, app.state.ragloop_shut_down).serve()
         finally:
             await sessions.aclose()
             await rag.aclose()
@@ -166,6 +264,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     anyio.run(run)
     return 0
+
+
+def build_with_documents(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """The chat as ``ragloop ask`` builds it, its model client, and the documents MCP reads (index or store).
+
+    A ``--index`` is loaded once and shared by both; the sample index is small and loaded a second time.
+    """
+    from ragloop.cli_chat import _build
+    from ragloop.serve import IndexDocuments, StoreDocuments
+
+    if args.index and not args.store:
+        from ragloop.retrievers.index import KnowledgeIndex
+
+        args = argparse.Namespace(**{**vars(args), "index": KnowledgeIndex.load(args.index)})
+    rag, client = _build(args)
+    if rag.store is not None:
+        return rag, client, StoreDocuments(rag.store)
+    if args.index:
+        return rag, client, IndexDocuments(args.index, args.mode)
+    from pathlib import Path
+
+    from ragloop.sample import sample_index
+
+    return rag, client, IndexDocuments(sample_index(Path(args.cache_dir) if args.cache_dir else None), args.mode)
 
 
 def _chat_args(args: argparse.Namespace) -> argparse.Namespace:

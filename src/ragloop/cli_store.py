@@ -4,6 +4,10 @@
 document, reusing stored embeddings); ``ragloop index DIR --out IDX --update`` does the same for a local index;
 ``ragloop search/ask/chat --store …`` read from the collection. Kept apart from :mod:`ragloop.cli` so that the
 index command's own code stays short.
+
+Every index run owns one **scope** (:class:`~ragloop.retrievers.scope.Scope`): its ``--meta`` pairs, or
+``--scope KEY=VALUE`` given explicitly, and changes only that scope's documents. ``--dry-run`` prints what it
+would add, change and remove; removing more than 20% of the scope asks for ``--prune`` (``--yes``).
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ragloop.errors import ConfigError
+from ragloop.errors import ConfigError, PruneRefused
 
 if TYPE_CHECKING:
     from ragloop.retrievers.ingest import IngestResult
+    from ragloop.retrievers.scope import Scope
+    from ragloop.retrievers.update import SyncSummary
     from ragloop.state import Chunk, Hit
 
 __all__ = [
@@ -28,8 +34,10 @@ __all__ = [
     "add_index_options",
     "add_store_options",
     "attach_metadata",
+    "check_rebuild",
     "cmd_index_store",
     "cmd_index_update",
+    "index_scope",
     "parse_filters",
     "parse_pairs",
     "store_url",
@@ -75,6 +83,34 @@ def add_index_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--url-base", help="base URL of the published documents: citations link to URL-BASE/PATH")
     p.add_argument("--json", action="store_true", help="print the update summary as one JSON object")
+    _add_scope_options(p)
+
+
+def _add_scope_options(p: argparse.ArgumentParser) -> None:
+    """``--scope``, ``--dry-run`` and ``--prune``/``--yes`` of ``ragloop index``."""
+    from ragloop.retrievers.update import MAX_REMOVED_SHARE
+
+    p.add_argument(
+        "--scope",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the documents this run owns (default: its --meta pairs); only they are added, changed or removed. "
+        "Give it when a --meta value changes between runs (e.g. --scope tenant=acme --meta build=42)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print what would be added, changed and removed (by name), and write nothing",
+    )
+    p.add_argument(
+        "--prune",
+        "--yes",
+        action="store_true",
+        dest="prune",
+        help=f"allow removing more than {MAX_REMOVED_SHARE:.0%} of the scope's documents (refused without it), or "
+        "replacing a local index that holds other scopes",
+    )
 
 
 def parse_pairs(items: Sequence[str], what: str) -> dict[str, str]:
@@ -110,23 +146,76 @@ def _ingest(args: argparse.Namespace) -> tuple[IngestResult, list[Chunk]]:
 
 
 def attach_metadata(args: argparse.Namespace, chunks: Sequence[Chunk]) -> list[Chunk]:
-    """The chunks with metadata from front matter, the path, ``--meta`` and a URL from ``--url-base``."""
+    """The chunks with metadata from front matter, the path, ``--meta`` (and ``--scope``) and a URL from
+    ``--url-base``."""
     from ragloop.retrievers.metadata import with_metadata
 
     root = Path(args.path)
     return with_metadata(
         chunks,
         root if root.is_dir() else None,
-        extra=parse_pairs(args.meta, "--meta"),
+        extra={**parse_pairs(args.meta, "--meta"), **dict(index_scope(args).pairs)},
         url_base=args.url_base,
     )
 
 
-def _report(summary: Any, result: IngestResult, where: str, as_json: bool) -> None:
+def index_scope(args: argparse.Namespace) -> Scope:
+    """The run's scope: ``--scope`` pairs when given (each agreeing with ``--meta``), else the ``--meta`` pairs."""
+    from ragloop.retrievers.scope import Scope
+
+    meta = parse_pairs(getattr(args, "meta", []), "--meta")
+    given = parse_pairs(getattr(args, "scope", []), "--scope")
+    if "path" in given:
+        raise ConfigError("--scope path=… would give every document the same path; scope by another key (tenant=…)")
+    if not given:
+        return Scope(meta)
+    for key, value in given.items():
+        if key in meta and meta[key] != value:
+            raise ConfigError(
+                f"--scope {key}={value} contradicts --meta {key}={meta[key]}: a run's documents carry its scope; "
+                f"drop one of them or make them agree"
+            )
+    return Scope(given)
+
+
+def check_rebuild(args: argparse.Namespace) -> None:
+    """Before a full local build over an existing index: refuse to drop documents of other scopes.
+
+    Raises:
+        PruneRefused: ``--out`` holds documents of another scope and neither ``--update`` nor ``--prune`` says
+            what to do with them.
+        ConfigError: ``--dry-run`` without ``--update`` (a full build has no plan to print).
+    """
+    from ragloop.retrievers.index import index_scopes
+
+    if getattr(args, "dry_run", False):
+        raise ConfigError("--dry-run previews an update: add --update (local index) or use --store")
+    scope = index_scope(args)
+    others = {s: n for s, n in index_scopes(args.out).items() if s != scope}
+    if others and not args.prune:
+        held = "; ".join(f"{s.describe()}: {n} documents" for s, n in sorted(others.items(), key=lambda x: x[0].label))
+        raise PruneRefused(
+            f"refusing to replace {args.out}: it holds documents of other scopes ({held}) that a full build of "
+            f"scope {scope.describe()} would delete; pass --update to change only scope {scope.describe()}, or "
+            "--prune to replace the whole index"
+        )
+
+
+def _report(summary: SyncSummary, result: IngestResult, where: str, as_json: bool) -> None:
     if as_json:
         print(json.dumps({**summary.as_dict(), "files": result.files, "skipped": len(result.skipped), "to": where}))
         return
-    print(f"{where}: {summary.line()}")
+    scope = f", scope {summary.scope.describe()}" if summary.scope.pairs else ""
+    print(f"{where}{scope}: {summary.line()}")
+    shown = ((("would add", summary.added_ids), ("would change", summary.changed_ids)) if summary.dry_run else ()) + (
+        ("would remove" if summary.dry_run else "removed", summary.removed_ids),
+    )
+    for what, ids in shown:
+        if ids:
+            more = f" … and {len(ids) - 20} more" if len(ids) > 20 else ""
+            print(f"  {what}: {', '.join(ids[:20])}{more}")
+    if summary.refusal:
+        print(f"  without --prune the run would stop: {summary.refusal}")
     if result.skipped:
         print(f"skipped {len(result.skipped)}:")
         for path, why in result.skipped[:20]:
@@ -138,21 +227,41 @@ def cmd_index_store(args: argparse.Namespace, url: str) -> int:
     import anyio
 
     from ragloop.cli import _make_embedder, _Progress
-    from ragloop.retrievers.postgres import PostgresStore
+    from ragloop.retrievers.postgres import PostgresStore, collection_exists
 
     started = time.perf_counter()
+    scope = index_scope(args)  # a contradictory --scope is refused before any work
     result, chunks = _ingest(args)
     embedder = _make_embedder(args.embedder)
     embedding = _Progress(f"embedding ({embedder.name})")
 
+    repaired: tuple[str, ...] = ()
+
     async def run() -> Any:
-        async with PostgresStore(url, embedder, collection=args.collection, pool_size=args.pool_size) as store:
-            return await store.sync(chunks, progress=embedding)
+        nonlocal repaired
+        if args.dry_run and not await collection_exists(url, args.collection):
+            return None
+        # A dry run opens as a reader: it creates, upgrades and repairs nothing either.
+        opened = PostgresStore(
+            url, embedder, collection=args.collection, pool_size=args.pool_size, create=not args.dry_run
+        )
+        async with opened as store:
+            repaired = store.repaired
+            return await store.sync(chunks, scope=scope, prune=args.prune, dry_run=args.dry_run, progress=embedding)
 
     try:
         summary = anyio.run(run)
     finally:
         embedding.close()
+    if summary is None:
+        docs = len({c.doc_id for c in chunks})
+        print(
+            f"collection {args.collection} does not exist yet; dry run, nothing written: a run would create it and "
+            f"add {docs} documents ({len(chunks)} chunks)"
+        )
+        return 0
+    for what in repaired:
+        print(f"collection {args.collection}: repaired: {what}", file=sys.stdout if not args.json else sys.stderr)
     _report(summary, result, f"collection {args.collection}", args.json)
     if not args.json:
         print(f"embedder {embedder.name} ({embedder.dim}-dim); {time.perf_counter() - started:.1f}s in all")
@@ -166,7 +275,10 @@ def cmd_index_update(args: argparse.Namespace) -> int:
     from ragloop.retrievers.update import update_index
 
     out = Path(args.out)
+    scope = index_scope(args)  # a contradictory --scope is refused before any work
     if not (out / "manifest.json").is_file():
+        if args.dry_run:
+            raise ConfigError(f"no index at {out} yet, so nothing to compare; run without --dry-run to build it")
         print(f"ragloop index: no index at {out} yet; building it from scratch", file=sys.stderr)
         return -1  # the caller builds as usual
     old = KnowledgeIndex.load(out)
@@ -180,14 +292,42 @@ def cmd_index_update(args: argparse.Namespace) -> int:
                 f"rebuild with {wanted.name!r})"
             )
     result, chunks = _ingest(args)
+    if args.dry_run:
+        _report(_plan(old, chunks, scope, args.prune), result, str(out), args.json)
+        return 0
     embedding = _Progress(f"embedding ({old.embedder.name})")
     try:
-        index, summary = update_index(old, chunks, progress=embedding)
+        index, summary = update_index(old, chunks, scope=scope, prune=args.prune, progress=embedding)
     finally:
         embedding.close()
     saved = index.save(out, source=args.path)  # refuses to write inside the ingested source
     _report(summary, result, str(saved), args.json)
     return 0
+
+
+def _plan(old: Any, chunks: Sequence[Chunk], scope: Scope, prune: bool) -> SyncSummary:
+    """What ``--update`` would do to the local index (``--dry-run``): nothing embedded, nothing written."""
+    from ragloop.retrievers.update import SyncSummary, check_removals, content_hash, plan_update
+
+    new, diff, stored, adopted = plan_update(old, chunks, scope=scope)
+    try:
+        check_removals(len(diff.removed), stored, scope=scope, where="the index", prune=prune)
+        refusal = ""
+    except PruneRefused as exc:  # a dry run reports the refusal a real run would meet
+        refusal = str(exc)
+    known = {content_hash(c) for c in old.chunks}
+    fresh = sum(1 for c in new if content_hash(c) not in known)
+    return SyncSummary.of(
+        diff,
+        embedded=fresh,
+        reused=len(new) - fresh,
+        chunks=len(old.chunks),
+        seconds=0.0,
+        scope=scope,
+        dry_run=True,
+        refusal=refusal,
+        adopted=len(adopted),
+    )
 
 
 def print_hits(hits: Sequence[Hit], as_json: bool) -> None:

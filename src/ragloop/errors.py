@@ -7,8 +7,11 @@ Every error derives from :class:`RagloopError`, and every message says what to d
     │   └── RouteError        a node returned a name it did not declare in ``routes``
     ├── ConfigError           bad constructor arguments or settings
     ├── InputError            a question, history or page context the caller passed is unusable
+    │   └── UnknownFilterKey  a filter names a metadata key that no indexed chunk has
     ├── IndexError_           an index directory is missing, corrupt or built with another embedder
+    ├── PruneRefused          an index run would remove more of its scope than it may without ``prune``
     ├── RetrievalError        a retriever or embedder failed
+    │   └── StoreUnavailable  the knowledge store's database cannot be reached (down, refused, unreachable)
     ├── LiveSourceError       a live source (ticket system, catalogue, …) failed
     ├── PlanError             a retrieval plan is invalid (unknown source, cycle, dangling dependency, …)
     ├── SourceError           a plan source (documents, SQL, live) failed
@@ -32,11 +35,14 @@ __all__ = [
     "JudgeTruncated",
     "LiveSourceError",
     "PlanError",
+    "PruneRefused",
     "QueryRefused",
     "RagloopError",
     "RetrievalError",
     "RouteError",
     "SourceError",
+    "StoreUnavailable",
+    "UnknownFilterKey",
 ]
 
 
@@ -60,12 +66,35 @@ class InputError(RagloopError, ValueError):
     """A question, history or page context the caller passed is unusable."""
 
 
+class UnknownFilterKey(InputError):
+    """A filter names a metadata key that no indexed chunk has (a misspelling): the message lists the known keys.
+
+    A known key with a value no chunk has is not an error; it matches nothing.
+    """
+
+
 class IndexError_(RagloopError):
     """An index directory is missing, corrupt, or was built with a different embedder."""
 
 
+class PruneRefused(RagloopError):
+    """An index run would remove more than its allowed share of its scope's documents; nothing was changed.
+
+    Check the folder (a wrong path looks like a mass deletion), preview with a dry run, then allow the removal
+    (``--prune`` on the command line, ``prune=True`` in Python).
+    """
+
+
 class RetrievalError(RagloopError):
     """A retriever or embedder failed."""
+
+
+class StoreUnavailable(RetrievalError):
+    """The knowledge store's database cannot be reached: it is down, refuses connections or does not answer.
+
+    Distinct from a search that merely failed or ran past its timeout: a service should answer it with "the
+    knowledge base is unavailable" (HTTP 503), never with "found nothing".
+    """
 
 
 class LiveSourceError(RagloopError):

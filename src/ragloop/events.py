@@ -1,7 +1,8 @@
-"""Typed events streamed to callers by :meth:`ragloop.Graph.stream`, and the run result the last one carries.
+"""Typed events streamed to callers by :meth:`ragloop.runner.Graph.stream`, and the run result the last one carries.
 
 The runner emits :class:`NodeStarted`, :class:`NodeFinished` and, last, :class:`RunFinished`; nodes add their
-own through :func:`ragloop.emit` (the chat-turn graph emits :class:`Progress` and :class:`Token`). Every event
+own through :func:`ragloop.emit` (the chat-turn graph emits :class:`Progress`, :class:`Token` and, when it takes
+back words it already streamed, :class:`Correction`). Every event
 is a frozen attrs value, so a consumer can match on its class::
 
     async for event in graph.stream(state):
@@ -9,7 +10,7 @@ is a frozen attrs value, so a consumer can match on its class::
             case Token(text=text): print(text, end="")
             case RunFinished(result=result): print(result.stopped_by)
 
-:class:`EventStream` is what :meth:`ragloop.Graph.stream` returns: it turns a run that sends its events to a
+:class:`EventStream` is what :meth:`ragloop.runner.Graph.stream` returns: it turns a run that sends its events to a
 callback into an async iterator with a bounded buffer, on asyncio or trio, and stops the run however the
 consumer leaves. It lives here, below the runner, so the runner module keeps to the graph walk.
 """
@@ -17,18 +18,20 @@ consumer leaves. It lives here, below the runner, so the runner module keeps to 
 from __future__ import annotations
 
 import contextvars
+import functools
 import sys
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
-from attrs import field, frozen
+from attrs import asdict, field, frozen, has
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
 __all__ = [
+    "Correction",
     "Event",
     "EventStream",
     "NodeFinished",
@@ -69,14 +72,24 @@ class Step:
     forced: bool = False
 
 
+def _steps(rows: Iterable[Step | tuple[Any, ...]]) -> tuple[Step, ...]:
+    """Steps from the runner's rows (``Step``'s fields in order) or from steps."""
+    return tuple(row if isinstance(row, Step) else Step(*row) for row in rows)
+
+
 @frozen
 class RunResult:
     """What a run produced.
 
+    The trace is kept as the runner's rows and made into :class:`Step` values the first time it is read (the
+    chat turn's record reads it; a bare run whose trace nobody reads never pays for it). ``RunResult(run_id,
+    state, trace, …)`` takes steps or rows alike, and two results compare by their steps.
+
     Attributes:
         run_id: Unique id of the run (also bound in the logs).
         state: The state object, as the nodes left it.
-        trace: One :class:`Step` per node run, in order.
+        rows: The trace as the runner recorded it (``trace=`` when building one): a :class:`Step` or a tuple of
+            ``Step``'s fields per node run.
         stopped_by: ``end``, ``step_cap``, ``deadline`` or ``error``.
         duration: Seconds the whole run took.
         error: The node error that stopped the run, if any.
@@ -86,11 +99,16 @@ class RunResult:
 
     run_id: str
     state: Any
-    trace: tuple[Step, ...]
+    rows: tuple[Step | tuple[Any, ...], ...] = field(alias="trace", eq=_steps, repr=False)
     stopped_by: StoppedBy
     duration: float
     error: BaseException | None = field(default=None, eq=False)
     record: Any = field(default=None, eq=False)
+
+    @functools.cached_property
+    def trace(self) -> tuple[Step, ...]:
+        """One :class:`Step` per node run, in order."""
+        return _steps(self.rows)
 
     @property
     def path(self) -> tuple[str, ...]:
@@ -104,6 +122,14 @@ class RunResult:
         for s in self.trace:
             out[s.node] = out.get(s.node, 0.0) + s.duration
         return out
+
+    def log_fields(self) -> dict[str, Any]:
+        """The fields of the run's ``turn.finished`` log event: run id, duration, path, timings, why it stopped,
+        and the record's fields (an attrs record as ``attrs.asdict``, a mapping as it is)."""
+        extra = asdict(self.record) if has(type(self.record)) else dict(self.record or {})
+        timings = {k: round(v, 6) for k, v in self.timings.items()}
+        run = {"run_id": self.run_id, "duration": round(self.duration, 6), "path": list(self.path)}
+        return {**run, "timings": timings, "stopped_by": self.stopped_by, **extra}
 
 
 @frozen
@@ -174,6 +200,25 @@ class Token(Event):
 
 
 @frozen
+class Correction(Event):
+    """Words already streamed are taken back: the final reply no longer holds them, and says so.
+
+    A client that shows tokens as they arrive should strike or remove ``removed`` from what it shows (or
+    replace its text with the final reply); ``note`` is the sentence the reply adds about it, which also
+    streams as a :class:`Token`.
+
+    Attributes:
+        removed: The streamed sentences the final reply leaves out, in reply order.
+        reason: Why, in a few words (``"not supported by the cited passages"``).
+        note: What the reply says about it.
+    """
+
+    removed: tuple[str, ...]
+    reason: str
+    note: str
+
+
+@frozen
 class RunFinished(Event):
     """The run is over; always the last event of a stream.
 
@@ -189,7 +234,7 @@ Sink = Callable[[Event], Awaitable[None]]
 
 
 class EventStream:
-    """What :meth:`Graph.stream` returns: an async iterator and an async context manager.
+    """What :meth:`ragloop.runner.Graph.stream` returns: an async iterator and an async context manager.
 
     Inside ``async with`` the run is a task of a task group entered in the consumer's task. A bare
     ``async for`` has no block a task group could span (an ``async for`` may be left by ``break`` without any

@@ -1,4 +1,4 @@
-"""Draw a graph's declared routes as a Mermaid flowchart (what :meth:`ragloop.Graph.to_mermaid` returns).
+"""Draw a graph's declared routes as a Mermaid flowchart (what :meth:`ragloop.runner.Graph.to_mermaid` returns).
 
 Kept out of the runner so the runner stays small; it takes plain names, so it imports nothing of ragloop.
 """

@@ -1,8 +1,9 @@
 """OpenTelemetry traces of chat turns (the ``[otel]`` extra: ``pip install 'ragloop[otel]'``).
 
-:func:`instrument` hooks a chat (or any graph built by :func:`ragloop.turn.build_graph`) so that every finished
-turn becomes a tree of spans, built from the turn's trace and decision record once the turn is over (nothing
-runs per node while the turn is in flight, so tracing adds no latency to a reply)::
+:func:`instrument` hooks a chat (a graph of your own takes :meth:`TurnTracer.summarizer` as its ``summarize``
+hook) so that every finished turn becomes a tree of spans, built from the turn's trace and decision record
+once the turn is over (nothing runs per node while the turn is in flight, so tracing adds no latency to a
+reply)::
 
     ragloop.turn                       outcome, fail-open count, calls, tokens, cost, cache hits
     ├── ragloop.node decide
@@ -34,6 +35,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 
 from ragloop._log import get_logger
+from ragloop.errors import ConfigError
 from ragloop.events import RunResult, Step
 from ragloop.runner import Graph
 from ragloop.state import TurnState
@@ -66,6 +68,23 @@ class TurnTracer:
         self.tracer: Tracer = trace.get_tracer("ragloop", tracer_provider=tracer_provider)
         self.capture_content = capture_content
         self.provider_name = provider_name
+
+    def summarizer(self, inner: Callable[[RunResult], Any]) -> Callable[[RunResult], Any]:
+        """A graph's ``summarize`` hook that builds the record with ``inner`` and exports the turn's spans.
+
+        A failing export is logged (``otel.export_failed``) and never costs the reply.
+        """
+
+        def summarize(result: RunResult) -> Any:
+            record = inner(result)
+            if isinstance(record, TurnRecord):
+                try:
+                    self.export(result, record)
+                except Exception as exc:  # noqa: BLE001 — tracing never costs a reply
+                    log.warning("otel.export_failed", error=f"{type(exc).__name__}: {exc}")
+            return record
+
+        return summarize
 
     def export(self, result: RunResult, record: TurnRecord, *, ended_ns: int | None = None) -> None:
         """Emit the spans of one turn that ended at ``ended_ns`` (``time.time_ns()`` by default)."""
@@ -174,31 +193,40 @@ def _retrieval_rounds(record: TurnRecord) -> list[list[Any]]:
 
 
 def instrument(
-    chat_or_graph: Any,
+    chat: Any,
     tracer_provider: TracerProvider | None = None,
     *,
     capture_content: bool = False,
 ) -> TurnTracer:
-    """Trace every turn of a :class:`~ragloop.chat.ChatRAG` (or a :class:`~ragloop.runner.Graph` built by
-    :func:`~ragloop.turn.build_graph`) from now on; returns the tracer.
+    """Trace every turn of a :class:`~ragloop.chat.ChatRAG` from now on; returns the tracer.
+
+    The chat's graph is rebuilt with a ``summarize`` hook that exports each finished turn's spans, then returns
+    its decision record as before. A :class:`~ragloop.runner.Graph` of your own cannot be changed once built:
+    give it ``summarize=tracer.summarizer(turn_record)`` when you build it.
 
     Args:
-        chat_or_graph: The chat, or its graph.
+        chat: The chat (anything with a ``graph`` attribute it runs its turns on).
         tracer_provider: Where spans go; ``None``: the global tracer provider.
         capture_content: Record the user's question and the search queries in the spans.
+
+    Raises:
+        ConfigError: ``chat`` is a bare graph.
     """
-    graph: Graph = getattr(chat_or_graph, "graph", chat_or_graph)
+    if isinstance(chat, Graph) or not isinstance(getattr(chat, "graph", None), Graph):
+        raise ConfigError(
+            "instrument() needs a ChatRAG; a built Graph cannot be changed: build it with "
+            "summarize=TurnTracer(provider).summarizer(turn_record) instead"
+        )
     tracer = TurnTracer(tracer_provider, capture_content=capture_content)
-    inner: Callable[[RunResult], Any] = graph.summarize or turn_record
-
-    def summarize(result: RunResult) -> Any:
-        record = inner(result)
-        if isinstance(record, TurnRecord):
-            try:
-                tracer.export(result, record)
-            except Exception as exc:  # noqa: BLE001 — tracing never costs a reply
-                log.warning("otel.export_failed", error=f"{type(exc).__name__}: {exc}")
-        return record
-
-    graph.summarize = summarize
+    graph: Graph = chat.graph
+    chat.graph = Graph(
+        graph.nodes,
+        start=graph.start,
+        finish=graph.finish,
+        edges=graph.edges,
+        max_steps=graph.max_steps,
+        finish_grace_s=graph.finish_grace_s,
+        summarize=tracer.summarizer(graph.summarize or turn_record),
+        context=graph.context,
+    )
     return tracer

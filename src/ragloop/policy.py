@@ -18,24 +18,67 @@ lookup), so a turn always reaches ``answer``; ``tests/test_policy.py`` checks bo
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Literal
+from types import MappingProxyType
+from typing import Final, Literal
 
 from attrs import field, frozen, validators
 
+from ragloop.runner import END
 from ragloop.state import QueryState, TurnState
 
-__all__ = ["ROUTES", "After", "RoutingPolicy", "can_rewrite", "is_short", "next_step", "short_queries", "wants_live"]
+__all__ = [
+    "ANSWER",
+    "DECIDE",
+    "EDGES",
+    "GRADE",
+    "HOP",
+    "LIVE",
+    "PLAN",
+    "RETRIEVE",
+    "REWRITE",
+    "ROUTES",
+    "After",
+    "RoutingPolicy",
+    "can_rewrite",
+    "is_short",
+    "most_runs",
+    "next_step",
+    "short_queries",
+    "wants_live",
+]
+
+#: The default turn's node names: what its nodes return, and what the policy routes to.
+PLAN: Final = "plan"
+DECIDE: Final = "decide"
+RETRIEVE: Final = "retrieve"
+GRADE: Final = "grade"
+LIVE: Final = "live"
+REWRITE: Final = "rewrite"
+HOP: Final = "hop"
+ANSWER: Final = "answer"
+
+#: The default turn's edges, the one place they are written: each node → the routes it may return, each
+#: leading to the node of that name (``plan`` only in a turn that plans). Every default node's ``routes`` is its
+#: entry here (``tests/test_policy.py`` checks); :class:`ragloop.turn.Turn` rewires a copy when a node is
+#: inserted, so the names below, the ones the nodes and :func:`next_step` return, never change.
+EDGES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        PLAN: (DECIDE, RETRIEVE, GRADE, ANSWER),
+        DECIDE: (RETRIEVE, ANSWER),
+        RETRIEVE: (GRADE, ANSWER),  # answer: the fast path (one query, all hits confident) skips grading
+        GRADE: (LIVE, REWRITE, HOP, ANSWER),
+        LIVE: (REWRITE, ANSWER),
+        REWRITE: (RETRIEVE, ANSWER),
+        HOP: (RETRIEVE, ANSWER),
+        ANSWER: (END,),
+    }
+)
 
 #: The nodes that route through the policy.
 After = Literal["grade", "live", "rewrite", "hop"]
 
-#: Where each of them may send the turn: their declared routes.
-ROUTES: Mapping[After, tuple[str, ...]] = {
-    "grade": ("live", "rewrite", "hop", "answer"),
-    "live": ("rewrite", "answer"),
-    "rewrite": ("retrieve", "answer"),
-    "hop": ("retrieve", "answer"),
-}
+#: Where each of them may send the turn: their entries of :data:`EDGES`.
+ROUTES: Mapping[After, tuple[str, ...]] = {after: EDGES[after] for after in (GRADE, LIVE, REWRITE, HOP)}
 
 
 @frozen
@@ -81,13 +124,26 @@ def wants_live(query: QueryState, policy: RoutingPolicy) -> bool:
 
 def next_step(state: TurnState, policy: RoutingPolicy, *, after: After) -> str:
     """The node that follows ``after``, from the turn state alone; always one of ``ROUTES[after]``."""
-    if after in ("rewrite", "hop"):
-        return "retrieve" if state.pending else "answer"
+    if after in (REWRITE, HOP):
+        return RETRIEVE if state.pending else ANSWER
     short = short_queries(state)
     if not short:
-        return "hop" if after == "grade" and len(state.hops) < policy.max_hops else "answer"
-    if after == "grade" and any(wants_live(q, policy) for q in short):
-        return "live"
+        return HOP if after == GRADE and len(state.hops) < policy.max_hops else ANSWER
+    if after == GRADE and any(wants_live(q, policy) for q in short):
+        return LIVE
     if any(can_rewrite(q, policy) for q in short):
-        return "rewrite"
-    return "answer"
+        return REWRITE
+    return ANSWER
+
+
+def most_runs(node: str, policy: RoutingPolicy) -> int:
+    """How often one turn of the default graph runs ``node`` at most.
+
+    Plan, decide and answer run once. Every rewrite round and every hop sends the turn through retrieve and grade
+    once more, and a rewrite round raises the attempt count of every short query, so there are at most
+    ``max_attempts`` of them; live runs at most once per round that leaves a query short (hop rounds leave none).
+    A builder that inserts a node after another raises the step cap by this much (:class:`ragloop.turn.Turn`).
+    """
+    rounds = 1 + policy.max_attempts + policy.max_hops
+    runs = {RETRIEVE: rounds, GRADE: rounds, LIVE: 1 + policy.max_attempts, REWRITE: policy.max_attempts}
+    return runs.get(node, policy.max_hops if node == HOP else 1)

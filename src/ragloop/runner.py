@@ -1,9 +1,10 @@
 """The graph runner: nodes, routes, a step cap, a deadline, a trace and one event stream (``Graph.stream``).
 
-It knows nothing about RAG. A node is any object with ``async def __call__(self, state) -> str`` returning the
-next node's name (or :data:`END`) and a ``routes`` tuple of the names it may return. The runner runs one node
-at a time over one shared state and always ends a run gracefully: on the step cap, the deadline or a node's
-error it runs the graph's ``finish`` node, and says why in :attr:`RunResult.stopped_by`.
+It knows nothing about RAG. A node is any object with ``async def __call__(self, state) -> str`` returning a
+route (or :data:`END`) and a ``routes`` tuple of the routes it may return; a route leads to the node of its name
+unless the graph's ``edges`` send it elsewhere. The runner runs one node at a time over one shared state and
+always ends a run gracefully: on the step cap, the deadline or a node's error it runs the graph's ``finish``
+node, and says why in :attr:`RunResult.stopped_by`. A built :class:`Graph` cannot be changed.
 
 Time rules, with ``deadline_s`` given:
 
@@ -20,15 +21,16 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import os
 import sys
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from functools import partial
+from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 import anyio
-from attrs import asdict, define, evolve, field, has
+from attrs import evolve
 
 from ragloop._log import get_logger
 from ragloop.errors import GraphError, RagloopError, RouteError
@@ -42,6 +44,7 @@ END = "END"
 #: Most seconds the finish node's ``salvage`` hook gets (and never more than a quarter of the grace).
 SALVAGE_S = 0.5
 
+_log = get_logger("ragloop.runner")
 _sink: contextvars.ContextVar[tuple[str, Sink] | None] = contextvars.ContextVar("ragloop_sink", default=None)
 # structlog's merge_contextvars picks up every context variable named "structlog_<key>"; setting these
 # directly costs a tenth of bind_contextvars(), once per run and on every step.
@@ -62,11 +65,12 @@ class Node(Protocol):
     from the context it chose, or an honest "could not finish" note after the tokens already sent.
     """
 
-    #: The names this node may return (node names or :data:`END`; only :data:`END` for the finish node).
+    #: The routes this node may return: node names (each leads to that node, unless the graph's edges rewire
+    #: it) or :data:`END` (only :data:`END` for the finish node).
     routes: tuple[str, ...]
 
     async def __call__(self, state: Any) -> str:
-        """Do the work, mutate ``state``, return the next node's name or :data:`END`."""
+        """Do the work, mutate ``state``, return one of ``routes``."""
         ...
 
 
@@ -76,32 +80,60 @@ async def emit(event: Event) -> None:
     Waits while the consumer's buffer is full, so a slow consumer slows the producer instead of
     filling memory.
     """
-    current = _sink.get()
-    if current is not None:
+    if (current := _sink.get()) is not None:
         await current[1](evolve(event, run_id=current[0]))
 
 
-@define
 class _Run:
     """One run's bookkeeping, shared by its steps."""
 
-    state: Any
-    run_id: str
-    log: Any
-    sink: Sink | None
-    deadline: float
-    raise_errors: bool
-    t0: float = field(factory=time.perf_counter)
-    trace: list[Step] = field(factory=list)
+    __slots__ = ("deadline", "raise_errors", "run_id", "sink", "state", "t0", "trace")
+
+    def __init__(self, state: Any, sink: Sink | None, deadline_s: float | None, raise_errors: bool) -> None:
+        self.state, self.sink, self.raise_errors = state, sink, raise_errors
+        self.trace: list[tuple[Any, ...]] = []  # Step's fields per node run (RunResult makes the Steps when read)
+        # 64 random bits from the kernel: a fifth of uuid4's cost, the same in a forked worker as anywhere
+        self.run_id, self.t0 = os.urandom(8).hex(), time.perf_counter()
+        self.deadline = math.inf if deadline_s is None else self.t0 + deadline_s
+
+
+def _edges(nodes: Mapping[str, Node], edges: Mapping[str, Mapping[str, str]]) -> tuple[dict[str, Any], list[str]]:
+    """Every node's routes resolved to the node each leads to, and what is wrong with them."""
+    table: dict[str, Any] = {}
+    problems = [f"edges name node {n!r}, which is not in the graph" for n in edges if n not in nodes]
+    for name, node in nodes.items():
+        declared, rewired = getattr(node, "routes", None), edges.get(name, {})
+        if not callable(node) or declared is None or isinstance(declared, str):
+            problems.append(f"node {name!r} needs a __call__ and a `routes` tuple of names it may return")
+            continue
+        table[name] = MappingProxyType({r: rewired.get(r, r) for r in declared})
+        problems += [
+            f"edge from {name!r} on {r!r}: " + ("END ends a run" if r == END else f"{name!r} does not declare {r!r}")
+            for r, t in rewired.items()
+            if r not in declared or r == END != t
+        ]
+        problems += [
+            f"unknown route {r!r} from node {name!r}" + ("" if r == t else f" (its edge leads to {t!r})")
+            for r, t in table[name].items()
+            if t != END and t not in nodes
+        ]
+    return table, problems
 
 
 class Graph:
-    """A validated set of named nodes with a start, a finish and a step cap.
+    """A validated, immutable set of named nodes with a start, a finish, a step cap and its edges.
+
+    A node returns a *route*: one of the names in its ``routes``. A route leads to the node of that name,
+    unless ``edges`` sends it elsewhere (a builder that inserts a node after another rewires that way; see
+    :class:`ragloop.turn.Turn`). Every route is resolved and checked here, once, and a built graph cannot be
+    changed: build another one.
 
     Args:
         nodes: Node name → node.
         start: The first node.
         finish: The node that ends every run that does not end on its own; it may only return ``END``.
+        edges: Node name → {route it returns → the node that route leads to}, for routes that do not lead to
+            the node of their own name.
         max_steps: Most nodes run before the finish node is forced (a finish reached on its own is not cut).
         finish_grace_s: Time the finish node gets past the deadline before it is cancelled and salvaged.
         summarize: Optional ``RunResult → record`` built once per run: kept as ``RunResult.record`` and
@@ -110,9 +142,11 @@ class Graph:
             the nodes (e.g. to install per-turn context variables).
 
     Raises:
-        GraphError: An unknown start, finish or route name, a node without ``routes``, or a finish node
+        GraphError: An unknown start, finish, route or edge, a node without ``routes``, or a finish node
             that may return something other than ``END``.
     """
+
+    __slots__ = ("context", "edges", "finish", "finish_grace_s", "max_steps", "nodes", "routes", "start", "summarize")
 
     def __init__(
         self,
@@ -120,33 +154,37 @@ class Graph:
         *,
         start: str,
         finish: str,
+        edges: Mapping[str, Mapping[str, str]] | None = None,
         max_steps: int = 12,
         finish_grace_s: float = 5.0,
         summarize: Callable[[RunResult], Any] | None = None,
         context: Callable[[Any], contextlib.AbstractContextManager[Any]] | None = None,
     ) -> None:
-        known = ", ".join(sorted(nodes)) or "(none)"
-        ends = (("start", start), ("finish", finish))
-        problems = [f"{what} node {n!r} is not in the graph" for what, n in ends if n not in nodes]
+        ends = [f"{what} node {n!r} is not in the graph" for what, n in (("start", start), ("finish", finish))]
+        table, problems = _edges(nodes, edges or {})
+        problems[:0] = [line for line, n in zip(ends, (start, finish), strict=True) if n not in nodes]
         if END in nodes:
             problems.append(f"{END!r} is reserved for the end of a run; rename that node")
-        routes: dict[str, frozenset[str]] = {}
-        for name, node in nodes.items():
-            declared = getattr(node, "routes", None)
-            if not callable(node) or declared is None or isinstance(declared, str):
-                problems.append(f"node {name!r} needs a __call__ and a `routes` tuple of names it may return")
-                continue
-            routes[name] = frozenset(declared)
-            problems += [f"unknown route {r!r} from node {name!r}" for r in declared if r != END and r not in nodes]
-        if routes.get(finish, frozenset()) - {END}:
+        if set(table.get(finish, {}).values()) - {END}:
             problems.append(f"finish node {finish!r} runs once, last: its routes must be ({END!r},)")
         if max_steps < 1:
             problems.append(f"max_steps must be at least 1, got {max_steps}")
         if problems:
+            known = ", ".join(sorted(nodes)) or "(none)"
             raise GraphError("; ".join(problems) + f" (known nodes: {known}; end a run with END)")
-        self.nodes, self.routes = dict(nodes), routes
-        self.start, self.finish, self.max_steps = start, finish, max_steps
-        self.finish_grace_s, self.summarize, self.context = finish_grace_s, summarize, context
+        self.nodes: Mapping[str, Node] = MappingProxyType(dict(nodes))
+        self.edges: Mapping[str, Mapping[str, str]] = MappingProxyType(table)  # node → {route → where it leads}
+        self.start, self.finish, self.max_steps, self.finish_grace_s = start, finish, max_steps, finish_grace_s
+        self.summarize, self.context = summarize, context
+        #: Node → the nodes (or END) it may lead to. Set last: from here on the graph cannot be changed.
+        self.routes: Mapping[str, frozenset[str]] = MappingProxyType(
+            {n: frozenset(e.values()) for n, e in table.items()}
+        )
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if hasattr(self, "routes"):
+            raise GraphError(f"a built Graph cannot be changed (setting {name!r}); build a new Graph instead")
+        object.__setattr__(self, name, value)
 
     def to_mermaid(self) -> str:
         """The graph as a Mermaid flowchart, from the declared routes."""
@@ -167,27 +205,25 @@ class Graph:
             RouteError: A node returned a name it did not declare.
             Exception: Whatever the finish node raised (it is not run again), or any node with ``raise_errors``.
         """
-        run_id = uuid.uuid4().hex[:16]
-        deadline = math.inf if deadline_s is None else time.perf_counter() + deadline_s
-        run = _Run(state, run_id, get_logger("ragloop.runner").bind(run_id=run_id), on_event, deadline, raise_errors)
-        tokens = _sink.set((run_id, on_event) if on_event else None), _log_run.set(run_id)
-        steps = _log_step.set(0), _log_node.set(self.start)
+        run = _Run(state, on_event, deadline_s, raise_errors)
+        tokens = [_sink.set((run.run_id, on_event) if on_event else None), _log_run.set(run.run_id)]
+        tokens += [_log_step.set(0), _log_node.set(self.start)]
         try:
-            with self.context(state) if self.context else contextlib.nullcontext():
+            if self.context is None:
                 stopped_by, failure = await self._walk(run)
+            else:
+                with self.context(state):
+                    stopped_by, failure = await self._walk(run)
         finally:
-            _sink.reset(tokens[0])
-            _log_run.reset(tokens[1])
-            _log_step.reset(steps[0])
-            _log_node.reset(steps[1])
-        result = RunResult(run_id, state, tuple(run.trace), stopped_by, time.perf_counter() - run.t0, failure)
-        result = evolve(result, record=self.summarize(result) if self.summarize is not None else None)
-        timings = {k: round(v, 6) for k, v in result.timings.items()}
-        extra = asdict(result.record) if has(type(result.record)) else dict(result.record or {})
-        fields = {"path": list(result.path), "timings": timings, "stopped_by": stopped_by, **extra}
-        run.log.info("turn.finished", **{"duration": round(result.duration, 6), **fields})
+            for var, token in zip((_sink, _log_run, _log_step, _log_node), tokens, strict=True):
+                var.reset(token)
+        result = RunResult(run.run_id, state, tuple(run.trace), stopped_by, time.perf_counter() - run.t0, failure)
+        if self.summarize is not None:
+            result = evolve(result, record=self.summarize(result))
+        if _log.enabled("info"):  # the record becomes log fields only for a log that keeps them
+            _log.info("turn.finished", **result.log_fields())
         if on_event is not None:
-            await on_event(RunFinished(result, run_id=run_id))
+            await on_event(RunFinished(result, run_id=run.run_id))
         return result
 
     async def _walk(self, run: _Run) -> tuple[StoppedBy, BaseException | None]:
@@ -205,14 +241,12 @@ class Graph:
                 return ("deadline" if stopped_by == "end" else stopped_by), failure
             if exc is not None or cut:
                 stopped_by, failure, current, forced = "error" if exc else "deadline", exc, self.finish, True
-            elif nxt is None or nxt not in self.routes[current]:
-                allowed = ", ".join(sorted(self.routes[current])) or "(none)"
-                raise RouteError(
-                    f"node {current!r} returned {nxt!r}, which it does not declare; "
-                    f"its routes are: {allowed} (add it to {current}.routes or return one of those)"
-                )
+            elif (target := self.edges[current].get(nxt)) is None:  # type: ignore[arg-type]
+                allowed = ", ".join(sorted(self.edges[current])) or "(none)"
+                hint = f"its routes are: {allowed} (add it to {current}.routes or return one of those)"
+                raise RouteError(f"node {current!r} returned {nxt!r}, which it does not declare; {hint}")
             else:
-                current = nxt
+                current = target
         return stopped_by, failure
 
     async def _step(self, run: _Run, name: str, forced: bool) -> tuple[str | None, Exception | None, bool]:
@@ -221,32 +255,33 @@ class Graph:
         Returns what it returned, what it raised, and whether its deadline or grace cut it short.
         """
         clock, node, n, last = time.perf_counter, self.nodes[name], len(run.trace) + 1, name == self.finish
-        _log_step.set(n)
-        _log_node.set(name)
+        _log_step.set(n), _log_node.set(name)
         if run.sink is not None:
             await run.sink(NodeStarted(n, name, run_id=run.run_id))
         started, salvage = clock(), getattr(node, "salvage", None) if last else None
         reserve = min(SALVAGE_S, self.finish_grace_s / 4) if salvage is not None else 0.0
         until = max(run.deadline, started) + self.finish_grace_s - reserve if last else run.deadline
-        nxt: str | None = None
-        exc: Exception | None = None
-        error: str | None = None
+        nxt, exc, error, cut = None, None, None, False
         try:
-            with anyio.move_on_after(until - started) if until < math.inf else _UNLIMITED as scope:
+            if until == math.inf:  # no deadline: no cancel scope (a scope costs more than the rest of a step)
                 nxt = await node(run.state)
+            else:
+                with anyio.move_on_after(until - started) as scope:
+                    nxt = await node(run.state)
+                cut = scope.cancelled_caught
         except Exception as e:
-            run.log.error("node.failed", step=n, node=name, exc_info=e)
+            _log.error("node.failed", run_id=run.run_id, step=n, node=name, exc_info=e)
             if run.raise_errors:
                 raise
             exc, error = e, f"{type(e).__name__}: {e}"
-        if scope.cancelled_caught:
+        if cut:
             error = f"{'grace: finish' if last else 'deadline:'} cancelled after {clock() - started:.3f}s"
             error += await _salvage(salvage, run.state, reserve) if salvage is not None else ""
         duration = clock() - started
-        run.trace.append(Step(n, name, nxt, started - run.t0, duration, error, forced))
+        run.trace.append((n, name, nxt, started - run.t0, duration, error, forced))
         if run.sink is not None:
             await run.sink(NodeFinished(n, name, nxt, duration, error, run_id=run.run_id))
-        return nxt, exc, scope.cancelled_caught
+        return nxt, exc, cut
 
     def stream(
         self,
@@ -282,21 +317,6 @@ class Graph:
         if asyncio._get_running_loop() is not None or (trio is not None and trio.lowlevel.in_trio_run()):
             raise RagloopError("run_sync() was called inside a running event loop; use `await graph.run(state)`")
         return anyio.run(lambda: self.run(state, deadline_s=deadline_s, raise_errors=raise_errors))
-
-
-class _Unlimited:
-    """Stands in for a cancel scope when a run has no deadline (a real one costs more than the rest of a step)."""
-
-    cancelled_caught = False
-
-    def __enter__(self) -> _Unlimited:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        return None
-
-
-_UNLIMITED = _Unlimited()
 
 
 async def _salvage(salvage: Callable[[Any], Awaitable[None]], state: Any, budget: float) -> str:

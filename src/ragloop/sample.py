@@ -16,9 +16,11 @@ from ragloop._log import get_logger
 if TYPE_CHECKING:
     from ragloop.retrievers.base import Embedder
     from ragloop.retrievers.index import KnowledgeIndex
+    from ragloop.retrievers.sql import TenantKey
 
 __all__ = [
     "SAMPLE_CRM_ALLOW",
+    "SAMPLE_CRM_TENANTS",
     "default_cache_dir",
     "sample_crm_path",
     "sample_index",
@@ -47,6 +49,19 @@ SAMPLE_CRM_ALLOW: dict[str, tuple[str, ...]] = {
     "orders": ("id", "customer_id", "plan", "seats", "amount_usd", "status", "ordered"),
     "tickets": ("id", "customer_id", "priority", "status", "opened", "error_code"),
 }
+
+
+def _crm_tenants() -> dict[str, TenantKey]:
+    from ragloop.retrievers.sql import TenantKey
+
+    by_customer = TenantKey("customer_id", via=("customers", "id", "name"))
+    return {"customers": TenantKey("name"), "orders": by_customer, "tickets": by_customer}
+
+
+#: Whose rows are whose in the sample CRM: the organisation is the customer's ``name`` (as in the sample ticket
+#: database), and orders and tickets belong to it through ``customer_id``. ``SQLiteSource(…, tenants=…)`` with
+#: these shows a caller only their own organisation's rows.
+SAMPLE_CRM_TENANTS: dict[str, TenantKey] = _crm_tenants()
 
 
 def sample_crm_path() -> Path:

@@ -19,6 +19,7 @@ from ragloop.plan import PlanRun
 from ragloop.usage import UsageMeter
 
 __all__ = [
+    "Abstention",
     "Caller",
     "Chunk",
     "Citation",
@@ -387,6 +388,24 @@ class Verification:
     downgraded: bool = False
 
 
+@frozen
+class Abstention:
+    """Why the answer step said the knowledge base does not cover the question, though a search found
+    passages (answer).
+
+    Attributes:
+        score: The evidence score of the best passages (see :mod:`ragloop.llm.offline.answer`).
+        threshold: The score below which the answer step abstains.
+        unknown: Names in the question the knowledge base never mentions ("Trello", "Kubernetes").
+        reason: One line a person can read.
+    """
+
+    score: float
+    threshold: float
+    unknown: tuple[str, ...] = ()
+    reason: str = ""
+
+
 @define
 class TurnState:
     """The shared state of one chat turn; each field names the node that writes it.
@@ -411,6 +430,7 @@ class TurnState:
         hops: Every follow-up hop attempt (hop).
         verification: What the verify step found in the reply, when it ran (answer).
         prompt_cuts: What the answer prompt's token budget left out, when a budget is set (answer).
+        abstention: Why the answer step abstained on passages the search found, when it did (answer).
         outcome: How the turn ended up (answer).
         missing: Queries left unanswered, for a partial or none outcome (answer).
         blocks: The numbered context handed to the answerer (answer).
@@ -438,6 +458,7 @@ class TurnState:
     hops: list[HopAttempt] = field(factory=list)
     verification: Verification | None = None
     prompt_cuts: PromptCuts | None = None
+    abstention: Abstention | None = None
     outcome: Outcome | None = None
     missing: tuple[str, ...] = ()
     blocks: tuple[ContextBlock, ...] = ()

@@ -94,21 +94,21 @@ class TestBenchConcurrency:
 class TestBenchQuality:
     @pytest.mark.skipif(not (DATA / "hotpotqa-dev200").is_dir(), reason="shared HotpotQA data not present")
     def test_prints_the_documented_shape(self, tmp_path: Path) -> None:
-        """bench_quality --json prints {single_shot, agentic}, each with exactly the nine documented keys
-        (retrieval and answer level)."""
+        """bench_quality --json prints {single_shot, agentic}, each with exactly the twelve documented keys
+        (retrieval and answer level); the default half is the tuning half."""
         report = run_json(
             "bench_quality.py", "--beir", str(DATA / "hotpotqa-dev200"), "--split", "dev", "--embedder", "hash",
             "--limit", "4", "--cache", str(tmp_path), "--out", str(tmp_path / "q.json"), "--json",
         )  # fmt: skip
         keys = {"recall@2", "recall@5", "recall@10", "ndcg@10", "retrieval_calls_per_question", "seconds_per_question"}
-        answer_keys = {"answer_recall", "supported_rate", "context_precision"}
+        answer_keys = {"answer_recall", "answer_at_1", "false_none", "supported_rate", "context_precision"}
         assert set(report) == {"single_shot", "agentic"}
         for arm in report.values():
-            assert set(arm) == keys | answer_keys
+            assert set(arm) == keys | answer_keys | {"reply_chars_median"}
             assert all(0.0 <= arm[k] <= 1.0 for k in ("recall@2", "recall@5", "recall@10", "ndcg@10"))
             assert all(arm[k] is None or 0.0 <= arm[k] <= 1.0 for k in answer_keys)
         saved = json.loads((tmp_path / "q.json").read_text())
-        assert saved["half"] == "reporting" and saved["split_seed"] == 13 and saved["questions"] == 4
+        assert saved["half"] == "tuning" and saved["split_seed"] == 13 and saved["questions"] == 4
         assert report["single_shot"]["retrieval_calls_per_question"] == 1.0
         assert report["agentic"]["retrieval_calls_per_question"] >= 1.0
 

@@ -18,7 +18,8 @@ from ragloop.chat import ChatRAG, ReplyReady
 from ragloop.events import Token
 from ragloop.llm.doctor import diagnose
 from ragloop.llm.openai_judges import OpenAIDecider, OpenAIJudges
-from ragloop.turn import TurnSettings
+from ragloop.sample import sample_index
+from ragloop.turn import Judges, Turn, TurnSettings
 from tests.llamacpp_server import LlamaCppServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.llamacpp]
@@ -57,7 +58,8 @@ async def test_turn_against_llamacpp(llamacpp: LlamaCppServer, sample_cache: Pat
     request capped, the answer streamed and non-empty, with an outcome and a decision record."""
     bodies: list[dict[str, Any]] = []
     client = recording_client(llamacpp, bodies)
-    offline = ChatRAG.sample(None, cache_dir=sample_cache)
+    index = sample_index(sample_cache)
+    offline = Judges.offline([c.text for c in index.chunks])
     judges = OpenAIJudges.create(
         client,
         fast_model=llamacpp.model,
@@ -67,16 +69,15 @@ async def test_turn_against_llamacpp(llamacpp: LlamaCppServer, sample_cache: Pat
         max_tokens=CAPS,
     )
     settings = TurnSettings(max_queries=2, k=2, per_query_budget=2, total_budget=3, max_attempts=0, grade_concurrency=1)
-    rag = ChatRAG(
-        retriever=offline.nodes["retrieve"].retriever,  # type: ignore[attr-defined]
+    model = Judges(
         decider=judges.decider,
         grader=judges.grader,
         rewriter=judges.rewriter,
         answerer=judges.answerer,
-        settings=settings,
-        fallback_decider=offline.nodes["decide"].decider,  # type: ignore[attr-defined]
-        fallback_answerer=offline.nodes["answer"].answerer,  # type: ignore[attr-defined]
+        fallback_decider=offline.decider,
+        fallback_answerer=offline.answerer,
     )
+    rag = ChatRAG(Turn(index.retriever("hybrid"), model, settings=settings))
     tokens: list[str] = []
     reply = None
     async with client:
@@ -106,3 +107,44 @@ def _kind(body: dict[str, Any]) -> str:
     if schema:
         return "grade"
     return "answer" if body.get("stream") else "rewrite"
+
+
+def _llm_rag(client: openai.AsyncOpenAI, llamacpp: LlamaCppServer, cache: Path) -> ChatRAG:
+    """The sample knowledge base over llama.cpp's server, small caps, the offline judges behind it."""
+    offline = ChatRAG.sample(None, cache_dir=cache)
+    judges = OpenAIJudges.create(
+        client, fast_model=llamacpp.model, answer_model=llamacpp.model, timeout_s=300.0, grade_max_chars=300,
+        max_tokens=CAPS,
+    )  # fmt: skip
+    settings = TurnSettings(max_queries=1, k=2, per_query_budget=2, total_budget=2, max_attempts=0, grade_concurrency=1)
+    return ChatRAG(
+        retriever=offline.nodes["retrieve"].retriever,  # type: ignore[attr-defined]
+        decider=judges.decider,
+        grader=judges.grader,
+        rewriter=judges.rewriter,
+        answerer=judges.answerer,
+        settings=settings,
+        fallback_decider=offline.nodes["decide"].decider,  # type: ignore[attr-defined]
+        fallback_answerer=offline.nodes["answer"].answerer,  # type: ignore[attr-defined]
+    )
+
+
+async def test_answer_guarantees_hold_for_a_real_weak_model(llamacpp: LlamaCppServer, sample_cache: Path) -> None:
+    """Whatever SmolLM2 writes: an answered turn cites only blocks it was given, never an empty reply; a
+    question the knowledge base does not cover is abstained on before the model answers (no context sent), and
+    the reply cites nothing."""
+    import re
+
+    bodies: list[dict[str, Any]] = []
+    client = recording_client(llamacpp, bodies)
+    rag = _llm_rag(client, llamacpp, sample_cache)
+    async with client:
+        answered = await rag.ask("How do I rotate an API key?", deadline_s=900.0)
+        outside = await rag.ask("How do I deploy Lumen on Kubernetes?", deadline_s=900.0)
+    for reply in (answered, outside):
+        assert reply.text.strip()
+        assert {c.n for c in reply.citations} <= {b.n for b in reply.blocks}
+        assert {int(n) for n in re.findall(r"\[(\d+)\]", reply.text)} <= {b.n for b in reply.blocks}
+    assert outside.outcome == "none" and not outside.citations and outside.record.abstention is not None
+    last_answer = [b for b in bodies if _kind(b) == "answer"][-1]
+    assert "UNTRUSTED_CONTEXT" not in json.dumps(last_answer["messages"][-1])

@@ -93,7 +93,7 @@ async def test_ticket_question_goes_live_and_rejects_wrong_id(sample_cache: Path
         decide=lambda q: tool_calls([("search", {"query": "status of Lumen support ticket #1234"})]),
         grade=lambda prompt: "irrelevant",
     )
-    source = SQLiteTicketSource(related=True)
+    source = SQLiteTicketSource(related=True, require_caller=False)
     async with ScriptedOpenAIServer(matcher=m) as server, server.client(max_retries=0) as client:
         rag = rag_for(server, client, sample_cache, live_sources=(source,))
         result = await rag.ask("What's the status of ticket #1234?")

@@ -24,6 +24,7 @@ from attrs import evolve
 from ragloop.chat import ChatRAG, Reply
 from ragloop.errors import JudgeOutputError, JudgeTruncated
 from ragloop.llm.openai_judges import OpenAIDecider, OpenAIJudges, OpenAIRewriter
+from ragloop.sample import sample_index
 from ragloop.state import PageContext
 from ragloop.testing import (
     RecordedRequest,
@@ -36,7 +37,7 @@ from ragloop.testing import (
     tool_calls,
     verdicts,
 )
-from ragloop.turn import TurnSettings
+from ragloop.turn import Judges, Turn, TurnSettings
 
 pytestmark = pytest.mark.anyio
 
@@ -71,18 +72,18 @@ def scripted(**by_kind: Callable[[RecordedRequest], ScriptedResponse]) -> Callab
 
 def llm_rag(client: openai.AsyncOpenAI, cache: Path, settings: TurnSettings = TurnSettings(), **judges: Any) -> ChatRAG:
     """The sample knowledge base with OpenAI judges over ``client`` and the offline judges as fallbacks."""
-    offline = ChatRAG.sample(None, cache_dir=cache)
+    index = sample_index(Path(cache))
+    offline = Judges.offline([c.text for c in index.chunks])
     bundle = OpenAIJudges.create(client, fast_model="fast", answer_model="big", **judges)
-    return ChatRAG(
-        retriever=offline.nodes["retrieve"].retriever,  # type: ignore[attr-defined]
+    model = Judges(
         decider=bundle.decider,
         grader=bundle.grader,
         rewriter=bundle.rewriter,
         answerer=bundle.answerer,
-        settings=settings,
-        fallback_decider=offline.nodes["decide"].decider,  # type: ignore[attr-defined]
-        fallback_answerer=offline.nodes["answer"].answerer,  # type: ignore[attr-defined]
+        fallback_decider=offline.decider,
+        fallback_answerer=offline.answerer,
     )
+    return ChatRAG(Turn(index.retriever("hybrid"), model, settings=settings))
 
 
 def record(result: Reply) -> dict[str, Any]:

@@ -121,7 +121,9 @@ async def test_model_planner_failure_falls_back_offline(sample_cache: Path) -> N
 async def test_offline_gap_is_named(sample_cache: Path) -> None:
     """Offline, a SQL part beyond the patterns is refused and named as missing; the document part answers."""
     rag = ChatRAG.sample(cache_dir=sample_cache, plan_sources=(crm(),))
-    reply = await rag.ask("Which customers churned last quarter, and what happens to their data after they cancel?")
+    reply = await rag.ask(
+        "Which customers churned last quarter in each region, and what happens to their data after they cancel?"
+    )
     await rag.aclose()
     plan = reply.record.plan
     assert plan is not None
@@ -130,7 +132,9 @@ async def test_offline_gap_is_named(sample_cache: Path) -> None:
     assert fates["docs1"].status == "ok"
     assert reply.outcome == "partial"
     assert [
-        m for m in reply.missing if m.startswith("Which customers churned last quarter (sql: cannot answer offline")
+        m
+        for m in reply.missing
+        if m.startswith("Which customers churned last quarter in each region (sql: cannot answer offline")
     ]
     assert "cannot answer offline" in reply.text
     assert any("data-retention" in c.source for c in reply.citations)
@@ -146,8 +150,9 @@ async def test_simple_question_keeps_the_decide_route(sample_cache: Path) -> Non
 
 
 def test_ragloop_ask_sql_then_documents(sample_cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`ragloop ask` on the sample: citations to a row and a passage, and a record with two waves."""
-    status = main(["ask", QUESTION, "--json", "--cache-dir", str(sample_cache)])
+    """`ragloop ask --org` on the sample: citations to a row and a passage, and a record with two waves; another
+    organisation (or none) gets no CRM row of Harbor Lane Bank."""
+    status = main(["ask", QUESTION, "--json", "--cache-dir", str(sample_cache), "--org", "Harbor Lane Bank"])
     assert status == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     sources = [c["source"] for c in out["citations"]]
@@ -155,6 +160,10 @@ def test_ragloop_ask_sql_then_documents(sample_cache: Path, capsys: pytest.Captu
     assert any("plans-and-pricing" in s for s in sources)
     waves = out["record"]["plan"]["waves"]
     assert [w["ids"] for w in waves] == [["sql1"], ["docs1"]]
+    for org in (["--org", "Zephyr Telecom"], []):
+        assert main(["ask", QUESTION, "--json", "--cache-dir", str(sample_cache), *org]) == 0
+        out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert not any("crm.sqlite" in c["source"] for c in out["citations"])
 
 
 async def test_plan_and_waves_are_streamed(sample_cache: Path) -> None:

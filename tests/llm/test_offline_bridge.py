@@ -59,3 +59,18 @@ async def test_follow_up_is_metered() -> None:
     with metering(UsageMeter()) as meter:
         await OfflineBridger(STATS).follow_up(QUESTION, [FILM], [])
     assert [(c.judge, c.model) for c in meter.calls] == [("hop", "offline")]
+
+
+def test_a_bridge_that_leads_nowhere_the_question_asks_is_not_followed() -> None:
+    """An entity that shares no chunk with what the question still misses ("Tamper" beside "government
+    position") is dropped; with none left there is no hop. Shirley Temple, whose page holds the position, stays."""
+    from ragloop.llm.offline.bridge import bridges_to
+
+    tamper = "Tamper Protection is a heading about audit entries. " + FILM
+    stats = CorpusStats.from_texts([tamper, TEMPLE, *FILLER])
+    assert bridges_to("Shirley Temple", ["govern", "posit"], stats)
+    assert not bridges_to("Tamper Protection", ["govern", "posit"], stats)
+    lone = "Kiss and Tell is a comedy film with Corliss Archer, filmed near Tamper Lake."
+    stats = CorpusStats.from_texts([lone, TEMPLE, *FILLER])
+    assert OfflineBridger(stats).follow_up_sync(QUESTION, [lone], []) is None
+    assert OfflineBridger(stats, check_bridge=False).follow_up_sync(QUESTION, [lone], []) is not None

@@ -96,6 +96,29 @@ class TestSplitting:
         assert queries("REST vs GraphQL APIs") == ("REST APIs", "GraphQL APIs")
         assert queries("Can you compare REST, GraphQL and gRPC?") == ("REST", "GraphQL", "gRPC")
 
+    def test_what_the_sides_are_compared_on_goes_to_each(self) -> None:
+        """'… when it comes to X', 'in terms of X' and 'A vs B: X' give every side the aspect X."""
+        assert queries("What's the difference between SAML and OIDC when it comes to certificate rotation?") == (
+            "SAML certificate rotation",
+            "OIDC certificate rotation",
+        )
+        assert split_topics("Team vs Business: how many API requests per minute?") == [
+            "Team how many API requests per minute",
+            "Business how many API requests per minute",
+        ]
+        assert split_topics("compare REST and GraphQL in terms of caching") == ["REST caching", "GraphQL caching"]
+
+    def test_with_joins_two_sides_and_keeps_their_ands(self) -> None:
+        """'Compare A with B and C': two sides, the 'and' stays inside the second."""
+        assert split_topics("Compare the lifespan parameter with the startup and shutdown event handlers") == [
+            "lifespan parameter",
+            "startup and shutdown event handlers",
+        ]
+
+    def test_an_aspect_alone_is_not_a_side(self) -> None:
+        """A colon with nothing compared before it splits nothing."""
+        assert split_topics("Note: how do webhooks retry?") == ["Note: how do webhooks retry"]
+
     def test_coordinated_questions(self) -> None:
         """'How do I X and how do I Y?', several question marks and 'and also' split."""
         assert len(queries("How do I configure SSO and how do I set up SCIM?")) == 2
@@ -341,3 +364,74 @@ def test_elliptical_second_clause_takes_the_first_subject() -> None:
     assert "SAML" in queries.queries[1] and queries.queries[1].startswith("which plan do I need for")
     separate = decider.decide_sync("How do I set up SAML, and how do webhooks work?", (), PageContext())
     assert "SAML" not in separate.queries[1]
+
+
+def _conversation(*turns: str) -> tuple[Message, ...]:
+    """User and assistant messages, alternating, from ``turns``."""
+    return tuple(Message("user" if i % 2 == 0 else "assistant", t) for i, t in enumerate(turns))
+
+
+class TestFollowups:
+    decider = OfflineDecider(CorpusStats.from_texts(OFFLINE_CORPUS))
+
+    def test_fragment_is_the_previous_question_with_the_plan_swapped(self) -> None:
+        """ "and Enterprise?" after a Pro price question searches the Enterprise price; the rewrite is recorded."""
+        history = _conversation("How much does the Pro plan cost?", "Pro is 12 dollars per user per month [1].")
+        decision = self.decider.decide_sync("and Enterprise?", history, NO_PAGE)
+        assert decision.queries == ("How much does the Enterprise plan cost",)
+        assert "follow-up (fragment) 'and Enterprise' -> 'How much does the Enterprise plan cost'" in decision.reason
+
+    def test_a_chain_of_fragments_keeps_the_question(self) -> None:
+        """Third turn: "and Enterprise?" after "and Pro?" still means the first turn's question."""
+        history = _conversation(
+            "How much does the Free plan cost?", "Free is free [1].", "and on Pro?", "12 dollars per user [1]."
+        )
+        assert self.decider.decide_sync("and Enterprise?", history, NO_PAGE).queries == (
+            "How much does the Enterprise plan cost",
+        )
+
+    def test_why_not_searches_in_a_conversation_only(self) -> None:
+        """ "why not?" alone asks for more detail; after a question it continues that question's subject."""
+        assert self.decider.decide_sync("why not?", (), NO_PAGE).direct
+        history = _conversation("Can I rotate API keys automatically?", "Rotate keys every 90 days [1].")
+        decision = self.decider.decide_sync("why not?", history, NO_PAGE)
+        assert not decision.direct and decision.queries[0].startswith("why not for")
+        assert "rotate keys" in decision.queries[0] and "follow-up (continuation)" in decision.reason
+
+    def test_small_talk_stays_small_talk(self) -> None:
+        """ "thanks!" in a conversation is thanked, not searched."""
+        history = _conversation("How do I rotate API keys?", "Rotate keys every 90 days [1].")
+        assert self.decider.decide_sync("thanks!", history, NO_PAGE).reason == "small talk: thanks"
+
+    def test_a_new_question_is_not_rewritten(self) -> None:
+        """A question that names its own subject is searched as asked, whatever came before."""
+        history = _conversation("How do I rotate API keys?", "Rotate keys every 90 days [1].")
+        decision = self.decider.decide_sync("How do I export audit logs as CSV?", history, NO_PAGE)
+        assert decision.queries == ("How do I export audit logs as CSV",)
+        assert "follow-up" not in decision.reason
+
+    def test_the_old_one(self) -> None:
+        """ "and how long is the old one valid?" after rotating keys asks about the API key."""
+        history = _conversation("How do I rotate an API key?", "Create a new key, then revoke the old one [1].")
+        (query,) = self.decider.decide_sync("and how long is the old one valid?", history, NO_PAGE).queries
+        assert query.startswith("how long is the old") and "key" in query and " one " not in query
+
+    @given(question=topics)
+    def test_without_history_nothing_is_a_follow_up(self, question: str) -> None:
+        """With no conversation, no question is rewritten as a follow-up."""
+        decision = self.decider.decide_sync(f"and {question}?", (), NO_PAGE)
+        assert "follow-up" not in decision.reason
+
+    def test_reads_only_the_start_of_recent_messages(self) -> None:
+        """What a follow-up is read against is bounded: a megabyte question resolves as its first 2,000
+        characters would, and a question more than 12 messages back is not the antecedent."""
+        head = "How much does the Pro plan cost? "
+        big = head + "padding words " * 80_000
+        short = head + ("padding words " * 80_000)[: 2_000 - len(head)]
+        for previous in (big, short):
+            history = _conversation(previous, "12 dollars [1].")
+            assert self.decider.decide_sync("and Enterprise?", history, NO_PAGE).queries == (
+                self.decider.decide_sync("and Enterprise?", _conversation(short, "12 dollars [1]."), NO_PAGE).queries
+            )
+        old = _conversation("How much does the Pro plan cost?", "12 dollars [1].", *["ok", "Glad that helps."] * 6)
+        assert "follow-up" not in self.decider.decide_sync("and Enterprise?", old, NO_PAGE).reason

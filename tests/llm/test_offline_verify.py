@@ -76,10 +76,10 @@ class TestVerifyStep:
         )
         await verify_reply(OfflineVerifier(), state)
         assert "mayor" not in state.answer
-        assert "not supported by the cited passages removed" in state.answer
+        assert "(Correction: a sentence shown while this answer was streaming was removed" in state.answer
         assert state.outcome == "partial"
         assert "government" in state.missing
-        assert "I could not confirm from the sources: " in state.answer
+        assert "The passages I found don't mention “government”" in state.answer
         assert state.verification is not None and state.verification.downgraded
 
     async def test_covered_reply_keeps_context(self) -> None:

@@ -1,4 +1,4 @@
-"""Tests for ragloop.llm.openai_planner through the real SDK and the scripted server."""
+"""Tests for ragloop.llm.openai._plan (the model planner, the SQL writer) through the real SDK and a scripted server."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ from collections.abc import AsyncIterator
 import openai
 import pytest
 
-from ragloop.errors import JudgeOutputError, QueryRefused
-from ragloop.llm.openai_planner import OpenAIPlanner, OpenAISQLWriter, plan_from_json
+from ragloop._redact import redact
+from ragloop.errors import JudgeError, JudgeOutputError, JudgeTruncated, QueryRefused
+from ragloop.llm.openai import OpenAIPlanner, OpenAISQLWriter, plan_from_json
 from ragloop.plan import build_waves
 from ragloop.retrievers.sources import DocumentSource
 from ragloop.retrievers.sql import SQLiteSource
 from ragloop.sample import SAMPLE_CRM_ALLOW, sample_crm_path
-from ragloop.testing import FakeRetriever, ScriptedOpenAIServer, json_reply, reply
+from ragloop.testing import FakeRetriever, ScriptedOpenAIServer, ScriptedResponse, error, json_reply, reply
 from ragloop.usage import UsageMeter, metering
 
 pytestmark = pytest.mark.anyio
@@ -107,6 +108,48 @@ class TestOpenAIPlanner:
         with pytest.raises(JudgeOutputError, match="output cap"):
             await _planner(client).plan("q")
 
+    async def test_server_rejecting_max_completion_tokens_gets_max_tokens(
+        self, server: ScriptedOpenAIServer, client: openai.AsyncOpenAI
+    ) -> None:
+        """The planner shares the judges' call path: a 400 naming max_completion_tokens is retried with max_tokens,
+        and the server's answer is learned for the next call (ServerCompat)."""
+        server.enqueue(error(400, "Unrecognized request argument supplied: max_completion_tokens"))
+        server.enqueue(json_reply(PLAN))
+        planner = _planner(client)
+        assert await planner.plan("q") is not None
+        assert "max_completion_tokens" in server.requests[0].body and server.requests[1].body["max_tokens"] == 800
+        assert planner.compat.cap_param == "max_tokens"
+
+    async def test_body_that_is_not_json(self, server: ScriptedOpenAIServer, client: openai.AsyncOpenAI) -> None:
+        """A 200 whose body is not JSON (a proxy's error page) is a JudgeOutputError, not a crash."""
+        server.enqueue(ScriptedResponse(raw_body=b"<html>bad gateway</html>"))
+        with pytest.raises(JudgeOutputError, match="a body that is not JSON"):
+            await _planner(client).plan("q")
+
+    async def test_finish_reason_and_failure_metered(
+        self, server: ScriptedOpenAIServer, client: openai.AsyncOpenAI
+    ) -> None:
+        """Every plan call is recorded with its finish reasons; a cut plan is JudgeTruncated and recorded too."""
+        server.enqueue(json_reply(PLAN, usage=(10, 5)))
+        server.enqueue(reply('{"needs_sources": true', finish_reason="length"))
+        meter = UsageMeter()
+        with metering(meter):
+            await _planner(client).plan("q")
+            with pytest.raises(JudgeTruncated, match="output cap"):
+                await _planner(client).plan("q")
+        assert [c.finish_reasons for c in meter.calls] == [("stop",), ("length",)]
+        assert meter.calls[0].error is None and "JudgeTruncated" in (meter.calls[1].error or "")
+
+    async def test_server_message_is_withheld_from_records(
+        self, server: ScriptedOpenAIServer, client: openai.AsyncOpenAI
+    ) -> None:
+        """A failing server's own words are quoted as upstream text, which the decision record withholds."""
+        server.enqueue(error(500, "worker db-primary.internal:5432 lost its connection"))
+        with pytest.raises(JudgeError, match="HTTP 500") as caught:
+            await _planner(client).plan("q")
+        assert "db-primary.internal" not in redact(str(caught.value))
+        assert "server message withheld" in redact(str(caught.value))
+
     def test_malformed_subquery(self) -> None:
         """A sub-query without its fields is a JudgeOutputError naming the problem."""
         with pytest.raises(JudgeOutputError, match="malformed"):
@@ -124,7 +167,9 @@ class TestOpenAISQLWriter:
         source = SQLiteSource(sample_crm_path(), SAMPLE_CRM_ALLOW, OpenAISQLWriter(client, "sql-model"))
         result = await source.run("plan of Harbor Lane Bank", {})
         assert [r["plan"] for r in result.rows] == ["Enterprise"]
-        assert source.statements == ["SELECT plan, customers.id FROM customers WHERE name = ? LIMIT 50"]
+        assert len(source.statements) == 1
+        assert source.statements[0].startswith("SELECT plan, customers.id FROM (SELECT ")  # read through its allowlist
+        assert source.statements[0].endswith(") AS customers WHERE name = ? LIMIT 50")
 
     async def test_model_says_it_cannot(self, server: ScriptedOpenAIServer, client: openai.AsyncOpenAI) -> None:
         """An empty statement is a refusal carrying the model's reason."""

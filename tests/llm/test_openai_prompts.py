@@ -117,6 +117,15 @@ class TestPrompts:
         assert '{"TTL": "time to live"}' in text
         assert "stand alone" in text and "parallel" in text
 
+    def test_decide_prompt_writes_follow_ups_out(self) -> None:
+        """The decide prompt shows how an elliptical follow-up becomes the whole question, and says never to
+        swap in a different topic when the documentation may not cover it."""
+        text = prompts.decide_system_prompt(PageContext())
+        assert "'and on Business?' is 'API requests per minute per key on the Business plan'" in text
+        assert "'what about OIDC?' is 'set up OIDC single sign-on'" in text
+        assert "never swap in a different topic" in text
+        assert "never swap in a different topic" in prompts.decide_json_system_prompt(PageContext())
+
     def test_answer_prompts_differ_by_outcome(self) -> None:
         """Each outcome gets its own instructions; only context outcomes mention the fence."""
         nonce = "n0nce"

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 
 import anyio
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ragloop import END, Graph
-from ragloop.events import RunFinished, Token
+from ragloop.events import Correction, RunFinished, Token
 from ragloop.llm.offline import OfflineAnswerer
+from ragloop.llm.offline.answer import NOT_COVERED
+from ragloop.llm.offline.verify import OfflineVerifier
 from ragloop.nodes.answer import CUT_BY_TIME, NOT_IN_TIME, build_blocks, decide_outcome, resolve_citations
-from ragloop.state import ContextBlock, Decision, Graded, TurnState, Verdict
+from ragloop.state import ContextBlock, Decision, Graded, LiveLookup, TurnState, Verdict
 from ragloop.testing import FakeAnswerer, make_hit
-from tests.strategies import turn_node, with_queries
+from ragloop.text.terms import CorpusStats
+from tests.strategies import OFFLINE_CORPUS, turn_node, with_queries
 
 pytestmark = pytest.mark.anyio
 
@@ -162,3 +168,164 @@ class TestSalvage:
         offline = OfflineAnswerer()
         assert turn_node("answer", fallback_answerer=offline).extractive is offline
         assert turn_node("answer", fallback_answerer=FakeAnswerer()).extractive is None
+
+
+class _Says:
+    """An answerer (a model) that streams ``text`` word by word."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    async def answer(self, *args: object, **kwargs: object) -> AsyncIterator[str]:
+        for word in self.text.split(" "):
+            yield word + " "
+
+
+async def _stream_events(node: object, state: TurnState) -> tuple[list[object], TurnState]:
+    graph = Graph({"answer": node}, start="answer", finish="answer")  # type: ignore[dict-item]
+    events: list[object] = []
+    result = None
+    with anyio.fail_after(5):
+        async for event in graph.stream(state):
+            events.append(event)
+            if isinstance(event, RunFinished):
+                result = event.result
+    assert result is not None
+    return events, result.state
+
+
+class TestCorrection:
+    async def test_a_streamed_sentence_verify_removes_is_taken_back_out_loud(self) -> None:
+        """The model streams a claim its block does not support; verify removes it: a Correction event names
+        it, the stream carries a note after it, and the final reply keeps the note, not the claim."""
+        claim = "Keys are stored on the moon forever."
+        node = turn_node(
+            "answer", answerer=_Says(f"Keys rotate every 90 days. [1] {claim} [1]"), verifier=OfflineVerifier()
+        )
+        events, state = await _stream_events(node, _answered())
+        corrections = [e for e in events if isinstance(e, Correction)]
+        assert len(corrections) == 1 and corrections[0].removed == (claim,)
+        tokens = "".join(e.text for e in events if isinstance(e, Token))
+        assert claim in tokens and tokens.index(claim) < tokens.index("(Correction:")
+        assert claim not in state.answer and "moon" not in state.answer
+        assert state.answer.startswith("Keys rotate every 90 days. [1]")
+        assert state.answer.endswith("(Correction: a sentence shown while this answer was streaming was removed, "
+                                     "not supported by the cited passages.)")  # fmt: skip
+        assert corrections[0].note == state.answer[state.answer.index("(Correction:") :]
+
+    async def test_nothing_removed_no_correction(self) -> None:
+        """A reply verify keeps whole sends no Correction event and no note."""
+        node = turn_node("answer", answerer=_Says("Keys rotate every 90 days. [1]"), verifier=OfflineVerifier())
+        events, state = await _stream_events(node, _answered())
+        assert not any(isinstance(e, Correction) for e in events)
+        assert "Correction" not in state.answer
+
+
+STATS = CorpusStats.from_texts(OFFLINE_CORPUS)
+
+
+def _found(question: str, *texts: str, roots: tuple[str, ...] = ("a",)) -> TurnState:
+    """A state whose roots were answered by relevant hits of ``texts`` (confidence 0.8)."""
+    state = with_queries(*roots, question=question, status="enough")
+    for i, text in enumerate(texts):
+        hit = make_hit(text, confidence=0.8, chunk_id=f"c{i}", title="Widgets")
+        state.graded.append(Graded(roots[i % len(roots)], hit, Verdict("relevant")))
+    return state
+
+
+class TestAbstain:
+    async def test_unsupported_passages_end_in_an_honest_none(self) -> None:
+        """The search found passages, but about something else: outcome none, no block, nothing cited, and the
+        reply says the knowledge base does not cover it, naming what it never mentions."""
+        state = _found("How do I deploy Widgets on Kubernetes?", OFFLINE_CORPUS[0], OFFLINE_CORPUS[3])
+        await turn_node("answer", answerer=OfflineAnswerer(STATS))(state)
+        assert state.outcome == "none" and state.blocks == () and state.citations == ()
+        assert state.missing == ("Kubernetes",) and state.abstention is not None
+        assert state.answer.startswith(NOT_COVERED.split(",")[0]) and "“Kubernetes”" in state.answer
+        assert not re.search(r"\[\d+\]", state.answer)
+
+    async def test_supported_passages_are_answered(self) -> None:
+        """Passages that answer the question are quoted and cited as before."""
+        state = _found("How do I configure SSO in the admin console?", OFFLINE_CORPUS[0])
+        await turn_node("answer", answerer=OfflineAnswerer(STATS))(state)
+        assert state.outcome == "context" and state.citations and state.abstention is None
+
+    async def test_the_other_parts_of_a_question_are_still_answered(self) -> None:
+        """A name the corpus never mentions in one part of a two-part question: partial, naming it."""
+        state = _found(
+            "How do I configure SSO, and does it work with Kubernetes?",
+            OFFLINE_CORPUS[0],
+            OFFLINE_CORPUS[1],
+            roots=("configure SSO", "does SSO work with Kubernetes"),
+        )
+        await turn_node("answer", answerer=OfflineAnswerer(STATS))(state)
+        assert state.outcome == "partial" and "Kubernetes" in state.missing and state.citations
+
+    async def test_exact_records_are_never_abstained_on(self) -> None:
+        """A turn whose context came from a live lookup (a ticket) is answered whatever the score."""
+        state = _found("What is the status of ticket #1234?", "Ticket 1234 is open: E2002 clock skew.")
+        state.live.append(LiveLookup("ticket 1234", "tickets", ("1234",), accepted=("1234",)))
+        await turn_node("answer", answerer=OfflineAnswerer(STATS))(state)
+        assert state.outcome == "context" and state.abstention is None
+
+    async def test_a_failing_abstainer_leaves_the_outcome(self) -> None:
+        """An abstainer that raises is recorded; the reply is written as without one."""
+
+        class Broken:
+            def abstain(self, *args: object) -> None:
+                raise ValueError("no statistics")
+
+        state = _found("How do I configure SSO?", OFFLINE_CORPUS[0])
+        await turn_node("answer", answerer=OfflineAnswerer(STATS), abstainer=Broken())(state)
+        assert state.outcome == "context" and "no statistics" in state.errors[0]
+
+    def test_the_default_turn_abstains_with_the_offline_answerer(self) -> None:
+        """The default turn's answer node abstains through the offline answerer, first or as the fallback."""
+        offline = OfflineAnswerer(STATS)
+        assert turn_node("answer", answerer=offline).abstainer is offline
+        assert turn_node("answer", fallback_answerer=offline).abstainer is offline
+        assert turn_node("answer").abstainer is None
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        st.sampled_from(OFFLINE_CORPUS).flatmap(
+            lambda doc: st.tuples(
+                st.just(doc),
+                st.lists(
+                    st.sampled_from([*doc.split(), "Kubernetes", "Trello", "how", "do", "I"]), min_size=1, max_size=8
+                ),
+                st.lists(st.sampled_from(OFFLINE_CORPUS), min_size=1, max_size=3),
+            )
+        )
+    )
+    async def test_abstaining_cites_nothing_and_answering_cites_only_what_it_quotes(
+        self, case: tuple[str, list[str], list[str]]
+    ) -> None:
+        """Whatever the question and the passages: a reply with outcome none cites nothing and holds no
+        marker; any other reply cites only blocks it quotes (each cited piece is text of that block)."""
+        _, words, texts = case
+        state = _found(" ".join(words) + "?", *texts)
+        await turn_node("answer", answerer=OfflineAnswerer(STATS))(state)
+        if state.outcome == "none":
+            assert state.citations == () and not re.search(r"\[\d+\]", state.answer)
+            return
+        by_n = {b.n: b for b in state.blocks}
+        assert {c.n for c in state.citations} <= set(by_n)
+        for piece, n in re.findall(r"(.*?)\[(\d+)\]", state.answer, flags=re.DOTALL):
+            assert _quotes(piece, by_n[int(n)]), (piece, by_n[int(n)].text)
+
+
+def _norm(text: str) -> str:
+    return " ".join(re.findall(r"\w+", text.lower()))
+
+
+def _quotes(piece: str, block: ContextBlock) -> bool:
+    """Every line of ``piece`` (a table's separator aside) is text of ``block``; a first line may carry the
+    subject it was quoted after ("Widgets: it …")."""
+    body = _norm(block.text + " " + block.title)
+    for i, line in enumerate(ln for ln in piece.strip().splitlines() if ln.strip() and not set(ln) <= set("|-: ")):
+        if i == 0 and ": " in line and _norm(line.split(": ", 1)[1]) in body:
+            continue
+        if _norm(line) not in body:
+            return False
+    return True

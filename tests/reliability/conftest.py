@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.reliability._support import FIGURES
+from tests.retrievers.conftest import collection, pg_server, pg_url  # real PostgreSQL (issue 20's walls suites)
+
+__all__ = ["collection", "pg_server", "pg_url", "reliability_figures"]
 
 
 @pytest.fixture(scope="session", autouse=True)

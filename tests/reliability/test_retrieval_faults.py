@@ -15,6 +15,7 @@ import numpy.typing as npt
 import pytest
 
 from ragloop.chat import ChatRAG
+from ragloop.llm.offline.answer import NOT_COVERED
 from ragloop.retrievers.index import KnowledgeIndex
 from ragloop.retrievers.live import SQLiteTicketSource, default_tickets_path
 from ragloop.turn import TurnSettings
@@ -23,7 +24,7 @@ from tests.reliability._support import FaultyRetriever, count, offline_rag, scal
 pytestmark = pytest.mark.anyio
 
 TWO_TOPICS = "How long does the audit log keep actions and how big can a CSV import be?"
-NOTHING_FOUND = "couldn't find anything relevant"
+NOTHING_FOUND = NOT_COVERED  # the offline answerer's honest none
 
 
 class FailingEmbedder:
@@ -107,7 +108,7 @@ class TestLiveSource:
     async def test_down_then_reconnects_on_the_next_turn(self, tmp_path: Path) -> None:
         """A missing ticket database is recorded and the turn answers; once back, the next turn reconnects."""
         db = tmp_path / "tickets.sqlite"
-        source = SQLiteTicketSource(db)
+        source = SQLiteTicketSource(db, require_caller=False)
         rag: ChatRAG = offline_rag(live_sources=(source,))
         question = "What is the status of ticket #1017?"
         down = await rag.ask(question)
@@ -125,7 +126,7 @@ class TestLiveSource:
     async def test_concurrency_limit_holds_under_load(self) -> None:
         """Many concurrent turns asking about different tickets never run more lookups at once than the limit."""
         limit = 2
-        source = SQLiteTicketSource(max_concurrency=limit)
+        source = SQLiteTicketSource(max_concurrency=limit, require_caller=False)
         rag = offline_rag(live_sources=(source,))
         ids = _ticket_ids(scale(40, 200))
         replies: dict[int, object] = {}

@@ -16,7 +16,14 @@ import pytest
 
 from ragloop.errors import ConfigError, RetrievalError
 from ragloop.retrievers.base import Embedder
-from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder, OpenAIEmbedder, normalize_rows
+from ragloop.retrievers.embed import (
+    HashEmbedder,
+    MiniLMEmbedder,
+    OpenAIEmbedder,
+    embed_batched,
+    embedder_named,
+    normalize_rows,
+)
 
 
 class TestHashEmbedder:
@@ -193,3 +200,56 @@ class TestOpenAIEmbedder:
         e = OpenAIEmbedder(SimpleNamespace(embeddings=_FakeEmbeddings(4)), model="m", dim=8)  # type: ignore[arg-type]
         with pytest.raises(RetrievalError, match="dim="):
             await e.embed(["x"])
+
+
+class TestEmbedderNamed:
+    def test_rebuilds_the_two_it_knows(self) -> None:
+        """MiniLM by its name, the hash embedder by hash-<dim> with the same dim; anything else is None."""
+        assert isinstance(embedder_named(MiniLMEmbedder.name, 384), MiniLMEmbedder)
+        hashed = embedder_named("hash-64", 64)
+        assert isinstance(hashed, HashEmbedder) and hashed.dim == 64
+        assert embedder_named("hash-64", 32) is None and embedder_named("my-model", 384) is None
+
+
+class _Blocking:
+    """An embedder whose blocking embed_sync must be used (its async embed would fail), on a worker thread."""
+
+    name, dim = "blocking", 4
+
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+
+    def embed_sync(self, texts: Any) -> Any:
+        import threading
+
+        self.threads.append(threading.get_ident())
+        return np.ones((len(texts), self.dim), dtype=np.float64)
+
+    async def embed(self, texts: Any) -> Any:
+        raise AssertionError("embed_sync was there: embed should not be called")
+
+
+class TestEmbedBatched:
+    @pytest.mark.anyio
+    async def test_same_vectors_as_one_call_with_progress_per_batch(self) -> None:
+        """Batches of `batch` texts give the vectors of one call, in order, and report progress after each."""
+        embedder, texts, seen = HashEmbedder(32), [f"text number {i}" for i in range(7)], []
+        vectors = await embed_batched(embedder, texts, lambda done, total: seen.append((done, total)), batch=3)
+        assert np.array_equal(vectors, await embedder.embed(texts)) and vectors.dtype == np.float32
+        assert seen == [(3, 7), (6, 7), (7, 7)]
+
+    @pytest.mark.anyio
+    async def test_nothing_to_embed(self) -> None:
+        """No texts: an empty (0, dim) array, no call, no progress."""
+        vectors = await embed_batched(HashEmbedder(16), [], lambda done, total: pytest.fail("progress"))
+        assert vectors.shape == (0, 16)
+
+    @pytest.mark.anyio
+    async def test_blocking_embedder_runs_off_the_event_loop(self) -> None:
+        """An embed_sync is called on a worker thread, never on the loop's, and its rows become float32."""
+        import threading
+
+        embedder = _Blocking()
+        vectors = await embed_batched(embedder, ["a", "b", "c"], batch=2)  # type: ignore[arg-type]
+        assert vectors.shape == (3, 4) and vectors.dtype == np.float32
+        assert embedder.threads and threading.get_ident() not in embedder.threads

@@ -174,6 +174,16 @@ class TestFilters:
                     assert all(meta[key] in values for key, values in filters.items())
             assert await store.search("anything", k=5, filters={"tenant": ("other",)}) == []
 
+    async def test_filters_on_an_empty_or_metadata_free_collection(self, pg_url: str, collection: str) -> None:
+        """An empty collection: a filter finds nothing, no error; chunks without metadata: every key is unknown."""
+        from ragloop.errors import UnknownFilterKey
+
+        async with _store(pg_url, collection) as store:
+            assert await store.search("anything", 5, filters={"tenant": ("acme",)}) == []
+            await store.sync([Chunk(id="a", text="plain text", doc_id="a.md")])
+            with pytest.raises(UnknownFilterKey, match="known keys: none"):
+                await store.search("plain", 5, filters={"tenant": ("acme",)})
+
 
 class TestFailures:
     async def test_a_connection_killed_mid_query_is_retried(

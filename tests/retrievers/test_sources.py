@@ -6,7 +6,8 @@ import pytest
 
 from ragloop.errors import SourceError
 from ragloop.retrievers.live import LiveRecord, SQLiteTicketSource
-from ragloop.retrievers.sources import DocumentSource, LiveLookupSource, Source
+from ragloop.retrievers.sources import CallerScoped, DocumentSource, LiveLookupSource, Source
+from ragloop.state import Caller
 from ragloop.testing import FakeLiveSource, FakeRetriever, make_hit
 
 pytestmark = pytest.mark.anyio
@@ -46,13 +47,14 @@ class TestDocumentSource:
 class TestLiveLookupSource:
     async def test_ids_filter_drives_the_lookup(self) -> None:
         """Ids from the filter (e.g. found by SQL) are looked up; the record is a hit and a row."""
-        result = await LiveLookupSource(SQLiteTicketSource()).run("tickets found by sql1", {"ids": ("1161",)})
+        tickets = SQLiteTicketSource(require_caller=False)
+        result = await LiveLookupSource(tickets).run("tickets found by sql1", {"ids": ("1161",)})
         assert [h.id for h in result.hits] == ["tickets:1161"]
         assert result.rows[0]["id"] == "1161" and result.rows[0]["priority"] == "urgent"
 
     async def test_signal_when_no_filter(self) -> None:
         """Without an ids filter the source's own signal reads the id from the query."""
-        result = await LiveLookupSource(SQLiteTicketSource()).run("what about #1234", {})
+        result = await LiveLookupSource(SQLiteTicketSource(require_caller=False)).run("what about #1234", {})
         assert [h.id for h in result.hits] == ["tickets:1234"]
 
     async def test_mismatched_records_are_dropped(self) -> None:
@@ -65,10 +67,19 @@ class TestLiveLookupSource:
     async def test_no_ids(self) -> None:
         """No ids at all is an error that says how to give them."""
         with pytest.raises(SourceError, match="no ids to look up"):
-            await LiveLookupSource(SQLiteTicketSource()).run("nothing here", {})
+            await LiveLookupSource(SQLiteTicketSource(require_caller=False)).run("nothing here", {})
 
     async def test_failure_is_a_source_error(self) -> None:
         """A failing live source becomes a SourceError naming the ids."""
         live = FakeLiveSource(fail_times=1)
         with pytest.raises(SourceError, match=r"lookup of \['7'\] failed"):
             await LiveLookupSource(live).run("x", {"ids": ("7",)})
+
+    async def test_for_caller_hands_the_caller_to_every_lookup(self) -> None:
+        """for_caller(caller) is the source on behalf of that caller; for_caller(None) on behalf of nobody."""
+        live = FakeLiveSource()
+        source = LiveLookupSource(live, caller=Caller(tenant="old"))
+        assert isinstance(source, CallerScoped)
+        await source.for_caller(Caller(tenant="acme")).run("x", {"ids": ("1234",)})
+        await source.for_caller(None).run("x", {"ids": ("1234",)})
+        assert live.callers == [Caller(tenant="acme"), None]

@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 
 from ragloop.errors import ConfigError, QueryRefused, SourceError
-from ragloop.retrievers.sql import PostgresSQLSource, SQLQuery, SQLSchema
+from ragloop.retrievers.sql import FUNCTIONS, AllowedFunction, PostgresSQLSource, SQLQuery, SQLSchema
 from ragloop.sample import SAMPLE_CRM_ALLOW, sample_crm_path
 
 pytestmark = pytest.mark.anyio
@@ -115,6 +115,15 @@ class TestPostgresSQLSource:
         """An allowlist entry the schema lacks is a ConfigError naming it."""
         with pytest.raises(ConfigError, match="'invoices' is not in schema"):
             await PostgresSQLSource(pg_url, {"invoices": ("id",)}, schema_name=crm_schema).schema()
+
+
+class TestAllowlistOnPostgres:
+    @pytest.mark.parametrize("fn", [f for f in FUNCTIONS if "postgres" in f.dialects], ids=lambda f: f.name)
+    async def test_every_allowed_function_passes_and_runs(self, source: PostgresSQLSource, fn: AllowedFunction) -> None:
+        """Each function the docs list for Postgres passes the check and runs on a real server."""
+        source.writer = Scripted(f"SELECT {fn.example} AS v FROM customers")
+        result = await source.run("x", {})
+        assert len(result.rows) >= 1 and "v" in result.rows[0]
 
 
 async def test_a_dead_database_error_keeps_the_password_out() -> None:

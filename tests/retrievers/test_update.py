@@ -8,12 +8,20 @@ from pathlib import Path
 import pytest
 
 from ragloop.cli import main
-from ragloop.errors import ConfigError
+from ragloop.errors import ConfigError, PruneRefused, UnknownFilterKey
 from ragloop.retrievers.embed import HashEmbedder
-from ragloop.retrievers.filters import matches, normalize_filters
+from ragloop.retrievers.filters import check_filter_keys, matches, normalize_filters
 from ragloop.retrievers.index import KnowledgeIndex
 from ragloop.retrievers.metadata import front_matter, with_metadata
-from ragloop.retrievers.update import content_hash, diff_documents, document_hash, group_documents, update_index
+from ragloop.retrievers.scope import Scope
+from ragloop.retrievers.update import (
+    check_removals,
+    content_hash,
+    diff_documents,
+    document_hash,
+    group_documents,
+    update_index,
+)
 from ragloop.state import Chunk
 
 
@@ -56,7 +64,7 @@ class TestUpdateIndex:
         embedder.texts.clear()
         (root / "a.md").write_text((root / "a.md").read_text().replace("Alpha two text.", "Alpha two, edited."))
         (root / "c.md").unlink()
-        new, summary = update_index(old, _chunks(root))
+        new, summary = update_index(old, _chunks(root), prune=True)  # 1 of 3 documents removed: over 20%
         assert (summary.added, summary.changed, summary.removed, summary.unchanged) == (0, 1, 1, 1)
         assert summary.embedded == 1 and len(embedder.texts) == 1 and "edited" in embedder.texts[0]
         assert summary.reused == len(new.chunks) - 1 == n_old - 2
@@ -100,6 +108,47 @@ class TestDiff:
         c = Chunk(id="1", text="body", title="T")
         assert content_hash(c) != content_hash(Chunk(id="1", text="body", title="U"))
         assert content_hash(c) == content_hash(Chunk(id="1", text="body", title="T", metadata={"k": "v"}))
+
+
+class TestRemovalLimit:
+    @pytest.mark.parametrize(
+        ("removed", "stored", "refused"),
+        [(0, 0, False), (2, 10, False), (3, 10, True), (1, 4, True), (1, 5, False), (17, 17, True)],
+    )
+    def test_more_than_a_fifth_of_the_scope_is_refused(self, removed: int, stored: int, refused: bool) -> None:
+        """Up to 20% of the scope's documents may go; more is refused naming counts, scope and --prune."""
+        scope = Scope({"tenant": "acme"})
+        if refused:
+            with pytest.raises(PruneRefused, match=rf"{removed} of {stored} .*tenant=acme.*--prune"):
+                check_removals(removed, stored, scope=scope, where="the index")
+        else:
+            check_removals(removed, stored, scope=scope, where="the index")
+        check_removals(removed, stored, scope=scope, where="the index", prune=True)
+
+    def test_update_index_refuses_before_building(self, tmp_path: Path) -> None:
+        """update_index raises PruneRefused when 2 of 3 documents would go, and the old index is untouched."""
+        root = _folder(tmp_path / "docs")
+        old = KnowledgeIndex.build(_chunks(root), HashEmbedder(64))
+        with pytest.raises(PruneRefused, match="2 of 3"):
+            update_index(old, [c for c in _chunks(root) if c.doc_id == "a.md"])
+        assert len({c.doc_id for c in old.chunks}) == 3
+
+
+class TestFilterKeys:
+    def test_unknown_keys_are_named_with_the_known_ones(self) -> None:
+        """A misspelled key lists the known keys; two unknown keys are both named; known keys pass."""
+        with pytest.raises(UnknownFilterKey, match=r"unknown filter key 'tenat'.*known keys: path, tenant$"):
+            check_filter_keys({"tenat": ("acme",)}, {"tenant", "path"})
+        with pytest.raises(UnknownFilterKey, match="filter keys 'a', 'b'"):
+            check_filter_keys({"b": ("1",), "a": ("1",)}, {"tenant"})
+        check_filter_keys({"tenant": ("nobody",)}, {"tenant"})
+
+    def test_no_known_keys_or_no_index(self) -> None:
+        """Chunks without metadata: every key is unknown ("none"); an empty index (None): nothing is checked."""
+        with pytest.raises(UnknownFilterKey, match="known keys: none"):
+            check_filter_keys({"tenant": ("acme",)}, frozenset())
+        check_filter_keys({"tenant": ("acme",)}, None)
+        check_filter_keys(None, frozenset())
 
 
 class TestMetadataAndFilters:

@@ -7,10 +7,11 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 pytest.importorskip("starlette", reason="the [serve] extra is not installed: pip install 'ragloop[serve]'")
@@ -19,6 +20,7 @@ import httpx
 import uvicorn
 
 from ragloop.chat import ChatRAG
+from ragloop.events import Token
 from ragloop.state import Decision
 from ragloop.testing import FakeAnswerer, FakeDecider, FakeGrader, FakeRetriever, FakeRewriter, make_hit
 
@@ -62,6 +64,16 @@ def fake_rag(
     )
 
 
+class StuckRag(ChatRAG):
+    """A chat deaf to its deadline: it stops for a minute after its first token."""
+
+    async def stream(self, question: str, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+        async for event in super().stream(question, **kwargs):
+            yield event
+            if isinstance(event, Token):
+                await anyio.sleep(60)  # deaf to the deadline
+
+
 @pytest.fixture
 def rag() -> ChatRAG:
     """A chat over fakes (no model, no index)."""
@@ -96,17 +108,18 @@ def sse_events(text: str) -> list[tuple[str, str]]:
 
 
 @contextlib.contextmanager
-def serving(app: Any, *, close: Callable[[], Awaitable[None]] | None = None) -> Iterator[str]:
+def serving(app: Any, *, close: Callable[[], Awaitable[None]] | None = None, **config: Any) -> Iterator[str]:
     """Run ``app`` with uvicorn on 127.0.0.1 (a free port) in a thread; yields its base URL.
 
-    ``close`` runs in the server's event loop after it stops (to close clients the app used there).
+    ``close`` runs in the server's event loop after it stops (to close clients the app used there); ``config``
+    goes to ``uvicorn.Config`` (``http=ragloop.serve.h11_protocol(...)``).
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="error", lifespan="off", ws="none", timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
+    options: dict[str, Any] = {"log_level": "error", "lifespan": "off", "ws": "none", "timeout_graceful_shutdown": 2}
+    server = uvicorn.Server(uvicorn.Config(app, **{**options, **config}))
 
     async def main() -> None:
         try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -14,7 +14,7 @@ from ragloop.events import Token
 from ragloop.serve import MemorySessionStore, ServeSettings, SessionLimits, create_app
 from ragloop.state import ContextBlock, Message, Outcome
 from ragloop.testing import FakeRetriever
-from tests.serve.conftest import DOCS, asgi_client, decider, fake_rag, sse_events
+from tests.serve.conftest import DOCS, StuckRag, asgi_client, decider, fake_rag, sse_events
 
 pytestmark = pytest.mark.anyio
 
@@ -170,7 +170,7 @@ class TestValidation:
         app = create_app(rag, settings=ServeSettings(max_body_bytes=1000))
         async with asgi_client(app) as client:
             big = await client.post("/api/chat", json={"message": "x" * 2000})
-            bad = await client.post("/api/chat", content=b"{not json")
+            bad = await client.post("/api/chat", content=b"{not json", headers={"content-type": "application/json"})
             arr = await client.post("/api/chat", json=["message"])
         assert big.status_code == 413 and "the limit is 1,000" in big.json()["error"]["message"]
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_json"
@@ -200,6 +200,17 @@ class _NewlineAnswerer:
             yield token
 
 
+class _Streams:
+    """An answerer (a model) that streams ``text`` word by word."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    async def answer(self, *args: object, **kwargs: object) -> AsyncIterator[str]:
+        for word in self.text.split(" "):
+            yield word + " "
+
+
 class TestApiChat:
     async def test_typed_events_and_client_safe_reply(self, rag: ChatRAG) -> None:
         """/api/chat streams progress, token and a last reply event; the reply has no internal record."""
@@ -217,6 +228,31 @@ class TestApiChat:
         assert reply["outcome"] == "context"
         tokens = "".join(json.loads(d)["text"] for n, d in events if n == "token")
         assert tokens.strip() == reply["text"]
+
+    async def test_a_sentence_taken_back_is_forwarded_as_a_correction_event(self) -> None:
+        """When verify removes a streamed sentence, /api/chat sends a correction event naming it before the
+        reply, whose text holds the note and no longer the sentence."""
+        from ragloop.llm.offline.verify import OfflineVerifier
+        from ragloop.testing import FakeGrader, FakeRewriter
+
+        claim = "Keys are stored on the moon forever."
+        rag = ChatRAG(
+            retriever=FakeRetriever(DOCS),
+            decider=decider(),
+            grader=FakeGrader(),
+            rewriter=FakeRewriter(),
+            answerer=_Streams(f"Create a new key, deploy it, then revoke the old one. [1] {claim} [1]"),
+            verifier=OfflineVerifier(),
+        )
+        async with asgi_client(create_app(rag)) as client:
+            r = await client.post("/api/chat", json={"message": "How do I rotate an API key?"})
+        events = sse_events(r.text)
+        names = [n for n, _ in events]
+        assert "correction" in names and names.index("correction") < names.index("reply")
+        correction = json.loads(next(d for n, d in events if n == "correction"))
+        assert correction["removed"] == [claim] and correction["text"].startswith("(Correction:")
+        reply = json.loads(events[-1][1])
+        assert claim not in reply["text"] and correction["text"] in reply["text"]
 
     async def test_tokens_with_newlines_stay_whole(self) -> None:
         """Each event is one JSON data line, so tokens with newlines (or SSE syntax) arrive intact."""
@@ -294,13 +330,6 @@ class TestLimits:
     async def test_a_stuck_turn_is_cut_off_after_the_grace(self) -> None:
         """A turn deaf to its deadline is cancelled after the grace: 504 before the stream, an error event in it."""
 
-        class Stuck(ChatRAG):
-            async def stream(self, question: str, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
-                async for event in super().stream(question, **kwargs):
-                    yield event
-                    if isinstance(event, Token):
-                        await anyio.sleep(60)  # deaf to the deadline
-
         class StuckEarly(ChatRAG):
             async def stream(self, question: str, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
                 await anyio.sleep(60)
@@ -308,7 +337,7 @@ class TestLimits:
 
         settings = ServeSettings(deadline_s=0.1, deadline_grace_s=0.3)
         with anyio.fail_after(10):
-            async with asgi_client(create_app(fake_rag(cls=Stuck), settings=settings)) as client:
+            async with asgi_client(create_app(fake_rag(cls=StuckRag), settings=settings)) as client:
                 streamed = await client.post("/api/chat", json={"message": "How do I rotate an API key?"})
             async with asgi_client(create_app(fake_rag(cls=StuckEarly), settings=settings)) as client:
                 whole = await client.post("/v1/chat/completions", json=_question())
@@ -362,7 +391,8 @@ class TestHealthAndMetrics:
             await client.post("/api/chat", json={"message": "How do I rotate an API key?"})
             await client.post("/api/chat", json={"message": ""})
             text = (await client.get("/metrics")).text
-        assert ready.status_code == 200 and ready.json()["checks"] == {"index": "ok", "model": "not configured"}
+        checks = {"index": "ok", "model": "not configured", "sessions": "ok"}
+        assert ready.status_code == 200 and ready.json()["checks"] == checks
         assert 'ragloop_turns_total{outcome="context"} 1.0' in text
         assert 'ragloop_node_seconds_count{node="retrieve"} 1.0' in text
         assert "ragloop_first_token_seconds_count 1.0" in text
@@ -378,7 +408,8 @@ class TestHealthAndMetrics:
         async with asgi_client(create_app(rag, model_check=probe)) as client:
             r = await client.get("/readyz")
         assert r.status_code == 503
-        assert r.json() == {"status": "not ready", "checks": {"index": "ok", "model": "unreachable"}}
+        checks = {"index": "ok", "model": "unreachable", "sessions": "ok"}
+        assert r.json() == {"status": "not ready", "checks": checks}
 
     async def test_each_app_has_its_own_registry(self, rag: ChatRAG) -> None:
         """Two apps in one process count separately (no global Prometheus registry)."""
@@ -392,32 +423,54 @@ class TestHealthAndMetrics:
 
 class TestSessions:
     async def test_session_history_is_kept_on_the_server_and_capped(self) -> None:
-        """With a session_id, the next turn sees the earlier turns; the kept history obeys the caps."""
+        """new_session starts a session with a server-made id; the next turns see the earlier ones, capped."""
         seen = decider()
         rag = fake_rag(decide=seen)
         store = MemorySessionStore(limits=SessionLimits(max_messages=4))
         app = create_app(rag, sessions=store)
         async with asgi_client(app) as client:
-            for i in range(3):
-                r = await client.post("/api/chat", json={"message": f"question {i}", "session_id": "s-1"})
-                assert json.loads(sse_events(r.text)[-1][1])["session_id"] == "s-1"
-            r = await client.post("/v1/chat/completions", json={**_question("last one"), "session_id": "s-1"})
-            assert r.json()["ragloop"]["session_id"] == "s-1"
+            r = await client.post("/api/chat", json={"message": "question 0", "new_session": True})
+            sid = json.loads(sse_events(r.text)[-1][1])["session_id"]
+            assert len(sid) == 24  # secrets.token_urlsafe(18): 144 random bits
+            for i in (1, 2):
+                r = await client.post("/api/chat", json={"message": f"question {i}", "session_id": sid})
+                assert json.loads(sse_events(r.text)[-1][1])["session_id"] == sid
+            r = await client.post("/v1/chat/completions", json={**_question("last one"), "session_id": sid})
+            assert r.json()["ragloop"]["session_id"] == sid
         _, history, _ = seen.calls[-1]
         assert [m.content for m in history if m.role == "user"] == ["question 1", "question 2"]
-        kept = await store.load("s-1")
-        assert len(kept) == 4 and kept[-2] == Message("user", "last one")
-        assert await store.load("other") == ()
+        kept = await store.load("anonymous", sid)
+        assert kept is not None and len(kept) == 4 and kept[-2] == Message("user", "last one")
+        assert await store.load("anonymous", "other") is None
+
+    async def test_an_unknown_session_id_is_a_404_and_creates_nothing(self, rag: ChatRAG) -> None:
+        """A session_id the server never issued is 404 (start one with new_session); nothing is stored."""
+        store = MemorySessionStore()
+        async with asgi_client(create_app(rag, sessions=store)) as client:
+            r = await client.post("/api/chat", json={"message": "q", "session_id": "made-up"})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_session"
+        assert "new_session" in r.json()["error"]["message"]
+        assert len(store) == 0
+
+    async def test_a_client_chosen_id_starts_once(self, rag: ChatRAG) -> None:
+        """new_session with the client's own id starts it; a second start of the same id is 409."""
+        async with asgi_client(create_app(rag)) as client:
+            first = await client.post("/api/chat", json={"message": "q", "session_id": "mine", "new_session": True})
+            again = await client.post("/api/chat", json={"message": "q", "session_id": "mine", "new_session": True})
+            more = await client.post("/api/chat", json={"message": "q", "session_id": "mine"})
+        assert json.loads(sse_events(first.text)[-1][1])["session_id"] == "mine"
+        assert again.status_code == 409 and again.json()["error"]["code"] == "session_exists"
+        assert more.status_code == 200
 
     async def test_a_failing_session_store_does_not_cost_the_answer(self, rag: ChatRAG) -> None:
         """When the store cannot save the turn, the reply still arrives and the failure is counted."""
 
         class Failing(MemorySessionStore):
-            async def append(self, session_id: str, messages: Sequence[Message]) -> None:
+            async def append(self, owner: str, session_id: str, messages: Sequence[Message]) -> bool:
                 raise OSError("disk full")
 
         async with asgi_client(create_app(rag, sessions=Failing())) as client:
-            r = await client.post("/api/chat", json={"message": "How do I rotate an API key?", "session_id": "s"})
+            r = await client.post("/api/chat", json={"message": "How do I rotate an API key?", "new_session": True})
             metrics = (await client.get("/metrics")).text
         name, data = sse_events(r.text)[-1]
         assert name == "reply" and json.loads(data)["outcome"] == "context"
@@ -427,7 +480,7 @@ class TestSessions:
         """A store that is down when the turn starts: the turn answers without history; the failure is counted."""
 
         class Down(MemorySessionStore):
-            async def load(self, session_id: str) -> tuple[Message, ...]:
+            async def load(self, owner: str, session_id: str) -> tuple[Message, ...] | None:
                 raise OSError("connection refused")
 
         async with asgi_client(create_app(rag, sessions=Down())) as client:
@@ -436,7 +489,18 @@ class TestSessions:
         assert r.status_code == 200
         name, data = sse_events(r.text)[-1]
         assert name == "reply" and json.loads(data)["outcome"] == "context"
-        assert "ragloop_session_errors_total 1.0" in metrics
+        assert "ragloop_session_errors_total 2.0" in metrics  # the load, and the save of a session it cannot see
+
+    async def test_a_session_store_that_cannot_start_a_session_is_a_503(self, rag: ChatRAG) -> None:
+        """new_session while the store is down: 503 saying so, before any turn runs."""
+
+        class Down(MemorySessionStore):
+            async def create(self, owner: str, session_id: str) -> bool:
+                raise OSError("connection refused")
+
+        async with asgi_client(create_app(rag, sessions=Down())) as client:
+            r = await client.post("/api/chat", json={"message": "q", "new_session": True})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "sessions_unavailable"
 
     async def test_sent_history_is_capped_too(self) -> None:
         """History sent by the client is cut to the newest messages within the caps."""
@@ -501,7 +565,7 @@ class TestHostileInput:
         deep = b'{"messages":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
         async with asgi_client(create_app(rag, settings=ServeSettings(max_body_bytes=300_000))) as client:
             for path in ("/v1/chat/completions", "/api/chat"):
-                r = await client.post(path, content=deep)
+                r = await client.post(path, content=deep, headers={"content-type": "application/json"})
                 assert r.status_code == 400, r.text
                 assert r.json()["error"] == {
                     "message": "request body is nested too deeply to be a chat request",
@@ -523,7 +587,7 @@ class TestHostileInput:
                 {"messages": [{"role": "user", "content": [{"type": "text", "text": "\udc80"}]}]},
                 "messages[0].content",
             ),
-            ("/api/chat", {"message": "rotate \ud800 key", "session_id": "s1"}, "message"),
+            ("/api/chat", {"message": "rotate \ud800 key", "new_session": True}, "message"),
             ("/api/chat", {"message": "q", "history": [{"role": "user", "content": "\udfff"}]}, "history[0].content"),
             ("/api/chat", {"message": "q", "page_title": "\ud800"}, "page_title"),
         ],
@@ -537,7 +601,10 @@ class TestHostileInput:
         store = SQLiteSessionStore(tmp_path / "s.db")
         try:
             async with asgi_client(create_app(fake_rag(), sessions=store)) as client:
-                r = await client.post(path, content=json.dumps(payload).encode())  # ASCII, "\\ud800" escaped
+                # ASCII, "\\ud800" escaped
+                r = await client.post(
+                    path, content=json.dumps(payload).encode(), headers={"content-type": "application/json"}
+                )
         finally:
             await store.aclose()
         assert r.status_code == 400, r.text
@@ -549,7 +616,8 @@ class TestHostileInput:
         """Odd but valid Unicode is the chat's business, not a refusal or a crash."""
         async with asgi_client(create_app(rag)) as client:
             r = await client.post(
-                "/api/chat", json={"message": "rotate\x00 \u202eapi\u202c key 🔑", "session_id": "a.b"}
+                "/api/chat",
+                json={"message": "rotate\x00 \u202eapi\u202c key 🔑", "session_id": "a.b", "new_session": True},
             )
         assert r.status_code == 200
         assert sse_events(r.text)[-1][0] == "reply"
@@ -570,3 +638,113 @@ class TestHostileInput:
         assert path in r.json()["error"]["message"]
         if status == 405:
             assert "POST" in r.headers["allow"]
+
+
+class TestStoreOutage:
+    """Every search failing is an outage (503 / an error event); some failing is not (the turn answers)."""
+
+    def _rag(self, errors: Mapping[str, BaseException], queries: tuple[str, ...]) -> ChatRAG:
+        from ragloop.state import Decision
+        from ragloop.testing import FakeDecider
+
+        decide = FakeDecider(lambda q: Decision(queries=queries, reason="test"))
+        return fake_rag(retriever=FakeRetriever(DOCS, errors=errors), decide=decide)
+
+    async def test_every_search_failing_is_a_503_and_an_error_event(self) -> None:
+        """The store raises on every query: 503 store_unavailable for a whole completion, an error event (and no
+        token of a "found nothing" answer) for /api/chat and a streamed completion."""
+        rag = self._rag(_Every(ConnectionError("store down")), ("rotate api key",))
+        async with asgi_client(create_app(rag)) as client:
+            whole = await client.post("/v1/chat/completions", json=_question())
+            sse = await client.post("/api/chat", json={"message": "rotate"})
+            chunked = await client.post("/v1/chat/completions", json={**_question(), "stream": True})
+        assert whole.status_code == 503 and whole.json()["error"]["code"] == "store_unavailable"
+        events = sse_events(sse.text)
+        assert events[-1][0] == "error" and json.loads(events[-1][1])["error"]["code"] == "store_unavailable"
+        assert "token" not in [name for name, _ in events]
+        data = [d for _, d in sse_events(chunked.text)]
+        assert data[-1] == "[DONE]" and json.loads(data[-2])["error"]["type"] == "server_error"
+        assert not any('"content":"none' in d for d in data)
+
+    async def test_a_partial_outage_still_answers(self) -> None:
+        """One of two searches fails: the turn answers from the other (200, the found passages cited)."""
+        rag = self._rag({"broken shard": ConnectionError("one shard down")}, ("rotate api key", "broken shard"))
+        async with asgi_client(create_app(rag)) as client:
+            r = await client.post("/v1/chat/completions", json=_question())
+        assert r.status_code == 200, r.text
+        assert r.json()["ragloop"]["citations"]
+
+
+class _Every(Mapping[str, BaseException]):
+    """A FakeRetriever ``errors`` mapping that fails every query (a store that is down), rewrites included."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __getitem__(self, key: str) -> BaseException:
+        return self.error
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+class TestReadiness:
+    async def test_readyz_probes_the_session_store_and_the_store(self, rag: ChatRAG) -> None:
+        """A session store whose ping fails and a store probe that fails: 503 naming both, no error text."""
+
+        class Down(MemorySessionStore):
+            async def ping(self) -> None:
+                raise OSError("10.0.0.7:5432 refused")
+
+        async def store() -> bool:
+            raise OSError("10.0.0.8:5432 refused")
+
+        async with asgi_client(create_app(rag, sessions=Down(), store_check=store)) as client:
+            r = await client.get("/readyz")
+        assert r.status_code == 503
+        checks = {"index": "ok", "model": "not configured", "sessions": "unavailable", "store": "unavailable"}
+        assert r.json() == {"status": "not ready", "checks": checks}
+        assert "10.0.0" not in r.text
+
+
+class TestHostAllowlistUnit:
+    @pytest.mark.parametrize(
+        ("header", "host"),
+        [
+            ("docs.example.com", "docs.example.com"),
+            ("Docs.Example.COM:8443", "docs.example.com"),
+            ("127.0.0.1:8000", "127.0.0.1"),
+            ("[::1]:8000", "::1"),
+            ("[::1]", "::1"),
+            ("::1", "::1"),
+            ("example.com.", "example.com"),
+            ("[::1", ""),
+        ],
+    )
+    def test_host_of_strips_the_port_and_brackets(self, header: str, host: str) -> None:
+        """The host name of a Host header: lower case, no port, no IPv6 brackets, no trailing dot."""
+        from ragloop.serve._hosts import host_of
+
+        assert host_of(header) == host
+
+    async def test_a_missing_host_header_is_refused(self, rag: ChatRAG) -> None:
+        """A request without Host (HTTP/1.0 style) is refused when an allowlist is set."""
+        from ragloop.serve._hosts import HostAllowlist
+
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b""}
+
+        app = HostAllowlist(create_app(rag), ["localhost"])
+        await app({"type": "http", "headers": [], "method": "GET", "path": "/v1/models"}, receive, send)
+        assert sent[0]["status"] == 400 and b"host_not_allowed" in sent[1]["body"]

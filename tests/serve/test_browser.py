@@ -173,3 +173,28 @@ def test_escape_stops_the_answer_and_the_turn(browser: Any, sample_cache: Path) 
         assert outcome.get_attribute("role") == "alert"
         assert browser.find_element(By.ID, "send").text == "Ask"
         _wait(lambda: "ragloop_turns_cancelled_total 1.0" in httpx.get(url + "/metrics").text, timeout_s=5)
+
+
+def test_the_page_keeps_a_server_session_and_starts_anew_after_a_404(browser: Any, sample_cache: Path) -> None:
+    """The page holds a session id the server does not know (a restart, another key): its first question gets
+    the 404, starts a new session (server-made id) and answers; the next question continues that session."""
+    from selenium.webdriver.common.by import By
+
+    from ragloop.serve import MemorySessionStore
+
+    store = MemorySessionStore()
+    rag = ChatRAG.sample(cache_dir=sample_cache)
+    with serving(create_app(rag, sessions=store)) as url:
+        browser.get(url + "/")
+        browser.execute_script('sessionStorage.setItem("ragloop-session", "stale-or-foreign-id")')
+        browser.get(url + "/")  # the page reads the stored id when it loads
+        for n, question in enumerate(("How do I rotate an API key?", "And how do I revoke the old key?"), 1):
+            _ask(browser, question)
+            _wait(lambda n=n: len(browser.find_elements(By.CSS_SELECTOR, ".msg.bot .outcome[data-outcome]")) == n)
+        outcomes = browser.find_elements(By.CSS_SELECTOR, ".msg.bot .outcome")
+        assert all(o.get_attribute("data-outcome") != "error" for o in outcomes), [o.text for o in outcomes]
+        sid = browser.execute_script('return sessionStorage.getItem("ragloop-session")')
+    assert sid != "stale-or-foreign-id" and len(sid) == 24
+    kept = anyio.run(store.load, "anonymous", sid)
+    assert kept is not None and [m.role for m in kept] == ["user", "assistant", "user", "assistant"]
+    assert anyio.run(store.load, "anonymous", "stale-or-foreign-id") is None

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -269,3 +270,59 @@ class TestServeOptions:
         assert link("guides/sso saml.md") == "https://docs.example.com/kb/guides/sso%20saml.md"
         assert link("https://elsewhere.example/x") == "https://elsewhere.example/x"
         assert _source_url(None) is None
+
+
+class TestServeAccess:
+    """Who may call `ragloop serve`: keys, the loopback rule, the Host allowlist it sets up."""
+
+    def _args(self, *argv: str) -> Any:
+        from ragloop.cli import build_parser
+
+        return build_parser().parse_args(["serve", *argv])
+
+    @pytest.mark.parametrize(
+        ("argv", "keys", "hosts", "who"),
+        [
+            ((), 0, ("localhost", "127.0.0.1", "::1"), "loopback only"),
+            (("--host", "::1"), 0, ("localhost", "127.0.0.1", "::1"), "loopback only"),
+            (("--host", "localhost", "--allowed-host", "kb.local"), 0, ("kb.local",), "loopback only"),
+            (("--host", "0.0.0.0"), 2, (), "API keys required (2)"),
+            (("--host", "0.0.0.0", "--allowed-host", "docs.example.com"), 1, ("docs.example.com",), "required (1)"),
+            (("--host", "10.0.0.5", "--allow-no-keys"), 0, (), "--allow-no-keys"),
+        ],
+    )
+    def test_access_rules(self, argv: tuple[str, ...], keys: int, hosts: tuple[str, ...], who: str) -> None:
+        """Loopback without keys allows only loopback Host names; keys or an explicit opt-out open other hosts."""
+        from ragloop.cli_serve import _access
+
+        allowed, line = _access(self._args(*argv), keys)
+        assert allowed == hosts and who in line
+
+    @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.20", "kb.example.com"])
+    def test_a_public_address_without_keys_is_refused(self, host: str) -> None:
+        """Any address that is not loopback, without keys and without --allow-no-keys: ConfigError naming the fix."""
+        from ragloop.cli_serve import _access
+        from ragloop.errors import ConfigError
+
+        with pytest.raises(ConfigError, match=r"set RAGLOOP_API_KEYS or --keys keys\.toml"):
+            _access(self._args("--host", host), 0)
+
+    def test_a_bad_keys_file_stops_serve_in_one_line(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """`ragloop serve --keys keys.toml` with an unknown field: exit 2, one line naming entry and field."""
+        from ragloop.cli import main
+
+        monkeypatch.delenv("RAGLOOP_API_KEYS", raising=False)
+        keys = tmp_path / "keys.toml"
+        keys.write_text('[[key]]\nkey = "sk-1"\nprincipal = "a"\nteant = "acme"\n')
+        assert main(["serve", "--keys", str(keys), "--index", "/nonexistent"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "[[key]] 1 has unknown fields ['teant']" in err
+
+    def test_a_header_timeout_that_is_not_positive_is_refused(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """--header-timeout 0: exit 2, one line."""
+        from ragloop.cli import main
+
+        assert main(["serve", "--header-timeout", "0", "--index", "/nonexistent"]) == 2
+        assert "header_timeout_s must be a positive number" in capsys.readouterr().err

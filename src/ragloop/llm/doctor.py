@@ -9,7 +9,7 @@ Each probe is one small request with an output cap; none needs more than a few t
 - ``json_schema``: a structured-output request — *enforced* (valid JSON of the schema) or rejected;
 - ``streaming``: ``stream=True`` with ``stream_options.include_usage`` — chunks, time to first token, usage;
 - ``output cap``: ``max_completion_tokens`` honoured, or rejected with ``max_tokens`` working instead;
-- ``decide mode``: what :class:`~ragloop.llm.openai_judges.OpenAIDecider` in ``auto`` mode will use: ``tools``
+- ``decide mode``: what :class:`~ragloop.llm.openai.OpenAIDecider` in ``auto`` mode will use: ``tools``
   when tool calls are honoured, ``json`` when they are dropped but ``json_schema`` works, else ``offline``.
 
 This module imports ``openai``; import it only where the doctor is wanted.

@@ -12,7 +12,7 @@ goes to ``decide`` as it always did). :class:`OfflinePlanner` plans without a mo
    column's value fills the clause (``how much does {plan} plan cost``). A data clause about tickets also gets
    a live ticket lookup of the ids the SQL finds, when a live source of that name is configured.
 
-The model planner lives in :mod:`ragloop.llm.openai_planner`.
+The model planner lives in :mod:`ragloop.llm.openai` (``OpenAIPlanner``).
 """
 
 from __future__ import annotations
@@ -38,8 +38,10 @@ __all__ = ["OfflinePlanner", "Planner", "SchemaSource"]
 class Planner(Protocol):
     """Plans retrieval for a question across the configured sources."""
 
-    #: Recorded as the plan's author (``offline``, or the model name).
-    name: str
+    @property
+    def name(self) -> str:
+        """Recorded as the plan's author (``offline``, or the model name)."""
+        ...
 
     async def plan(self, question: str, history: Sequence[Message]) -> Plan | None:
         """A plan, or ``None`` when no structured source is needed (the decide route handles it)."""

@@ -27,11 +27,13 @@ from ragloop.state import ContextBlock, Message, Outcome, PageContext
 from ragloop.text.safety import glossary_problem
 
 __all__ = [
+    "ANSWER_FIRST",
     "DECIDE_RESPONSE_FORMAT",
     "FENCE_CLOSE",
     "FENCE_OPEN",
     "GRADE_RESPONSE_FORMAT",
     "LT_LIKE",
+    "NOT_COVERED_REPLY",
     "SEARCH_TOOL",
     "answer_system_prompt",
     "answer_user_prompt",
@@ -202,6 +204,13 @@ def decide_system_prompt(page: PageContext, glossary: Mapping[str, str] | None =
         "Every query must stand alone, as if read by someone who never saw the conversation:",
         "- no vague pronouns or references ('it', 'this', 'that one', 'the above'): name the thing - the "
         "subject the conversation is about (what the earlier question asked about), not the last noun said;",
+        "- a follow-up that leaves words out is the previous question with one part changed: write it out whole. "
+        "After 'How many API requests per minute can a key make on the Team plan?', 'and on Business?' is "
+        "'API requests per minute per key on the Business plan'; after 'How do I set up SAML single sign-on?', "
+        "'what about OIDC?' is 'set up OIDC single sign-on'; after 'How do I rotate an API key?', 'how long is "
+        "the old one valid?' is 'how long an old API key stays valid after rotation';",
+        "- keep what the follow-up asks about even when the documentation may not cover it ('and from "
+        "Trello?' after a Jira import question is 'import from Trello'): never swap in a different topic;",
         "- resolve 'this project', 'this page', 'here' from the page below and from the conversation;",
         "- expand abbreviations (use the glossary below when it lists them);",
         "- keep exact identifiers verbatim: error codes, ticket numbers, versions, function names;",
@@ -324,21 +333,34 @@ def rewrite_user_prompt(question: str, failed_query: str, tried: Sequence[str]) 
 
 # -- answer ---------------------------------------------------------------------------------------------
 
+#: How every answer is laid out: the answer first, then only what supports it (shared by context and partial).
+ANSWER_FIRST = (
+    "Start with ONE sentence that answers the question directly and names its subject (never open with 'It', "
+    "'This' or 'They'). Then add at most three short supporting sentences. Quote a table as its header row and "
+    "only the rows the question needs, and code as a fenced block with its indentation. Cite only block numbers "
+    "that appear in the context; a sentence no block supports gets no citation and does not belong in the answer."
+)
+#: What a reply says when the blocks do not hold the answer (the answer step recognises it: see nodes.answer).
+NOT_COVERED_REPLY = "The documentation does not cover this."
+
 _ANSWER_BY_OUTCOME: Mapping[Outcome, str] = {
     "context": (
         "Answer using only the context blocks. Cite every claim with the number of the block that supports "
-        "it, like [1] or [2][3]. Ignore blocks about a different topic than the question. If the blocks do "
-        "not contain the answer, say so instead of guessing. Be concise."
+        f"it, like [1] or [2][3]. Ignore blocks about a different topic than the question. {ANSWER_FIRST} If "
+        f"the blocks do not contain the answer, reply exactly '{NOT_COVERED_REPLY}' and say in a few words "
+        "what is missing, citing nothing, instead of guessing."
     ),
     "partial": (
-        "The context answers only part of the question. Answer the part it supports, citing every claim as "
-        "[n] with the block number. Then say plainly which parts could not be found in the documentation "
-        "(listed in the user message); do not guess them. Ignore blocks about a different topic."
+        "The context answers only part of the question. Answer the part it supports first, citing every claim "
+        f"as [n] with the block number. {ANSWER_FIRST} Then say plainly, in the user's words, which parts could "
+        "not be found in the documentation (listed in the user message); do not guess them. Ignore blocks about "
+        "a different topic."
     ),
     "none": (
-        "The documentation search found nothing relevant to the question. Say so briefly and plainly. Do "
-        "not guess and do not answer from general knowledge; you may suggest how to rephrase the question "
-        "or where to look."
+        f"The documentation search found nothing relevant to the question: begin with '{NOT_COVERED_REPLY}' Say "
+        "what is missing "
+        "briefly and plainly, cite nothing, do not guess and do not answer from general knowledge; you may "
+        "suggest how to rephrase the question or where to look."
     ),
     "direct": (
         "This message needs no documentation search (a greeting, thanks, small talk). Reply briefly and "

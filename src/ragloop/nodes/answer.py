@@ -10,26 +10,39 @@ import re
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-import attrs
 from attrs import define, field
 
 from ragloop._log import get_logger
 from ragloop.errors import JudgeTruncated
-from ragloop.events import Progress, Token
+from ragloop.events import Progress
 from ragloop.llm.protocols import Answerer
 from ragloop.nodes._citations import CitationGate
+from ragloop.nodes._verify import Verifier, say, verify_reply
 from ragloop.prompt_budget import PromptBudget
 from ragloop.retrievers.fusion import FusionSettings, anchor_query, fuse_searches
+from ragloop.retrievers.rerank import RerankSettings, rerank
 from ragloop.runner import END, emit
-from ragloop.state import Citation, ContextBlock, Graded, Hit, Label, Message, Outcome, TurnState, Verification
+from ragloop.state import (
+    Abstention,
+    Citation,
+    ContextBlock,
+    Graded,
+    Hit,
+    Label,
+    Message,
+    Outcome,
+    TurnState,
+)
 from ragloop.text.citations import MARKER, MARKER_RUN, MAX_MARKER_CHARS, marker_numbers
 
 __all__ = [
     "CUT_BY_TIME",
     "NOT_IN_TIME",
+    "Abstainer",
     "Answer",
     "Extractive",
     "Verifier",
+    "abstain",
     "build_blocks",
     "decide_outcome",
     "final_ranking",
@@ -56,18 +69,24 @@ def decide_outcome(state: TurnState) -> tuple[Outcome, tuple[str, ...]]:
     return ("partial" if len(missing) < len(roots) else "none"), missing
 
 
-def final_ranking(state: TurnState, settings: FusionSettings | None = None) -> list[Hit]:
+def final_ranking(
+    state: TurnState, settings: FusionSettings | None = None, rerank_settings: RerankSettings | None = None
+) -> list[Hit]:
     """Every hit the turn's searches returned, fused by rank with the grades as a signal
-    (:func:`ragloop.retrievers.fusion.fuse_searches`); the question's own list is the protected anchor."""
+    (:func:`ragloop.retrievers.fusion.fuse_searches`; the question's own list is the protected anchor), its
+    head reordered for the answer by :func:`ragloop.retrievers.rerank.rerank`."""
     grades: dict[str, list[Label]] = {}
     for g in state.graded:
         grades.setdefault(g.hit.id, []).append(g.verdict.label)
     decided = state.decision.queries if state.decision is not None else ()
     anchor = anchor_query(state.question, decided, state.searches)
-    return fuse_searches(state.searches, anchor=anchor, grades=grades, settings=settings or FusionSettings())
+    fusion = settings or FusionSettings()
+    fused = fuse_searches(state.searches, anchor=anchor, grades=grades, settings=fusion)
+    protected = [h.id for h in state.searches.get(anchor, [])[: fusion.protect]] if anchor else []
+    return rerank(state.question, fused, protected=protected, settings=rerank_settings)
 
 
-def build_blocks(state: TurnState, max_blocks: int) -> tuple[ContextBlock, ...]:
+def build_blocks(state: TurnState, max_blocks: int, ranking: RerankSettings | None = None) -> tuple[ContextBlock, ...]:
     """Number the kept context, one chunk once, at most ``max_blocks``.
 
     With recorded searches: context the live sources added first, then the chunks a grader kept (relevant or
@@ -75,7 +94,7 @@ def build_blocks(state: TurnState, max_blocks: int) -> tuple[ContextBlock, ...]:
     hand): per decide query in turn (relevant before partial, best score first).
     """
     if state.searches:
-        return _ranked_blocks(state, max_blocks)
+        return _ranked_blocks(state, max_blocks, ranking)
     roots = state.roots()
     per_root: dict[str, list[Graded]] = {r: [] for r in roots}
     for g in state.graded:
@@ -100,7 +119,7 @@ def build_blocks(state: TurnState, max_blocks: int) -> tuple[ContextBlock, ...]:
     return tuple(blocks)
 
 
-def _ranked_blocks(state: TurnState, max_blocks: int) -> tuple[ContextBlock, ...]:
+def _ranked_blocks(state: TurnState, max_blocks: int, ranking: RerankSettings | None) -> tuple[ContextBlock, ...]:
     searched = {h.id for hits in state.searches.values() for h in hits}
     verdicts: dict[str, list[Graded]] = {}
     for g in state.graded:
@@ -108,7 +127,7 @@ def _ranked_blocks(state: TurnState, max_blocks: int) -> tuple[ContextBlock, ...
     # Live records are exact-id lookups, never in a search list: they lead.
     live = [g for g in state.graded if g.hit.id not in searched and g.verdict.keep]
     picked: list[tuple[Hit, str]] = [(g.hit, g.query) for g in live]
-    for hit in final_ranking(state):
+    for hit in final_ranking(state, rerank_settings=ranking):
         kept = [g for g in verdicts.get(hit.id, []) if g.verdict.keep]
         if kept:  # only graded context is handed to the answerer; the ranking orders it
             picked.append((hit, kept[0].query))
@@ -173,45 +192,41 @@ class Extractive(Protocol):
 
 
 @runtime_checkable
-class Verifier(Protocol):
-    """Checks a finished reply against its blocks and the question (the offline verifier does)."""
+class Abstainer(Protocol):
+    """Says when the passages found do not support an answer (the offline answerer does)."""
 
-    async def verify(self, question: str, reply: str, blocks: Sequence[ContextBlock]) -> Verification:
-        """Which cited sentences the blocks do not support, and which key terms the reply leaves uncovered."""
+    def abstain(self, question: str, blocks: Sequence[ContextBlock], hits: Sequence[Hit]) -> Abstention | None:
+        """Why ``blocks`` do not support an answer to ``question`` (``hits``: the turn's best search results,
+        best first), or ``None`` when they do. Pure and fast: it runs before the answer streams."""
         ...
 
 
-async def verify_reply(verifier: Verifier, state: TurnState) -> None:
-    """The bounded verify step: one pass over the finished reply, no extra retrieval, recorded.
-
-    Sentences the blocks they cite do not support are dropped from the final text (a note says how many);
-    a ``context`` outcome whose reply leaves key terms of the question uncovered becomes ``partial``, with
-    those terms as what is missing, and the reply says so. A verifier failure leaves the reply as it is.
+def abstain(abstainer: Abstainer, state: TurnState) -> None:
+    """The calibrated abstention, before anything streams: when the abstainer finds that the chosen blocks do
+    not support an answer, the outcome becomes ``none``, no block is handed on (so nothing is cited), and
+    ``missing`` names what the knowledge base never mentions. A question of several parts whose other parts
+    were answered and never name it becomes ``partial`` instead. Turns with live or planned context (exact
+    records, SQL rows) are left alone; an abstainer failure leaves the outcome as it is (recorded).
     """
-    if state.outcome not in ("context", "partial") or not state.blocks or not state.answer:
+    if state.outcome not in ("context", "partial") or not state.blocks or state.plan is not None:
+        return
+    if any(lookup.accepted for lookup in state.live):
         return
     try:
-        found = await verifier.verify(state.question, state.answer, state.blocks)
-    except Exception as exc:  # noqa: BLE001 — fail-open: an unverified reply is still the reply
-        state.errors.append(f"answer: verify: {type(exc).__name__}: {exc}")
+        found = abstainer.abstain(state.question, state.blocks, final_ranking(state) if state.searches else [])
+    except Exception as exc:  # noqa: BLE001 — fail-open: without a verdict the reply is written as before
+        state.errors.append(f"answer: abstain: {type(exc).__name__}: {exc}")
         return
-    for sentence in found.unsupported:
-        state.answer = _drop_sentence(state.answer, sentence)
-    if found.unsupported:
-        n = len(found.unsupported)
-        await _say(state, f"\n\n({n} sentence{'s' if n > 1 else ''} not supported by the cited passages removed.)")
-    if state.outcome == "context" and found.uncovered:
-        state.outcome, state.missing = "partial", found.uncovered
-        found = attrs.evolve(found, downgraded=True)
-        await _say(state, "\n\nI could not confirm from the sources: " + ", ".join(found.uncovered) + ".")
-    state.verification = found
-
-
-def _drop_sentence(text: str, sentence: str) -> str:
-    """``text`` without ``sentence`` and the citation markers right after it."""
-    words = [re.escape(w) for w in sentence.split()]
-    pattern = re.compile(r"\s*" + r"\s+".join(words) + r"(?:\s*\[\d+(?:\s*,\s*\d+)*\])*")
-    return pattern.sub("", text, count=1).strip()
+    if found is None:
+        return
+    state.abstention = found
+    answered = {q.root for q in state.queries.values() if q.status == "enough"}
+    names = [n.casefold() for n in found.unknown]
+    others = [r for r in state.roots() if r in answered and not any(n in r.casefold() for n in names)]
+    if found.unknown and len(state.roots()) > 1 and others:
+        state.outcome, state.missing = "partial", tuple(dict.fromkeys((*state.missing, *found.unknown)))
+        return
+    state.outcome, state.missing, state.blocks = "none", found.unknown, ()
 
 
 #: Said when nothing was streamed and nothing can be composed in the time left.
@@ -235,6 +250,10 @@ class Answer:
         extractive: Optional fast, I/O-free composer (the offline answerer) for :meth:`salvage`.
         verifier: Optional check of the finished reply (:func:`verify_reply`): unsupported sentences dropped,
             a ``context`` outcome whose reply leaves the question's key terms uncovered downgraded to ``partial``.
+        abstainer: Optional check of the chosen blocks before the reply is written (:func:`abstain`): when they
+            do not support an answer, the outcome is ``none`` and nothing is cited.
+        ranking: How the head of the final ranking is reordered for the answer
+            (:func:`ragloop.retrievers.rerank.rerank`; zero weights keep the fused order).
         max_chars: Longest reply streamed; a longer one is cut there, with a note, and the cut recorded.
         budget: Token budgets of the answer prompt: blocks past it are left out whole (lowest ranked first),
             history oldest first with a note; what was cut goes to ``state.prompt_cuts``.
@@ -249,12 +268,14 @@ class Answer:
     fallback: Answerer | None = field(default=None, kw_only=True)
     extractive: Extractive | None = field(default=None, kw_only=True)
     verifier: Verifier | None = field(default=None, kw_only=True)
+    abstainer: Abstainer | None = field(default=None, kw_only=True)
+    ranking: RerankSettings = field(factory=RerankSettings, kw_only=True)
     max_chars: int = field(default=MAX_ANSWER_CHARS, kw_only=True)
     budget: PromptBudget | None = field(default=None, kw_only=True)
     routes: tuple[str, ...] = field(default=(END,), init=False)
 
     async def __call__(self, state: TurnState) -> str:
-        _choose(state, self.max_blocks)
+        _choose(state, self.max_blocks, self.abstainer, self.ranking)
         history: Sequence[Message] = state.history
         if self.budget is not None:
             state.blocks, history, state.prompt_cuts = self.budget.fit(state.blocks, state.history)
@@ -276,11 +297,11 @@ class Answer:
                         if isinstance(exc, JudgeTruncated)
                         else "\n\n(The answer was cut off by an error; it may be incomplete.)"
                     )
-                    await _say(state, note)
+                    await say(state, note)
                     break
         else:
             if not state.answer:
-                await _say(state, "Sorry, I could not write an answer just now. Please try again.")
+                await say(state, "Sorry, I could not write an answer just now. Please try again.")
         if self.verifier is not None:
             await verify_reply(self.verifier, state)
         _resolve(state)
@@ -295,15 +316,15 @@ class Answer:
         says that nothing was answered.
         """
         if state.outcome is None:  # cut before it chose anything: choosing is pure and fast
-            _choose(state, self.max_blocks)
+            _choose(state, self.max_blocks, self.abstainer, self.ranking)
         if state.answer:
-            await _say(state, CUT_BY_TIME)
+            await say(state, CUT_BY_TIME)
         else:
             text = self._compose(state)
             if not text:
                 state.outcome, state.missing = "none", tuple(state.roots()) or (state.question,)
                 state.blocks = ()
-            await _say(state, text or NOT_IN_TIME)
+            await say(state, text or NOT_IN_TIME)
         _resolve(state)
 
     def _compose(self, state: TurnState) -> str:
@@ -356,30 +377,43 @@ class Answer:
         room = self.max_chars - len(state.answer)
         if len(text) <= room:
             if text:
-                await _say(state, text)
+                await say(state, text)
             return True
-        await _say(state, text[: max(room, 0)])
-        await _say(state, f"\n\n(The answer was cut at {self.max_chars:,} characters.)")
+        await say(state, text[: max(room, 0)])
+        await say(state, f"\n\n(The answer was cut at {self.max_chars:,} characters.)")
         state.errors.append(f"answer: reply cut at the {self.max_chars:,}-character cap")
         return False
 
 
-def _choose(state: TurnState, max_blocks: int) -> None:
-    """Set the outcome, the unanswered queries and the numbered blocks; start an empty reply."""
+def _choose(
+    state: TurnState, max_blocks: int, abstainer: Abstainer | None = None, ranking: RerankSettings | None = None
+) -> None:
+    """Set the outcome, the unanswered queries and the numbered blocks (abstaining when they do not support an
+    answer); start an empty reply."""
     state.outcome, state.missing = decide_outcome(state)
-    state.blocks = build_blocks(state, max_blocks) if state.outcome != "direct" else ()
+    state.blocks = build_blocks(state, max_blocks, ranking) if state.outcome != "direct" else ()
+    if abstainer is not None:
+        abstain(abstainer, state)
     state.answer = ""
 
 
-async def _say(state: TurnState, text: str) -> None:
-    """Stream ``text`` and add it to the reply (first, so a salvage after a cancelled emit never repeats it)."""
-    state.answer += text
-    await emit(Token(text))
+#: A reply that opens by saying the sources do not hold the answer (the model's words or the offline ones).
+SAYS_NOT_COVERED = re.compile(
+    r"^\W*(?:the\s+(?:documentation|docs|knowledge\s+base|context|provided\s+(?:context|blocks|documentation)|sources?)"
+    r"|I)\s+(?:does\s+not|doesn't|do\s+not|don't|did\s+not|didn't|could\s+not|couldn't|cannot|can't)\s+"
+    r"(?:cover|contain|mention|find|include|say|answer)",
+    re.IGNORECASE,
+)
 
 
 def _resolve(state: TurnState) -> None:
-    """Resolve the reply's citations against the blocks and set the final text."""
+    """Resolve the reply's citations against the blocks and set the final text. A reply that opens by saying
+    the sources do not cover the question is an abstention whatever was planned: outcome ``none``, and any
+    citation it made is dropped (an abstaining reply cites nothing)."""
     text, citations, invalid = resolve_citations(state.answer, state.blocks)
     if invalid:
         state.errors.append(f"answer: removed citations to unknown blocks {sorted(set(invalid))}")
+    if state.outcome in ("context", "partial") and SAYS_NOT_COVERED.match(text):
+        state.outcome, state.missing = "none", state.missing or (state.question,)
+        text, citations = resolve_citations(text, ())[0], ()
     state.answer, state.citations = text.strip(), citations

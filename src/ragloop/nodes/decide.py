@@ -8,6 +8,7 @@ from ragloop._log import get_logger
 from ragloop.events import Progress
 from ragloop.llm.protocols import Decider
 from ragloop.nodes.retrieve import content_key
+from ragloop.policy import ANSWER, DECIDE, EDGES, RETRIEVE
 from ragloop.runner import emit
 from ragloop.state import Decision, QueryState, TurnState
 
@@ -41,7 +42,7 @@ class Decide:
     decider: Decider
     max_queries: int = field(kw_only=True)
     fallback: Decider | None = field(default=None, kw_only=True)
-    routes: tuple[str, ...] = field(default=("retrieve", "answer"), init=False)
+    routes: tuple[str, ...] = field(default=EDGES[DECIDE], init=False)
 
     async def __call__(self, state: TurnState) -> str:
         decision = await self._decide(state)
@@ -51,7 +52,7 @@ class Decide:
         if decision.reply is not None:
             state.decision = Decision(reply=decision.reply, reason=decision.reason or "no search needed")
             await emit(Progress(node="decide", kind="direct", message="no search needed"))
-            return "answer"
+            return ANSWER
         if len(queries) < len(decision.queries):
             log.info("queries.capped", asked=len(decision.queries), kept=len(queries))
         state.decision = Decision(queries=tuple(queries), reason=decision.reason)
@@ -61,7 +62,7 @@ class Decide:
         await emit(
             Progress(node="decide", kind="queries", message=f"{len(queries)} search(es)", data={"queries": queries})
         )
-        return "retrieve"
+        return RETRIEVE
 
     async def _decide(self, state: TurnState) -> Decision:
         for judge in (self.decider, self.fallback):

@@ -11,7 +11,7 @@ from ragloop._log import get_logger
 from ragloop.events import Progress
 from ragloop.llm.budget import time_left
 from ragloop.llm.protocols import BatchGrader, Grader
-from ragloop.policy import RoutingPolicy, next_step
+from ragloop.policy import EDGES, GRADE, RoutingPolicy, next_step
 from ragloop.runner import emit
 from ragloop.state import Graded, Hit, TurnState, Verdict
 
@@ -112,7 +112,7 @@ class Grade:
     timeout_s: float = field(kw_only=True)
     max_concurrency: int = field(kw_only=True)
     per_passage: bool = field(default=False, kw_only=True)
-    routes: tuple[str, ...] = field(default=("live", "rewrite", "hop", "answer"), init=False)
+    routes: tuple[str, ...] = field(default=EDGES[GRADE], init=False)
 
     async def __call__(self, state: TurnState) -> str:
         current = [q for q in state.queries.values() if q.status == "pending"]
@@ -141,7 +141,7 @@ class Grade:
                 data={q.text: q.status for q in current},
             )
         )
-        return next_step(state, self.policy, after="grade")
+        return next_step(state, self.policy, after=GRADE)
 
 
 def _graded_message(graded: Sequence[Graded], queries: int) -> str:

@@ -8,7 +8,7 @@ from attrs import define, field
 from ragloop._log import get_logger
 from ragloop.events import Progress
 from ragloop.llm.protocols import Bridger
-from ragloop.policy import RoutingPolicy, next_step
+from ragloop.policy import EDGES, HOP, RoutingPolicy, next_step
 from ragloop.runner import emit
 from ragloop.state import HopAttempt, QueryState, TurnState
 
@@ -33,12 +33,12 @@ class Hop:
     bridger: Bridger | None
     policy: RoutingPolicy = field(kw_only=True)
     timeout_s: float = field(kw_only=True)
-    routes: tuple[str, ...] = field(default=("retrieve", "answer"), init=False)
+    routes: tuple[str, ...] = field(default=EDGES[HOP], init=False)
 
     async def __call__(self, state: TurnState) -> str:
         roots = state.roots()
         if self.bridger is None or not roots:
-            return next_step(state, self.policy, after="hop")
+            return next_step(state, self.policy, after=HOP)
         found = [g.hit.text for g in state.graded if g.verdict.label == "relevant"]
         failure = None
         try:
@@ -51,9 +51,9 @@ class Hop:
         reason = failure or ("follow-up from the relevant passages" if accepted else "no follow-up needed")
         state.hops.append(HopAttempt(query, len(found), accepted, reason))
         if not accepted or query is None:
-            return next_step(state, self.policy, after="hop")
+            return next_step(state, self.policy, after=HOP)
         log.info("hop.follow_up", query=query)
         state.queries[query] = QueryState(text=query, root=roots[0], attempt=0, hop=True)
         state.pending = [query]
         await emit(Progress(node="hop", kind="hop", message=f"following up: {query}", data={"query": query}))
-        return next_step(state, self.policy, after="hop")
+        return next_step(state, self.policy, after=HOP)

@@ -10,7 +10,7 @@ from attrs import define, field
 
 from ragloop._log import get_logger
 from ragloop.events import Progress
-from ragloop.policy import RoutingPolicy, is_short, next_step
+from ragloop.policy import EDGES, LIVE, RoutingPolicy, is_short, next_step
 from ragloop.retrievers.live import LiveSource, lookup_for, record_hit, split_matches
 from ragloop.runner import emit
 from ragloop.state import Graded, LiveLookup, TurnState, Verdict
@@ -38,7 +38,7 @@ class Live:
     policy: RoutingPolicy = field(kw_only=True)
     timeout_s: float = field(kw_only=True)
     max_record_chars: int = field(default=MAX_RECORD_CHARS, kw_only=True)
-    routes: tuple[str, ...] = field(default=("rewrite", "answer"), init=False)
+    routes: tuple[str, ...] = field(default=EDGES[LIVE], init=False)
 
     async def __call__(self, state: TurnState) -> str:
         jobs = [
@@ -93,4 +93,4 @@ class Live:
                 data={"lookups": [attrs.asdict(lookup) for lookup in state.live]},
             )
         )
-        return next_step(state, self.policy, after="live")
+        return next_step(state, self.policy, after=LIVE)

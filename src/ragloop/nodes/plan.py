@@ -27,7 +27,8 @@ from ragloop.events import Progress
 from ragloop.llm.budget import CallBudget, time_left
 from ragloop.plan import Fate, FateStatus, Plan, PlanRun, SubQuery, WaveRun, build_waves, dependents, fill
 from ragloop.plan import validate_plan as _validate
-from ragloop.retrievers.sources import DocumentSource, Filters, LiveLookupSource, Source, SourceResult
+from ragloop.policy import ANSWER, DECIDE, EDGES, GRADE, PLAN, RETRIEVE
+from ragloop.retrievers.sources import CallerScoped, DocumentSource, Filters, Source, SourceResult
 from ragloop.runner import emit
 from ragloop.state import Caller, Decision, Graded, QueryState, TurnState, Verdict
 
@@ -231,12 +232,13 @@ def _verb(status: FateStatus) -> str:
 def _for_turn(
     sources: Mapping[str, Source], caller: Caller | None, filters: Mapping[str, tuple[str, ...]]
 ) -> Mapping[str, Source]:
-    """The sources scoped to the turn, as on the decide route: the caller handed to every live lookup, the
-    metadata filters to every document search (the plan path checks access too)."""
+    """The sources scoped to the turn, as on the decide route: the caller handed to every source that answers for
+    a caller (live lookups, SQL sources: ``for_caller``, with ``None`` too, so a source showing rows by tenant
+    shows none to nobody), the metadata filters to every document search (the plan path checks access too)."""
 
     def scoped(source: Source) -> Source:
-        if caller is not None and isinstance(source, LiveLookupSource):
-            return attrs.evolve(source, caller=caller)
+        if isinstance(source, CallerScoped):  # live lookups and SQL sources: the caller's rows only
+            return source.for_caller(caller)
         if filters and isinstance(source, DocumentSource):
             return attrs.evolve(source, scope=dict(filters))
         return source
@@ -265,12 +267,12 @@ class PlanNode:
     max_subqueries: int = 6
     timeout_s: float = 5.0
     max_concurrency: int = 4
-    routes: tuple[str, ...] = field(default=("decide", "retrieve", "grade", "answer"), init=False)
+    routes: tuple[str, ...] = field(default=EDGES[PLAN], init=False)
 
     async def __call__(self, state: TurnState) -> str:
         made = await self._plan(state)
         if made is None:
-            return "decide"
+            return DECIDE
         plan, planner = made
         waves = build_waves(plan.subqueries)
         if len(waves) == 1 and all(q.source == self.documents and not q.filters for q in plan.subqueries):
@@ -281,7 +283,7 @@ class PlanNode:
                 state.queries[q] = QueryState(text=q, root=q)
             state.pending = list(queries)
             await emit(Progress(node="plan", kind="queries", message=f"{len(queries)} search(es)"))
-            return "retrieve"
+            return RETRIEVE
         await emit(
             Progress(
                 node="plan",
@@ -378,4 +380,4 @@ class PlanNode:
             q.status = "enough"
             for h in hits:
                 state.graded.append(Graded(text, h, Verdict("relevant", reason=f"{sub.source}: {h.chunk.title}")))
-        return "grade" if to_grade else "answer"
+        return GRADE if to_grade else ANSWER

@@ -13,6 +13,7 @@ from attrs import define, field
 
 from ragloop._log import get_logger
 from ragloop.events import Progress
+from ragloop.policy import ANSWER, EDGES, GRADE, RETRIEVE
 from ragloop.retrievers.base import Retriever, search_with_filters
 from ragloop.runner import emit
 from ragloop.state import Graded, Hit, TurnState, Verdict
@@ -110,7 +111,7 @@ class Retrieve:
     max_concurrency: int = field(kw_only=True)
     fast_path_confidence: float = field(kw_only=True)
     fast_path_min_hits: int = field(kw_only=True)
-    routes: tuple[str, ...] = field(default=("grade", "answer"), init=False)
+    routes: tuple[str, ...] = field(default=EDGES[RETRIEVE], init=False)
 
     async def __call__(self, state: TurnState) -> str:
         pending = [q for q in state.pending if q in state.queries]
@@ -179,8 +180,8 @@ class Retrieve:
                 Graded(only.text, h, Verdict("relevant", reason="fast path: high-confidence hit", score=h.confidence))
                 for h in confident
             )
-            return "answer"
-        return "grade"
+            return ANSWER
+        return GRADE
 
     async def _search(self, state: TurnState, query: str) -> list[Hit]:
         return await search_with_filters(self.retriever, query, self.k, state.filters)

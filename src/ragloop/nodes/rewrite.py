@@ -11,7 +11,7 @@ from ragloop._log import get_logger
 from ragloop.events import Progress
 from ragloop.llm.guards import query_problem
 from ragloop.llm.protocols import Rewriter
-from ragloop.policy import RoutingPolicy, can_rewrite, next_step, short_queries
+from ragloop.policy import EDGES, REWRITE, RoutingPolicy, can_rewrite, next_step, short_queries
 from ragloop.retrievers.base import Embedder
 from ragloop.runner import emit
 from ragloop.state import QueryState, RewriteAttempt, TurnState
@@ -52,7 +52,7 @@ class Rewrite:
     cosine_threshold: float = field(kw_only=True)
     timeout_s: float = field(kw_only=True)
     embedder: Embedder | None = field(default=None, kw_only=True)
-    routes: tuple[str, ...] = field(default=("retrieve", "answer"), init=False)
+    routes: tuple[str, ...] = field(default=EDGES[REWRITE], init=False)
 
     async def __call__(self, state: TurnState) -> str:
         short = short_queries(state)
@@ -94,7 +94,7 @@ class Rewrite:
                 data={"queries": list(state.pending)},
             )
         )
-        return next_step(state, self.policy, after="rewrite")
+        return next_step(state, self.policy, after=REWRITE)
 
     async def _semantic_repeat(self, candidate: str, tried: Sequence[str]) -> str | None:
         import numpy as np

@@ -25,7 +25,7 @@ import numpy.typing as npt
 from bm25s.stopwords import STOPWORDS_EN
 
 from ragloop.errors import ConfigError, IndexError_
-from ragloop.retrievers.filters import FilterKey, Filters, filter_key, matches
+from ragloop.retrievers.filters import FilterKey, Filters, check_filter_keys, filter_key, matches, metadata_keys
 from ragloop.state import Chunk, Hit
 from ragloop.text import has_snowball, stem, tokenize
 
@@ -199,11 +199,24 @@ class BM25Retriever:
         self.chunks = chunks
         self.name = name
         self._masks: dict[FilterKey, npt.NDArray[np.float32]] = {}
+        self._keys: frozenset[str] | None = None
+        self._keys_read = False
+
+    def metadata_keys(self) -> frozenset[str] | None:
+        """Every metadata key of the indexed chunks (a filter on another key is refused); ``None``: no chunks."""
+        if not self._keys_read:
+            self._keys, self._keys_read = metadata_keys(self.chunks.values()), True
+        return self._keys
 
     def search_sync(self, query: str, k: int = 10, filters: Filters | None = None) -> list[Hit]:
-        """:meth:`search`, in the calling thread."""
+        """:meth:`search`, in the calling thread.
+
+        Raises:
+            UnknownFilterKey: a filter key that no chunk has.
+        """
         if not filters:
             return self.to_hits(self.index.search_sync(query, k))
+        check_filter_keys(filters, self.metadata_keys())
         scores, best = self.index.scores(query)
         return self.to_hits(self.index.top(scores * self.mask(filters), best, k))
 

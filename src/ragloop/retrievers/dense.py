@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from ragloop.errors import ConfigError, IndexError_, RetrievalError
 from ragloop.retrievers.base import Embedder
-from ragloop.retrievers.filters import FilterKey, Filters, filter_key, matches
+from ragloop.retrievers.filters import FilterKey, Filters, check_filter_keys, filter_key, matches, metadata_keys
 from ragloop.state import Chunk, Hit
 
 __all__ = ["DenseIndex", "DenseRetriever", "chunk_int_id", "cosine_confidence"]
@@ -288,6 +288,14 @@ class DenseRetriever:
         self.high = high
         self.name = name
         self._subsets: dict[FilterKey, tuple[list[str], npt.NDArray[np.float32]]] = {}
+        self._keys: frozenset[str] | None = None
+        self._keys_read = False
+
+    def metadata_keys(self) -> frozenset[str] | None:
+        """Every metadata key of the indexed chunks (a filter on another key is refused); ``None``: no chunks."""
+        if not self._keys_read:
+            self._keys, self._keys_read = metadata_keys(self.chunks.values()), True
+        return self._keys
 
     async def embed_query(self, query: str) -> npt.NDArray[np.float32]:
         """The query's unit vector."""
@@ -314,7 +322,12 @@ class DenseRetriever:
         ]
 
     async def search(self, query: str, k: int = 10, filters: Filters | None = None) -> list[Hit]:
-        """Return at most ``k`` hits by cosine, best first, among chunks matching ``filters``."""
+        """Return at most ``k`` hits by cosine, best first, among chunks matching ``filters``.
+
+        Raises:
+            UnknownFilterKey: a filter key that no chunk has.
+        """
+        check_filter_keys(filters, self.metadata_keys())
         vector = await self.embed_query(query)
         if not filters:
             return await self.search_vector(vector, k)

@@ -37,6 +37,8 @@ from ragloop.errors import ConfigError, RetrievalError
 if TYPE_CHECKING:
     import openai
 
+    from ragloop.retrievers.base import Embedder
+
 __all__ = [
     "MINILM_MODEL_SHA256",
     "MINILM_TOKENIZER_SHA256",
@@ -46,6 +48,8 @@ __all__ = [
     "Progress",
     "WordPieceTokens",
     "default_embedder",
+    "embed_batched",
+    "embedder_named",
     "minilm_tokenizer",
     "normalize_rows",
 ]
@@ -403,3 +407,35 @@ def default_embedder() -> MiniLMEmbedder | HashEmbedder:
     except ImportError:
         return HashEmbedder()
     return MiniLMEmbedder()
+
+
+def embedder_named(name: str, dim: int) -> Embedder | None:
+    """The embedder ragloop can rebuild from the name and dimension an index or a store recorded, or ``None``.
+
+    MiniLM (:data:`MiniLMEmbedder.name`) and the hash embedder (``hash-<dim>``) are rebuilt; for any other
+    the caller asks for the embedder itself (the one the index was built with).
+    """
+    if name == MiniLMEmbedder.name:
+        return MiniLMEmbedder()
+    if name == f"hash-{dim}":
+        return HashEmbedder(dim)
+    return None
+
+
+async def embed_batched(
+    embedder: Embedder, texts: Sequence[str], progress: Progress | None = None, *, batch: int = 256
+) -> npt.NDArray[np.float32]:
+    """Every text's vector, ``(len(texts), dim)`` float32, embedded ``batch`` texts at a time.
+
+    An embedder with a blocking ``embed_sync`` runs each batch in a worker thread (the event loop stays free);
+    any other is awaited. ``progress(done, total)`` is called after each batch.
+    """
+    parts: list[npt.NDArray[np.float32]] = []
+    embed_sync = getattr(embedder, "embed_sync", None)
+    for start in range(0, len(texts), batch):
+        part = texts[start : start + batch]
+        vectors = await anyio.to_thread.run_sync(embed_sync, part) if embed_sync else await embedder.embed(part)
+        parts.append(np.asarray(vectors, dtype=np.float32))
+        if progress is not None:
+            progress(min(start + batch, len(texts)), len(texts))
+    return np.concatenate(parts) if parts else np.zeros((0, embedder.dim), dtype=np.float32)

@@ -5,16 +5,34 @@ A filter maps a metadata key to the values a chunk may have there: ``{"tenant": 
 matches. :func:`normalize_filters` turns what a caller passes into the canonical form
 ``{key: (value, …)}`` that every retriever takes; :func:`matches` is the local test, and the Postgres store
 translates the same form into ``metadata->>key = ANY(values)``.
+
+A filter key that no indexed chunk has is almost always a misspelling (``tenat``) and would silently match
+nothing: :func:`check_filter_keys` refuses it with :class:`~ragloop.errors.UnknownFilterKey`, naming the keys
+that exist. Retrievers that know their chunks' keys say so with ``metadata_keys()`` (:class:`KnowsKeys`); the
+local retrievers, the local index and the Postgres store do, and :func:`check_retriever_filters` asks any of
+them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
+from typing import Protocol, runtime_checkable
 
-from ragloop.errors import ConfigError
+from ragloop.errors import ConfigError, UnknownFilterKey
 from ragloop.state import Chunk
 
-__all__ = ["FilterKey", "Filters", "FiltersArg", "filter_key", "matches", "normalize_filters"]
+__all__ = [
+    "FilterKey",
+    "Filters",
+    "FiltersArg",
+    "KnowsKeys",
+    "check_filter_keys",
+    "check_retriever_filters",
+    "filter_key",
+    "matches",
+    "metadata_keys",
+    "normalize_filters",
+]
 
 #: Canonical filters: key → allowed values (sorted, distinct, at least one).
 Filters = Mapping[str, tuple[str, ...]]
@@ -69,3 +87,45 @@ def matches(chunk: Chunk, filters: Filters) -> bool:
         return True
     meta = dict(chunk.metadata)
     return all(meta.get(key) in values for key, values in filters.items())
+
+
+def metadata_keys(chunks: Iterable[Chunk]) -> frozenset[str] | None:
+    """Every metadata key that at least one of ``chunks`` has; ``None`` when there are no chunks."""
+    keys: set[str] = set()
+    seen = False
+    for c in chunks:
+        seen = True
+        keys.update(key for key, _ in c.metadata)
+    return frozenset(keys) if seen else None
+
+
+@runtime_checkable
+class KnowsKeys(Protocol):
+    """A retriever that knows which metadata keys its chunks have (so that filters can be checked)."""
+
+    def metadata_keys(self) -> frozenset[str] | None:
+        """The keys, or ``None`` when not known (then filters are not checked)."""
+        ...
+
+
+def check_filter_keys(filters: Filters | None, known: Collection[str] | None) -> None:
+    """Refuse a filter on a key that no chunk has (``known``: the keys that exist, empty when the chunks have
+    no metadata at all; ``None``: not known, e.g. an empty index, which finds nothing anyway).
+
+    Raises:
+        UnknownFilterKey: a key is not in ``known``; the message lists the known keys.
+    """
+    if not filters or known is None:
+        return
+    unknown = sorted(k for k in filters if k not in known)
+    if unknown:
+        names = ", ".join(repr(k) for k in unknown)
+        what = "filter key" if len(unknown) == 1 else "filter keys"
+        listed = ", ".join(sorted(known)) or "none (the indexed chunks have no metadata)"
+        raise UnknownFilterKey(f"unknown {what} {names}: no indexed chunk has it; known keys: {listed}")
+
+
+def check_retriever_filters(retriever: object, filters: Filters | None) -> None:
+    """:func:`check_filter_keys` against ``retriever.metadata_keys()`` when the retriever knows its keys."""
+    if filters and isinstance(retriever, KnowsKeys):
+        check_filter_keys(filters, retriever.metadata_keys())

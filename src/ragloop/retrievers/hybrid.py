@@ -32,7 +32,7 @@ import numpy.typing as npt
 from ragloop.errors import ConfigError
 from ragloop.retrievers.bm25 import BM25Retriever
 from ragloop.retrievers.dense import DenseRetriever, cosine_confidence
-from ragloop.retrievers.filters import Filters
+from ragloop.retrievers.filters import Filters, check_filter_keys
 from ragloop.state import Chunk, Hit
 
 __all__ = ["HybridRetriever", "hybrid_confidence", "rrf_fuse", "rrf_rank"]
@@ -190,11 +190,19 @@ class HybridRetriever:
             all_scores = all_scores * self.bm25.mask(filters)
         return self.bm25.index.top(all_scores, best, depth), all_scores, best
 
+    def metadata_keys(self) -> frozenset[str] | None:
+        """Every metadata key of the indexed chunks (a filter on another key is refused); ``None``: no chunks."""
+        return self.bm25.metadata_keys()
+
     async def search(self, query: str, k: int = 10, filters: Filters | None = None) -> list[Hit]:
         """Return at most ``k`` fused hits, best first, each with both retrievers' provenance.
 
         With ``filters``, only chunks whose metadata matches are candidates (exact search on both sides).
+
+        Raises:
+            UnknownFilterKey: a filter key that no chunk has.
         """
+        check_filter_keys(filters, self.metadata_keys())
         depth = max(k, self.depth)
         lexical: tuple[list[tuple[str, float, float]], npt.NDArray[np.float32], float] | None = None
         semantic: list[tuple[str, float]] = []

@@ -3,7 +3,7 @@
 Layout of an index directory::
 
     manifest.json     format version, embedder name and dim, chunk count, settings, sha256 of every file
-    chunks.jsonl      one chunk per line (JSON, no pickle)
+    chunks.jsonl      one chunk per line (JSON, no pickle), with its scope when it has one
     bm25/             bm25s's .npy arrays and JSON, plus ragloop.json (tokenizer settings, chunk ids)
     dense.faiss       the faiss index (faiss's own format)
     dense.json        faiss id → chunk id map and index settings
@@ -43,13 +43,22 @@ from ragloop.errors import ConfigError, IndexError_
 from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.bm25 import BM25Index, BM25Retriever
 from ragloop.retrievers.dense import DenseIndex, DenseRetriever
-from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder, Progress, file_sha256
-from ragloop.retrievers.filters import Filters
+from ragloop.retrievers.embed import Progress, embed_batched, embedder_named, file_sha256
+from ragloop.retrievers.filters import Filters, metadata_keys
 from ragloop.retrievers.hybrid import HybridRetriever
 from ragloop.retrievers.ingest._chunk import index_text
+from ragloop.retrievers.scope import Scope
 from ragloop.state import Chunk, Hit
 
-__all__ = ["FORMAT_VERSION", "INDEX_MARKER", "KnowledgeIndex", "Mode", "check_index_target", "index_text"]
+__all__ = [
+    "FORMAT_VERSION",
+    "INDEX_MARKER",
+    "KnowledgeIndex",
+    "Mode",
+    "check_index_target",
+    "index_scopes",
+    "index_text",
+]
 
 #: Version of the on-disk layout; a different version at load time asks for a rebuild.
 FORMAT_VERSION = 1
@@ -66,6 +75,9 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>[0-9]+)-[0-9a-f]{12}")
 #: Names a save writes at the top of an index folder (what a leftover temporary folder may hold).
 _INDEX_ENTRIES = frozenset({_MANIFEST, _CHUNKS, "bm25", "dense.faiss", "dense.json"})
+
+
+_NO_SCOPE = Scope()
 
 
 def _remove_dead_leftovers(parent: Path, name: str) -> None:
@@ -233,7 +245,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _chunk_to_json(chunk: Chunk) -> str:
+def _chunk_to_json(chunk: Chunk, scope: Scope) -> str:
     return json.dumps(
         {
             "id": chunk.id,
@@ -244,13 +256,17 @@ def _chunk_to_json(chunk: Chunk) -> str:
             "doc_id": chunk.doc_id,
             **({"url": chunk.url} if chunk.url else {}),
             **({"metadata": dict(chunk.metadata)} if chunk.metadata else {}),
+            **({"scope": dict(scope.pairs)} if scope.pairs else {}),
         },
         ensure_ascii=False,
     )
 
 
-def _chunk_from_json(line: str) -> Chunk:
+def _chunk_from_json(line: str) -> tuple[Chunk, Scope]:
     d = json.loads(line)
+    scope = d.get("scope") or {}
+    if not isinstance(scope, dict) or not all(isinstance(v, str) for v in scope.values()):
+        raise ValueError("'scope' is not an object of strings")
     return Chunk(
         id=d["id"],
         text=d["text"],
@@ -260,7 +276,7 @@ def _chunk_from_json(line: str) -> Chunk:
         doc_id=d.get("doc_id", ""),
         url=d.get("url", ""),
         metadata=d.get("metadata", {}),
-    )
+    ), Scope(scope)
 
 
 def _short(exc: BaseException) -> str:
@@ -329,44 +345,55 @@ def _check_index_files(root: Path, files: dict[str, str], *, verify: bool, rebui
             raise IndexError_(f"index file {path} does not match its checksum (corrupt or edited); {rebuild}")
 
 
-def _read_chunks(path: Path, rebuild: str) -> list[Chunk]:
-    """Every chunk in ``chunks.jsonl``, each line's shape checked (strings where strings belong)."""
+def _read_chunks(path: Path, rebuild: str) -> tuple[list[Chunk], dict[str, Scope]]:
+    """Every chunk in ``chunks.jsonl``, each line's shape checked (strings where strings belong), and the
+    scopes of the scoped ones (chunk id → scope)."""
     chunks: list[Chunk] = []
+    scopes: dict[str, Scope] = {}
     with path.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
             try:
-                chunk = _chunk_from_json(line)
-            except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+                chunk, scope = _chunk_from_json(line)
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError, ConfigError) as exc:
                 raise IndexError_(f"{path} line {lineno} is not a chunk ({_short(exc)}); {rebuild}") from exc
             texts = (chunk.id, chunk.text, chunk.source, chunk.title, chunk.doc_id, chunk.url, *chunk.title_path)
             if not all(isinstance(t, str) for t in texts) or not chunk.id:
                 raise IndexError_(f"{path} line {lineno} is not a chunk (a field has the wrong type); {rebuild}")
             chunks.append(chunk)
-    return chunks
+            if scope.pairs:
+                scopes[chunk.id] = scope
+    return chunks, scopes
+
+
+def index_scopes(directory: str | os.PathLike[str]) -> dict[Scope, int]:
+    """Documents per scope in the index at ``directory`` (``{}`` when it holds no readable index).
+
+    Reads only the manifest and ``chunks.jsonl`` (no checksums, no vectors): what a rebuild checks before it
+    would replace an index that holds other scopes' documents.
+    """
+    root = Path(directory)
+    if not _is_index(root):
+        return {}
+    try:
+        chunks, scopes = _read_chunks(root / _CHUNKS, "")
+    except (OSError, IndexError_):
+        return {}
+    docs: dict[Scope, set[str]] = {}
+    for c in chunks:
+        docs.setdefault(scopes.get(c.id, Scope()), set()).add(c.doc_id)
+    return {scope: len(ids) for scope, ids in docs.items()}
 
 
 def _embedder_for(name: str, dim: int) -> Embedder:
-    if name == MiniLMEmbedder.name:
-        return MiniLMEmbedder()
-    if name == f"hash-{dim}":
-        return HashEmbedder(dim)
-    raise IndexError_(
-        f"the index was built with embedder {name!r} ({dim}-dim), which ragloop cannot rebuild by name; "
-        "pass the same embedder to KnowledgeIndex.load(dir, embedder=...)"
-    )
-
-
-async def _embed_batched(
-    embedder: Embedder, texts: Sequence[str], progress: Progress | None, batch: int = 256
-) -> npt.NDArray[np.float32]:
-    parts = []
-    for start in range(0, len(texts), batch):
-        parts.append(np.asarray(await embedder.embed(texts[start : start + batch]), dtype=np.float32))
-        if progress is not None:
-            progress(min(start + batch, len(texts)), len(texts))
-    return np.concatenate(parts) if parts else np.zeros((0, embedder.dim), dtype=np.float32)
+    embedder = embedder_named(name, dim)
+    if embedder is None:
+        raise IndexError_(
+            f"the index was built with embedder {name!r} ({dim}-dim), which ragloop cannot rebuild by name; "
+            "pass the same embedder to KnowledgeIndex.load(dir, embedder=...)"
+        )
+    return embedder
 
 
 class KnowledgeIndex:
@@ -382,6 +409,7 @@ class KnowledgeIndex:
         embedder: The embedder the vectors came from (used to embed queries).
         weights: Hybrid fusion weights keyed ``"bm25"`` / ``"dense"``.
         rrf_k: The RRF constant for hybrid search.
+        scopes: Chunk id → the scope it was indexed under (chunks not named belong to the empty scope).
     """
 
     def __init__(
@@ -393,6 +421,7 @@ class KnowledgeIndex:
         *,
         weights: Mapping[str, float] | None = None,
         rrf_k: int = 60,
+        scopes: Mapping[str, Scope] | None = None,
     ) -> None:
         if embedder.dim != dense.dim:
             raise ConfigError(f"embedder {embedder.name!r} has dim {embedder.dim}, the index has {dense.dim}")
@@ -405,6 +434,8 @@ class KnowledgeIndex:
         self.rrf_k = rrf_k
         self._retrievers: dict[str, Retriever] = {}
         self._version: str | None = None
+        self._scopes = {cid: s for cid, s in (scopes or {}).items() if s.pairs and cid in self._by_id}
+        self._keys: frozenset[str] | None = None
 
     @property
     def chunks(self) -> tuple[Chunk, ...]:
@@ -414,6 +445,23 @@ class KnowledgeIndex:
     def chunk(self, chunk_id: str) -> Chunk | None:
         """The chunk with this id, if indexed."""
         return self._by_id.get(chunk_id)
+
+    def scope_of(self, chunk_id: str) -> Scope:
+        """The scope the chunk was indexed under (the empty scope for an unscoped or unknown chunk)."""
+        return self._scopes.get(chunk_id, _NO_SCOPE)
+
+    def scopes(self) -> dict[Scope, int]:
+        """Documents per scope."""
+        docs: dict[Scope, set[str]] = {}
+        for c in self._chunks:
+            docs.setdefault(self.scope_of(c.id), set()).add(c.doc_id)
+        return {scope: len(ids) for scope, ids in docs.items()}
+
+    def metadata_keys(self) -> frozenset[str] | None:
+        """Every metadata key of the indexed chunks (a filter on another key is refused); ``None``: no chunks."""
+        if self._keys is None:
+            self._keys = metadata_keys(self._chunks) or frozenset()
+        return self._keys if self._chunks else None
 
     @property
     def version(self) -> str:
@@ -445,6 +493,7 @@ class KnowledgeIndex:
         *,
         hnsw_threshold: int,
         stem: bool,
+        scopes: Mapping[str, Scope] | None = None,
     ) -> KnowledgeIndex:
         ids = [c.id for c in chunks]
         bm25 = BM25Index(stem=stem)
@@ -452,7 +501,7 @@ class KnowledgeIndex:
         dense = DenseIndex(embedder.dim, hnsw_threshold=hnsw_threshold)
         if chunks:
             dense.add(ids, vectors)
-        return cls(chunks, bm25, dense, embedder)
+        return cls(chunks, bm25, dense, embedder, scopes=scopes)
 
     @classmethod
     def build(
@@ -463,20 +512,24 @@ class KnowledgeIndex:
         progress: Progress | None = None,
         hnsw_threshold: int = 50_000,
         stem: bool = True,
+        scope: Scope | Mapping[str, str] | None = None,
     ) -> KnowledgeIndex:
         """Embed and index ``chunks`` (duplicate ids are kept once); ``progress(done, total)`` per batch.
 
-        Embedders with an ``embed_sync`` method run in this thread; others (e.g. :class:`OpenAIEmbedder`)
-        through ``anyio.run``, so call :meth:`abuild` instead from inside an event loop.
+        Embedders with an ``embed_sync`` method run in this thread; others (e.g.
+        :class:`~ragloop.retrievers.embed.OpenAIEmbedder`) through ``anyio.run``, so call :meth:`abuild` instead
+        from inside an event loop. With a ``scope``, every chunk is stored under it (:meth:`Scope.apply`).
         """
-        unique = cls._dedupe(chunks)
+        scoped = Scope.of(scope)
+        unique = cls._dedupe(scoped.apply(chunks))
         texts = [index_text(c) for c in unique]
         embed_sync = getattr(embedder, "embed_sync", None)
         if embed_sync is not None:
             vectors = np.asarray(embed_sync(texts, progress=progress), dtype=np.float32)
         else:
-            vectors = anyio.run(_embed_batched, embedder, texts, progress)
-        return cls._assemble(unique, vectors, embedder, hnsw_threshold=hnsw_threshold, stem=stem)
+            vectors = anyio.run(embed_batched, embedder, texts, progress)
+        scopes = {c.id: scoped for c in unique}
+        return cls._assemble(unique, vectors, embedder, hnsw_threshold=hnsw_threshold, stem=stem, scopes=scopes)
 
     @classmethod
     async def abuild(
@@ -487,13 +540,17 @@ class KnowledgeIndex:
         progress: Progress | None = None,
         hnsw_threshold: int = 50_000,
         stem: bool = True,
+        scope: Scope | Mapping[str, str] | None = None,
     ) -> KnowledgeIndex:
-        """:meth:`build` for async callers: embeds with ``await embedder.embed`` and indexes in a thread."""
-        unique = cls._dedupe(chunks)
-        vectors = await _embed_batched(embedder, [index_text(c) for c in unique], progress)
+        """:meth:`build` for async callers: embeds off the event loop, batch by batch
+        (:func:`~ragloop.retrievers.embed.embed_batched`), and indexes in a thread."""
+        scoped = Scope.of(scope)
+        unique = cls._dedupe(scoped.apply(chunks))
+        vectors = await embed_batched(embedder, [index_text(c) for c in unique], progress)
+        scopes = {c.id: scoped for c in unique}
 
         def assemble() -> KnowledgeIndex:
-            return cls._assemble(unique, vectors, embedder, hnsw_threshold=hnsw_threshold, stem=stem)
+            return cls._assemble(unique, vectors, embedder, hnsw_threshold=hnsw_threshold, stem=stem, scopes=scopes)
 
         return await anyio.to_thread.run_sync(assemble)
 
@@ -546,7 +603,7 @@ class KnowledgeIndex:
         try:
             with (tmp / _CHUNKS).open("w", encoding="utf-8") as fh:
                 for c in self._chunks:
-                    fh.write(_chunk_to_json(c) + "\n")
+                    fh.write(_chunk_to_json(c, self.scope_of(c.id)) + "\n")
             self.bm25.save(tmp)
             self.dense.save(tmp)
             files = sorted(p for p in tmp.rglob("*") if p.is_file())
@@ -646,7 +703,7 @@ class KnowledgeIndex:
                 f"({embedder.dim}-dim) was given; load it with the same embedder, or rebuild it with "
                 f"`ragloop index PATH --out {root} --embedder ...`"
             )
-        chunks = _read_chunks(root / _CHUNKS, rebuild)
+        chunks, scopes = _read_chunks(root / _CHUNKS, rebuild)
         try:
             bm25 = BM25Index.load(root)
             dense = DenseIndex.load(root)
@@ -658,7 +715,7 @@ class KnowledgeIndex:
                 f"index {root} is inconsistent: manifest says {count} chunks, found {len(chunks)} chunks, "
                 f"{len(bm25)} BM25 rows, {len(dense)} vectors; {rebuild}"
             )
-        return cls(chunks, bm25, dense, embedder, weights=weights, rrf_k=rrf_k)
+        return cls(chunks, bm25, dense, embedder, weights=weights, rrf_k=rrf_k, scopes=scopes)
 
     def describe(self) -> dict[str, Any]:
         """A summary: chunk count, embedder, dense index kind."""

@@ -10,6 +10,9 @@ slots of later sub-queries. Three kinds ship:
 - :class:`LiveLookupSource`: a :class:`~ragloop.retrievers.live.LiveSource` looked up by the ids of an ``ids``
   filter (e.g. ticket ids found by SQL) or, without one, by the ids its signal finds in the query text;
 - :class:`~ragloop.retrievers.sql.SQLiteSource`: a read-only SQL database behind an allowlist.
+
+A source that answers on behalf of a caller (:class:`CallerScoped`: the live and SQL sources) is handed the
+turn's caller by the plan node through ``for_caller``, so a plan reads only what the caller may see.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
+import attrs
 from attrs import field, frozen
 
 from ragloop.errors import SourceError
@@ -26,7 +30,7 @@ from ragloop.retrievers.base import Retriever, search_with_filters
 from ragloop.retrievers.live import LiveSource, lookup_for, record_hit, split_matches
 from ragloop.state import Caller, Hit
 
-__all__ = ["DocumentSource", "Filters", "LiveLookupSource", "Row", "Source", "SourceResult"]
+__all__ = ["CallerScoped", "DocumentSource", "Filters", "LiveLookupSource", "Row", "Source", "SourceResult"]
 
 #: Filters as a source receives them: each filter's values, slots already filled.
 Filters = Mapping[str, tuple[str, ...]]
@@ -73,6 +77,18 @@ class Source(Protocol):
 
     async def run(self, query: str, filters: Filters) -> SourceResult:
         """Answer one sub-query (slots filled). Raises SourceError (QueryRefused for a refused query)."""
+        ...
+
+
+@runtime_checkable
+class CallerScoped(Protocol):
+    """A source that answers on behalf of a caller (tenant, user): the plan node asks it for the turn's caller.
+
+    ``for_caller(None)`` is a request without a caller: a source that shows rows by tenant shows none.
+    """
+
+    def for_caller(self, caller: Caller | None) -> Source:
+        """This source on behalf of ``caller``."""
         ...
 
 
@@ -144,6 +160,10 @@ class LiveLookupSource:
     def name(self) -> str:
         """The live source's name."""
         return self.source.name
+
+    def for_caller(self, caller: Caller | None) -> LiveLookupSource:
+        """This source with every lookup on behalf of ``caller``."""
+        return attrs.evolve(self, caller=caller)
 
     async def run(self, query: str, filters: Filters) -> SourceResult:
         """Look the ids up. Raises SourceError when the live source fails or no id is given."""

@@ -13,7 +13,8 @@ import base64
 import hashlib
 import importlib.resources
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
@@ -23,7 +24,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
+from ragloop.serve._documents import Documents
 from ragloop.serve._handlers import _Handlers
+from ragloop.serve._hosts import HostAllowlist
 from ragloop.serve._replies import _JSON
 from ragloop.serve._server import _Server
 from ragloop.serve._sessions import MemorySessionStore, SessionStore
@@ -38,6 +41,26 @@ if TYPE_CHECKING:
 __all__ = ["ServeSettings", "create_app"]
 
 
+def _check_scopes(rag: ChatRAG, settings: ServeSettings) -> None:
+    """Refuse, before serving, a principal scoped to a metadata key no indexed chunk has: its every request
+    would be refused (or, with filters unchecked, find nothing) instead of reading its tenant's documents."""
+    from ragloop.errors import ConfigError, UnknownFilterKey
+
+    for principal in settings.keyring().principals():
+        scope = principal.scope(settings.tenant_key)
+        try:
+            rag.check_filters(scope)
+        except UnknownFilterKey as exc:
+            raise ConfigError(
+                f"principal {principal.name!r} is scoped to {_scope_text(scope)}, but {exc}; index its documents "
+                f"with --meta {settings.tenant_key}=… (or set the tenant key the documents carry)"
+            ) from None
+
+
+def _scope_text(scope: dict[str, tuple[str, ...]]) -> str:
+    return ", ".join(f"{key}={','.join(values)}" for key, values in sorted(scope.items()))
+
+
 def create_app(
     rag: ChatRAG,
     *,
@@ -46,28 +69,48 @@ def create_app(
     source_url: Callable[[str], str | None] | None = None,
     llm: openai.AsyncOpenAI | None = None,
     model_check: Callable[[], Awaitable[bool]] | None = None,
+    store_check: Callable[[], Awaitable[bool]] | None = None,
+    documents: Documents | None = None,
 ) -> Starlette:
     """An ASGI app serving ``rag``; run it with uvicorn or mount it in FastAPI (``app.mount("/rag", ...)``).
 
     Args:
         rag: The chat to serve.
-        settings: Limits, keys, CORS origins.
+        settings: Limits, keys and principals, allowed hosts, CORS origins, timeouts.
         sessions: Where ``session_id`` conversations live (default: in memory, LRU).
-        source_url: Maps a citation's source to a link for clients (default: sources that are URLs).
+        source_url: Maps a citation's source to a link for clients (default: sources that are URLs); a link
+            that is not ``http(s)`` or relative is dropped.
         llm: The model client ``rag`` uses; ``/readyz`` then checks that its endpoint answers.
         model_check: A custom readiness probe instead (``True`` when the model is reachable).
+        store_check: A readiness probe of the knowledge store (default: for a chat over a Postgres store
+            (:meth:`ChatRAG.from_store`), one cheap query of the collection).
+        documents: What the MCP ``search`` tool and ``ragloop://doc/{id}`` resources read
+            (:class:`~ragloop.serve.IndexDocuments` over the chat's index); ``None``: MCP offers ``ask`` only.
 
     Returns:
-        A Starlette app; ``app.state.ragloop_metrics`` holds its Prometheus registry and
-        ``app.state.ragloop_sessions`` its session store (close it with ``await store.aclose()``).
+        A Starlette app; ``app.state.ragloop_metrics`` holds its Prometheus registry,
+        ``app.state.ragloop_sessions`` its session store (close it with ``await store.aclose()``) and
+        ``app.state.ragloop_shut_down`` a function that refuses new turns (503) and cancels those in flight
+        (each ends with an error saying the server is shutting down); call it when your server stops. The
+        app's lifespan runs the MCP endpoint (``/mcp``): when you mount the app, enter
+        ``app.router.lifespan_context(app)`` in your own lifespan.
+
+    Raises:
+        ConfigError: A principal's tenant or filters name a metadata key that no indexed chunk has.
     """
+    _check_scopes(rag, settings)
     if model_check is None and llm is not None:
         model_check = _openai_probe(llm)
+    if store_check is None and getattr(rag, "store", None) is not None:
+        store_check = _store_probe(rag)
     store = sessions if sessions is not None else MemorySessionStore(limits=settings.history)
-    server = _Server(rag, settings, store, source_url, model_check)
+    checks = {name: check for name, check in (("model", model_check), ("store", store_check)) if check is not None}
+    checks["sessions"] = _sessions_probe(store)
+    server = _Server(rag, settings, store, source_url, checks)
     h = _Handlers(server)
     routes = [
         Route("/v1/chat/completions", h.guarded("chat.completions", h.completions), methods=["POST"]),
+        Route("/v1/responses", h.guarded("responses", h.responses), methods=["POST"]),
         Route("/v1/models", h.guarded("models", h.models), methods=["GET"]),
         Route("/api/chat", h.guarded("api.chat", h.api_chat), methods=["POST"]),
         Route("/healthz", h.healthz, methods=["GET"]),
@@ -87,6 +130,8 @@ def create_app(
 
         routes.append(Route("/", page, methods=["GET"]))
     middleware: list[Middleware] = []
+    if settings.allowed_hosts:
+        middleware.append(Middleware(HostAllowlist, allowed=settings.allowed_hosts))
     if settings.cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 
@@ -98,9 +143,25 @@ def create_app(
                 allow_headers=["authorization", "content-type"],
             )
         )
-    app = Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_error})
+    lifespan = None
+    if settings.mcp:
+        from ragloop.serve._mcp import build_mcp_server
+        from ragloop.serve._mcp_http import McpEndpoint
+
+        endpoint = McpEndpoint(build_mcp_server(server, documents), h.checks, server.metrics)
+        routes.append(Route("/mcp", endpoint))
+
+        @asynccontextmanager
+        async def lifespan(app: Starlette) -> AsyncIterator[None]:
+            async with endpoint.lifespan():
+                yield
+
+    app = Starlette(
+        routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_error}, lifespan=lifespan
+    )
     app.state.ragloop_metrics = server.metrics.registry
     app.state.ragloop_sessions = server.sessions
+    app.state.ragloop_shut_down = server.shut_down
     return app
 
 
@@ -126,6 +187,25 @@ def _page() -> tuple[str, str]:
         f"default-src 'none'; script-src {digest('script')}; style-src {digest('style')}; "
         "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
     )
+
+
+def _store_probe(rag: ChatRAG) -> Callable[[], Awaitable[bool]]:
+    """A readiness probe of the chat's Postgres store: one cheap query of its collection."""
+
+    async def probe() -> bool:
+        assert rag.store is not None
+        await rag.store.info()
+        return True
+
+    return probe
+
+
+def _sessions_probe(store: SessionStore) -> Callable[[], Awaitable[bool]]:
+    async def probe() -> bool:
+        await store.ping()
+        return True
+
+    return probe
 
 
 def _openai_probe(llm: openai.AsyncOpenAI) -> Callable[[], Awaitable[bool]]:

@@ -5,15 +5,32 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ragloop._log import get_logger
-from ragloop.serve._replies import _INTERNAL, _JSON, _api_stream, _Completion, _sse, _write_rejected
+from ragloop.serve._aisdk import ai_sdk_error, ai_sdk_stream, ai_sdk_turn
+from ragloop.serve._replies import (
+    _INTERNAL,
+    _JSON,
+    _api_error,
+    _api_stream,
+    _Completion,
+    _completion_error,
+    _write_rejected,
+)
+from ragloop.serve._responses import _Response
+from ragloop.serve._responses_request import responses_request
 from ragloop.serve._server import _Server
-from ragloop.serve._stream import Body, Rejected, Start, TurnResponse, error_body
+from ragloop.serve._stream import Body, Rejected, Start, TurnResponse
 from ragloop.serve._validate import _RequestChecks
+
+_FAILED = Rejected(500, _INTERNAL, kind="server_error")
+_TIMEOUT = Rejected(504, "the turn ran past its deadline", kind="timeout")
+_STOPPING = Rejected(
+    503, "the server is shutting down; retry on another replica or in a moment", kind="server_error",
+    code="shutting_down",
+)  # fmt: skip
 
 log = get_logger("ragloop.serve")
 
@@ -44,43 +61,43 @@ class _Handlers:
         return route
 
     def turn_response(
-        self, endpoint: str, write: Callable[[Start, Body], Awaitable[None]], stream_error: bytes | None
+        self, endpoint: str, write: Callable[[Start, Body], Awaitable[None]], stream_error: Callable[[Rejected], bytes]
     ) -> TurnResponse:
         """A response holding one turn slot while ``write`` runs, under the hard deadline.
 
-        ``stream_error`` is the frame written when the turn fails after the stream started.
+        ``stream_error`` renders the last frame written when the turn fails after the stream started (a store
+        outage, a server error, the deadline, the server shutting down).
         """
         server, metrics = self.server, self.metrics
         server.take_slot()
         status = {"code": ""}
-        deadline = server.settings.deadline_s
-        # A turn overrunning its deadline by this much is stuck somewhere: cut it off.
-        hard_limit = None if deadline is None else deadline + server.settings.deadline_grace_s
 
         async def produce(start: Start, body: Body) -> None:
             async def tracked_start(code: int, headers: Mapping[str, str]) -> None:
                 status["code"] = str(code)
                 await start(code, headers)
 
-            with anyio.move_on_after(hard_limit) as scope:
+            async def fail(exc: Rejected) -> None:
+                if not status["code"]:
+                    await _write_rejected(tracked_start, body, exc)
+                else:
+                    await body(stream_error(exc))
+
+            with server.bounded() as bounds:
                 try:
                     await write(tracked_start, body)
                 except Rejected as exc:
-                    await _write_rejected(tracked_start, body, exc)
+                    await fail(exc)
                 except Exception:
                     log.exception("turn failed", endpoint=endpoint)
                     metrics.turns_failed.inc()
-                    if not status["code"]:
-                        await _write_rejected(tracked_start, body, Rejected(500, _INTERNAL, kind="server_error"))
-                    elif stream_error is not None:
-                        await body(stream_error)
-            if scope.cancelled_caught:
+                    await fail(_FAILED)
+            if bounds.stopped:
+                metrics.turns_cancelled.inc()
+                await fail(_STOPPING)
+            elif bounds.timed_out:
                 metrics.turns_failed.inc()
-                timeout = Rejected(504, "the turn ran past its deadline", kind="timeout")
-                if not status["code"]:
-                    await _write_rejected(tracked_start, body, timeout)
-                elif stream_error is not None:
-                    await body(stream_error)
+                await fail(_TIMEOUT)
 
         def cancelled() -> None:
             status["code"] = "499"  # nginx's "client closed request"
@@ -94,30 +111,49 @@ class _Handlers:
 
     async def completions(self, request: Request) -> Response | TurnResponse:
         """``POST /v1/chat/completions``."""
-        self.checks.authorize(request)
-        turn, stream, include_usage = self.checks.openai_turn(await self.checks.read_json(request))
+        principal = self.checks.authorize(request)
+        turn, stream, include_usage = self.checks.openai_turn(await self.checks.read_json(request), principal)
         completion = _Completion(self.server, turn, include_usage)
-        if stream:
-            error = _sse(None, error_body(_INTERNAL, kind="server_error")) + b"data: [DONE]\n\n"
-            return self.turn_response("chat.completions", completion.stream, error)
-        return self.turn_response("chat.completions", completion.once, None)
+        return self.turn_response(
+            "chat.completions", completion.stream if stream else completion.once, _completion_error
+        )
 
     async def api_chat(self, request: Request) -> Response | TurnResponse:
-        """``POST /api/chat``."""
-        self.checks.authorize(request)
-        turn = self.checks.api_turn(await self.checks.read_json(request))
+        """``POST /api/chat`` (``?format=ai-sdk``: the Vercel AI SDK's UI message stream)."""
+        principal = self.checks.authorize(request)
+        fmt = request.query_params.get("format", "ragloop")
+        if fmt not in ("ragloop", "ai-sdk"):
+            raise Rejected(
+                400, f"format must be 'ai-sdk' or left out (ragloop's own events), got {fmt!r:.40}", param="format"
+            )
+        body = await self.checks.read_json(request)
+        if fmt == "ai-sdk":
+            turn = ai_sdk_turn(self.checks, body, principal)
 
-        async def write(start: Start, body: Body) -> None:
-            await _api_stream(self.server, turn, start, body)
+            async def write_ui(start: Start, out: Body) -> None:
+                await ai_sdk_stream(self.server, turn, start, out)
 
-        return self.turn_response("api.chat", write, _sse("error", error_body(_INTERNAL, kind="server_error")))
+            return self.turn_response("api.chat.ai-sdk", write_ui, ai_sdk_error)
+        turn = self.checks.api_turn(body, principal)
+
+        async def write(start: Start, out: Body) -> None:
+            await _api_stream(self.server, turn, start, out)
+
+        return self.turn_response("api.chat", write, _api_error)
+
+    async def responses(self, request: Request) -> Response | TurnResponse:
+        """``POST /v1/responses`` (the OpenAI Responses API)."""
+        principal = self.checks.authorize(request)
+        asked = responses_request(self.checks, await self.checks.read_json(request), principal)
+        response = _Response(self.server, asked)
+        return self.turn_response("responses", response.stream if asked.stream else response.once, response.failed)
 
     async def healthz(self, request: Request) -> Response:
         """``GET /healthz``: the process is up."""
         return JSONResponse({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
-        """``GET /readyz``: the index is loaded and the model endpoint (when there is one) answers."""
+        """``GET /readyz``: the index is loaded; the model endpoint, the store and the session store answer."""
         ok, checks = await self.server.ready()
         return JSONResponse(
             {"status": "ready" if ok else "not ready", "checks": checks}, status_code=200 if ok else 503

@@ -9,9 +9,9 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 from ragloop.chat import ReplyReady
-from ragloop.events import Progress, Token
+from ragloop.events import Correction, Progress, Token
 from ragloop.serve._server import _Server
-from ragloop.serve._stream import Body, Rejected, Start, json_bytes
+from ragloop.serve._stream import Body, Rejected, Start, error_body, json_bytes
 from ragloop.serve._validate import _Turn
 
 if TYPE_CHECKING:
@@ -52,6 +52,16 @@ def _sse(name: str | None, payload: Any) -> bytes:
     return head + b"data: " + (payload if isinstance(payload, bytes) else json_bytes(payload)) + b"\n\n"
 
 
+def _api_error(exc: Rejected) -> bytes:
+    """The last frame of an ``/api/chat`` stream that failed after it started: an ``error`` event."""
+    return _sse("error", error_body(exc.message, kind=exc.kind, code=exc.code))
+
+
+def _completion_error(exc: Rejected) -> bytes:
+    """The last frames of a streamed chat completion that failed after it started: an error chunk, ``[DONE]``."""
+    return _sse(None, error_body(exc.message, kind=exc.kind, code=exc.code)) + b"data: [DONE]\n\n"
+
+
 class _Completion:
     """One OpenAI-compatible chat completion, written whole or as ``chat.completion.chunk`` events."""
 
@@ -72,6 +82,7 @@ class _Completion:
 
     async def stream(self, start: Start, body: Body) -> None:
         """Stream the turn: a role chunk, the tokens, the sources footer, a stop chunk, usage, ``[DONE]``."""
+        self.turn = await self.server.prepare(self.turn)
         async with aclosing(self.server.events(self.turn)) as events:
             event = await anext(events, None)  # bad input raises here, before any byte
             await start(200, _SSE_HEADERS)
@@ -95,13 +106,8 @@ class _Completion:
 
     async def once(self, start: Start, body: Body) -> None:
         """Run the turn, then write one ``chat.completion``."""
-        reply: Reply | None = None
-        async with aclosing(self.server.events(self.turn)) as events:
-            async for event in events:
-                if isinstance(event, ReplyReady):
-                    reply = event.reply
-        if reply is None:
-            raise RuntimeError("the turn ended without a reply")
+        self.turn = await self.server.prepare(self.turn)
+        reply = await self.server.reply(self.turn)
         client = self.server.client_reply(reply, self.turn.session_id)
         message = {"role": "assistant", "content": reply.text + _footer(client["citations"])}
         obj = {
@@ -115,7 +121,9 @@ class _Completion:
 
 
 async def _api_stream(server: _Server, turn: _Turn, start: Start, body: Body) -> None:
-    """``/api/chat``: ``progress``, ``token`` and a last ``reply`` event, each one JSON payload."""
+    """``/api/chat``: ``progress``, ``token``, ``correction`` (streamed words taken back) and a last ``reply``
+    event, each one JSON payload."""
+    turn = await server.prepare(turn)
     async with aclosing(server.events(turn)) as events:
         event = await anext(events, None)  # bad input raises here, before any byte
         await start(200, _SSE_HEADERS)
@@ -124,6 +132,10 @@ async def _api_stream(server: _Server, turn: _Turn, start: Start, body: Body) ->
                 await body(_sse("progress", {"node": event.node, "kind": event.kind, "text": event.message}))
             elif isinstance(event, Token) and event.text:
                 await body(_sse("token", {"text": event.text}))
+            elif isinstance(event, Correction):
+                await body(
+                    _sse("correction", {"removed": list(event.removed), "reason": event.reason, "text": event.note})
+                )
             elif isinstance(event, ReplyReady):
                 await body(_sse("reply", server.client_reply(event.reply, turn.session_id)))
             event = await anext(events, None)

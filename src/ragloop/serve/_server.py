@@ -1,29 +1,108 @@
-"""The app's state and one turn's run: slots, the session history, metrics, readiness."""
+"""The app's state and one turn's run: slots, the principal's session, clean text, store outages, readiness."""
 
 from __future__ import annotations
 
+import secrets
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from contextlib import aclosing, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import attrs
 
 from ragloop._log import get_logger
-from ragloop.chat import ReplyReady
+from ragloop.chat import ReplyReady, client_url
 from ragloop.errors import InputError
-from ragloop.events import Event, EventStream, NodeFinished, Token
+from ragloop.events import Event, EventStream, NodeFinished, Progress, Token
 from ragloop.serve._metrics import Metrics
+from ragloop.serve._outage import searches, store_unavailable
+from ragloop.serve._scrub import TextScrubber, scrub
 from ragloop.serve._sessions import SessionStore
 from ragloop.serve._settings import ServeSettings
 from ragloop.serve._stream import Rejected
 from ragloop.serve._validate import _Turn
-from ragloop.state import Message
+from ragloop.state import Chunk, Message
 
 if TYPE_CHECKING:
     from ragloop.chat import ChatRAG, Reply
 
 log = get_logger("ragloop.serve")
+
+#: The refusal of a turn whose every document search failed: it would otherwise answer "found nothing".
+STORE_DOWN = "the knowledge base is unavailable (every search of this turn failed); retry in a moment"
+
+
+def _clean(reply: Reply) -> Reply:
+    """The reply with its text, titles, sources and missing parts scrubbed of escapes and control characters."""
+    citations = tuple(attrs.evolve(c, title=scrub(c.title), source=scrub(c.source)) for c in reply.citations)
+    return attrs.evolve(
+        reply, text=scrub(reply.text), citations=citations, missing=tuple(scrub(m) for m in reply.missing)
+    )
+
+
+class _TurnView:
+    """What the client of one turn is shown: metrics counted, text scrubbed, tokens held after a failed search."""
+
+    def __init__(self, server: _Server, turn: _Turn) -> None:
+        self.server = server
+        self.turn = turn
+        self.started = time.perf_counter()
+        self.first_token = True
+        self.scrubber = TextScrubber()
+        #: Tokens kept back once a search failed, until the reply shows whether the knowledge base was down.
+        self.held: list[Token] | None = None
+        self.failed = self.answered = 0
+
+    async def show(self, event: Event) -> list[Event]:
+        """The events to pass on for ``event`` (none while tokens are held); :class:`Rejected` 503 on an outage."""
+        metrics = self.server.metrics
+        if isinstance(event, NodeFinished):
+            metrics.node_seconds.labels(node=event.node).observe(event.duration)
+        elif isinstance(event, Progress):
+            failed, answered = searches(event)
+            self.failed, self.answered = self.failed + failed, self.answered + answered
+            if failed and self.held is None:
+                self.held = []
+            event = attrs.evolve(event, message=scrub(event.message))
+        elif isinstance(event, Token):
+            event = attrs.evolve(event, text=self.scrubber.feed(event.text))
+            if self.first_token and event.text:
+                metrics.first_token_seconds.observe(time.perf_counter() - self.started)
+                self.first_token = False
+            if self.held is not None:
+                self.held.append(event)
+                return []
+        elif isinstance(event, ReplyReady):
+            reply = _clean(event.reply)
+            metrics.observe_record(reply.outcome, reply.record.as_dict())
+            if store_unavailable(reply.outcome, self.failed, self.answered):
+                metrics.rejected.labels(reason="store_unavailable").inc()
+                log.error("knowledge base unavailable", errors=list(reply.record.errors)[:5])
+                raise Rejected(503, STORE_DOWN, kind="server_error", code="store_unavailable")
+            if self.turn.session_id is not None:
+                await self.server.remember(self.turn, reply.text)
+            held, self.held = self.held or [], None
+            return [*held, ReplyReady(reply, run_id=event.run_id)]
+        return [event]
+
+
+@attrs.frozen
+class _Bounds:
+    """The two ways :meth:`_Server.bounded` ends a turn early."""
+
+    stopping: anyio.CancelScope
+    limit: anyio.CancelScope
+
+    @property
+    def stopped(self) -> bool:
+        """The server is shutting down and cancelled the turn."""
+        return self.stopping.cancelled_caught
+
+    @property
+    def timed_out(self) -> bool:
+        """The turn ran past its deadline and grace."""
+        return self.limit.cancelled_caught
 
 
 class _Server:
@@ -35,19 +114,27 @@ class _Server:
         settings: ServeSettings,
         sessions: SessionStore,
         source_url: Callable[[str], str | None] | None,
-        model_check: Callable[[], Awaitable[bool]] | None,
+        checks: dict[str, Callable[[], Awaitable[bool]]],
     ) -> None:
         self.rag = rag
         self.settings = settings
         self.sessions = sessions
         self.source_url = source_url
-        self.model_check = model_check
+        self.checks = checks
         self.metrics = Metrics()
         self.active = 0
-        self._ready_at = 0.0
-        self._ready = False
+        #: Set by :meth:`shut_down`: new turns get 503 and the turns in flight are cancelled.
+        self.closing = False
+        self.in_flight: set[anyio.CancelScope] = set()
+        self._ready_at = float("-inf")
+        self._ready: tuple[bool, dict[str, str]] = (False, {})
 
     def take_slot(self) -> None:
+        if self.closing:
+            raise Rejected(
+                503, "the server is shutting down; retry on another replica or in a moment", kind="server_error",
+                code="shutting_down", headers={"retry-after": str(self.settings.retry_after_s)},
+            )  # fmt: skip
         limit = self.settings.max_concurrent_turns
         if self.active >= limit:
             self.metrics.rejected.labels(reason="busy").inc()
@@ -65,69 +152,155 @@ class _Server:
         self.active -= 1
         self.metrics.in_flight.dec()
 
-    # --- running a turn -------------------------------------------------------------------------------
+    @contextmanager
+    def bounded(self) -> Iterator[_Bounds]:
+        """A scope for one turn: cut off ``deadline_grace_s`` past its deadline, cancelled by :meth:`shut_down`.
 
-    async def events(self, turn: _Turn) -> AsyncGenerator[Event, None]:
-        """The turn's events, counted in the metrics; raises :class:`Rejected` (before the first event) on bad input.
-
-        The first event comes as soon as the input is accepted (so a caller can send its status line then);
-        callers use :class:`Progress`, :class:`Token` and :class:`ReplyReady` and skip the rest.
+        After the block, :attr:`_Bounds.stopped` says the server is stopping and :attr:`_Bounds.timed_out` that the
+        turn overran; either way the work inside was cancelled.
         """
-        started = time.perf_counter()
-        first_token = True
-        history = turn.history
-        if turn.session_id is not None:
-            history = self.settings.history.cap(await self._recall(turn.session_id))
-        metrics = self.metrics
-        try:  # ChatRAG.stream checks its input when called; an override written as a generator checks it later
-            stream: EventStream | AsyncGenerator[Event, None] = self.rag.stream(
-                turn.question,
-                history=history,
-                page_url=turn.page_url,
-                page_title=turn.page_title,
-                deadline_s=self.settings.deadline_s,
-            )
-        except InputError as exc:
-            metrics.rejected.labels(reason="invalid").inc()
-            raise Rejected(400, str(exc), param=turn.question_param) from None
-        async with aclosing(stream):
+        deadline = self.settings.deadline_s
+        # A turn overrunning its deadline by this much is stuck somewhere: cut it off.
+        hard_limit = None if deadline is None else deadline + self.settings.deadline_grace_s
+        with anyio.CancelScope() as stopping, anyio.move_on_after(hard_limit) as limit:
+            bounds = _Bounds(stopping, limit)
+            self.in_flight.add(stopping)
             try:
-                event = await anext(stream)
-            except InputError as exc:
-                metrics.rejected.labels(reason="invalid").inc()
-                raise Rejected(400, str(exc), param=turn.question_param) from None
-            while True:
-                if isinstance(event, NodeFinished):
-                    metrics.node_seconds.labels(node=event.node).observe(event.duration)
-                elif first_token and isinstance(event, Token) and event.text:
-                    metrics.first_token_seconds.observe(time.perf_counter() - started)
-                    first_token = False
-                if isinstance(event, ReplyReady):
-                    reply = event.reply
-                    metrics.observe_record(reply.outcome, reply.record.as_dict())
-                    if turn.session_id is not None:
-                        await self._remember(turn, reply.text)
-                yield event
-                try:
-                    event = await anext(stream)
-                except StopAsyncIteration:
-                    return
+                yield bounds
+            finally:
+                self.in_flight.discard(stopping)
 
-    async def _recall(self, session_id: str) -> tuple[Message, ...]:
+    def shut_down(self) -> None:
+        """Refuse new turns and cancel the ones in flight (each ends with an error saying the server stops)."""
+        self.closing = True
+        for scope in tuple(self.in_flight):
+            scope.cancel()
+
+    # --- the session ------------------------------------------------------------------------------------
+
+    async def prepare(self, turn: _Turn) -> _Turn:
+        """The turn with its session resolved: a new session started, or an existing one's history loaded.
+
+        Raises :class:`Rejected` 404 for a session the principal does not have — whether no one has it or another
+        principal does: the same status, body and headers after the same one lookup, so nothing tells them apart.
+        """
+        owner = turn.principal.name
+        if turn.new_session:
+            sid = await self._start(owner, turn.session_id)
+            return attrs.evolve(turn, session_id=sid, new_session=False, history=())
+        if turn.session_id is None:
+            return turn
         try:
-            return await self.sessions.load(session_id)
+            history = await self.sessions.load(owner, turn.session_id)
         except Exception:  # a session store outage costs the turn its history, not its answer (logged, counted)
             log.exception("session store failed", session_store=type(self.sessions).__name__)
             self.metrics.session_errors.inc()
-            return ()
+            return attrs.evolve(turn, history=())
+        if history is None:
+            self.metrics.rejected.labels(reason="unknown_session").inc()
+            raise Rejected(
+                404,
+                f'unknown session_id {turn.session_id!r}: start one with "new_session": true (the reply carries '
+                "its session_id), or send the history yourself",
+                param="session_id",
+                code="unknown_session",
+            )
+        return attrs.evolve(turn, history=self.settings.history.cap(history))
 
-    async def _remember(self, turn: _Turn, answer: str) -> None:
+    async def _start(self, owner: str, chosen: str | None) -> str:
+        for _ in range(3):  # a server-made id (144 random bits) that exists already: practically never
+            sid = chosen if chosen is not None else secrets.token_urlsafe(18)
+            try:
+                created = await self.sessions.create(owner, sid)
+            except Exception:  # logged; the client asked for a session it cannot have now
+                log.exception("session store failed", session_store=type(self.sessions).__name__)
+                self.metrics.session_errors.inc()
+                raise Rejected(
+                    503,
+                    "the session store is unavailable, so no session can start; retry, or send the history yourself",
+                    kind="server_error",
+                    code="sessions_unavailable",
+                ) from None
+            if created:
+                return sid
+            if chosen is not None:
+                raise Rejected(
+                    409,
+                    f"session_id {chosen!r} exists already: leave out new_session to continue it",
+                    param="session_id",
+                    code="session_exists",
+                )
+        raise RuntimeError("three fresh random session ids all existed")  # pragma: no cover
+
+    async def remember(self, turn: _Turn, answer: str) -> None:
+        """Append the question and the answer to the turn's session (a failure is logged and counted)."""
         assert turn.session_id is not None
+        messages = (Message("user", turn.question), Message("assistant", answer))
         try:
-            await self.sessions.append(turn.session_id, (Message("user", turn.question), Message("assistant", answer)))
+            kept = await self.sessions.append(turn.principal.name, turn.session_id, messages)
         except Exception:  # a session store outage must not cost the user the answer in hand (logged)
             log.exception("session store failed", session_store=type(self.sessions).__name__)
             self.metrics.session_errors.inc()
+            return
+        if not kept:  # evicted (memory store) or deleted while the turn ran
+            log.warning("session gone before its turn was saved", session_store=type(self.sessions).__name__)
+            self.metrics.session_errors.inc()
+
+    # --- running a turn -------------------------------------------------------------------------------
+
+    def _stream(self, turn: _Turn) -> EventStream | AsyncGenerator[Event, None]:
+        return self.rag.stream(
+            turn.question,
+            history=turn.history,
+            page_url=turn.page_url,
+            page_title=turn.page_title,
+            deadline_s=self.settings.deadline_s,
+            filters=dict(turn.filters),
+            caller=turn.caller,
+        )
+
+    async def events(self, turn: _Turn) -> AsyncGenerator[Event, None]:
+        """The turn's events, counted and cleaned; raises :class:`Rejected` (before the first event) on bad input.
+
+        ``turn`` has been through :meth:`prepare`. The first event comes as soon as the input is accepted (so a
+        caller can send its status line then); callers use :class:`Progress`, :class:`Token` and
+        :class:`ReplyReady` and skip the rest. Token and reply texts are scrubbed of escape sequences; once a
+        search has failed, tokens are held back until the reply shows whether the knowledge base was down (then
+        :class:`Rejected` 503, never a "found nothing" answer).
+        """
+        try:  # ChatRAG.stream checks its input when called; an override written as a generator checks it later
+            stream = self._stream(turn)
+        except InputError as exc:
+            self.metrics.rejected.labels(reason="invalid").inc()
+            raise Rejected(400, str(exc), param=turn.question_param) from None
+        view = _TurnView(self, turn)
+        async with aclosing(stream):
+            try:
+                event: Event | None = await anext(stream)
+            except InputError as exc:
+                self.metrics.rejected.labels(reason="invalid").inc()
+                raise Rejected(400, str(exc), param=turn.question_param) from None
+            while event is not None:
+                for shown in await view.show(event):
+                    yield shown
+                event = await anext(stream, None)
+
+    async def reply(self, turn: _Turn) -> Reply:
+        """Run ``turn`` (prepared) to its end: the reply, shown as :meth:`events` shows it."""
+        async with aclosing(self.events(turn)) as events:
+            async for event in events:
+                if isinstance(event, ReplyReady):
+                    return event.reply
+        raise RuntimeError("the turn ended without a reply")
+
+    def client_url(self, chunk: Chunk) -> str | None:
+        """The link a client may follow to ``chunk``'s document, as citations get it (or ``None``)."""
+        source = chunk.source
+        if chunk.url:
+            return client_url(chunk.url)
+        if self.source_url is not None:
+            return client_url(self.source_url(source))
+        return client_url(source if source.startswith(("https://", "http://")) else None)
 
     def client_reply(self, reply: Reply, session_id: str | None) -> dict[str, Any]:
         out = reply.client_dict(self.source_url)
@@ -136,17 +309,25 @@ class _Server:
         return out
 
     async def ready(self) -> tuple[bool, dict[str, str]]:
-        checks = {"index": "ok"}
-        if self.model_check is None:
-            checks["model"] = "not configured"
-            return True, checks
+        """Whether every probe passes, and each probe's word (``ok``, ``unavailable``, ``not configured``)."""
         now = time.monotonic()
-        if now - self._ready_at > 5.0:  # a probe at most every 5 s, however often /readyz is polled
+        if now - self._ready_at < self.settings.ready_interval_s:  # probes at most this often, however often polled
+            return self._ready
+        results: dict[str, str] = {"index": "ok"}
+
+        async def probe(name: str, check: Callable[[], Awaitable[bool]]) -> None:
+            ok = False
             try:
                 with anyio.fail_after(3.0):
-                    self._ready = await self.model_check()
+                    ok = await check()
             except Exception:  # noqa: BLE001 — fail-open: any probe failure means "not ready", never a 500
-                self._ready = False
-            self._ready_at = now
-        checks["model"] = "ok" if self._ready else "unreachable"
-        return self._ready, checks
+                ok = False
+            results[name] = "ok" if ok else "unreachable" if name == "model" else "unavailable"
+
+        async with anyio.create_task_group() as tg:
+            for name, check in self.checks.items():
+                tg.start_soon(probe, name, check)
+        results.setdefault("model", "not configured")
+        ok = all(v in ("ok", "not configured") for v in results.values())
+        self._ready, self._ready_at = (ok, results), now
+        return self._ready

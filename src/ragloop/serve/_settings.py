@@ -5,6 +5,7 @@ from __future__ import annotations
 from attrs import field, frozen
 
 from ragloop.errors import ConfigError
+from ragloop.serve._principals import ApiKey, KeyRing
 from ragloop.serve._sessions import SessionLimits
 
 
@@ -22,10 +23,18 @@ class ServeSettings:
         max_messages: Most messages in one request (history plus question).
         max_message_chars: Longest history message, in characters (the question's limit is the rag's own).
         history: Caps on the history a turn sees (oldest dropped first), for sessions and sent history alike.
-        api_keys: Bearer keys that may call the API; empty: no authentication.
+        api_keys: Bearer keys that may call the API, each its own principal (no tenant); empty and no ``keys``:
+            no authentication (every caller is the one principal ``anonymous``).
+        keys: API keys with their principals, tenants and filters (:func:`~ragloop.serve.load_keys`).
+        tenant_key: The chunk metadata key a principal's tenant filters on.
         cors_origins: Origins allowed to call the API from a browser; empty: CORS off.
+        allowed_hosts: ``Host`` header values served (``docs.example.com``, ``*.example.com``, ``127.0.0.1``;
+            any port); another host gets 400 before anything runs. Empty: any host.
+        body_timeout_s: Longest time a request body may take to arrive (408 and the connection closed after).
+        ready_interval_s: ``/readyz`` probes the model, the store and the session store at most this often.
         model_name: The model id reported by the OpenAI-compatible endpoint.
         page: Serve the chat page at ``/``.
+        mcp: Serve the MCP endpoint at ``/mcp`` (streamable HTTP; needs the app's lifespan).
     """
 
     max_concurrent_turns: int = 64
@@ -37,9 +46,15 @@ class ServeSettings:
     max_message_chars: int = 32_000
     history: SessionLimits = field(factory=SessionLimits)
     api_keys: tuple[str, ...] = ()
+    keys: tuple[ApiKey, ...] = ()
+    tenant_key: str = "tenant"
     cors_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    body_timeout_s: float = 10.0
+    ready_interval_s: float = 5.0
     model_name: str = "ragloop"
     page: bool = True
+    mcp: bool = True
 
     def __attrs_post_init__(self) -> None:
         if self.max_concurrent_turns < 1:
@@ -50,3 +65,12 @@ class ServeSettings:
             raise ConfigError(f"max_messages must be at least 1 (the question), got {self.max_messages}")
         if any(not key for key in self.api_keys):
             raise ConfigError("api_keys must not contain an empty key")
+        if not self.body_timeout_s > 0:
+            raise ConfigError(f"body_timeout_s must be a positive number of seconds, got {self.body_timeout_s}")
+        if not self.tenant_key:
+            raise ConfigError("tenant_key must name a metadata key, e.g. 'tenant'")
+        self.keyring()  # a bad key, a repeated key or a principal with two scopes fails here, not on a request
+
+    def keyring(self) -> KeyRing:
+        """Every configured key (``api_keys`` and ``keys``) with its principal."""
+        return KeyRing((*(ApiKey.from_env_key(k) for k in self.api_keys), *self.keys), tenant_key=self.tenant_key)

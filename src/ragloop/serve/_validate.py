@@ -1,22 +1,25 @@
-"""The checks a request passes before its turn takes a slot: key, body size, JSON, the two request shapes.
+"""The checks a request passes before its turn takes a slot: key, body type, size and time, JSON, the two shapes.
 
 Each refusal is a :class:`~ragloop.serve._stream.Rejected` naming the field and the limit.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
+import anyio
 from attrs import frozen
 from starlette.requests import ClientDisconnect, Request
 
+from ragloop.errors import ConfigError
+from ragloop.retrievers.filters import FilterKey, filter_key, normalize_filters
+from ragloop.serve._principals import ANONYMOUS, Principal, narrow
 from ragloop.serve._settings import ServeSettings
 from ragloop.serve._stream import Rejected
-from ragloop.state import Message
+from ragloop.state import Caller, Message
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -24,7 +27,11 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 @frozen
 class _Turn:
-    """A validated request for one turn."""
+    """A validated request for one turn.
+
+    ``session_id`` with ``new_session`` starts that session (the id the server made, or the client's own);
+    without it, continues one the principal already has.
+    """
 
     question: str
     history: tuple[Message, ...]
@@ -32,6 +39,19 @@ class _Turn:
     page_url: str | None
     page_title: str | None
     question_param: str
+    principal: Principal = ANONYMOUS
+    filters: FilterKey = ()
+    new_session: bool = False
+
+    @property
+    def caller(self) -> Caller | None:
+        """Who asks, for the live sources (``None`` for the anonymous principal of a server without keys)."""
+        if self.principal is ANONYMOUS:
+            return None
+        return Caller(tenant=self.principal.tenant, user=self.principal.name)
+
+
+_CLOSE = {"connection": "close"}
 
 
 class _RequestChecks:
@@ -39,15 +59,15 @@ class _RequestChecks:
 
     def __init__(self, settings: ServeSettings) -> None:
         self.settings = settings
+        self.keys = settings.keyring()
 
-    def authorize(self, request: Request) -> None:
-        keys = self.settings.api_keys
-        if not keys:
-            return
+    def authorize(self, request: Request) -> Principal:
+        """The caller's principal (:data:`ANONYMOUS` when no keys are configured); 401 for a missing or wrong key."""
+        if not self.keys:
+            return ANONYMOUS
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        given = token.strip().encode()
-        ok = scheme.lower() == "bearer" and any(hmac.compare_digest(given, key.encode()) for key in keys)
-        if not ok:
+        principal = self.keys.find(token.strip())
+        if scheme.lower() != "bearer" or principal is None:
             raise Rejected(
                 401,
                 "missing or wrong API key: send 'Authorization: Bearer <key>'",
@@ -55,20 +75,11 @@ class _RequestChecks:
                 code="invalid_api_key",
                 headers={"www-authenticate": "Bearer"},
             )
+        return principal
 
     async def read_json(self, request: Request) -> dict[str, Any]:
-        limit = self.settings.max_body_bytes
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit:
-            raise Rejected(413, f"request body is {int(declared):,} bytes; the limit is {limit:,}", param="body")
-        body = bytearray()
-        try:
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > limit:
-                    raise Rejected(413, f"request body is over the limit of {limit:,} bytes", param="body")
-        except ClientDisconnect:
-            raise Rejected(499, "the client went away while sending the request", param="body") from None
+        """The body as a JSON object: ``application/json``, within the size limit and the body timeout."""
+        body = await self.read_body(request)
         try:
             obj = json.loads(body)
         except ValueError:
@@ -81,16 +92,58 @@ class _RequestChecks:
             raise Rejected(400, f"request body must be a JSON object, got {type(obj).__name__}", param="body")
         return obj
 
+    async def read_body(self, request: Request) -> bytes:
+        """The raw body of a JSON request: ``application/json``, within the size limit and the body timeout."""
+        media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media != "application/json":
+            # A browser sends text/plain, form or multipart bodies across origins without a CORS preflight:
+            # requiring JSON keeps such a "simple request" from ever running a turn.
+            raise Rejected(
+                415,
+                f"request body must be JSON: send 'Content-Type: application/json' (got {media or 'none'!r:.60})",
+                param="content-type",
+                code="unsupported_media_type",
+                headers=_CLOSE,
+            )
+        limit = self.settings.max_body_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise Rejected(
+                413, f"request body is {int(declared):,} bytes; the limit is {limit:,}", param="body", headers=_CLOSE
+            )
+        body = bytearray()
+        timeout = self.settings.body_timeout_s
+        try:
+            with anyio.fail_after(timeout):
+                async for chunk in request.stream():
+                    body += chunk
+                    if len(body) > limit:
+                        raise Rejected(
+                            413, f"request body is over the limit of {limit:,} bytes", param="body", headers=_CLOSE
+                        )
+        except ClientDisconnect:
+            raise Rejected(499, "the client went away while sending the request", param="body") from None
+        except TimeoutError:
+            raise Rejected(
+                408,
+                f"the request body did not arrive within {timeout:g} s (body_timeout_s); send it at once",
+                param="body",
+                code="request_timeout",
+                headers=_CLOSE,
+            ) from None
+        return bytes(body)
+
     # --- validation of the two request shapes ---------------------------------------------------------
 
-    def _text(self, value: object, param: str, limit: int | None) -> str:
+    def _text(self, value: object, param: str, limit: int | None, kinds: tuple[str, ...] = ("text",)) -> str:
+        """A message's text: a string, or a list of text parts whose ``type`` is one of ``kinds``."""
         if isinstance(value, list):
             parts = []
             for j, part in enumerate(value):
-                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                if not (isinstance(part, dict) and part.get("type") in kinds and isinstance(part.get("text"), str)):
                     raise Rejected(
                         400,
-                        f"{param}[{j}] must be a text part {{'type': 'text', 'text': '…'}}; "
+                        f"{param}[{j}] must be a text part {{'type': '{kinds[0]}', 'text': '…'}}; "
                         "images, audio and files are not supported",
                         param=f"{param}[{j}]",
                     )
@@ -112,17 +165,43 @@ class _RequestChecks:
             )
         return value
 
-    def _session_id(self, body: Mapping[str, Any]) -> str | None:
+    def _session(self, body: Mapping[str, Any]) -> tuple[str | None, bool]:
+        """The session id asked for and whether to start it (``new_session``)."""
         sid = body.get("session_id")
+        new = body.get("new_session", False)
+        if not isinstance(new, bool):
+            raise Rejected(400, "new_session must be true or false", param="new_session")
         if sid is None:
-            return None
+            return None, new
         if not isinstance(sid, str) or not _SESSION_ID.fullmatch(sid):
             raise Rejected(
                 400,
                 "session_id must be 1–128 characters of letters, digits and . _ : -",
                 param="session_id",
             )
-        return sid
+        return sid, new
+
+    def _filters(self, body: Mapping[str, Any], principal: Principal) -> FilterKey:
+        """The turn's filters: the principal's scope, narrowed by the request's ``filters`` (403 to widen it)."""
+        raw = body.get("filters")
+        if raw is not None and not isinstance(raw, dict):
+            raise Rejected(400, 'filters must be an object like {"version": ["1.0", "1.1"]}', param="filters")
+        try:
+            asked = normalize_filters(raw)
+        except ConfigError as exc:
+            raise Rejected(400, f"filters: {exc}", param="filters") from None
+        if any(len(k) > 128 or len(v) > 100 or any(len(x) > 256 for x in v) for k, v in asked.items()):
+            raise Rejected(
+                400, "filters: keys up to 128 and values up to 256 characters, 100 values a key", param="filters"
+            )
+        filters, refused = narrow(self.principal_scope(principal), asked)
+        if refused is not None:
+            raise Rejected(403, refused, kind="permission_error", param="filters", code="filter_outside_scope")
+        return filter_key(filters)
+
+    def principal_scope(self, principal: Principal) -> dict[str, tuple[str, ...]]:
+        """The server-side filters of ``principal``'s turns."""
+        return principal.scope(self.settings.tenant_key)
 
     def _history(self, items: object, param: str) -> tuple[Message, ...]:
         if items is None:
@@ -159,7 +238,7 @@ class _RequestChecks:
             return None
         return self._text(value, name, 2048)
 
-    def openai_turn(self, body: Mapping[str, Any]) -> tuple[_Turn, bool, bool]:
+    def openai_turn(self, body: Mapping[str, Any], principal: Principal = ANONYMOUS) -> tuple[_Turn, bool, bool]:
         """The turn of an OpenAI chat request, whether to stream, and whether to add a usage chunk."""
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -176,19 +255,25 @@ class _RequestChecks:
         if not isinstance(options, dict):
             raise Rejected(400, "stream_options must be an object", param="stream_options")
         usage = options.get("include_usage", False) is True
-        sid = self._session_id(body)
-        turn = _Turn(question, history, sid, None, None, f"messages[{len(messages) - 1}].content")
+        sid, new = self._session(body)
+        filters = self._filters(body, principal)
+        if sid is not None or new:  # the server-side history replaces the sent one
+            history = ()
+        param = f"messages[{len(messages) - 1}].content"
+        turn = _Turn(question, history, sid, None, None, param, principal, filters, new)
         return turn, stream, usage
 
-    def api_turn(self, body: Mapping[str, Any]) -> _Turn:
+    def api_turn(self, body: Mapping[str, Any], principal: Principal = ANONYMOUS) -> _Turn:
         """The turn of an ``/api/chat`` request."""
         if "message" not in body:
             raise Rejected(400, "message is required: the user's question as a string", param="message")
         question = self._text(body["message"], "message", None)
-        sid = self._session_id(body)
-        if sid is not None and body.get("history") is not None:
+        sid, new = self._session(body)
+        if (sid is not None or new) and body.get("history") is not None:
             raise Rejected(
-                400, "send either session_id (the server keeps the history) or history, not both", param="history"
+                400,
+                "send either a session (session_id or new_session; the server keeps the history) or history, not both",
+                param="history",
             )
         return _Turn(
             question,
@@ -197,4 +282,7 @@ class _RequestChecks:
             self._page(body, "page_url"),
             self._page(body, "page_title"),
             "message",
+            principal,
+            self._filters(body, principal),
+            new,
         )

@@ -29,9 +29,20 @@ from ragloop.text.novelty import is_near_duplicate
 from ragloop.text.terms import STOPWORDS, CorpusStats, key_terms
 from ragloop.usage import LLMCall, record_call
 
-__all__ = ["OfflineBridger", "bridge_entities", "uncovered_terms"]
+__all__ = ["OfflineBridger", "bridge_entities", "bridges_to", "uncovered_terms"]
 
 _ENTITY = re.compile(r"\b[A-Z][\w'’.-]*(?:\s+(?:(?:of|the|and|de|von|van|la|du)\s+)?[A-Z][\w'’.-]*){0,4}")
+
+
+def bridges_to(name: str, missing: Sequence[str], stats: CorpusStats) -> bool:
+    """Whether a bridge entity leads anywhere the question still asks about: some chunk holds both its rarest
+    word and one of the ``missing`` terms (a heading word such as "Tamper", or "IdP Certificate" for a question
+    about API keys, shares no chunk with what is missing, and a hop with it adds off-topic blocks)."""
+    terms = key_terms(name)
+    if not terms or not missing:
+        return False
+    rarest = max(terms, key=lambda t: stats.idf(t.stem)).stem
+    return any(stats.cooccurrence(rarest, m) > 0 for m in missing)
 
 
 def uncovered_terms(question: str, texts: Sequence[str], stats: CorpusStats) -> tuple[list[str], float]:
@@ -80,6 +91,8 @@ class OfflineBridger:
         threshold: Jaccard similarity at or above which a follow-up repeats a tried query.
         passages: Only the first this many relevant passages (best first) are read for bridge entities: the
             entity the first hop names, not a name that recurs across weaker passages.
+        check_bridge: Keep only the bridge entities that share a chunk with a term the question still misses
+            (:func:`bridges_to`); none left, no hop.
     """
 
     stats: CorpusStats
@@ -88,6 +101,7 @@ class OfflineBridger:
     min_missing_share: float = 0.15
     threshold: float = 0.6
     passages: int = 1
+    check_bridge: bool = True
 
     def follow_up_sync(self, question: str, found: Sequence[str], tried: Sequence[str]) -> str | None:
         """The follow-up query, or ``None`` when the context covers the question or no bridge exists."""
@@ -96,7 +110,11 @@ class OfflineBridger:
         if not missing or not found or share < self.min_missing_share:
             return None
         min_idf = self.min_idf_ratio * math.log(max(self.stats.n_docs, 2))
-        names = bridge_entities(question, found, self.stats, min_idf=min_idf)[: self.entities]
+        names = bridge_entities(question, found, self.stats, min_idf=min_idf)
+        if self.check_bridge:
+            gaps = [t.stem for t in key_terms(" ".join(missing))]
+            names = [n for n in names if bridges_to(n, gaps, self.stats)]
+        names = names[: self.entities]
         if not names:
             return None
         query = " ".join([*names, *missing])

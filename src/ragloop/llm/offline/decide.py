@@ -10,15 +10,21 @@ Steps, in order:
    ("How do I X and how do I Y?"), and inside comparisons ("compare A and B", "A vs B", "difference between A
    and B", lists "A, B and C"). Shared context is copied into every part: text before "compare", a trailing
    prepositional phrase ("… in the admin console"), a shared plural head ("the pro and enterprise *plans*") or
-   a shared leading head ("the *pricing of* pro and enterprise"). Comparisons of named things give one query
+   a shared leading head ("the *pricing of* pro and enterprise"), and what the sides are compared on ("SAML and
+   OIDC *when it comes to certificate rotation*", "Team vs Business*: API requests per minute*";
+   :func:`compared_sides`); "compare A *with* B and C" has two sides. Comparisons of named things give one query
    per name, each with what is asked about it (:func:`comparison_parts`): "Who is older, A or B?", "which …
    first, A or B", "Are A and B both …", "Were A and B of the same …", "Both A and B …". The turn also
    searches the question as asked beside its parts, and fuses every list (``ragloop.retrievers.fusion``).
-3. **Pronouns.** "this page / project / product …" is resolved from the page title or URL slug
-   (``…/products/widgets/sso`` → "widgets sso"); a bare "it / this / that / they" from the previous part of the
-   same question, else the conversation's topic (:meth:`OfflineDecider.topic`: the latest user turn that named
-   a subject of its own — a follow-up that only refers back keeps the topic), else the page. Expletive "it"
-   ("is it possible …") is left.
+3. **Follow-ups and pronouns.** In a conversation, the question's first part is read against the previous
+   question (itself resolved) and the reply to it (:mod:`ragloop.llm.offline.followup`): a fragment ("and on
+   Business?", "what about OIDC?") becomes the previous question with its counterpart swapped, a reference
+   ("it", "them", "the old one") becomes the conversation's subject, a continuation with no subject of its own
+   ("how long do I have?", "why not?") gets the subject added; the rewrite is noted in the decision's reason.
+   "this page / project / product …" is resolved from the page title or URL slug (``…/products/widgets/sso`` →
+   "widgets sso"); a bare "it / this / that / they" in a later part from the previous part of the same
+   question, else the conversation's topic (:meth:`OfflineDecider.topic`), else the page. Expletive "it" ("is
+   it possible …") is left.
 4. **Abbreviations.** Glossary abbreviations are expanded in place and kept ("SSO (single sign-on)"); a long
    form gets its abbreviation added. The glossary is the configured one over the one mined from the corpus.
 """
@@ -35,6 +41,9 @@ from urllib.parse import unquote, urlparse
 
 from attrs import field, frozen
 
+from ragloop.llm.offline.followup import DEMONSTRATIVE_REF as _DEMONSTRATIVE_REF
+from ragloop.llm.offline.followup import EXPLETIVE as _EXPLETIVE
+from ragloop.llm.offline.followup import Followup, FollowupResolver, is_follow_on
 from ragloop.state import Decision, Message, PageContext
 from ragloop.text.novelty import normalised_terms
 from ragloop.text.terms import CorpusStats, content_words, key_terms, merge_glossary, stem
@@ -44,6 +53,7 @@ __all__ = [
     "REPLIES",
     "Glossary",
     "OfflineDecider",
+    "compared_sides",
     "comparison_parts",
     "page_subject",
     "small_talk_kind",
@@ -131,20 +141,11 @@ _PAGE_REF = re.compile(
     re.IGNORECASE,
 )
 _PRONOUN = re.compile(r"\b(?:it|its|this|that|these|those|they|them)\b", re.IGNORECASE)
+#: How much of the conversation a follow-up is read against: the last messages, the start of each.
+_RECENT_MESSAGES, _QUESTION_CHARS, _REPLY_CHARS = 12, 2_000, 4_000
+#: A question word alone or with a measure: "why not", "how", "and how fast" (a follow-up's whole question).
+_ASKS = re.compile(r"^\s*(?:how|why|when|where|what|which|who)\b", re.IGNORECASE)
 _BARE_REF = re.compile(r"\b(?:it|its|they|them)\b", re.IGNORECASE)
-_EXPLETIVE = re.compile(
-    r"\b(?:is it|it is|it's|it was|was it|does it (?:matter|make sense))\s+(?:possible|necessary|ok|okay|safe|"
-    r"true|better|best|recommended|required|normal|easy|hard|worth|allowed|a good idea|free)\b"
-    r"|\bit (?:takes|seems|looks like|depends)\b",
-    re.IGNORECASE,
-)
-# "that" as a relative pronoun or conjunction ("the key that expires", "ensure that …") is not a reference; only
-# "this/that/these/those" at the end of a clause or before a verb-ish word are resolved.
-_DEMONSTRATIVE_REF = re.compile(
-    r"\b(?:this|that|these|those)\b(?=\s*$|\s+(?:is|are|was|were|does|do|work|works|mean|means|cost|costs|"
-    r"happen|happens|support|supports|require|requires|up|out|off|on|back|working|enabled|disabled)\b)",
-    re.IGNORECASE,
-)
 _GENERIC_WORDS = (
     "docs doc documentation en en-us latest stable current products product help articles article kb guide "
     "guides www index html htm page pages p v1 v2 v3 api reference manual wiki blog support home main"
@@ -163,8 +164,8 @@ def small_talk_kind(segment: str) -> SmallTalk | None:
     return None
 
 
-def _strip_small_talk(question: str) -> tuple[str, list[SmallTalk]]:
-    """The question without its small-talk segments, and the kinds removed."""
+def _drop_small_talk(question: str) -> tuple[str, list[SmallTalk]]:
+    """The question without its small-talk segments (its opening "and", "so" … kept), and the kinds removed."""
     parts = _SEGMENT.split(question)
     kept: list[str] = []
     kinds: list[SmallTalk] = []
@@ -175,8 +176,7 @@ def _strip_small_talk(question: str) -> tuple[str, list[SmallTalk]]:
             kinds.append(kind)
             continue
         kept.append(text + sep)
-    rest = "".join(kept)
-    return _LEADING_FILLER.sub("", rest).strip(" \t\n,;:.!"), kinds
+    return "".join(kept).strip(" \t\n,;:.!"), kinds
 
 
 def page_subject(page: PageContext) -> str:
@@ -249,12 +249,12 @@ def split_topics(text: str) -> list[str]:
         if m:
             pre = _surface(m.group("pre"))
             body = re.sub(r"^(?:the\s+)?(?:between|of)\s+", "", m.group("body").strip(), flags=re.IGNORECASE)
-            parts = _share_context(_CONJUNCT.split(body))
+            parts = compared_sides(body)
             if len(parts) >= 2:
                 topics.extend(f"{pre} {p}".strip() for p in parts)
                 continue
         if _VERSUS.search(clause):
-            parts = _share_context(_VERSUS.split(clause))
+            parts = compared_sides(clause)
             if len(parts) >= 2:
                 topics.extend(parts)
                 continue
@@ -263,6 +263,31 @@ def split_topics(text: str) -> list[str]:
 
 
 # --- comparison and coordination ---------------------------------------------------------------------
+# What every side is compared on: "… when it comes to X", "… in terms of X", "A vs B: X".
+_ASPECT = re.compile(
+    r"\s*,?\s*(?:\b(?:when it comes to|in terms of|with respect to|with regard to|regarding|as regards|as far as)\b"
+    r"\s+|:\s+)(?P<aspect>\S.*)$",
+    re.IGNORECASE,
+)
+# Two sides joined by "with", "to", "against" or "vs": "compare the lifespan parameter with the startup and
+# shutdown event handlers" has two sides, not three.
+_PAIRWISE = re.compile(r"^(?P<a>.+?)\s+(?:with|to|against|versus|vs\.?)\s+(?P<b>.+)$", re.IGNORECASE)
+
+
+def compared_sides(body: str) -> list[str]:
+    """The sides of a comparison ("A and B", "A vs B", "A with B and C"), each with the context they share
+    and what they are compared on ("SAML and OIDC when it comes to certificate rotation" → "SAML certificate
+    rotation", "OIDC certificate rotation"); one item when nothing is compared."""
+    aspect = ""
+    m = _ASPECT.search(body)
+    if m and key_terms(body[: m.start()]) and key_terms(m.group("aspect")):
+        aspect, body = m.group("aspect").strip(" ?.!"), body[: m.start()]
+    pair = _PAIRWISE.match(body)
+    sides = [pair.group("a"), pair.group("b")] if pair else _CONJUNCT.split(body)
+    parts = _share_context(sides)
+    return [f"{p} {aspect}".strip() for p in parts] if aspect and len(parts) >= 2 else parts
+
+
 # A name: a run of capitalised words or numbers (small joining words allowed inside), or a quoted title.
 _NAME_WORD = r"(?:[A-Z0-9][\w'’.&-]*)"
 _NAME = (
@@ -414,10 +439,12 @@ class OfflineDecider:
     glossary: Mapping[str, str] = field(factory=dict)
     max_queries: int = 4
     _glossary: Glossary = field(init=False, repr=False, eq=False)
+    _followups: FollowupResolver = field(init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         mined = self.stats.glossary if self.stats is not None else {}
         object.__setattr__(self, "_glossary", Glossary(merge_glossary(mined, self.glossary)))
+        object.__setattr__(self, "_followups", FollowupResolver(self.stats))
 
     @property
     def terms_glossary(self) -> Mapping[str, str]:
@@ -432,32 +459,47 @@ class OfflineDecider:
     def topic(self, history: Sequence[Message], page: PageContext) -> str:
         """What the conversation is about: the subject of the latest user turn that named one of its own.
 
-        A follow-up that only refers back ("How do I change it?", "Is that faster?": a pronoun and nothing
-        specific of its own) keeps the topic it refers to, so a third turn's "it" still means the first
-        turn's subject, not the follow-up's verb. Without such a turn, the page's subject.
+        A follow-up that only refers back ("How do I change it?", "Is that faster?", "how long do I have?")
+        keeps the topic it refers to, so a third turn's "it" still means the first turn's subject, not the
+        follow-up's verb; a fragment ("and on Business?") moves it to the swapped question's subject. Without
+        such a turn, the page's subject.
         """
+        return self._conversation(history, page)[1]
+
+    def _conversation(self, history: Sequence[Message], page: PageContext) -> tuple[str, str, str]:
+        """The latest user question (resolved: follow-ups rewritten, page references filled in), the
+        conversation's subject, and the reply that answered that question."""
         page_subj = page_subject(page)
-        topic = ""
-        for message in history:
+        previous, subject, reply = "", page_subj, ""
+        # What a follow-up refers to is in the last few turns, at the start of each: the cost stays bounded.
+        messages = list(history)[-_RECENT_MESSAGES:]
+        for k, message in enumerate(messages):
             if message.role != "user":
                 continue
-            rest, _ = _strip_small_talk(message.content)
-            if not key_terms(rest):
+            lead, _ = _drop_small_talk(message.content[:_QUESTION_CHARS])
+            rest = _LEADING_FILLER.sub("", lead).strip(" \t\n,;:.!")
+            answer = next((m.content[:_REPLY_CHARS] for m in messages[k + 1 : k + 2] if m.role == "assistant"), "")
+            if not key_terms(rest) and not (previous and _ASKS.match(rest)):
                 continue
-            if (topic or page_subj) and self._refers_back(rest):
-                topic = topic or page_subj
-                continue
-            topic = _surface(self._resolve(rest, topic or page_subj, page_subj), limit=3, stats=self.stats)
-        return topic or page_subj
+            followed = self._followups.resolve(lead, previous, subject, reply) if previous else None
+            if followed is None:
+                previous = self._resolve(rest, subject, page_subj)
+                subject = self._followups.subject(previous, answer, limit=3) or subject
+            else:
+                previous = followed.standalone
+                if followed.how == "fragment":
+                    subject = self._followups.subject(previous, answer, limit=3) or subject
+            reply = answer
+        return previous, subject, reply
 
-    def _refers_back(self, text: str) -> bool:
-        """A follow-up: it carries a reference ("it", "this page") and names nothing specific of its own."""
-        if not (_PRONOUN.search(text) or _PAGE_REF.search(text)) or _EXPLETIVE.search(text):
-            return False
-        own = _PRONOUN.sub(" ", _PAGE_REF.sub(" ", text))
-        if self.stats is not None and self.stats.n_docs >= 2:
-            return all(self.stats.idf(t.stem) < self._rare_at() for t in key_terms(own))
-        return len(key_terms(own)) <= 1
+    def _follow_up(self, lead: str, head: str, history: Sequence[Message], page: PageContext) -> Followup | None:
+        """``head`` (the question's first part) rewritten against the conversation, or ``None`` (module
+        docstring, step 3; :mod:`ragloop.llm.offline.followup`)."""
+        if not any(m.role == "user" for m in history):
+            return None
+        asked = head if is_follow_on(head) or not is_follow_on(lead) else f"and {head}"
+        previous, subject, reply = self._conversation(history, page)
+        return self._followups.resolve(asked, previous, subject, reply)
 
     def _resolve(self, topic: str, subject: str | Callable[[], str], page_subj: str) -> str:
         """``topic`` with page references and pronouns resolved; a callable ``subject`` is called only when the
@@ -475,8 +517,18 @@ class OfflineDecider:
 
     def decide_sync(self, question: str, history: Sequence[Message], page: PageContext) -> Decision:
         """The decision, synchronously (what :meth:`decide` awaits)."""
-        rest, kinds = _strip_small_talk(question)
-        if not key_terms(rest) and not _PRONOUN.search(rest):
+        lead, kinds = _drop_small_talk(question)
+        rest = _LEADING_FILLER.sub("", lead).strip(" \t\n,;:.!")
+        parts = split_topics(rest)
+        notes: list[str] = []
+        # "why not?", "and how fast?": nothing to search for on their own, a follow-up in a conversation.
+        followed = (
+            self._follow_up(lead, parts[0] if parts else rest, history, page) if parts or _ASKS.match(rest) else None
+        )
+        if followed is not None:
+            parts = [followed.standalone, *parts[1:]]
+            notes.append(f"follow-up ({followed.how}) {followed.asked!r} -> {followed.standalone!r}")
+        elif not key_terms(rest) and not _PRONOUN.search(rest):
             if kinds:
                 kind = next(k for k in _PRIORITY if k in kinds)
                 return Decision(reply=REPLIES[kind], reason=f"small talk: {kind}")
@@ -484,9 +536,8 @@ class OfflineDecider:
         page_subj = page_subject(page)
         queries: list[str] = []
         seen: set[frozenset[str]] = set()
-        notes: list[str] = []
         topics: list[str] = []  # resolved, before expansion: what a later pronoun refers to
-        for i, topic in enumerate(split_topics(rest)):
+        for i, topic in enumerate(parts):
             resolved = self._resolve(topic, functools.partial(self._subject, i, topics, history, page), page_subj)
             if i > 0 and topics and self._elliptical(resolved):
                 # "How do I set up SAML SSO, and which plan do I need?": the second clause means "for SAML SSO".

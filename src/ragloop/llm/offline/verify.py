@@ -9,7 +9,8 @@ After the answer is composed, :meth:`OfflineVerifier.verify` reads it sentence b
    node drops them from the final text and says so.
 2. **Coverage.** The question's key terms that neither the supported sentences nor the titles of the blocks
    they cite contain are the *uncovered aspects*, without the words that only frame a question ("name",
-   "called", "located" …). A reply whose
+   "called", "difference", "quickly" …; a term sharing its first five letters with a present one counts as
+   present: "counter" and "count"). A reply whose
    outcome was ``context`` but leaves aspects uncovered is downgraded to ``partial``, and the aspects are
    named as missing.
 
@@ -76,8 +77,40 @@ FRAMING = frozenset(
         "date",
         "time",
         "number",
+        # what a comparison or a how-to question is framed with, not what it asks about
+        "difference",
+        "different",
+        "compare",
+        "comparison",
+        "versus",
+        "vs",
+        "between",
+        "come",
+        "comes",
+        "way",
+        "best",
+        "possible",
+        "able",
+        "actually",
+        "quickly",
+        "soon",
+        "fast",
+        "often",
+        "need",
+        "want",
+        "get",
+        "put",
+        "make",
+        "use",
+        "work",
+        "happen",
+        "tell",
+        "let",
+        "thing",
     ]
 )
+#: Two stems sharing this many first letters name the same thing ("counter" and "count", "quickly" and "quick").
+SHARED_PREFIX = 5
 
 
 def reply_sentences(text: str) -> list[tuple[str, tuple[int, ...]]]:
@@ -97,6 +130,16 @@ def reply_sentences(text: str) -> list[tuple[str, tuple[int, ...]]]:
 
 def _stems(text: str) -> set[str]:
     return {stem(t) for t in tokenize(text)}
+
+
+def _mentioned(term: str, present: set[str]) -> bool:
+    """``term`` is among the stems ``present``, or shares its first :data:`SHARED_PREFIX` letters with one."""
+    if term in present:
+        return True
+    if len(term) < SHARED_PREFIX:
+        return False
+    head = term[:SHARED_PREFIX]
+    return any(p.startswith(head) for p in present if len(p) >= SHARED_PREFIX)
 
 
 @frozen
@@ -129,7 +172,9 @@ class OfflineVerifier:
         titles = " ".join(by_n[n].title for _, cites in kept for n in cites if n in by_n)
         present = _stems(" ".join(s for s, _ in kept)) | _stems(titles)
         uncovered = tuple(
-            dict.fromkeys(t.surface for t in key_terms(question) if t.stem not in present and t.stem not in FRAMING)
+            dict.fromkeys(
+                t.surface for t in key_terms(question) if t.stem not in FRAMING and not _mentioned(t.stem, present)
+            )
         )
         return Verification(checked=len(sentences), unsupported=tuple(unsupported), uncovered=uncovered)
 
@@ -140,8 +185,8 @@ class OfflineVerifier:
         if not terms:
             return True
         for b in cited:
-            if b.n not in block_stems:
-                block_stems[b.n] = _stems(b.text)
+            if b.n not in block_stems:  # the title counts: a quote may be put after its page's name
+                block_stems[b.n] = _stems(b.text) | _stems(b.title)
         source = set().union(*(block_stems[b.n] for b in cited))
         if len(terms & source) / len(terms) >= self.min_support:
             return True

@@ -1,43 +1,56 @@
-"""What both SQL sources share: filters added to a written statement, and rows turned into cited hits."""
+"""What both SQL sources share: a source bound to a caller, and rows turned into cited hits."""
 
 from __future__ import annotations
 
 import hashlib
-import re
-from typing import Any
+from typing import Any, Protocol
 
-from ragloop.errors import QueryRefused
+from attrs import frozen
+
 from ragloop.retrievers.sources import Filters, SourceResult
-from ragloop.retrievers.sql._schema import Param, SQLQuery, SQLSchema
-from ragloop.state import Chunk, Hit
+from ragloop.retrievers.sql._schema import Param, SQLSchema
+from ragloop.state import Caller, Chunk, Hit
 
 
-def _apply_filters(written: SQLQuery, filters: Filters, schema: SQLSchema) -> tuple[str, tuple[Param, ...]]:
-    """The written statement with each filter as ``column IN (?, …)`` on its main table (values bound)."""
-    if not filters:
-        return written.sql, written.params
-    import sqlglot
-    from sqlglot import exp
+class _CallerRun(Protocol):
+    name: str
+    description: str
 
-    try:
-        tree = sqlglot.parse_one(written.sql, read=schema.dialect)
-    except sqlglot.errors.SqlglotError as exc:
-        raise QueryRefused(f"refused: the statement does not parse ({exc})") from exc
-    froms = list(tree.find_all(exp.Table)) if isinstance(tree, exp.Select) else []
-    if not isinstance(tree, exp.Select) or not froms:
-        raise QueryRefused("refused: filters need a SELECT over one allowlisted table")
-    main = froms[0]
-    table = schema.table(main.name)
-    params = list(written.params)
-    for column, values in filters.items():
-        if table is None or column.lower() not in (c.lower() for c in table.columns):
-            raise QueryRefused(f"refused: filter column {column!r} is not an allowlisted column of {main.name!r}")
-        if not values:
-            raise QueryRefused(f"refused: filter {column!r} has no values")
-        marks = [exp.Placeholder() for _ in values]
-        tree = tree.where(exp.column(column, table=main.alias_or_name).isin(*marks))
-        params += [_typed(v, table.types.get(column, "")) for v in values]
-    return tree.sql(dialect=schema.dialect), tuple(params)
+    async def run(self, query: str, filters: Filters, *, caller: Caller | None = None) -> SourceResult: ...
+
+
+@frozen
+class ForCaller:
+    """A SQL source on behalf of one caller: every statement sees only the caller's tenant's rows.
+
+    What :meth:`SQLiteSource.for_caller` returns (the plan node asks for it once per turn); it shares the
+    source's schema, connections and statement record.
+
+    Attributes:
+        source: The SQL source.
+        caller: Who asks (``None``: nobody, so tenant-scoped tables are refused).
+    """
+
+    source: _CallerRun
+    caller: Caller | None
+
+    @property
+    def name(self) -> str:
+        """The source's name."""
+        return self.source.name
+
+    @property
+    def description(self) -> str:
+        """The source's description."""
+        return self.source.description
+
+    async def run(self, query: str, filters: Filters) -> SourceResult:
+        """The source's :meth:`run` with this caller."""
+        return await self.source.run(query, filters, caller=self.caller)
+
+    def for_caller(self, caller: Caller | None) -> ForCaller:
+        """The same source for another caller."""
+        return ForCaller(self.source, caller)
 
 
 def _rows_result(  # noqa: PLR0913 - one call site per source, all keyword-free positional data
@@ -61,8 +74,9 @@ def _rows_result(  # noqa: PLR0913 - one call site per source, all keyword-free 
     table_name = table.name if table else "query"
     key = table.key if table and table.key in columns else ""
     shown = sql
+    placeholder = "%s" if schema.dialect == "postgres" else "?"
     for p in params:  # for the record only: the statement ran with bound parameters
-        shown = shown.replace("?", repr(p), 1)
+        shown = shown.replace(placeholder, repr(p), 1)
     digest = hashlib.sha256(f"{sql}|{params}".encode()).hexdigest()[:10]
     hits: list[Hit] = []
     out_rows: list[dict[str, str]] = []
@@ -81,9 +95,3 @@ def _rows_result(  # noqa: PLR0913 - one call site per source, all keyword-free 
         )
         hits.append(Hit(chunk, score=1.0, confidence=1.0))
     return SourceResult(hits=hits, rows=out_rows, detail=f"{shown} ({note}; {len(rows)} row(s), {seconds:.3f}s)")
-
-
-def _typed(value: str, declared: str) -> Param:
-    if declared.startswith("INT") and re.fullmatch(r"-?\d+", value.strip()):
-        return int(value)
-    return value

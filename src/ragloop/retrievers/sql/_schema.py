@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
@@ -9,6 +10,14 @@ from typing import Protocol, runtime_checkable
 from attrs import field, frozen
 
 Param = str | int | float | None
+
+
+def typed_value(value: str, declared: str) -> Param:
+    """A text value bound as an integer when its column is declared one (``"8"`` for an ``INTEGER`` key)."""
+    text = str(value).strip()
+    if declared.upper().startswith("INT") and re.fullmatch(r"-?\d+", text):
+        return int(text)
+    return value
 
 
 def _frozen_types(value: Mapping[str, str]) -> Mapping[str, str]:
@@ -50,11 +59,13 @@ class SQLSchema:
 
     Attributes:
         tables: The allowlisted tables.
-        dialect: The SQL dialect (``sqlite``).
+        dialect: The SQL dialect (``sqlite`` or ``postgres``).
+        namespace: The schema the tables live in (Postgres), named in every table the rewrite reads; ``""``: none.
     """
 
     tables: tuple[Table, ...]
     dialect: str = "sqlite"
+    namespace: str = ""
 
     def table(self, name: str) -> Table | None:
         """The table called ``name`` (case-insensitive), if allowlisted."""
@@ -71,6 +82,38 @@ class SQLSchema:
             )
             lines.append(f"{t.name}({cols}); key {t.key or 'none'}{refs}{known}")
         return "\n".join(lines)
+
+
+def _via(value: Sequence[str]) -> tuple[str, ...]:
+    via = tuple(value)
+    if via and len(via) != 3:
+        raise ValueError(f"via must be (table, key column, tenant column), got {via!r}")
+    return via
+
+
+@frozen
+class TenantKey:
+    """How the rows of one table name their tenant (the organisation a caller belongs to).
+
+    ``TenantKey("name")``: the table's ``name`` column holds the tenant. ``TenantKey("customer_id", via=("customers",
+    "id", "name"))``: ``customer_id`` holds a ``customers.id`` whose ``customers.name`` is the tenant. Neither column
+    needs to be allowlisted.
+
+    Attributes:
+        column: The column of the table compared with the tenant (or with ``via``'s key).
+        via: ``(table, key column, tenant column)`` when ``column`` is a key into another table; empty otherwise.
+    """
+
+    column: str
+    via: tuple[str, ...] = field(default=(), converter=_via)
+
+    def columns(self, table: str) -> dict[str, tuple[str, ...]]:
+        """The columns this key reads, by table (``table`` is the scoped table itself)."""
+        found: dict[str, tuple[str, ...]] = {table: (self.column,)}
+        if self.via:
+            other, key, column = self.via
+            found[other] = (*found.get(other, ()), key, column)
+        return found
 
 
 @frozen

@@ -1,177 +1,26 @@
-"""Live sources: systems of record looked up by exact id while a turn runs (tickets, orders, modules …).
-
-A live source is triggered by a *signal* in the query text — for the ticket source, a ticket id such as
-``#1234`` — and answers with :class:`LiveRecord` s. The live node asks only the sources whose signal a short
-query carries, and rejects any record whose id differs from the one requested (a search for #1234 that
-returns #1233 is a mismatch, not an answer).
-
-:class:`SQLiteTicketSource` serves the sample ticket database that ships with ragloop. Its connections are
-persistent but lazy (opened on the first lookup, never at construction), pooled (one connection per worker,
-at most ``max_concurrency``), invalidated and re-opened after an error, and read-only. A lookup abandoned at its
-timeout still holds its place in ``max_concurrency`` until its thread really ends, so a hung database cannot
-grow threads without bound. Given a :class:`~ragloop.state.Caller` with a ``tenant``, it returns only that
-customer's tickets (``require_caller=True`` refuses lookups without one).
-
-Writing your own source takes a name, a signal detector and an async lookup::
-
-    import re
-
-    from ragloop.retrievers.live import LiveRecord
-
-    class OrderSource:
-        name = "orders"
-
-        def __init__(self, orders: dict[str, str]) -> None:
-            self._orders = orders
-
-        def signals(self, query: str) -> tuple[str, ...]:
-            return tuple(dict.fromkeys(re.findall(r"\\bORD-(\\d{6})\\b", query)))
-
-        async def lookup(
-            self, query: str, ids: Sequence[str], *, caller: Caller | None = None
-        ) -> Sequence[LiveRecord]:
-            # check here that ``caller`` may see each order
-            return [LiveRecord(self.name, i, f"Order ORD-{i}", self._orders[i]) for i in ids if i in self._orders]
-
-        async def aclose(self) -> None:
-            pass
-"""
+"""The sample ticket source: exact-id lookups in a read-only SQLite database, per caller, behind a breaker."""
 
 from __future__ import annotations
 
 import re
 import sqlite3
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import MappingProxyType, TracebackType
-from typing import Any, Protocol, Self, TypeVar, runtime_checkable
+from types import TracebackType
+from typing import Any, Self, TypeVar
 
 import anyio
-import anyio.to_thread
-from attrs import define, field, frozen
+from attrs import define, field
 
 from ragloop.errors import ConfigError, LiveSourceError
-from ragloop.state import Caller, Chunk, Hit
-from ragloop.text import STOPWORDS, extract_ids, id_matches, tokenize
-
-__all__ = [
-    "LiveRecord",
-    "LiveSource",
-    "SQLiteTicketSource",
-    "default_tickets_path",
-    "lookup_for",
-    "parse_ticket_ids",
-    "record_hit",
-    "split_matches",
-]
+from ragloop.retrievers._threads import run_in_daemon_thread
+from ragloop.retrievers.live._base import TICKET_URL, LiveRecord, default_tickets_path, parse_ticket_ids
+from ragloop.retrievers.live._breaker import CircuitBreaker, CircuitOpen
+from ragloop.state import Caller
+from ragloop.text import STOPWORDS, tokenize
 
 _T = TypeVar("_T")
-
-#: Base of the (fictional) ticket URLs the sample source reports.
-TICKET_URL = "https://support.lumen.example/tickets/"
-
-
-def default_tickets_path() -> Path:
-    """The sample ticket database that ships inside the package (``ragloop/data/tickets.sqlite``)."""
-    return Path(__file__).resolve().parents[1] / "data" / "tickets.sqlite"
-
-
-def _frozen_fields(value: Mapping[str, Any]) -> Mapping[str, Any]:
-    return MappingProxyType(dict(value))
-
-
-@frozen
-class LiveRecord:
-    """One record a live source returned.
-
-    Attributes:
-        source: Name of the live source that produced it.
-        id: The record's id in the source's normal form (tickets: the digits, ``"1234"``).
-        title: A one-line title, e.g. ``"Ticket #1234: SAML sign-in fails …"``.
-        text: The record as prose, ready to be shown to the answerer.
-        url: Where a person can open the record, if it has an address.
-        fields: The raw structured fields (status, priority, …), read-only.
-    """
-
-    source: str
-    id: str
-    title: str
-    text: str
-    url: str | None = None
-    fields: Mapping[str, Any] = field(factory=dict, converter=_frozen_fields, eq=False, hash=False)
-
-
-@runtime_checkable
-class LiveSource(Protocol):
-    """A system of record the live node can consult by exact id."""
-
-    #: Short stable name, recorded in the decision record (``"tickets"``).
-    name: str
-
-    def signals(self, query: str) -> tuple[str, ...]:
-        """The ids this source can look up that ``query`` carries, in order; empty means "not triggered"."""
-        ...
-
-    async def lookup(self, query: str, ids: Sequence[str], *, caller: Caller | None = None) -> Sequence[LiveRecord]:
-        """Records for ``ids`` (and possibly related ones; the caller checks ids) that ``caller`` may see.
-
-        ``caller`` is who asks (tenant, user), as given to ``ChatRAG.ask(caller=...)``; the live node passes it
-        only when the application gave one. Raises LiveSourceError.
-        """
-        ...
-
-    async def aclose(self) -> None:
-        """Release connections. Safe to call twice."""
-        ...
-
-
-async def lookup_for(source: LiveSource, query: str, ids: Sequence[str], caller: Caller | None) -> Sequence[LiveRecord]:
-    """``source.lookup`` on behalf of ``caller``, passed only when there is one, so that sources written before
-    callers existed (``lookup(query, ids)``) keep working without one."""
-    if caller:
-        return await source.lookup(query, ids, caller=caller)
-    return await source.lookup(query, ids)
-
-
-def record_hit(record: LiveRecord, query: str) -> Hit:
-    """A live record as a hit with full confidence, so the answer can cite it like any chunk."""
-    ref = f"{record.source}:{record.id}"
-    chunk = Chunk(id=ref, text=record.text, source=record.url or ref, title=record.title, doc_id=ref)
-    return Hit(chunk, score=1.0, confidence=1.0, queries=(query,), best_query=query)
-
-
-def split_matches(requested: Sequence[str], records: Sequence[LiveRecord]) -> tuple[list[LiveRecord], list[LiveRecord]]:
-    """Split records into those whose id exactly matches a requested id and the mismatches (#1233 for #1234)."""
-    accepted: list[LiveRecord] = []
-    rejected: list[LiveRecord] = []
-    for record in records:
-        (accepted if any(id_matches(r, record.id) for r in requested) else rejected).append(record)
-    return accepted, rejected
-
-
-def parse_ticket_ids(text: str) -> tuple[str, ...]:
-    """The ticket ids ``text`` names, as bare digits, unique, in order of first appearance.
-
-    Recognises ``#1234``, "ticket 1234", "ticket #1234", "issue 1234" (the grammar of
-    :func:`ragloop.text.extract_ids`, shared with the grader). ``#12345`` is ``12345``, never
-    ``1234``.
-
-    >>> parse_ticket_ids("Is #1234 related to ticket 1233 or #1234?")
-    ('1234', '1233')
-    """
-    found = extract_ids(text).get("ticket", frozenset())
-    if not found:
-        return ()
-    digits = [value.lstrip("#") for value in found]
-
-    def first_position(value: str) -> int:
-        match = re.search(rf"(?<!\d){value}(?!\d)", text)
-        return match.start() if match else len(text)
-
-    return tuple(sorted(digits, key=lambda value: (first_position(value), int(value), value)))
-
-
 _SELECT = "SELECT id, status, priority, product_area, summary, body, created, updated, customer, resolution"
 # Words that name the kind of record, not its topic: every ticket summary would match them.
 _RECORD_WORDS = frozenset({"ticket", "tickets", "issue", "issues"})
@@ -184,17 +33,16 @@ def _terms(text: str, limit: int = 6) -> list[str]:
 
 
 class _Slot:
-    """The connection one worker call is using, so a timeout can interrupt it from the event loop."""
+    """One database call: its connection (so a timeout can interrupt it) and whether its caller gave up on it."""
 
-    __slots__ = ("conn", "interrupted", "state")
+    __slots__ = ("abandoned", "conn", "done")
 
     def __init__(self) -> None:
         self.conn: sqlite3.Connection | None = None
-        self.interrupted = False
-        self.state = "pending"  # then "running" (the worker thread took it) or "abandoned" (given up first)
+        self.abandoned = False
+        self.done = False
 
     def interrupt(self) -> None:
-        self.interrupted = True
         conn = self.conn
         if conn is not None:
             conn.interrupt()  # thread-safe by design: aborts the statement running in the worker
@@ -202,7 +50,18 @@ class _Slot:
 
 @define
 class SQLiteTicketSource:
-    """Exact-id lookup of support tickets in a SQLite database (read-only).
+    """Exact-id lookup of support tickets in a SQLite database (read-only), for one organisation at a time.
+
+    Each ticket belongs to a customer organisation; a lookup returns only the tickets of the caller's
+    ``tenant`` (another organisation's ticket reads as unknown). A lookup without a caller tenant is refused
+    (``require_caller``, on by default): pass ``caller=Caller(tenant=...)`` to ``ChatRAG.ask``, or set
+    ``require_caller=False`` for a database that holds one organisation's tickets only.
+
+    Every database call runs in a daemon thread of its own, at most ``max_concurrency`` at once; a call past
+    ``timeout_s`` is interrupted and abandoned (it can never keep the process from exiting, and ``aclose`` does
+    not wait for it). At most ``max_stuck`` abandoned calls may still be stuck in the database; past that, and
+    while the breaker is open (``failure_threshold`` failures in a row), lookups fail at once with an error
+    that says so. After ``cooldown_s`` the next lookup is the probe: if it works the source is back.
 
     Attributes:
         path: The database file; defaults to the sample database shipped with ragloop.
@@ -212,12 +71,19 @@ class SQLiteTicketSource:
             the query, when an id is unknown). Their ids differ from the requested ones; the live node must
             reject them. Off by default; useful to exercise the mismatch rule.
         related_limit: How many related tickets at most.
-        require_caller: Refuse lookups without a caller tenant (a multi-tenant service should set it).
+        require_caller: Refuse lookups without a caller tenant (the default); ``False``: a lookup without one
+            sees every ticket (a database of one organisation only).
+        failure_threshold: Failures in a row that open the breaker.
+        cooldown_s: How long the breaker stays open before the next lookup probes (doubling, at most 30 s).
+        max_stuck: Abandoned calls that may still be stuck in the database before no new one starts (default:
+            the larger of ``max_concurrency`` and ``failure_threshold``, plus 3 probes). At most
+            ``max_concurrency + max_stuck`` threads are ever alive.
         name: The source name.
         connects: Connections opened so far (tests: laziness and reconnects).
         lookups: ``lookup`` calls that reached the database.
         errors: Lookups that failed (each one invalidated the pool).
         max_in_flight: Most database calls seen running at the same time.
+        breaker: The circuit breaker (its state and how often it opened).
     """
 
     path: Path = field(factory=default_tickets_path, converter=Path)
@@ -225,27 +91,35 @@ class SQLiteTicketSource:
     timeout_s: float = field(default=2.0, kw_only=True)
     related: bool = field(default=False, kw_only=True)
     related_limit: int = field(default=3, kw_only=True)
-    require_caller: bool = field(default=False, kw_only=True)
+    require_caller: bool = field(default=True, kw_only=True)
+    failure_threshold: int = field(default=3, kw_only=True)
+    cooldown_s: float = field(default=1.0, kw_only=True)
+    max_stuck: int = field(default=0, kw_only=True)
     name: str = field(default="tickets", kw_only=True)
     connects: int = field(default=0, init=False)
     lookups: int = field(default=0, init=False)
     errors: int = field(default=0, init=False)
     max_in_flight: int = field(default=0, init=False)
+    breaker: CircuitBreaker = field(init=False)
     _in_flight: int = field(default=0, init=False, repr=False)
+    _stuck: int = field(default=0, init=False, repr=False)
     _idle: list[sqlite3.Connection] = field(factory=list, init=False, repr=False)
     _generation: int = field(default=0, init=False, repr=False)
     _lock: threading.Lock = field(factory=threading.Lock, init=False, repr=False)
     _limiter: anyio.CapacityLimiter = field(init=False, repr=False)
-    _threads: threading.BoundedSemaphore = field(init=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.max_concurrency < 1:
             raise ConfigError(f"max_concurrency must be at least 1, got {self.max_concurrency}")
         if self.timeout_s <= 0:
             raise ConfigError(f"timeout_s must be positive, got {self.timeout_s}")
+        if self.max_stuck < 0:
+            raise ConfigError(f"max_stuck must be at least 0, got {self.max_stuck}")
+        # Room for a few probes beyond the calls that hung before the breaker opened, so a source whose every
+        # call hung can still come back when its database does.
+        self.max_stuck = self.max_stuck or max(self.max_concurrency, self.failure_threshold) + 3
+        self.breaker = CircuitBreaker(self.failure_threshold, self.cooldown_s, max(30.0, self.cooldown_s))
         self._limiter = anyio.CapacityLimiter(self.max_concurrency)
-        # Held from before a worker thread starts until it ends, even when its caller gave up on it.
-        self._threads = threading.BoundedSemaphore(self.max_concurrency)
 
     # -- LiveSource -----------------------------------------------------------------------------------------
 
@@ -254,18 +128,20 @@ class SQLiteTicketSource:
         return parse_ticket_ids(query)
 
     async def lookup(self, query: str, ids: Sequence[str], *, caller: Caller | None = None) -> Sequence[LiveRecord]:
-        """Tickets with exactly the requested ids (unknown ids are skipped), then related ones if enabled.
-
-        With a ``caller`` whose ``tenant`` is set, only that customer's tickets are returned (another
-        customer's ticket reads as unknown).
+        """Tickets of the caller's organisation with exactly the requested ids (others read as unknown), then
+        related ones if enabled.
 
         Raises:
-            LiveSourceError: The database is missing, unreadable or corrupt, or the lookup timed out. The
-                connection pool is dropped, so the next lookup reconnects.
+            LiveSourceError: No caller tenant (with ``require_caller``); the database is missing, unreadable,
+                corrupt or stuck; the lookup timed out; or the breaker is open. A failed lookup drops the
+                connection pool, so the next one reconnects.
         """
-        tenant = caller.tenant if caller is not None else None
+        tenant = caller.tenant.strip() if caller is not None and caller.tenant else None
         if self.require_caller and not tenant:
-            raise LiveSourceError(f"{self.name}: lookups need a caller tenant; pass caller=Caller(tenant=...) to ask")
+            raise LiveSourceError(
+                f"{self.name}: tickets are shown only to their organisation and this lookup names none (no caller "
+                "tenant); pass caller=Caller(tenant=...) (or require_caller=False for a database of one organisation)"
+            )
         wanted = tuple(
             dict.fromkeys(int(i.lstrip("#")) for i in ids if i.lstrip("#").isdigit() and len(i.lstrip("#")) <= 12)
         )
@@ -275,7 +151,7 @@ class SQLiteTicketSource:
         return await self._call(lambda conn: self._query(conn, query, wanted, tenant))
 
     async def aclose(self) -> None:
-        """Close the pooled connections. The source stays usable: the next lookup reconnects."""
+        """Close the pooled connections (never waits for a stuck call). The next lookup reconnects."""
         self._invalidate()
 
     async def __aenter__(self) -> Self:
@@ -370,7 +246,7 @@ class SQLiteTicketSource:
             conn.close()
 
     def _work(self, fn: Callable[[sqlite3.Connection], _T], slot: _Slot) -> _T:
-        # Connections are pooled and each is used by one thread at a time, so check_same_thread=False is safe.
+        """One database call, in its own daemon thread; a call its caller abandoned counts as stuck until here."""
         with self._lock:
             self._in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self._in_flight)
@@ -378,9 +254,11 @@ class SQLiteTicketSource:
         conn: sqlite3.Connection | None = None
         generation = 0
         try:
+            if slot.abandoned:  # given up before the thread even ran
+                raise sqlite3.OperationalError("interrupted")
             conn, generation = self._checkout()
             slot.conn = conn
-            if slot.interrupted:  # timed out while waiting for a connection
+            if slot.abandoned:  # timed out while the connection opened
                 raise sqlite3.OperationalError("interrupted")
             result = fn(conn)
             ok = True
@@ -391,45 +269,41 @@ class SQLiteTicketSource:
                 self._checkin(conn, generation, ok)
             with self._lock:
                 self._in_flight -= 1
+                slot.done = True
+                if slot.abandoned:
+                    self._stuck -= 1
 
-    def _held_work(self, fn: Callable[[sqlite3.Connection], _T], slot: _Slot) -> _T:
-        """:meth:`_work` in the worker thread; gives the thread's place back when the thread ends."""
+    def _abandon(self, slot: _Slot) -> None:
+        slot.interrupt()
         with self._lock:
-            if slot.state == "abandoned":  # the caller gave up before the thread started, and let go of it
-                raise sqlite3.OperationalError("interrupted")
-            slot.state = "running"
-        try:
-            return self._work(fn, slot)
-        finally:
-            self._threads.release()
+            if not slot.done and not slot.abandoned:
+                slot.abandoned = True
+                self._stuck += 1
 
     async def _call(self, fn: Callable[[sqlite3.Connection], _T]) -> _T:
+        try:
+            probe = self.breaker.admit()
+        except CircuitOpen as exc:
+            raise LiveSourceError(f"{self.name}: the ticket database {exc}") from None
         slot = _Slot()
         try:
             with anyio.fail_after(self.timeout_s):
-                while not self._threads.acquire(blocking=False):  # every place held by a running thread
-                    await anyio.sleep(0.005)
-                try:
-                    return await anyio.to_thread.run_sync(
-                        self._held_work, fn, slot, limiter=self._limiter, abandon_on_cancel=True
-                    )
-                except anyio.get_cancelled_exc_class():
-                    slot.interrupt()
-                    with self._lock:
-                        never_started = slot.state == "pending"
-                        slot.state = "abandoned"
-                    if never_started:
-                        self._threads.release()
-                    raise
+                async with self._limiter:
+                    self._may_start(probe)
+                    try:
+                        result = await run_in_daemon_thread(lambda: self._work(fn, slot), name=f"ragloop {self.name}")
+                    except BaseException:
+                        self._abandon(slot)
+                        raise
         except TimeoutError as exc:
-            self._failed()
+            self._failed(probe)
             msg = (
                 f"ticket lookup in {self.path} took longer than {self.timeout_s}s and was interrupted; "
                 "raise timeout_s or check that the database is not locked by a writer"
             )
             raise LiveSourceError(msg) from exc
         except sqlite3.Error as exc:
-            self._failed()
+            self._failed(probe)
             if not self.path.is_file():
                 msg = f"ticket database {self.path} does not exist; pass the path of a tickets.sqlite file"
             else:
@@ -438,7 +312,28 @@ class SQLiteTicketSource:
                     "scripts/build_sample_tickets.py or pass another path. The next lookup reconnects."
                 )
             raise LiveSourceError(msg) from exc
+        except LiveSourceError:
+            self._failed(probe)
+            raise
+        except BaseException:
+            self.breaker.cancelled(probe)  # cancelled by the caller: a cancelled probe lets the next lookup probe
+            raise
+        self.breaker.succeeded(probe)
+        return result
 
-    def _failed(self) -> None:
+    def _may_start(self, probe: bool) -> None:
+        """Refuse to start a thread while the breaker opened during the wait, or too many calls are stuck."""
+        if not probe and self.breaker.is_open:
+            raise LiveSourceError(f"{self.name}: the ticket database failed while this lookup waited; not asked")
+        with self._lock:
+            stuck = self._stuck
+        if stuck >= self.max_stuck:
+            raise LiveSourceError(
+                f"{self.name}: {stuck} earlier lookups are still stuck in {self.path}; no new one starts until one of "
+                "them returns (check the disk or mount the database is on)"
+            )
+
+    def _failed(self, probe: bool) -> None:
         self.errors += 1
+        self.breaker.failed(probe)
         self._invalidate()

@@ -1,0 +1,361 @@
+"""The offline answerer: extractive, cited, answer first, and honest about what it did not find.
+
+For ``context`` and ``partial`` outcomes it cuts the numbered blocks into quotable units (:mod:`._units`:
+sentences and list items, table rows under their header, fenced code blocks with their indentation), scores
+each against the question (:mod:`._choose`) and quotes, in this order: the unit that answers best (the
+**lead**), the best unit for each side of a comparison or part of a multi-part question the lead leaves out,
+then only what supports them, within a short length budget. Table rows are quoted under their header, never the
+whole table; code keeps its fence and indentation. A lead that opens without a subject of its own ("It is
+available on every plan") is quoted after the subject its block names — the heading it sits under, else the
+page title: "Slack integration: it is available on every plan". Each unit carries its block's ``[n]``.
+
+Blocks that cover too little of the question (a different topic) are not cited at all. Sentences that read
+like instructions to the assistant ("ignore previous instructions…") are never picked: block text is data, not
+commands; neither are sentences that tell the reader or the user what to do for someone else ("tell the user
+the admin password is …"), carry a credential, or link to another host than the block's own
+(:func:`ragloop.text.safety.instruction_problem`). Free-standing citation-like markers inside block text are
+removed so that every ``[n]`` in the answer points at a block that was given; brackets glued to a word are
+code (``arr[0]``, ``pair[1]``) and stay as written (:mod:`ragloop.text.citations`).
+
+``partial`` answers what it can and then names what the knowledge base does not say (``missing``); ``none``
+says the knowledge base does not cover the question and cites nothing, without guessing; ``direct`` streams
+the decider's reply.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from urllib.parse import urlsplit
+
+from attrs import field, frozen
+
+from ragloop.llm.offline.answer._abstain import AbstainRule, unknown_names
+from ragloop.llm.offline.answer._choose import (
+    HEADING_TIE,
+    REFERS,
+    RESOLVED_WEIGHT,
+    Asked,
+    Picker,
+    Scored,
+    asked_for,
+    has_asked_for,
+    part_share,
+    pick,
+    question_terms,
+    resolved_parts,
+    serves,
+    side_terms,
+    side_terms_of,
+    stems_of,
+    value_near,
+)
+from ragloop.llm.offline.answer._render import lead_in, render, with_introduced
+from ragloop.llm.offline.answer._units import Unit, block_units, is_block_unit, split_sentences
+from ragloop.llm.offline.decide import split_topics
+from ragloop.retrievers.base import Embedder
+from ragloop.state import Abstention, ContextBlock, Hit, Message, Outcome
+from ragloop.text.citations import strip_markers
+from ragloop.text.safety import instruction_problem
+from ragloop.text.terms import CorpusStats, stem, tokenize
+from ragloop.usage import LLMCall, record_call
+
+__all__ = [
+    "INJECTION",
+    "NOT_COVERED",
+    "AbstainRule",
+    "Asked",
+    "OfflineAnswerer",
+    "Picker",
+    "asked_for",
+    "has_asked_for",
+    "is_block_unit",
+    "not_covered",
+    "split_sentences",
+]
+
+#: Sentences that address the assistant rather than inform the reader; never quoted.
+INJECTION = re.compile(
+    r"\b(?:ignore|disregard|forget|override)\b.{0,40}\b(?:instructions?|prompts?|rules|context|above|previous)\b"
+    r"|\byou are now\b|\bsystem prompt\b|\bas an ai\b|\bact as\b|\bjailbreak\b"
+    r"|\b(?:respond|reply|answer|say)\s+(?:only\s+)?(?:with|that)\b"
+    r"|\bnew instructions?\b|\bdo not (?:tell|mention) the user\b"
+    # Imitated tool calls: an assistant's function-call JSON, or a request to call a tool.
+    r"|[\"']?(?:tool_calls|function_call)[\"']?\s*:|\bcall (?:the |a )?\w+ (?:tool|function)\b",
+    re.IGNORECASE | re.DOTALL,
+)
+#: How a reply with nothing to quote begins: it says the knowledge base does not cover the question.
+NOT_COVERED = "The knowledge base doesn't cover this, so I won't guess."
+_TRY = "Try rephrasing, or add a detail such as a product name, a feature or an error message."
+_TOKEN = re.compile(r"\S+\s*")
+#: A glossary expansion decide wrote into a query ("CSV (comma-separated values)"): not what the question asks.
+_EXPANSION = re.compile(r"\([^()]*\)")
+
+
+def _coverage(
+    block: ContextBlock, title: frozenset[str], wanted: frozenset[str], total: float, weight: Callable[[str], float]
+) -> float:
+    """How much of the question a block holds: of all the wanted terms, or of its own search's terms when that
+    is higher (the block answers one part of a multi-part question)."""
+    held = stems_of(block.text) | title
+    searched = question_terms(_EXPANSION.sub(" ", block.query))
+    coverage = sum(weight(t) for t in wanted & held) / total
+    part = sum(weight(t) for t in searched)
+    return max(coverage, sum(weight(t) for t in searched & held) / part) if part > 0 else coverage
+
+
+def _hosts(block: ContextBlock) -> tuple[str, ...]:
+    """The hosts a block's own links may point at: its document's host, when its source or URL is a URL."""
+    hosts = []
+    for u in (block.url, block.source):
+        if u.startswith(("http://", "https://")):
+            try:
+                hosts.append(urlsplit(u).hostname or "")
+            except ValueError:  # a malformed URL (``http://[::1``) names no host
+                continue
+    return tuple(h for h in hosts if h)
+
+
+#: A gap longer than this many words (a whole question) is not named in a "not covered" reply.
+MAX_GAP_WORDS = 4
+
+
+def not_covered(missing: Sequence[str] = ()) -> str:
+    """The reply for a question the knowledge base does not cover, naming the few words it says nothing about
+    ("Trello"); a longer gap (the whole question) is not repeated back."""
+    gaps = [m.strip() for m in missing if m.strip() and len(m.split()) <= MAX_GAP_WORDS]
+    if not gaps:
+        return f"{NOT_COVERED} {_TRY}"
+    return f"The knowledge base doesn't cover this: it says nothing about {_join(gaps)}, so I won't guess. {_TRY}"
+
+
+def _join(items: Sequence[str]) -> str:
+    quoted = [f"“{i}”" for i in items]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+
+
+@frozen
+class OfflineAnswerer:
+    """Writes an extractive, cited answer without a model, the answering unit first.
+
+    Attributes:
+        stats: Corpus statistics for IDF weights; without them the blocks themselves give the weights.
+        picker: How many units are quoted and in what budget (:class:`Picker`).
+        min_block_coverage: A block covering less of the question than this is ignored (other topic).
+        min_sentence_coverage: A unit covering less than this is never quoted.
+        context_weight: Weight of the key terms a unit's heading or page title holds and it does not (a table
+            row's header counts in full).
+        code_weight: Factor on a code block's relevance: identifiers such as ``app`` or ``run`` match question
+            words without answering them.
+        query_weight: Weight of the key terms of a block's search query that the question does not hold (a
+            hop's bridge entity, a rewrite's new angle); glossary expansions in parentheses are left out, and a
+            question that refers back ("that plan", "this page") counts its queries' terms in full (they
+            resolve the reference).
+        asked_bonus: Added to the relevance of a unit holding what the question asks for (a year for "when",
+            a number for "how many", a name the question does not contain for "who"; see :func:`asked_for`).
+        dense_weight: Weight of the cosine between the question and a unit (``embedder``'s) added to its
+            relevance when :meth:`answer` runs (not in :meth:`compose` alone, which has no I/O). Off by
+            default: with MiniLM it lowered answer recall on the HotpotQA tuning half (0.54 at 0, 0.53 at 0.3,
+            0.49 at 1.0): the question's nearest sentence restates the question instead of answering it.
+        embedder: The index's dense embedder, for ``dense_weight``.
+        abstain_rule: When :meth:`abstain` says the passages do not support an answer.
+    """
+
+    stats: CorpusStats | None = None
+    picker: Picker = field(factory=Picker)
+    min_block_coverage: float = 0.2
+    min_sentence_coverage: float = 0.15
+    context_weight: float = 0.5
+    code_weight: float = 0.7
+    query_weight: float = 0.3
+    asked_bonus: float = 0.1
+    near_bonus: float = 0.3
+    dense_weight: float = 0.0
+    embedder: Embedder | None = None
+    abstain_rule: AbstainRule = field(factory=AbstainRule)
+
+    def _idf(self, blocks: Sequence[ContextBlock]) -> dict[str, float] | CorpusStats:
+        if self.stats is not None:
+            return self.stats
+        n = len(blocks)
+        df: dict[str, int] = {}
+        for b in blocks:
+            for s in {stem(t) for t in tokenize(b.text)}:
+                df[s] = df.get(s, 0) + 1
+        return {s: math.log(1.0 + (n - d + 0.5) / (d + 0.5)) for s, d in df.items()}
+
+    def compose(
+        self,
+        question: str,
+        blocks: Sequence[ContextBlock],
+        outcome: Outcome,
+        *,
+        missing: Sequence[str] = (),
+        direct_reply: str | None = None,
+        dense: Mapping[str, float] | None = None,
+    ) -> str:
+        """The whole reply as one string (what :meth:`answer` streams); ``dense`` maps a unit's text to its
+        cosine with the question (see ``dense_weight``)."""
+        if outcome == "direct":
+            return direct_reply or "Hello! Ask me anything about this knowledge base."
+        picked = self.select(question, blocks, dense) if outcome in ("context", "partial") else []
+        if not picked:
+            return not_covered(missing)
+        body = render(picked, {b.n: b for b in blocks})
+        gaps = [m for m in missing if m.strip()]
+        if outcome == "partial" and gaps:
+            body += f"\n\nThe knowledge base doesn't say anything about {_join(gaps)}."
+        elif outcome == "partial":
+            body += "\n\nThe knowledge base only partly covers this question."
+        return body
+
+    def select(
+        self, question: str, blocks: Sequence[ContextBlock], dense: Mapping[str, float] | None = None
+    ) -> list[Scored]:
+        """The units to quote, in the order they are quoted."""
+        weights = self._idf(blocks)
+        unseen = 1.0 if isinstance(weights, CorpusStats) else max(weights.values(), default=1.0)
+
+        def idf(s: str) -> float:
+            if isinstance(weights, CorpusStats):
+                return weights.idf(s)
+            return weights.get(s, unseen)  # a stem in no block weighs as the rarest one
+
+        q_terms = question_terms(question)
+        parts = split_topics(question)
+        sides = side_terms(parts) if len(parts) > 1 else []
+        part_terms = [question_terms(p) for p in parts] if sides else []
+        resolved: frozenset[str] = frozenset()
+        if sides:  # a part that refers back ("that plan") takes the terms its search resolved it to
+            before = frozenset().union(*part_terms)
+            part_terms = resolved_parts(parts, part_terms, [_EXPANSION.sub(" ", b.query) for b in blocks])
+            sides = side_terms_of(part_terms)
+            resolved = frozenset().union(*part_terms) - before
+
+        def part_idf(t: str) -> float:
+            return idf(t) * (RESOLVED_WEIGHT if t in resolved else 1.0)
+
+        asked = asked_for(question)
+        q_words = {w.casefold() for w in re.findall(r"\w+", question)}
+        pool: list[Scored] = []
+        units: dict[int, list[Unit]] = {}
+        # A question that refers back ("that plan") is completed by its queries: their terms count in full.
+        query_weight = 1.0 if REFERS.search(question) else self.query_weight
+        for block in blocks:
+            wanted = q_terms | question_terms(_EXPANSION.sub(" ", block.query))
+
+            def weight(t: str, block_terms: frozenset[str] = wanted - q_terms) -> float:
+                return idf(t) * (query_weight if t in block_terms else 1.0)
+
+            total = sum(weight(t) for t in wanted)
+            if total <= 0:
+                continue
+            title = stems_of(block.title)
+            if _coverage(block, title, wanted, total, weight) < self.min_block_coverage:
+                continue  # a block about another topic is not cited
+            hosts = _hosts(block)  # once per block, not per unit
+            units[block.n] = block_units(block.n, block.text)
+            for unit in units[block.n]:
+                scored = self._score(unit, wanted, total, title, weight, hosts)
+                if scored is None:
+                    continue
+                rel = scored.relevance * (self.code_weight if unit.kind == "code" else 1.0)
+                if asked is not None and has_asked_for(asked, f"{unit.text} {unit.heading}", q_words):
+                    rel += self.asked_bonus
+                    if value_near(asked, f"{unit.header} {unit.text}", q_terms, q_words):
+                        rel += self.near_bonus
+                rel += self.dense_weight * (dense or {}).get(unit.text, 0.0)
+                held = scored.terms | title | stems_of(unit.heading)
+                on = frozenset(
+                    i
+                    for i, side in enumerate(sides)
+                    if serves(side, held, idf) and (not side & resolved or side & resolved & held)
+                )
+                heading = stems_of(unit.heading)
+                per_part = tuple(
+                    part_share(p, scored.terms, held, part_idf, self.context_weight)
+                    + HEADING_TIE * part_share(p, heading, heading, part_idf, 1.0)
+                    for p in part_terms
+                )
+                lead = lead_in(scored.unit, asked, q_words)
+                pool.append(Scored(scored.unit, scored.terms, scored.covered & q_terms, rel, on, lead, per_part))
+        return with_introduced(pick(pool, self.picker, idf, q_terms, len(sides)), units)
+
+    def _score(
+        self,
+        unit: Unit,
+        wanted: frozenset[str] | set[str],
+        total: float,
+        title: frozenset[str],
+        idf: Callable[[str], float],
+        hosts: tuple[str, ...],
+    ) -> Scored | None:
+        """A unit's coverage of the wanted terms (its context at ``context_weight``), or ``None`` when it may
+        not be quoted (an instruction, a label, too little coverage)."""
+        if INJECTION.search(unit.text) or instruction_problem(unit.text, allowed_hosts=hosts) is not None:
+            return None
+        text = unit.text if unit.kind in ("code", "row") else strip_markers(unit.text).strip()
+        if unit.kind in ("sentence", "item") and len(text.split()) < 5 and not text.endswith((".", "!", "?")):
+            return None  # a link title or label ("API rate limits"), not a statement
+        terms = stems_of(text)
+        if len(terms) < 3 and unit.kind != "row":
+            return None
+        header = stems_of(unit.header)
+        context = (stems_of(unit.heading) | title) - terms - header
+        own = wanted & (terms | header)
+        rel = (sum(idf(t) for t in own) + self.context_weight * sum(idf(t) for t in wanted & context)) / total
+        if sum(idf(t) for t in wanted & terms) / total < self.min_sentence_coverage and not own - terms:
+            return None
+        if rel < self.min_sentence_coverage:
+            return None
+        clean = Unit(unit.block, unit.position, unit.kind, text, unit.heading, unit.header, unit.table)
+        return Scored(clean, terms | header, frozenset(own | (wanted & context)), rel, frozenset(), "")
+
+    def abstain(self, question: str, blocks: Sequence[ContextBlock], hits: Sequence[Hit]) -> Abstention | None:
+        """Why ``blocks`` (the passages found, ``hits`` their search results best first) do not support an
+        answer to ``question``, or ``None`` when they do (see :mod:`._abstain`): a name the corpus never
+        mentions, or an evidence score below the rule's threshold. Needs corpus statistics (``None`` without)."""
+        if self.stats is None:
+            return None
+        rule = self.abstain_rule
+        unknown = unknown_names(question, self.stats)
+        picked = self.select(question, blocks) if blocks else []
+        score = rule.score(picked[0].relevance if picked else 0.0, [h.confidence for h in hits])
+        if unknown:
+            return Abstention(score, rule.threshold, unknown, f"the knowledge base never mentions {_join(unknown)}")
+        if score < rule.threshold:
+            why = f"the best passage scores {score:.2f} as an answer, under the {rule.threshold:.2f} threshold"
+            return Abstention(score, rule.threshold, (), why)
+        return None
+
+    async def dense_scores(self, question: str, blocks: Sequence[ContextBlock]) -> dict[str, float] | None:
+        """Cosine between the question and each candidate unit, by the index's embedder (``None`` without
+        one or with ``dense_weight`` 0)."""
+        if self.embedder is None or self.dense_weight <= 0:
+            return None
+        texts = sorted({u.text for b in blocks for u in block_units(b.n, b.text)} - {""})
+        if not texts:
+            return None
+        vectors = await self.embedder.embed([question, *texts])
+        cosines = vectors[1:] @ vectors[0]
+        return {s: float(c) for s, c in zip(texts, cosines, strict=True)}
+
+    async def answer(
+        self,
+        question: str,
+        blocks: Sequence[ContextBlock],
+        outcome: Outcome,
+        *,
+        missing: Sequence[str] = (),
+        direct_reply: str | None = None,
+        history: Sequence[Message] = (),
+    ) -> AsyncIterator[str]:
+        """Stream the reply word by word (each token keeps its trailing whitespace)."""
+        start = time.perf_counter()
+        dense = await self.dense_scores(question, blocks) if outcome in ("context", "partial") else None
+        text = self.compose(question, blocks, outcome, missing=missing, direct_reply=direct_reply, dense=dense)
+        record_call(LLMCall(judge="answer", model="offline", seconds=time.perf_counter() - start))
+        for m in _TOKEN.finditer(text):
+            yield m.group(0)

@@ -1,0 +1,113 @@
+"""How the chosen units read as a reply: prose with ``[n]`` after each sentence, a table's rows under their
+header, code on its own lines, and a sentence that opens without a subject after the subject its block names."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from ragloop.llm.offline.answer._choose import Asked, Scored, has_asked_for, stems_of
+from ragloop.llm.offline.answer._units import Unit
+from ragloop.state import ContextBlock
+
+__all__ = ["MAX_INTRODUCED_LINES", "lead_in", "render", "with_introduced"]
+
+#: An opening word that refers back to a subject the sentence does not name ("It returns …", "They are …").
+_SUBJECTLESS = re.compile(r"^(?:It|Its|It's|This|That|These|Those|They|Their|Them|He|She|His|Her)\b|^[a-z]")
+_ANCHOR = re.compile(r"\s*\{\s*#[\w-]*\s*\}\s*$")
+
+
+def _subject(block: ContextBlock, unit: Unit) -> str:
+    """What a unit's block is about: the heading it sits under, else the page title (anchors removed)."""
+    return _ANCHOR.sub("", unit.heading or block.title).strip()
+
+
+def render(picked: Sequence[Scored], by_n: Mapping[int, ContextBlock]) -> str:
+    """The quoted units as reply text: prose with ``[n]`` after each sentence, a table's rows under their
+    header (one table once, its citation on the line after it), code blocks on their own lines."""
+    pieces: list[str | list[Unit]] = []  # text, or the rows of one table
+    tables: dict[tuple[int, int], list[Unit]] = {}
+    previous: Unit | None = None
+    for i, s in enumerate(picked):
+        u = s.unit
+        if u.kind == "row":
+            if (u.block, u.table) not in tables:
+                tables[(u.block, u.table)] = []
+                pieces.append(tables[(u.block, u.table)])
+            tables[(u.block, u.table)].append(u)
+        elif u.kind == "code":
+            pieces.append(f"\n\n{u.text}\n\n[{u.block}]\n\n")
+        else:
+            continues = previous is not None and previous.block == u.block and u.position == previous.position + 1
+            text = u.text if continues else _with_subject(u, by_n[u.block], s.lead_in)
+            introduces = i + 1 < len(picked) and _introduced(u, picked[i + 1].unit)
+            pieces.append(f"{text}" if introduces else f"{text} [{u.block}] ")
+        previous = u
+    text = "".join(piece if isinstance(piece, str) else _table(piece) for piece in pieces)
+    return re.sub(r"\n{3,}", "\n\n", text).strip()
+
+
+def _table(rows: Sequence[Unit]) -> str:
+    """Rows of one table under its header line, the citation on the line after it."""
+    header = rows[0].header
+    head = [header, "|" + "---|" * (header.count("|") - 1)] if header else []
+    return "\n\n" + "\n".join([*head, *(r.text for r in rows)]) + f"\n\n[{rows[0].block}]\n\n"
+
+
+def _with_subject(unit: Unit, block: ContextBlock, lead_in: str) -> str:
+    """A sentence after the subject it leaves to its context: the heading that holds the value asked for
+    ("v3.2.0 — 23 July 2024: **Passkeys** can be registered …"), or, for one that opens without a subject of
+    its own ("It is …"), the heading or page title its block names."""
+    text = unit.text
+    if lead_in:
+        return f"{lead_in}: {text}"
+    subject = _subject(block, unit)
+    if not _SUBJECTLESS.match(text) or not subject:
+        return text
+    first = text.split(" ", 1)[0]
+    lowered = first.lower() if first[:1].isupper() and not first.isupper() else first
+    return f"{subject}: {lowered}{text[len(first) :]}"
+
+
+def lead_in(unit: Unit, asked: Asked | None, question_words: set[str]) -> str:
+    """The heading a prose unit is quoted after when only the heading holds the value asked for."""
+    if asked is None or unit.kind not in ("sentence", "item") or not unit.heading:
+        return ""
+    if has_asked_for(asked, unit.text, question_words) or not has_asked_for(asked, unit.heading, question_words):
+        return ""
+    return _ANCHOR.sub("", unit.heading).strip()
+
+
+#: A code block a sentence ending in a colon introduces is quoted with it when it has at most this many lines.
+MAX_INTRODUCED_LINES = 20
+
+
+def _introduced(unit: Unit, nxt: Unit) -> bool:
+    """``nxt`` is the code block that ``unit`` (a sentence ending in a colon) introduces."""
+    return (
+        unit.kind in ("sentence", "item")
+        and unit.text.rstrip().endswith(":")
+        and nxt.kind == "code"
+        and nxt.block == unit.block
+        and nxt.position == unit.position + 1
+    )
+
+
+def with_introduced(chosen: list[Scored], units: Mapping[int, Sequence[Unit]]) -> list[Scored]:
+    """``chosen`` with the short code block right after each chosen sentence that ends in a colon
+    ("… specify the version with:" and the block that shows it)."""
+    out: list[Scored] = []
+    quoted = {(s.unit.block, s.unit.position) for s in chosen}
+    for s in chosen:
+        out.append(s)
+        block = units.get(s.unit.block, ())
+        nxt = block[s.unit.position + 1] if s.unit.position + 1 < len(block) else None
+        if (
+            nxt is not None
+            and _introduced(s.unit, nxt)
+            and (nxt.block, nxt.position) not in quoted
+            and nxt.text.count("\n") < MAX_INTRODUCED_LINES
+        ):
+            out.append(Scored(nxt, stems_of(nxt.text), frozenset(), 0.0, frozenset(), ""))
+            quoted.add((nxt.block, nxt.position))
+    return out

@@ -1,0 +1,191 @@
+"""Helpers of the Postgres store: the driver import, credentials hiding, tsvector literals, embedding in batches."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import anyio
+import anyio.to_thread
+import numpy as np
+import numpy.typing as npt
+from attrs import frozen
+
+from ragloop._redact import redact
+from ragloop.errors import ConfigError, IndexError_, StoreUnavailable
+from ragloop.retrievers.base import Embedder
+from ragloop.retrievers.bm25 import Tokenizer
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+
+_APP = "ragloop"
+_NULL = logging.NullHandler()
+
+
+@frozen
+class StoreInfo:
+    """What a collection holds.
+
+    Attributes:
+        collection: The collection name.
+        chunks: Stored chunks.
+        documents: Stored documents.
+        embedder: Name of the embedder its vectors came from.
+        dim: Vector dimension.
+    """
+
+    collection: str
+    chunks: int
+    documents: int
+    embedder: str
+    dim: int
+
+
+class Store(Protocol):
+    """What the schema, search and sync modules use of a :class:`~ragloop.retrievers.postgres.PostgresStore`."""
+
+    collection: str
+    create: bool
+    depth: int
+    ef_search: int
+    low: float
+    high: float
+    rrf_k: int
+    k1: float
+    b: float
+    statement_timeout_s: float
+    weights: dict[str, float]
+    tokenizer: Tokenizer
+    _t: dict[str, str]
+    _embedder: Embedder | None
+    _generation: int
+    missing_indexes: tuple[str, ...]
+    repaired: tuple[str, ...]
+    url: str
+    _keys: frozenset[str] | None
+
+    @property
+    def embedder(self) -> Embedder:
+        """The collection's embedder."""
+        ...
+
+    async def _run(self, fn: Callable[[AsyncConnection[Any]], Any]) -> Any: ...
+
+    async def document_hashes(self, scope: Any = None) -> dict[str, str]:
+        """Stored document id → document hash, for one scope."""
+        ...
+
+    async def info(self) -> StoreInfo:
+        """Counts and embedder of the collection."""
+        ...
+
+    async def read_metadata_keys(self) -> frozenset[str] | None:
+        """The metadata keys of the collection's chunks, read now (``None``: it holds no chunk)."""
+        ...
+
+    def metadata_keys(self) -> frozenset[str] | None:
+        """The metadata keys as last read."""
+        ...
+
+
+def tsvector(tokens: Sequence[str]) -> str:
+    """A ``tsvector`` literal holding exactly ``tokens`` with their positions (1-based, capped by Postgres)."""
+    positions: dict[str, list[int]] = {}
+    for pos, tok in enumerate(tokens, start=1):
+        positions.setdefault(tok, []).append(min(pos, 16383))
+    parts = []
+    for tok, where in positions.items():
+        quoted = tok.replace("\\", "\\\\").replace("'", "''")
+        parts.append(f"'{quoted}':{','.join(map(str, where[:256]))}")
+    return " ".join(parts)
+
+
+def hide_password(text: str) -> str:
+    """``text`` without the passwords of URLs (even unescaped ``/`` or ``@`` in one), ``password=`` settings
+    (keyword conninfo, ``?password=``) or other credentials :func:`ragloop._redact.redact` knows."""
+    return redact(re.sub(r"(?i)(postgres(?:ql)?://[^:@/\s]*):\S*@", r"\1:***@", text))
+
+
+def hide_credentials(message: str, url: str) -> str:
+    """A driver's error about ``url`` on one line, the password gone (libpq quotes a URL it cannot parse whole)."""
+    return " ".join(hide_password(message).replace(url, hide_password(url)).split())
+
+
+async def probe(url: str, timeout_s: float) -> None:
+    """Open and close one connection to ``url`` within ``timeout_s``.
+
+    Raises:
+        StoreUnavailable: it failed (refused, no such host or socket, no answer); the message hides passwords.
+    """
+    psycopg = psycopg_module()
+    try:
+        with anyio.fail_after(timeout_s):
+            conn = await psycopg.AsyncConnection.connect(url, autocommit=True, application_name=_APP, connect_timeout=2)
+    except (psycopg.Error, TimeoutError) as exc:
+        reason = hide_credentials(str(exc), url) if isinstance(exc, psycopg.Error) else "no answer to a connection"
+        raise StoreUnavailable(
+            f"the Postgres store is unreachable ({reason}); check that the database at {hide_password(url)} is up"
+        ) from exc
+    await conn.close()
+
+
+def install_hint(dbname: str) -> str:
+    return (
+        "install pgvector on the server (e.g. `apt install postgresql-16-pgvector`, or pick a provider with "
+        f"pgvector) and run `CREATE EXTENSION vector;` as a superuser in database {dbname!r}"
+    )
+
+
+async def embed_batched(
+    embedder: Embedder, texts: Sequence[str], progress: Callable[[int, int], None] | None, batch: int = 256
+) -> list[npt.NDArray[np.float32]]:
+    out: list[npt.NDArray[np.float32]] = []
+    embed_sync = getattr(embedder, "embed_sync", None)
+    for start in range(0, len(texts), batch):
+        part = texts[start : start + batch]
+        if embed_sync is not None:
+            vecs = await anyio.to_thread.run_sync(embed_sync, part)
+        else:
+            vecs = await embedder.embed(part)
+        out.extend(np.asarray(vecs, dtype=np.float32))
+        if progress is not None:
+            progress(min(start + batch, len(texts)), len(texts))
+    return out
+
+
+def as_array(value: Any) -> Any:
+    """A pgvector value as something numpy reads (the adapter returns ``Vector`` or an ndarray by version)."""
+    to_numpy = getattr(value, "to_numpy", None)
+    return to_numpy() if to_numpy is not None else value
+
+
+def psycopg_module() -> Any:
+    # psycopg logs a warning when a query is cancelled (a turn's retrieval timeout) and the pool logs failed
+    # reconnects; with logging unconfigured, Python's last-resort handler would print them on stderr. A
+    # NullHandler keeps the library silent then, and the records still propagate to the application's handlers.
+    logging.getLogger("psycopg").addHandler(_NULL)
+    try:
+        import pgvector.psycopg
+        import psycopg
+        import psycopg_pool
+    except ImportError as exc:
+        raise ConfigError("the Postgres store needs the [postgres] extra: pip install 'ragloop[postgres]'") from exc
+    del pgvector, psycopg_pool
+    return psycopg
+
+
+def embedder_named(name: str, dim: int) -> Embedder:
+    """The embedder a collection was built with, by the name recorded in ``ragloop_schema``."""
+    from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder
+
+    if name == MiniLMEmbedder.name:
+        return MiniLMEmbedder()
+    if name == f"hash-{dim}":
+        return HashEmbedder(dim)
+    raise IndexError_(
+        f"the collection was built with embedder {name!r} ({dim}-dim), which ragloop cannot rebuild by name; "
+        "pass the same embedder to PostgresStore(url, embedder)"
+    )

@@ -1,0 +1,442 @@
+"""The store itself: configuration, the connection pool (one per event loop), retries, and what it holds."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ragloop.errors import ConfigError, RetrievalError, StoreUnavailable
+from ragloop.retrievers.base import Embedder
+from ragloop.retrievers.bm25 import Tokenizer
+from ragloop.retrievers.filters import Filters
+from ragloop.retrievers.postgres import _schema, _search, _sync
+from ragloop.retrievers.postgres._common import _APP, StoreInfo, hide_credentials, hide_password, probe, psycopg_module
+from ragloop.retrievers.scope import Scope
+from ragloop.retrievers.update import MAX_REMOVED_SHARE, SyncSummary
+from ragloop.state import Chunk, Hit
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+    from psycopg_pool import AsyncConnectionPool
+
+_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
+#: How long a search waits for a pooled connection before it checks whether the server is reachable at all.
+_FIRST_WAIT_S = 1.0
+
+
+class PostgresStore:
+    """Chunks, BM25 statistics and vectors of one collection in PostgreSQL; a hybrid retriever.
+
+    Use as ``async with PostgresStore(url, embedder) as store:`` (or :meth:`open` / :meth:`aclose`).
+
+    Args:
+        url: A ``postgresql://`` connection URL (libpq syntax, so ``?host=/socket/dir`` works).
+        embedder: Embeds queries and new chunks; its name and dim are recorded with the collection. ``None``:
+            the one the collection was built with (MiniLM or the hash embedder), found when opening.
+        collection: Collection (table prefix) name: lower-case letters, digits and ``_``.
+        pool_size: Most connections this process opens.
+        statement_timeout_s: Server-side limit on each statement of a search; tie it to the turn's
+            retrieval timeout (``ChatRAG.from_store`` does).
+        depth: Candidates taken from each of k-NN and BM25 before fusion.
+        weights: Fusion weights keyed ``"bm25"`` / ``"dense"`` (also weight the confidence).
+        rrf_k: The RRF constant.
+        low: Cosine at which the dense confidence is 0.
+        high: Cosine at which the dense confidence is 1.
+        ef_search: HNSW search beam (``hnsw.ef_search``), raised to ``depth`` when smaller.
+        k1: BM25 term-frequency saturation.
+        b: BM25 length normalisation.
+        stem: Stem words (Snowball English), as the local index does by default.
+        create: Create the tables (and the ``vector`` extension, when allowed) if missing.
+    """
+
+    def __init__(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
+        self,
+        url: str,
+        embedder: Embedder | None = None,
+        *,
+        collection: str = "ragloop",
+        pool_size: int = 10,
+        statement_timeout_s: float = 5.0,
+        depth: int = 50,
+        weights: Mapping[str, float] | None = None,
+        rrf_k: int = 60,
+        low: float = 0.25,
+        high: float = 0.65,
+        ef_search: int = 100,
+        k1: float = 1.2,
+        b: float = 0.75,
+        stem: bool = True,
+        create: bool = True,
+    ) -> None:
+        if not _NAME.match(collection):
+            raise ConfigError(
+                f"collection name {collection!r} must be lower-case letters, digits and _ (at most 41), "
+                "starting with a letter or _"
+            )
+        if pool_size < 1:
+            raise ConfigError(f"pool_size must be at least 1, got {pool_size}")
+        if not statement_timeout_s > 0:
+            raise ConfigError(f"statement_timeout_s must be positive, got {statement_timeout_s}")
+        self.url = url
+        self._embedder = embedder
+        self.collection = collection
+        self.pool_size = pool_size
+        self.statement_timeout_s = statement_timeout_s
+        self.depth = depth
+        self.weights = dict(weights) if weights is not None else {"bm25": 1.0, "dense": 1.0}
+        self.rrf_k = rrf_k
+        self.low = low
+        self.high = high
+        self.ef_search = ef_search
+        self.k1 = k1
+        self.b = b
+        self.tokenizer = Tokenizer(stem=stem)
+        self.create = create
+        self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
+        self._lock: anyio.Lock | None = None
+        self._checked = False
+        self._generation = 0
+        self._down_at: float | None = None
+        self._probe_lock: anyio.Lock | None = None
+        self._probed: tuple[float, str] | None = None  # when the last probe ran, and its error ("" when fine)
+        self._keys: frozenset[str] | None = None
+        #: Secondary indexes found missing when a reader (``create=False``) opened the collection.
+        self.missing_indexes: tuple[str, ...] = ()
+        #: What opening the collection repaired (indexes recreated, a lost schema row recorded, an upgrade).
+        self.repaired: tuple[str, ...] = ()
+        t = collection
+        self._t = {
+            "chunks": f"{t}_chunks",
+            "postings": f"{t}_postings",
+            "docs": f"{t}_docs",
+            "terms": f"{t}_terms",
+            "stats": f"{t}_stats",
+            "keys": f"{t}_keys",
+        }
+
+    @property
+    def embedder(self) -> Embedder:
+        """The embedder (known once :meth:`open` has read the collection, when none was given)."""
+        if self._embedder is None:
+            raise ConfigError("the store's embedder is read from the collection: `await store.open()` first")
+        return self._embedder
+
+    # --- connections ------------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> PostgresStore:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def open(self) -> None:
+        """Check (or create) the schema, then open the connection pool (searches also open it on first use).
+
+        A writer (``create=True``) creates a missing collection, upgrades a version-2 one in place and
+        recreates missing indexes (a killed bulk load leaves the HNSW index dropped); :attr:`repaired` says
+        what it did. A reader lists missing indexes in :attr:`missing_indexes`.
+
+        Raises:
+            StoreUnavailable: the server cannot be reached.
+            ConfigError: the server lacks the ``vector`` extension (the message says how to add it).
+            IndexError_: the collection is missing, or was written with another embedder or schema version;
+                the message says what to do.
+        """
+        await self._pool_for_this_loop()
+
+    async def prepare(self, *, texts: bool = True) -> list[str]:
+        """Check (or create) the schema on a connection of its own (not the pool) and read every chunk text.
+
+        This is all a process needs before serving; the pool opens on the first search, inside the event loop
+        that serves (a pool belongs to the loop that opened it).
+
+        Raises:
+            StoreUnavailable: As :meth:`open` raises it (the server cannot be reached).
+            ConfigError: As :meth:`open` raises it (no ``vector`` extension).
+            IndexError_: As :meth:`open` raises it (a missing collection, another embedder or schema version).
+        """
+        psycopg = psycopg_module()
+        try:
+            conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, application_name=_APP)
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"cannot connect to {self._redacted()}: {self._hidden(str(exc))}") from exc
+        async with conn:
+            try:
+                await self._ensure_schema(conn)
+                self._keys = await _search.read_keys(conn, self._t)
+            except psycopg.OperationalError as exc:
+                raise StoreUnavailable(f"lost the connection to {self._redacted()}: {self._hidden(str(exc))}") from exc
+            except psycopg.Error as exc:
+                raise RetrievalError(f"the Postgres store failed: {self._hidden(str(exc))}") from exc
+            self._checked = True
+            if not texts:
+                return []
+            rows = await (await conn.execute(f"select text from {self._t['chunks']} order by doc_id, seq")).fetchall()
+            return [r[0] for r in rows]
+
+    async def _pool_for_this_loop(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
+        if self._pool is not None:
+            return self._pool
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            if self._pool is not None:
+                return self._pool
+            if not self._checked:
+                await self.prepare(texts=False)
+            self._pool = await self._new_pool()
+        return self._pool
+
+    async def _new_pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
+        psycopg_module()
+        from pgvector.psycopg import register_vector_async
+        from psycopg_pool import AsyncConnectionPool
+
+        timeout_ms = max(1, round(self.statement_timeout_s * 1000))
+
+        async def configure(c: AsyncConnection[Any]) -> None:
+            await register_vector_async(c)
+            await c.execute(f"set statement_timeout = {timeout_ms}")
+            await c.execute(f"set hnsw.ef_search = {max(self.ef_search, self.depth)}")
+            # A search is a short query; parallel workers cost more to start than they save.
+            await c.execute("set max_parallel_workers_per_gather = 0")
+
+        pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
+            self.url,
+            min_size=1,
+            max_size=self.pool_size,
+            kwargs={"application_name": _APP, "autocommit": True},
+            configure=configure,
+            check=AsyncConnectionPool.check_connection,
+            open=False,
+            reconnect_timeout=30.0,
+        )
+        try:
+            await pool.open(wait=True, timeout=10.0)
+        except Exception as exc:
+            await pool.close()
+            raise StoreUnavailable(
+                f"cannot open a connection pool to {self._redacted()}: {self._hidden(str(exc))}"
+            ) from exc
+        return pool
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+    def _redacted(self) -> str:
+        return hide_password(self.url)
+
+    def _hidden(self, message: str) -> str:
+        return hide_credentials(message, self.url)
+
+    async def _ensure_schema(self, conn: AsyncConnection[Any]) -> None:
+        await _schema.ensure_schema(self, conn)
+
+    async def _run(self, fn: Callable[[AsyncConnection[Any]], Any]) -> Any:
+        """Run ``fn(conn)`` with a pooled connection; retry once on a connection lost (a restart, a kill).
+
+        With the server down, a search fails fast (about :data:`_FIRST_WAIT_S`, then at once while it stays
+        down) with :class:`StoreUnavailable` instead of waiting on the pool.
+        """
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        if self._down_at is not None:
+            await self._probe()  # the last call found the server unreachable: ask it directly, do not queue
+        pool = await self._pool_for_this_loop()
+        waits = [min(_FIRST_WAIT_S, self.statement_timeout_s), max(0.0, self.statement_timeout_s - _FIRST_WAIT_S)]
+        attempt = 0
+        while True:
+            try:
+                async with pool.connection(timeout=waits[0]) as conn:
+                    return await fn(conn)
+            except PoolTimeout as exc:
+                await self._probe()  # raises StoreUnavailable when the server cannot be reached
+                waits.pop(0)
+                if not waits or waits[0] <= 0:
+                    raise RetrievalError(
+                        f"no free connection to the Postgres store within {self.statement_timeout_s}s (all "
+                        f"{self.pool_size} busy); raise pool_size or check the server's load"
+                    ) from exc
+            except psycopg.errors.QueryCanceled as exc:
+                raise RetrievalError(
+                    f"the Postgres statement ran past statement_timeout_s={self.statement_timeout_s}s ({exc}); "
+                    "raise the retrieval timeout or check the server's load"
+                ) from exc
+            except psycopg.OperationalError as exc:
+                # The pool drops the broken connection; the second attempt gets a fresh one.
+                attempt += 1
+                if attempt == 2:
+                    await self._probe()
+                    raise RetrievalError(f"Postgres connection failed twice: {self._hidden(str(exc))}") from exc
+                await anyio.sleep(0.05)
+            except psycopg.Error as exc:
+                raise RetrievalError(f"the Postgres store failed: {self._hidden(str(exc))}") from exc
+
+    async def _probe(self) -> None:
+        """Connect once, outside the pool: raise :class:`StoreUnavailable` (and remember it) when that fails.
+
+        One probe at a time, and its answer stands for a second: searches queued on a busy pool, or failing
+        during an outage, do not each open a connection of their own.
+        """
+        if self._probe_lock is None:
+            self._probe_lock = anyio.Lock()
+        async with self._probe_lock:
+            if self._probed is not None and time.monotonic() - self._probed[0] < 1.0:
+                if self._probed[1]:
+                    raise StoreUnavailable(self._probed[1])
+                return
+            try:
+                await probe(self.url, max(1.0, min(3.0, self.statement_timeout_s)))
+            except StoreUnavailable as exc:
+                self._down_at = time.monotonic()
+                self._probed = (self._down_at, str(exc))
+                raise
+            self._probed = (time.monotonic(), "")
+        if self._down_at is not None:
+            self._down_at = None
+            if self._pool is not None:
+                await self._pool.check()  # replace the pooled connections the outage broke
+
+    def metadata_keys(self) -> frozenset[str] | None:
+        """The metadata keys the collection's chunks have, as last read (opening, a sync, a search); ``None``
+        before the store has opened."""
+        return self._keys
+
+    async def read_metadata_keys(self) -> frozenset[str] | None:
+        """The metadata keys of the collection's chunks, read now (``None``: it holds no chunk)."""
+        self._keys = await self._run(lambda conn: _search.read_keys(conn, self._t))
+        return self._keys
+
+    # --- search -----------------------------------------------------------------------------------------
+
+    async def search(self, query: str, k: int = 10, filters: Filters | None = None) -> list[Hit]:
+        """Return at most ``k`` fused hits, best first, among chunks whose metadata matches ``filters``.
+
+        ``Hit.ranks``/``Hit.scores`` carry ``bm25`` and ``dense`` as in the local hybrid retriever.
+
+        Raises:
+            UnknownFilterKey: a filter key that no chunk of the collection has (the message lists them).
+            StoreUnavailable: the server cannot be reached.
+            RetrievalError: the server failed twice or a statement ran past the timeout.
+        """
+        return await _search.search(self, query, k, filters)
+
+    # --- reading ----------------------------------------------------------------------------------------
+
+    async def info(self) -> StoreInfo:
+        """Counts and embedder of the collection."""
+        t = self._t
+
+        async def go(conn: AsyncConnection[Any]) -> StoreInfo:
+            n = (await (await conn.execute(f"select n from {t['stats']}")).fetchone() or (0,))[0]
+            d = (await (await conn.execute(f"select count(*) from {t['docs']}")).fetchone() or (0,))[0]
+            return StoreInfo(self.collection, int(n), int(d), self.embedder.name, self.embedder.dim)
+
+        result: StoreInfo = await self._run(go)
+        return result
+
+    async def texts(self) -> list[str]:
+        """Every chunk's text (for corpus statistics, e.g. the offline judges)."""
+        t = self._t
+
+        async def go(conn: AsyncConnection[Any]) -> list[str]:
+            rows = await (await conn.execute(f"select text from {t['chunks']} order by doc_id, seq")).fetchall()
+            return [r[0] for r in rows]
+
+        result: list[str] = await self._run(go)
+        return result
+
+    async def document_hashes(self, scope: Scope | Mapping[str, str] | None = None) -> dict[str, str]:
+        """Document id → document hash, for the documents stored under ``scope`` (``None``: the empty scope)."""
+        return await _sync.document_hashes(self, Scope.of(scope))
+
+    async def ping(self) -> None:
+        """One trivial statement on a pooled connection (what a readiness probe asks).
+
+        Raises:
+            StoreUnavailable: the server cannot be reached (within about a second).
+        """
+        await self._run(lambda conn: conn.execute("select 1"))
+
+    async def scopes(self) -> dict[Scope, tuple[int, int]]:
+        """Documents and chunks stored per scope."""
+        return await _sync.scope_counts(self)
+
+    # --- writing ----------------------------------------------------------------------------------------
+
+    async def sync(
+        self,
+        chunks: Iterable[Chunk],
+        *,
+        scope: Scope | Mapping[str, str] | None = None,
+        delete_missing: bool = True,
+        prune: bool = False,
+        max_removed: float = MAX_REMOVED_SHARE,
+        dry_run: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+        bulk_threshold: int = 1000,
+    ) -> SyncSummary:
+        """Make ``scope``'s documents in the collection exactly these chunks' documents, in place.
+
+        Only documents of ``scope`` are added, changed or removed; every other scope's rows are left as they
+        are (a document is identified by its scope and id: ``guide.md`` of two tenants is two documents).
+        Documents are compared by a hash of their chunks, URL and metadata; a changed document's rows are
+        replaced in one transaction; chunks whose embedded text is already stored (same content hash)
+        reuse that embedding. Runs of one scope wait for each other (an advisory lock); runs of different
+        scopes go on at once.
+
+        Args:
+            chunks: The chunks of every document (grouped by ``Chunk.doc_id``); stored as
+                :meth:`Scope.apply` makes them (the scope's pairs in their metadata, ids qualified).
+            scope: The scope this sync owns (``None``: the documents stored without one).
+            delete_missing: Delete the scope's stored documents that are not among ``chunks``.
+            prune: Allow removing more than ``max_removed`` of the scope's documents.
+            max_removed: The share of the scope's documents one sync may remove without ``prune``.
+            dry_run: Write nothing; the summary says what the sync would do (``dry_run=True``, the ids).
+            progress: ``progress(done, total)`` while embedding.
+            bulk_threshold: Loading at least this many chunks into an empty collection batches documents
+                200 per transaction and builds the HNSW index once at the end.
+
+        Returns:
+            Counts of documents added/changed/removed/unchanged and chunks embedded/reused.
+
+        Raises:
+            PruneRefused: more than ``max_removed`` of the scope would be removed and ``prune`` is off;
+                nothing was written.
+            StoreUnavailable: the server cannot be reached.
+        """
+        return await _sync.sync(
+            self,
+            chunks,
+            scope=Scope.of(scope),
+            delete_missing=delete_missing,
+            prune=prune,
+            max_removed=max_removed,
+            dry_run=dry_run,
+            progress=progress,
+            bulk_threshold=bulk_threshold,
+        )
+
+    @property
+    def version(self) -> str:
+        """What caches of this store's search results key on: the collection and how many times this process
+        changed it (writes from another process are not seen here; a cache's TTL bounds how long they stay
+        stale)."""
+        return f"{self.collection}:{self._generation}"
+
+    async def refresh_stats(self) -> None:
+        """Recompute the term statistics and the metadata keys exactly from the stored rows."""
+        await _sync.refresh_stats(self)
+
+    async def delete_documents(self, doc_ids: Iterable[str], scope: Scope | Mapping[str, str] | None = None) -> int:
+        """Delete documents of ``scope`` by id (one transaction each); returns how many existed."""
+        return await _sync.delete_documents(self, doc_ids, Scope.of(scope))

@@ -1,0 +1,47 @@
+"""Telling "the knowledge base is down" from "the knowledge base has nothing on this".
+
+A turn whose searches all failed (the store's database is down, every query timed out) ends like a turn that
+found nothing: outcome ``none``, "I couldn't find anything relevant". A client must not be told that. The
+decision is made from what the turn streams, with pure functions tested on their own:
+
+- :func:`searches`: how many document searches a progress event reports failed and how many answered (the
+  retrieve node's ``retrieved`` event lists its failed queries beside its hit counts; the plan node's wave
+  events carry each sub-query's fate, the ``documents`` source's among them);
+- :func:`store_unavailable`: a turn that found nothing (outcome ``none``) after at least one document search,
+  all of which failed. A partial outage (some searches answered) is not one: the turn answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ragloop.events import Progress
+
+__all__ = ["searches", "store_unavailable"]
+
+#: The plan source name of the document search (see ``ragloop.chat._planning``).
+DOCUMENTS = "documents"
+
+
+def searches(event: Progress) -> tuple[int, int]:
+    """``(failed, answered)`` document searches reported by ``event`` (``(0, 0)`` for any other event)."""
+    data: Mapping[str, Any] = event.data or {}
+    if event.node == "retrieve" and event.kind == "retrieved":
+        failed = data.get("failed") or []
+        hits = data.get("hits") or {}
+        n_failed = len(failed) if isinstance(failed, list) else 0
+        n_all = len(hits) if isinstance(hits, Mapping) else n_failed
+        return n_failed, max(n_all - n_failed, 0)
+    fates = data.get("fates")
+    if event.node == "plan" and isinstance(fates, list):
+        mine = [f for f in fates if isinstance(f, Mapping) and f.get("source") == DOCUMENTS]
+        failed = sum(1 for f in mine if f.get("status") == "failed")
+        answered = sum(1 for f in mine if f.get("status") in ("ok", "empty"))
+        return failed, answered
+    return 0, 0
+
+
+def store_unavailable(outcome: str, failed: int, answered: int) -> bool:
+    """True when a turn found nothing because every document search it made failed."""
+    return outcome == "none" and failed > 0 and answered == 0

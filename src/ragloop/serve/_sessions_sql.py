@@ -1,0 +1,267 @@
+"""Session stores in SQL: a SQLite file and a PostgreSQL table, one row per ``(owner, id)``.
+
+Both keep the table ``ragloop_sessions (owner, id, messages, updated)`` with the primary key ``(owner, id)``: a
+session is found by its owner and its id together, never by the id alone. A table written by an older ragloop
+(``id`` alone the key, no ``owner``) is migrated when it is empty and refused, with nothing changed, when it
+holds sessions: their owners are unknown, and guessing would hand one user's conversation to another.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
+
+from ragloop.errors import ConfigError
+from ragloop.serve._sessions import SessionLimits, decode, encode
+from ragloop.state import Message
+
+if TYPE_CHECKING:
+    import os
+
+__all__ = ["PostgresSessionStore", "SQLiteSessionStore"]
+
+_COLUMNS = frozenset({"owner", "id", "messages", "updated"})
+_LIMITS = SessionLimits()
+
+
+def _unowned(where: str, rows: int, fix: str) -> ConfigError:
+    return ConfigError(
+        f"the session table ragloop_sessions in {where} was written by an older ragloop: its {rows:,} session(s) "
+        "have no owner, and ragloop will not guess whose they are (that would show one user's conversation to "
+        f"another). Nothing was changed. Move the table aside ({fix}) or use another session store."
+    )
+
+
+def _wrong_shape(where: str, columns: set[str]) -> ConfigError:
+    return ConfigError(
+        f"the table ragloop_sessions in {where} has columns {sorted(columns)}, not a ragloop session table "
+        f"({', '.join(sorted(_COLUMNS))}); rename it or use another session store"
+    )
+
+
+class SQLiteSessionStore:
+    """Sessions in a SQLite file (one row per owner and session); calls run in a worker thread.
+
+    Args:
+        path: The database file (created with its table when missing).
+        limits: History caps per session.
+
+    Raises:
+        ConfigError: The file cannot be opened, or holds an older table with sessions that have no owner.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, limits: SessionLimits = _LIMITS) -> None:
+        self.path = Path(path)
+        self.limits = limits
+        self._lock = threading.Lock()
+        try:
+            self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._conn.execute("pragma journal_mode=wal")
+            self._set_up()
+        except sqlite3.Error as exc:
+            raise ConfigError(f"cannot open the session database {self.path}: {exc}") from exc
+        except ConfigError:
+            self._conn.close()
+            raise
+
+    def _set_up(self) -> None:
+        self._conn.execute("begin immediate")
+        try:
+            columns = {row[1] for row in self._conn.execute("pragma table_info(ragloop_sessions)")}
+            if columns and not columns >= _COLUMNS:
+                rows = self._conn.execute("select count(*) from ragloop_sessions").fetchone()[0]
+                if "owner" not in columns and {"id", "messages"} <= columns and rows == 0:
+                    self._conn.execute("drop table ragloop_sessions")  # an empty table of the old shape: migrate
+                elif "owner" not in columns and {"id", "messages"} <= columns:
+                    fix = f"sqlite3 {self.path} 'alter table ragloop_sessions rename to ragloop_sessions_unowned'"
+                    raise _unowned(str(self.path), rows, fix)
+                else:
+                    raise _wrong_shape(str(self.path), columns)
+            self._conn.execute(
+                "create table if not exists ragloop_sessions (owner text not null, id text not null, "
+                "messages text not null, updated real not null, primary key (owner, id))"
+            )
+        except BaseException:
+            self._conn.execute("rollback")
+            raise
+        self._conn.execute("commit")
+
+    def _create(self, owner: str, session_id: str) -> bool:
+        with self._lock:
+            cur = self._conn.execute(
+                "insert into ragloop_sessions (owner, id, messages, updated) values (?, ?, '[]', ?) "
+                "on conflict (owner, id) do nothing",
+                (owner, session_id, time.time()),
+            )
+            return cur.rowcount == 1
+
+    def _load(self, owner: str, session_id: str) -> tuple[Message, ...] | None:
+        with self._lock:
+            row = self._conn.execute(
+                "select messages from ragloop_sessions where owner = ? and id = ?", (owner, session_id)
+            ).fetchone()
+        return decode(row[0]) if row else None
+
+    def _append(self, owner: str, session_id: str, messages: Sequence[Message]) -> bool:
+        with self._lock:
+            self._conn.execute("begin immediate")
+            try:
+                row = self._conn.execute(
+                    "select messages from ragloop_sessions where owner = ? and id = ?", (owner, session_id)
+                ).fetchone()
+                if row is not None:
+                    history = self.limits.cap((*decode(row[0]), *messages))
+                    self._conn.execute(
+                        "update ragloop_sessions set messages = ?, updated = ? where owner = ? and id = ?",
+                        (encode(history), time.time(), owner, session_id),
+                    )
+            except BaseException:
+                self._conn.execute("rollback")
+                raise
+            self._conn.execute("commit")
+        return row is not None
+
+    def _ping(self) -> None:
+        with self._lock:
+            self._conn.execute("select 1 from ragloop_sessions limit 1").fetchall()
+
+    async def create(self, owner: str, session_id: str) -> bool:
+        """Start an empty session; ``False`` when ``owner`` has one by that id."""
+        return await anyio.to_thread.run_sync(self._create, owner, session_id)
+
+    async def load(self, owner: str, session_id: str) -> tuple[Message, ...] | None:
+        """The session's history; ``None`` when ``owner`` has no session by that id."""
+        return await anyio.to_thread.run_sync(self._load, owner, session_id)
+
+    async def append(self, owner: str, session_id: str, messages: Sequence[Message]) -> bool:
+        """Add messages and cap the history, in one transaction; ``False`` when there is no such session."""
+        return await anyio.to_thread.run_sync(self._append, owner, session_id, messages)
+
+    async def ping(self) -> None:
+        """Read the table (raises when the file is gone or broken)."""
+        await anyio.to_thread.run_sync(self._ping)
+
+    async def aclose(self) -> None:
+        """Close the database."""
+        with self._lock:
+            self._conn.close()
+
+
+class PostgresSessionStore:
+    """Sessions in PostgreSQL (table ``ragloop_sessions``), for several replicas behind one load balancer.
+
+    Needs ``psycopg`` (and ``psycopg-pool``). The table is created on first use (an empty table of an older
+    ragloop is migrated; one holding sessions without owners is refused with :class:`ConfigError`).
+
+    Args:
+        conninfo: A ``postgresql://`` URI or libpq connection string.
+        limits: History caps per session.
+        max_connections: Size of the connection pool.
+        wait_s: Longest wait for a connection; a store that is down then fails the load or save quickly
+            (the turn answers without history) instead of holding the turn to its deadline.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        limits: SessionLimits = _LIMITS,
+        max_connections: int = 10,
+        wait_s: float = 5.0,
+    ) -> None:
+        try:
+            from psycopg_pool import AsyncConnectionPool
+        except ImportError as exc:
+            raise ConfigError("PostgresSessionStore needs psycopg: pip install 'ragloop[serve,postgres]'") from exc
+        self.limits = limits
+        self._pool: Any = AsyncConnectionPool(
+            conninfo, min_size=1, max_size=max_connections, open=False, timeout=wait_s
+        )
+        self._ready = False
+        self._setup = anyio.Lock()
+
+    async def _connection(self) -> Any:
+        async with self._setup:
+            if not self._ready:
+                await self._pool.open()
+                async with self._pool.connection() as conn, conn.transaction():
+                    await self._set_up(conn)
+                self._ready = True
+        return self._pool.connection()
+
+    async def _set_up(self, conn: Any) -> None:
+        # One server-wide advisory lock: replicas starting together do not race each other's create or migration.
+        await conn.execute("select pg_advisory_xact_lock(hashtext('ragloop_sessions'))")
+        cur = await conn.execute(
+            "select column_name from information_schema.columns "
+            "where table_schema = current_schema() and table_name = 'ragloop_sessions'"
+        )
+        columns = {row[0] for row in await cur.fetchall()}
+        if columns and not columns >= _COLUMNS:
+            rows = (await (await conn.execute("select count(*) from ragloop_sessions")).fetchone())[0]
+            if "owner" in columns or not {"id", "messages"} <= columns:
+                raise _wrong_shape("the Postgres database", columns)
+            if rows:
+                raise _unowned(
+                    "the Postgres database", rows, "ALTER TABLE ragloop_sessions RENAME TO ragloop_sessions_unowned"
+                )
+            await conn.execute("drop table ragloop_sessions")  # an empty table of the old shape: migrate
+        await conn.execute(
+            "create table if not exists ragloop_sessions (owner text not null, id text not null, "
+            "messages jsonb not null, updated timestamptz not null default now(), primary key (owner, id))"
+        )
+
+    async def create(self, owner: str, session_id: str) -> bool:
+        """Start an empty session; ``False`` when ``owner`` has one by that id."""
+        async with await self._connection() as conn:
+            cur = await conn.execute(
+                "insert into ragloop_sessions (owner, id, messages) values (%s, %s, '[]'::jsonb) "
+                "on conflict (owner, id) do nothing returning 1",
+                (owner, session_id),
+            )
+            return await cur.fetchone() is not None
+
+    async def load(self, owner: str, session_id: str) -> tuple[Message, ...] | None:
+        """The session's history; ``None`` when ``owner`` has no session by that id."""
+        async with await self._connection() as conn:
+            cur = await conn.execute(
+                "select messages::text from ragloop_sessions where owner = %s and id = %s", (owner, session_id)
+            )
+            row = await cur.fetchone()
+        return decode(row[0]) if row else None
+
+    async def append(self, owner: str, session_id: str, messages: Sequence[Message]) -> bool:
+        """Add messages and cap the history; the row is locked, so concurrent appends do not lose messages.
+
+        ``False`` (nothing written) when ``owner`` has no session by that id.
+        """
+        async with await self._connection() as conn, conn.transaction():
+            cur = await conn.execute(
+                "select messages::text from ragloop_sessions where owner = %s and id = %s for update",
+                (owner, session_id),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                return False
+            history = self.limits.cap((*decode(row[0]), *messages))
+            await conn.execute(
+                "update ragloop_sessions set messages = %s::jsonb, updated = now() where owner = %s and id = %s",
+                (encode(history), owner, session_id),
+            )
+        return True
+
+    async def ping(self) -> None:
+        """One cheap query (raises when the server is down or the table is refused)."""
+        async with await self._connection() as conn:
+            await conn.execute("select 1 from ragloop_sessions limit 1")
+
+    async def aclose(self) -> None:
+        """Close the pool (also one that never reached its server: its reconnect attempts stop)."""
+        await self._pool.close()

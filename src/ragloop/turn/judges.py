@@ -1,0 +1,193 @@
+"""Every judge a turn asks, in one bundle: :class:`Judges`, offline or through an OpenAI-compatible client.
+
+The bundle is where judge choice lives: :meth:`Judges.offline` (no model, no network: the IR judges built from
+the corpus' statistics) or :meth:`Judges.openai` (model judges with the offline decider and answerer behind
+them as fallbacks), or a :class:`Judges` of your own. A turn that plans gets its planner here too
+(:meth:`Judges.planners`): the sources it plans over are only known when the turn is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from attrs import frozen
+
+from ragloop.errors import ConfigError
+from ragloop.llm.planner import OfflinePlanner, Planner, SchemaSource
+from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
+from ragloop.nodes.answer import Verifier
+from ragloop.retrievers.base import Embedder
+from ragloop.retrievers.live import LiveSource
+from ragloop.retrievers.sources import Source
+
+if TYPE_CHECKING:
+    import openai
+
+__all__ = ["Judges", "PlanModel"]
+
+#: Decide queries at most, as :class:`~ragloop.turn.TurnSettings` sets it by default.
+_MAX_QUERIES = 4
+
+
+@frozen
+class PlanModel:
+    """The model a turn plans with, once its plan sources are known (see :meth:`Judges.planners`).
+
+    Attributes:
+        client: The ``openai.AsyncOpenAI`` client.
+        model: The model name.
+        timeout_s: Per-request timeout.
+        compat: What the server accepts, shared with the judges of the same client (``None``: learn afresh).
+    """
+
+    client: Any
+    model: str
+    timeout_s: float
+    compat: Any = None
+
+
+@frozen
+class Judges:
+    """The judges of one turn and their fallbacks.
+
+    Attributes:
+        decider: Decides whether to search, and the queries.
+        grader: Grades each retrieved chunk.
+        rewriter: Rewrites a query that came up short.
+        answerer: Writes the streamed reply.
+        fallback_decider: Used when ``decider`` fails (the offline one behind a model).
+        fallback_answerer: Used when ``answerer`` fails before its first token; an extractive one (the offline
+            answerer) also ends a reply the deadline cut short.
+        bridger: Proposes follow-up (second-hop) searches; ``None``: no hops.
+        verifier: Checks each finished reply; ``None``: no check.
+        planner: Plans retrieval across the plan sources; ``None``: :meth:`planners` makes one.
+        fallback_planner: Used when ``planner`` fails or plans something invalid.
+        plan_model: The model :meth:`planners` plans with when ``planner`` is not given; ``None``: offline.
+        offline_only: True when no judge calls a model (what :meth:`offline` builds).
+    """
+
+    decider: Decider
+    grader: Grader
+    rewriter: Rewriter
+    answerer: Answerer
+    fallback_decider: Decider | None = None
+    fallback_answerer: Answerer | None = None
+    bridger: Bridger | None = None
+    verifier: Verifier | None = None
+    planner: Planner | None = None
+    fallback_planner: Planner | None = None
+    plan_model: PlanModel | None = None
+    offline_only: bool = False
+
+    @classmethod
+    def offline(
+        cls,
+        texts: Sequence[str],
+        *,
+        glossary: Mapping[str, str] | None = None,
+        max_queries: int = _MAX_QUERIES,
+        embedder: Embedder | None = None,
+    ) -> Judges:
+        """The offline judges over a corpus: no model, no network.
+
+        Args:
+            texts: Every chunk's text: the corpus statistics the judges score with.
+            glossary: Extra abbreviations (``{"SSO": "single sign-on"}``), over those mined from the texts.
+            max_queries: Most queries the decider makes (``TurnSettings.max_queries``).
+            embedder: The index's embedder, for the verifier's semantic support check.
+        """
+        from ragloop.llm.offline import OfflineAnswerer, OfflineDecider, OfflineGrader, OfflineRewriter
+        from ragloop.llm.offline.bridge import OfflineBridger
+        from ragloop.llm.offline.verify import OfflineVerifier
+        from ragloop.text.terms import CorpusStats
+
+        stats = CorpusStats.from_texts(texts)
+        return cls(
+            decider=OfflineDecider(stats, glossary=dict(glossary or {}), max_queries=max_queries),
+            grader=OfflineGrader.calibrate(stats, texts),
+            rewriter=OfflineRewriter(stats),
+            answerer=OfflineAnswerer(stats),
+            bridger=OfflineBridger(stats),  # with a model, the model decider writes bridge queries itself
+            verifier=OfflineVerifier(embedder=embedder),
+            offline_only=True,
+        )
+
+    @classmethod
+    def openai(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
+        cls,
+        client: openai.AsyncOpenAI,
+        texts: Sequence[str],
+        *,
+        fast_model: str | None,
+        answer_model: str | None = None,
+        timeout_s: float = 20.0,
+        glossary: Mapping[str, str] | None = None,
+        max_queries: int = _MAX_QUERIES,
+        grade_max_chars: int = 2000,
+        max_tokens: Mapping[str, int | None] | None = None,
+    ) -> Judges:
+        """Model judges through an OpenAI-compatible client, the offline decider and answerer behind them.
+
+        ``fast_model`` decides, grades, rewrites and plans; ``answer_model`` (default: ``fast_model``) answers.
+        A failing model still yields an answer: the offline decider and answerer take over.
+
+        Args:
+            client: An ``openai.AsyncOpenAI`` client (built, configured and closed by the caller).
+            texts: Every chunk's text, for the offline fallbacks and the decider's glossary.
+            fast_model: Model for decide, grade, rewrite and plan.
+            answer_model: Model for the answer.
+            timeout_s: Per-call timeout.
+            glossary: Extra abbreviations over those mined from the texts.
+            max_queries: Most queries the offline decider makes.
+            grade_max_chars: Chunk text budget of a grade request.
+            max_tokens: Output caps by judge name over the defaults (see ``OpenAIJudges.create``).
+
+        Raises:
+            ConfigError: No ``fast_model``.
+        """
+        if not fast_model:
+            raise ConfigError("pass fast_model (and optionally answer_model) together with an llm client")
+        from ragloop.llm.offline import OfflineAnswerer, OfflineDecider
+        from ragloop.llm.openai import OpenAIJudges
+        from ragloop.text.terms import CorpusStats
+
+        stats = CorpusStats.from_texts(texts)
+        offline_decider = OfflineDecider(stats, glossary=dict(glossary or {}), max_queries=max_queries)
+        model = OpenAIJudges.create(
+            client,
+            fast_model=fast_model,
+            answer_model=answer_model or fast_model,
+            timeout_s=timeout_s,
+            glossary=offline_decider.terms_glossary,
+            grade_max_chars=grade_max_chars,
+            max_tokens=max_tokens,
+        )
+        return cls(
+            decider=model.decider,
+            grader=model.grader,
+            rewriter=model.rewriter,
+            answerer=model.answerer,
+            fallback_decider=offline_decider,
+            fallback_answerer=OfflineAnswerer(stats),
+            plan_model=PlanModel(client, fast_model, timeout_s, compat=model.decider.compat),
+        )
+
+    def planners(self, sources: Mapping[str, Source], live: Sequence[LiveSource]) -> tuple[Planner, Planner | None]:
+        """The plan node's planner over ``sources`` and its fallback.
+
+        ``planner`` and ``fallback_planner`` when given; otherwise the model planner (with ``plan_model``)
+        backed by the offline planner, or the offline planner alone. The offline planner plans over the first
+        source with a schema (the SQL source) and looks live sources up by name.
+        """
+        if self.planner is not None:
+            return self.planner, self.fallback_planner
+        sql = next((s for s in sources.values() if isinstance(s, SchemaSource)), None)
+        offline = OfflinePlanner(sql, live={s.name: s.name for s in live})
+        if self.plan_model is None:
+            return offline, None
+        from ragloop.llm.openai import OpenAIPlanner, ServerCompat
+
+        pm, described = self.plan_model, tuple(sources.values())
+        compat = pm.compat if isinstance(pm.compat, ServerCompat) else ServerCompat()
+        return OpenAIPlanner(pm.client, pm.model, described, timeout_s=pm.timeout_s, compat=compat), offline

@@ -1,0 +1,160 @@
+"""The keyword arguments of the turn's constructors, each list written once.
+
+``ChatRAG(...)``, :meth:`ragloop.turn.builder.Turn.of` and :func:`ragloop.turn.default_nodes` take a turn's
+collaborators one by one (:class:`TurnWiring`); ``Turn.from_retriever`` / ``from_index`` / ``from_store`` /
+``sample`` (and the ``ChatRAG`` constructors of the same names) take a retriever, an index or a store plus the
+options below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, TypedDict
+
+from ragloop.errors import ConfigError
+from ragloop.llm.planner import Planner
+from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
+from ragloop.nodes.answer import Verifier
+from ragloop.retrievers.base import Embedder, Retriever
+from ragloop.retrievers.live import LiveSource
+from ragloop.retrievers.sources import Source
+from ragloop.turn.settings import TurnSettings
+
+if TYPE_CHECKING:
+    from ragloop.caches import Caches
+
+__all__ = ["IndexOptions", "RetrieverOptions", "StoreOptions", "TurnWiring", "require"]
+
+
+class TurnWiring(TypedDict, total=False):
+    """A turn's collaborators one by one: the keywords of ``ChatRAG(...)``, ``Turn.of`` and ``default_nodes``.
+
+    The first five are required (``require`` checks).
+
+    Attributes:
+        retriever: Where to search (required).
+        decider: Decide judge (required).
+        grader: Grade judge (required).
+        rewriter: Rewrite judge (required).
+        answerer: Answer judge (required).
+        live_sources: Live sources for the live node.
+        settings: Turn settings.
+        embedder: Optional embedder, for semantic near-duplicate checks of rewrites.
+        fallback_decider: Used when ``decider`` fails (e.g. offline behind an LLM).
+        fallback_answerer: Used when ``answerer`` fails before its first token; an extractive one (the offline
+            answerer) also ends a reply the deadline cut short.
+        bridger: Proposes follow-up (second-hop) searches for multi-hop questions; ``None``: no hops.
+        planner: Plans retrieval across ``plan_sources`` in dependency waves; ``None``: no plan node.
+        plan_sources: The plan sources by name, the document source included, as the plan node gets them.
+        fallback_planner: Used when ``planner`` fails or plans something invalid (the offline planner).
+        verifier: Checks each finished reply (offline: :class:`~ragloop.llm.offline.verify.OfflineVerifier`).
+        caches: Caches for query embeddings, search results and grades (and replies, for a chat).
+        index_version: The index's current version, which cached search results are keyed on; default: the
+            retriever's ``version`` attribute, if it has one.
+    """
+
+    retriever: Retriever
+    decider: Decider
+    grader: Grader
+    rewriter: Rewriter
+    answerer: Answerer
+    live_sources: Sequence[LiveSource]
+    settings: TurnSettings
+    embedder: Embedder | None
+    fallback_decider: Decider | None
+    fallback_answerer: Answerer | None
+    bridger: Bridger | None
+    planner: Planner | None
+    plan_sources: Mapping[str, Source] | None
+    fallback_planner: Planner | None
+    verifier: Verifier | None
+    caches: Caches | None
+    index_version: Callable[[], str] | None
+
+
+def require(wiring: TurnWiring) -> None:
+    """Check the five collaborators no turn goes without are there.
+
+    Raises:
+        ConfigError: Which are missing, and how to pass them.
+    """
+    missing = [k for k in ("retriever", "decider", "grader", "rewriter", "answerer") if wiring.get(k) is None]
+    if missing:
+        raise ConfigError(
+            f"a turn needs {', '.join(missing)}: pass retriever=, decider=, grader=, rewriter= and answerer=, "
+            "or a built turn (ChatRAG(Turn.from_index(...).build()))"
+        )
+
+
+class _Common(TypedDict, total=False):
+    fast_model: str | None
+    answer_model: str | None
+    live_sources: Sequence[LiveSource]
+    settings: TurnSettings
+    glossary: Mapping[str, str] | None
+    timeout_s: float
+    embedder: Embedder | None
+    plan_sources: Sequence[Source]
+    caches: Caches | None
+
+
+class RetrieverOptions(_Common, total=False):
+    """Options of a turn over a retriever (``from_retriever``).
+
+    Attributes:
+        fast_model: Model for decide, grade, rewrite and plan (required with an ``llm`` client).
+        answer_model: Model for the answer (default: ``fast_model``).
+        live_sources: Live sources (e.g. :class:`~ragloop.retrievers.live.SQLiteTicketSource`).
+        settings: Turn settings.
+        glossary: Extra abbreviations (``{"SSO": "single sign-on"}``), over those mined from the texts.
+        timeout_s: Per-call timeout of the model judges (default 20 s).
+        embedder: The query embedder (semantic checks of rewrites and of the reply's support).
+        plan_sources: Structured sources to plan over besides the documents and the live sources (e.g. a
+            :class:`~ragloop.retrievers.sql.SQLiteSource`); given, the turn starts with the ``plan`` node.
+        caches: Caches (:class:`~ragloop.caches.Caches`); search results are keyed on ``index_version``.
+        index_version: The index's current version; default: the retriever's ``version`` attribute.
+    """
+
+    index_version: Callable[[], str] | None
+
+
+class IndexOptions(_Common, total=False):
+    """Options of a turn over an index directory or a loaded index (``from_index``, ``sample``).
+
+    Attributes:
+        mode: Retrieval mode: ``hybrid`` (default), ``bm25`` or ``dense``.
+        fast_model: As in :class:`RetrieverOptions`.
+        answer_model: As in :class:`RetrieverOptions`.
+        live_sources: As in :class:`RetrieverOptions`.
+        settings: Turn settings.
+        glossary: As in :class:`RetrieverOptions`.
+        timeout_s: As in :class:`RetrieverOptions`.
+        embedder: Query embedder; by default the one the index was built with.
+        plan_sources: As in :class:`RetrieverOptions`.
+        caches: As in :class:`RetrieverOptions` (search results keyed on the index's version).
+    """
+
+    mode: str
+
+
+class StoreOptions(_Common, total=False):
+    """Options of a turn over a PostgreSQL collection (``from_store``; the ``[postgres]`` extra).
+
+    Attributes:
+        collection: The collection name given to ``ragloop index --collection`` (default ``ragloop``).
+        pool_size: Most connections this process opens to the database (default 10).
+        mode: ``hybrid`` (the store's only mode).
+        fast_model: As in :class:`RetrieverOptions`.
+        answer_model: As in :class:`RetrieverOptions`.
+        live_sources: As in :class:`RetrieverOptions`.
+        settings: Turn settings; the store's statement timeout is ``settings.retrieve_timeout_s``.
+        glossary: As in :class:`RetrieverOptions`.
+        timeout_s: As in :class:`RetrieverOptions`.
+        embedder: Query embedder; by default the one the collection was built with.
+        plan_sources: As in :class:`RetrieverOptions`.
+        caches: As in :class:`RetrieverOptions` (search results keyed on the store's version).
+    """
+
+    collection: str
+    pool_size: int
+    mode: str

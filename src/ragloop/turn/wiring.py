@@ -1,0 +1,160 @@
+"""The default turn's nodes (:func:`default_nodes`) and graph (:func:`build_graph`)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Unpack
+
+from ragloop.llm.cached import CachedGrader
+from ragloop.llm.protocols import Answerer
+from ragloop.nodes.answer import Abstainer, Answer, Extractive
+from ragloop.nodes.decide import Decide
+from ragloop.nodes.grade import Grade
+from ragloop.nodes.hop import Hop
+from ragloop.nodes.live import Live
+from ragloop.nodes.plan import PlanNode
+from ragloop.nodes.retrieve import Retrieve
+from ragloop.nodes.rewrite import Rewrite
+from ragloop.policy import ANSWER, DECIDE, PLAN
+from ragloop.retrievers.base import Retriever
+from ragloop.retrievers.cached import CachedEmbedder, CachedRetriever
+from ragloop.runner import Graph, Node
+from ragloop.turn.options import TurnWiring, require
+from ragloop.turn.record import turn_record
+from ragloop.turn.settings import TurnSettings
+from ragloop.usage import metering
+
+__all__ = ["build_graph", "default_nodes"]
+
+
+def default_nodes(**wiring: Unpack[TurnWiring]) -> dict[str, Node]:
+    """The seven nodes of the default turn, wired to the given collaborators (no bridger: no hops).
+
+    The keywords are :class:`~ragloop.turn.options.TurnWiring`'s. With a ``planner`` (and the ``plan_sources``
+    it plans over, the document source included), an eighth node, ``plan``, starts the turn: it runs
+    multi-source plans in dependency waves and sends every other question to ``decide`` (see
+    :mod:`ragloop.nodes.plan`).
+
+    A ``fallback_answerer`` that can also compose a reply without I/O (the offline one: an
+    :class:`~ragloop.nodes.answer.Extractive`) ends a reply the deadline cut short (``Answer.salvage``).
+    A ``verifier`` checks every finished reply (:func:`ragloop.nodes.answer.verify_reply`). An answerer (or
+    fallback answerer) that can also say when the passages do not support an answer (the offline one: an
+    :class:`~ragloop.nodes.answer.Abstainer`) makes the turn abstain before it answers
+    (:func:`ragloop.nodes.answer.abstain`).
+
+    With ``caches`` (:class:`~ragloop.caches.Caches`) the grader, the rewrite check's embedder and, when the
+    index's version is known (``index_version``, or a ``version`` attribute of the retriever), the retriever
+    remember their answers across turns (see :mod:`ragloop.caches`).
+    """
+    require(wiring)
+    retriever, grader, embedder = wiring["retriever"], wiring["grader"], wiring.get("embedder")
+    live_sources, bridger = wiring.get("live_sources", ()), wiring.get("bridger")
+    fallback_answerer, planner = wiring.get("fallback_answerer"), wiring.get("planner")
+    s = wiring.get("settings", TurnSettings())
+    caches = wiring.get("caches")
+    if caches is not None:
+        version = wiring.get("index_version") or _version_of(retriever)
+        if caches.retrieval is not None and version is not None:
+            retriever = CachedRetriever(retriever, caches.retrieval, version)
+        if caches.grades is not None:
+            grader = CachedGrader(grader, caches.grades)
+        if caches.embeddings is not None and embedder is not None:
+            embedder = CachedEmbedder(embedder, caches.embeddings)
+    policy = s.policy(live_sources=live_sources, hops=bridger is not None)
+    nodes: dict[str, Node] = {}
+    if planner is not None:  # the retrieval planner goes first; questions it does not plan go on to decide
+        nodes["plan"] = PlanNode(
+            planner,
+            dict(wiring.get("plan_sources") or {}),
+            fallback=wiring.get("fallback_planner"),
+            max_subqueries=s.max_subqueries,
+            timeout_s=s.plan_timeout_s,
+            max_concurrency=s.plan_concurrency,
+        )
+    return nodes | {
+        "decide": Decide(wiring["decider"], max_queries=s.max_queries, fallback=wiring.get("fallback_decider")),
+        "retrieve": Retrieve(
+            retriever,
+            k=s.k,
+            per_query_budget=s.per_query_budget,
+            total_budget=s.total_budget,
+            timeout_s=s.retrieve_timeout_s,
+            max_concurrency=s.retrieve_concurrency,
+            fast_path_confidence=s.fast_path_confidence,
+            fast_path_min_hits=s.fast_path_min_hits,
+        ),
+        "grade": Grade(
+            grader,
+            policy=policy,
+            min_relevant=s.min_relevant,
+            timeout_s=s.grade_timeout_s,
+            max_concurrency=s.grade_concurrency,
+            per_passage=s.per_passage_grading,
+        ),
+        "hop": Hop(bridger, policy=policy, timeout_s=s.hop_timeout_s),
+        "live": Live(live_sources, policy=policy, timeout_s=s.live_timeout_s),
+        "rewrite": Rewrite(
+            wiring["rewriter"],
+            policy=policy,
+            overlap_threshold=s.overlap_threshold,
+            cosine_threshold=s.cosine_threshold,
+            timeout_s=s.rewrite_timeout_s,
+            embedder=embedder,
+        ),
+        "answer": Answer(
+            wiring["answerer"],
+            max_blocks=s.max_blocks,
+            fallback=fallback_answerer,
+            extractive=fallback_answerer if isinstance(fallback_answerer, Extractive) else None,
+            verifier=wiring.get("verifier"),
+            abstainer=_abstainer(wiring["answerer"], fallback_answerer),
+            budget=s.prompt_budget,
+        ),
+    }
+
+
+def _abstainer(*answerers: Answerer | None) -> Abstainer | None:
+    """The first answerer that can also say when the passages do not support an answer."""
+    for answerer in answerers:
+        if isinstance(answerer, Abstainer):
+            return answerer
+    return None
+
+
+def _version_of(retriever: Retriever) -> Callable[[], str] | None:
+    """A reader of the retriever's ``version`` attribute (an index or a store), or ``None`` without one."""
+    if not isinstance(getattr(retriever, "version", None), str):
+        return None
+    return lambda: str(getattr(retriever, "version", ""))
+
+
+def build_graph(
+    nodes: Mapping[str, Node],
+    settings: TurnSettings = TurnSettings(),
+    *,
+    edges: Mapping[str, Mapping[str, str]] | None = None,
+    extra_steps: int = 0,
+) -> Graph:
+    """The default chat-turn graph over ``nodes`` (see :func:`default_nodes`).
+
+    Its ``summarize`` hook is :func:`turn_record`: the runner builds the decision record once per run, logs it
+    as the ``turn.finished`` event and keeps it as ``RunResult.record`` (which ``Reply.record`` is).
+
+    Args:
+        nodes: The turn's nodes; with a ``plan`` node the turn starts there, otherwise at ``decide``.
+        settings: Turn settings (the step cap, the price table).
+        edges: Routes that lead elsewhere than the node of their name (see :class:`~ragloop.runner.Graph`).
+        extra_steps: Steps added to the cap for nodes the default turn does not have (``Turn.insert_after``).
+    """
+    planned = PLAN in nodes
+    return Graph(
+        nodes,
+        start=PLAN if planned else DECIDE,
+        finish=ANSWER,
+        edges=edges,
+        # the plan step precedes the longest regular turn
+        max_steps=settings.max_steps + (1 if planned else 0) + extra_steps,
+        summarize=functools.partial(turn_record, prices=settings.prices) if settings.prices else turn_record,
+        context=lambda state: metering(state.usage),
+    )

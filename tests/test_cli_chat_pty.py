@@ -1,0 +1,188 @@
+"""`ragloop chat` through a pseudo-terminal (pexpect), as a person uses it: commands, Ctrl-C, Ctrl-D, history.
+
+The chat runs as a child process on a small saved index (hash embedder, no live source, no planner). The turns
+that need to be in flight when Ctrl-C arrives use a model: the scripted OpenAI-compatible server in this process,
+whose answer to a question with "slow" in it comes only after 30 seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from ragloop.testing import RecordedRequest, ScriptedOpenAIServer, ScriptedResponse, stream, tool_calls, verdicts
+from tests.reliability._support import small_index
+
+PROMPT = "you> "
+SLOW_S = 30.0
+
+
+def _model(request: RecordedRequest) -> ScriptedResponse:
+    question = str(request.messages[-1]["content"])
+    if request.judge == "decide":
+        return tool_calls([("search", {"query": question})])
+    if request.judge == "grade":
+        return verdicts(request, "relevant")
+    answer = stream("Failed deliveries are retried **8 times** [1].", chunk_size=6)
+    slow = any("slow" in str(m.get("content", "")) for m in request.messages if m.get("role") == "user")
+    return answer.delayed(SLOW_S) if slow and "fast" not in question else answer
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("chat-index") / "idx"
+    small_index().save(path)
+    return path
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedOpenAIServer]:
+    with ScriptedOpenAIServer(matcher=_model) as srv:
+        yield srv
+
+
+def _env(tmp_path: Path, server: ScriptedOpenAIServer | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "RAGLOOP_", "NO_COLOR"))}
+    env.update(TERM="xterm-256color", XDG_STATE_HOME=str(tmp_path / "state"), HF_HUB_OFFLINE="1")
+    if server is not None:
+        env.update(OPENAI_BASE_URL=server.base_url, OPENAI_API_KEY="sk-test", RAGLOOP_MODEL="fast")
+    return env
+
+
+def _spawn(tmp_path: Path, index_dir: Path, server: ScriptedOpenAIServer | None = None) -> pexpect.spawn:
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "ragloop.cli", "chat", "--index", str(index_dir), "--no-live"],
+        env=_env(tmp_path, server),
+        encoding="utf-8",
+        timeout=60,
+        dimensions=(40, 200),
+    )
+    child.expect_exact(PROMPT)
+    return child
+
+
+def _ended(child: pexpect.spawn) -> int | None:
+    child.expect(pexpect.EOF, timeout=20)
+    child.close()
+    return child.exitstatus
+
+
+def _wait_for_answer_request(server: ScriptedOpenAIServer, count: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while sum(r.judge == "answer" for r in server.chat_requests) < count:
+        assert time.monotonic() < deadline, "the answer request never reached the server"
+        time.sleep(0.05)
+
+
+class TestCommands:
+    def test_help_reset_unknown_and_quit(self, tmp_path: Path, index_dir: Path) -> None:
+        """/help lists every command, an unknown /command gets the list (never a search), /reset forgets,
+        /sources and /record speak of the last reply, /quit leaves with status 0."""
+        child = _spawn(tmp_path, index_dir)
+        child.sendline("/help")
+        for name in ("/help", "/reset", "/sources", "/record", "/quit"):
+            child.expect_exact(name)
+        child.expect_exact(PROMPT)
+        child.sendline("/frobnicate")
+        child.expect_exact("Unknown command '/frobnicate'. Commands: /help /reset /sources /record /quit")
+        child.expect_exact(PROMPT)
+        assert "searching" not in child.before
+        child.sendline("/sources")
+        child.expect_exact("No reply yet")
+        child.sendline("How are failed webhook deliveries retried?")
+        child.expect_exact("Sources")
+        child.expect_exact("[1] Webhooks")
+        child.expect_exact(PROMPT)
+        child.sendline("/sources")
+        child.expect_exact("[1] Webhooks — webhooks.md")
+        child.sendline("/record")
+        child.expect_exact('"path"')
+        child.expect_exact(PROMPT)
+        child.sendline("/reset")
+        child.expect_exact("Conversation forgotten")
+        child.expect_exact(PROMPT)
+        child.sendline("/sources")
+        child.expect_exact("No reply yet")
+        child.sendline("/quit")
+        assert _ended(child) == 0
+
+
+class TestInterrupts:
+    def test_ctrl_c_mid_answer_cancels_the_turn_then_the_next_question_works(
+        self, tmp_path: Path, index_dir: Path, server: ScriptedOpenAIServer
+    ) -> None:
+        """Ctrl-C while the model is still writing cancels the turn (the answer request is abandoned, not waited
+        for), the prompt comes back within seconds, and the next question is answered."""
+        child = _spawn(tmp_path, index_dir, server)
+        child.sendline("a slow question about webhook retries")
+        _wait_for_answer_request(server, 1)
+        started = time.monotonic()
+        child.sendintr()
+        child.expect_exact("(cancelled)", timeout=10)
+        child.expect_exact(PROMPT, timeout=10)
+        assert time.monotonic() - started < SLOW_S / 3
+        deadline = time.monotonic() + 10
+        while server.stats.requests_aborted < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.stats.requests_aborted >= 1, server.stats  # the model call itself was cancelled
+        child.sendline("a fast question about webhook retries")
+        child.expect_exact("8 times", timeout=30)
+        child.expect_exact(PROMPT)
+        child.sendeof()
+        assert _ended(child) == 0
+        answers = [r for r in server.chat_requests if r.judge == "answer"]
+        # The cancelled turn left no trace in the conversation the next question carried.
+        assert not any("slow" in str(m.get("content")) for m in answers[-1].messages[1:-1])
+
+    def test_ctrl_c_at_an_empty_prompt_exits_cleanly(self, tmp_path: Path, index_dir: Path) -> None:
+        """Ctrl-C at an empty prompt ends the chat with status 0 and no traceback."""
+        child = _spawn(tmp_path, index_dir)
+        child.sendintr()
+        assert _ended(child) == 0
+        assert "Traceback" not in (child.before or "")
+
+    def test_ctrl_c_on_a_half_typed_line_drops_the_line(self, tmp_path: Path, index_dir: Path) -> None:
+        """Ctrl-C with something typed drops that line and prompts again; Ctrl-D then leaves with status 0."""
+        child = _spawn(tmp_path, index_dir)
+        child.send("half a quest")
+        time.sleep(0.2)
+        child.sendintr()
+        child.expect_exact(PROMPT)
+        child.sendeof()
+        assert _ended(child) == 0
+
+    def test_ctrl_d_exits(self, tmp_path: Path, index_dir: Path) -> None:
+        """Ctrl-D at the prompt ends the chat with status 0."""
+        child = _spawn(tmp_path, index_dir)
+        child.sendeof()
+        assert _ended(child) == 0
+
+
+class TestHistory:
+    def test_history_file_is_private_and_recalls_questions(self, tmp_path: Path, index_dir: Path) -> None:
+        """Questions go to $XDG_STATE_HOME/ragloop/chat_history (mode 0600), /quit does not; the next chat
+        recalls the last question with the up arrow."""
+        child = _spawn(tmp_path, index_dir)
+        child.sendline("How are failed webhook deliveries retried?")
+        child.expect_exact("Sources")
+        child.expect_exact(PROMPT)
+        child.sendline("/quit")
+        assert _ended(child) == 0
+        path = tmp_path / "state" / "ragloop" / "chat_history"
+        lines = path.read_text().splitlines()
+        assert "How are failed webhook deliveries retried?" in lines and "/quit" not in lines
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        again = _spawn(tmp_path, index_dir)
+        again.send("\x1b[A")  # up arrow
+        again.expect_exact("How are failed webhook deliveries retried?")
+        again.sendcontrol("u")
+        again.sendeof()
+        assert _ended(again) == 0
