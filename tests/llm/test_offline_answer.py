@@ -207,6 +207,15 @@ class TestTablesAndCode:
         )
         assert "Business" not in text and "Free |" not in text
 
+    def test_a_question_across_the_rows_quotes_the_whole_small_table(self) -> None:
+        """ "How many members per plan?" names no row: every row of the (small) table answers it, under its
+        header, not the first plan's row alone; naming a plan still quotes that row only."""
+        text = OfflineAnswerer(STATS).compose("How many members does each plan allow?", [PRICES], "context")
+        assert all(f"| {plan} |" in text for plan in ("Free", "Team", "Business"))
+        assert text.startswith("| Plan | Billed annually | Billed monthly | Members |\n|---|---|---|---|\n| Free |")
+        one = OfflineAnswerer(STATS).compose("How many members does the Business plan allow?", [PRICES], "context")
+        assert "| Business |" in one and "| Free |" not in one and "| Team |" not in one
+
     def test_a_sentence_ending_in_a_colon_brings_its_code_block(self) -> None:
         """The sentence that introduces a code block is quoted with it, fence and all, cited once after it."""
         text = OfflineAnswerer(STATS).compose("How do I pin the version in requirements.txt?", [PINNING], "context")

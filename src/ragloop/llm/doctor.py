@@ -133,7 +133,8 @@ async def _models(client: openai.AsyncOpenAI) -> Probe:
     return Probe("models", "ok" if ids else "warn", shown or "none listed", time.perf_counter() - t0)
 
 
-async def _props(client: openai.AsyncOpenAI) -> tuple[Probe | None, int | None]:
+async def _props(client: openai.AsyncOpenAI) -> tuple[Probe | None, int | None, bool | None]:
+    """llama.cpp's ``/props``: the server probe, its slots, and whether its chat template renders tool calls."""
     root = str(client.base_url).rstrip("/").removesuffix("/v1")
     t0 = time.perf_counter()
     try:
@@ -145,7 +146,7 @@ async def _props(client: openai.AsyncOpenAI) -> tuple[Probe | None, int | None]:
     except Exception:  # noqa: BLE001 — /props is llama.cpp's extra: any failure just means "not llama.cpp"
         data = None
     if not isinstance(data, dict):
-        return None, None
+        return None, None, None
     slots = data.get("total_slots")
     caps = data.get("chat_template_caps") or {}
     tools = caps.get("supports_tool_calls")
@@ -154,10 +155,12 @@ async def _props(client: openai.AsyncOpenAI) -> tuple[Probe | None, int | None]:
         detail += f"; chat template {'has' if tools else 'has no'} tool support"
     if isinstance(slots, int):
         detail += f" (set TurnSettings(grade_concurrency={slots}))"
-    return Probe("server", "info", detail, time.perf_counter() - t0), slots if isinstance(slots, int) else None
+    probe = Probe("server", "info", detail, time.perf_counter() - t0)
+    return probe, slots if isinstance(slots, int) else None, tools if isinstance(tools, bool) else None
 
 
-async def _tools(client: openai.AsyncOpenAI, model: str, cap: int) -> Probe:
+async def _tools(client: openai.AsyncOpenAI, model: str, cap: int, template_tools: bool | None = None) -> Probe:
+    """The ``tool calls`` probe; ``template_tools`` is what ``/props`` said of the chat template (None: unknown)."""
     t0 = time.perf_counter()
     try:
         completion = await _create(client)(
@@ -179,6 +182,9 @@ async def _tools(client: openai.AsyncOpenAI, model: str, cap: int) -> Probe:
         first = calls[0].function
         return Probe("tool calls", "ok", f"honoured: {first.name}({first.arguments[:60]})", seconds)
     text = (message.content or "").strip().replace("\n", " ")
+    if template_tools:  # the server offered the tools: the model did not use them
+        why = "not called: the model answered in plain text although the chat template offers tools"
+        return Probe("tool calls", "warn", f"{why} ({text[:50]!r}…); a stronger model or template is needed", seconds)
     return Probe(
         "tool calls",
         "warn",
@@ -273,10 +279,10 @@ async def diagnose(client: openai.AsyncOpenAI, model: str, *, max_tokens: int = 
     """Probe ``client``'s endpoint with ``model``; every request is capped at ``max_tokens`` (the output-cap
     probe at 5). Requests run one after another, so a one-slot server is not flooded."""
     probes: list[Probe] = [await _models(client)]
-    server, slots = await _props(client)
+    server, slots, template_tools = await _props(client)
     if server is not None:
         probes.append(server)
-    tools = await _tools(client, model, max_tokens)
+    tools = await _tools(client, model, max_tokens, template_tools)
     schema = await _json_schema(client, model, max_tokens)
     probes += [tools, schema, await _streaming(client, model, max_tokens), await _cap(client, model)]
     mode = "tools" if tools.status == "ok" else "json" if schema.status == "ok" else "offline"

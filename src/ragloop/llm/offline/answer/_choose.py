@@ -199,6 +199,8 @@ def pick(
     q_mass = sum(idf(t) for t in q_terms) or 1.0
     order = sorted(pool, key=lambda s: (-s.relevance, s.unit.block, s.unit.position))
     lead = order[0]
+    if n_sides <= 1 and (table := _whole_table(lead, order, q_terms, 2 * picker.max_chars)):
+        return table
     chosen = _sides_first(order, n_sides)[: picker.max_units] if n_sides > 1 else [lead]
     used = sum(len(c.unit.text) for c in chosen)
     rest = [s for s in order[1:] if s not in chosen and s.relevance >= picker.support_ratio * lead.relevance]
@@ -223,6 +225,25 @@ def pick(
         chosen.append(best)
         used += len(best.unit.text)
     return chosen
+
+
+#: Most rows of a table quoted whole for a question asked across its rows.
+WHOLE_TABLE_ROWS = 8
+
+
+def _whole_table(lead: Scored, order: Sequence[Scored], q_terms: frozenset[str], max_chars: int) -> list[Scored]:
+    """All rows of the lead's table, when the lead is a row that holds none of the question's terms itself (it
+    leads through its header alone: "How many API keys per plan?" asks across the rows, and one plan's row would
+    answer another question); empty when the table is large or a row names something the question asks about."""
+    if lead.unit.kind != "row" or q_terms & stems_of(lead.unit.text):
+        return []
+    key = (lead.unit.block, lead.unit.table)
+    rows = sorted((s for s in order if (s.unit.block, s.unit.table) == key), key=lambda s: s.unit.position)
+    if not 1 < len(rows) <= WHOLE_TABLE_ROWS or sum(len(r.unit.text) for r in rows) > max_chars:
+        return []
+    if any(q_terms & stems_of(r.unit.text) for r in rows):
+        return []  # a row the question names answers it: quote that one, not the table
+    return rows
 
 
 #: A comparison table is quoted for a comparison when its rows score at least this share of the best units.
