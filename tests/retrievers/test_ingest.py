@@ -110,6 +110,17 @@ class TestChunkDocument:
         assert len(chunks) > 2
         assert [line for c in chunks for line in c.text.split("\n")] == rows
 
+    def test_lists_are_cut_between_items(self) -> None:
+        """A long list (one block: its items wrap onto indented lines) is cut between its items, never inside one
+        at a colon or a sentence end (the sample glossary's "MFA — Multi-Factor Authentication (MFA):" was once
+        cut from its definition)."""
+        items = [f"- **T{i}** — Term {i} (T{i}): what it means for the workspace. See\n  page {i}." for i in range(40)]
+        chunks = chunk_document(md("# Glossary\n\n" + "\n".join(items)), max_tokens=80, tokenizer=TOKENS)
+        bodies = [c.text.removeprefix("# Glossary\n\n") for c in chunks]
+        assert len(chunks) > 3 and all(tokens(index_text(c)) <= 80 for c in chunks)
+        assert all(b.startswith("- **T") and b.endswith(".") for b in bodies)
+        assert "\n".join(bodies) == "\n".join(items).replace("\n  page", "\npage")
+
     def test_word_longer_than_the_limit_is_cut_at_tokens(self) -> None:
         """A single enormous word is the only thing cut mid-word, at a token boundary; nothing is lost."""
         word = "x" * 3000

@@ -3,10 +3,11 @@
 A chunk never spans two sections (nor two pages of a PDF): the document is split at its headings first (a
 heading with nothing under it joins the section that follows). A section whose text, with the title and heading path
 that :func:`index_text` puts in front, fits ``max_tokens`` is one chunk; a longer one is cut into pieces that fill the
-limit, at the best boundary there is: between blocks, then between sentences of a paragraph or rows of a
-table or lines of code (each piece of code fenced again), then between words, and only a single enormous word
-at a token boundary. So no chunk is ever truncated by the embedder, a table is never cut inside a row, and
-the pieces of every block, joined, give the block back: nothing is lost and nothing repeated.
+limit, at the best boundary there is: between blocks, then between the items of a list, sentences of a
+paragraph, rows of a table or lines of code (each piece of code fenced again), then between words, and only a
+single enormous word at a token boundary. So no chunk is ever truncated by the embedder, a table is never cut
+inside a row nor a list inside an item, and the pieces of every block, joined, give the block back: nothing is
+lost and nothing repeated.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ __all__ = ["Piece", "check_limits", "chunk_blocks", "chunk_id", "index_text"]
 _MIN_BODY = 16
 _SENTENCE_END = re.compile(r"(?<=[.!?:;])[\"')\]]*\s+")
 _SPACE = re.compile(r"\s+")
+_LINE = re.compile(r"\n")
+#: The line break before a list item (``- ``, ``* ``, ``+ ``, ``1. ``, ``1) ``): a list is cut between its items first.
+_ITEM = re.compile(r"\n(?=[ \t]*(?:[-*+]|[0-9]{1,9}[.)])[ \t])")
 #: Blocks longer than this (characters) are cut without being counted whole first.
 _COUNT_WHOLE_CHARS = 65_536
 
@@ -238,8 +242,13 @@ def _prose_units(block: Block, tokenizer: Tokenizer, budget: int, limit_chars: f
     """A long paragraph, table or heading cut at sentences (rows), then words; a heading keeps its marker."""
     marker = "#" * max(1, min(block.level, 6)) + " " if block.kind == "heading" else ""
     marker_tokens = len(tokenizer.token_spans([marker])[0]) if marker else 0
-    separator = "\n" if block.kind == "table" else None
-    parts = _cut(block.text, tokenizer, budget - marker_tokens, limit_chars - len(marker), separator)
+    if block.kind == "table":
+        cuts: tuple[re.Pattern[str], ...] = (_LINE, _SPACE)  # between rows
+    elif block.kind == "text" and _ITEM.search(block.text):
+        cuts = (_ITEM, _SENTENCE_END, _SPACE)  # between list items, then sentences
+    else:
+        cuts = (_SENTENCE_END, _SPACE)
+    parts = _cut(block.text, tokenizer, budget - marker_tokens, limit_chars - len(marker), cuts)
     return [
         _Unit(
             (marker if i == 0 else "") + part,
@@ -260,7 +269,7 @@ def _code_units(block: Block, tokenizer: Tokenizer, budget: int, limit_chars: fl
     units = []
     room = max(1, budget - overhead)
     for part in _group(
-        _cut(block.text, tokenizer, room, limit_chars - len(frame), "\n"), room, limit_chars - len(frame)
+        _cut(block.text, tokenizer, room, limit_chars - len(frame), (_LINE, _SPACE)), room, limit_chars - len(frame)
     ):
         rendered = f"{fence}{block.lang}\n{part}\n{fence}"
         units.append(_Unit(rendered, part, len(tokenizer.token_spans([rendered])[0]), "\n\n", block.page))
@@ -299,46 +308,41 @@ class _Counter:
 
 
 def _cut(
-    text: str, tokenizer: Tokenizer, budget: int, limit_chars: float, separator: str | None
+    text: str, tokenizer: Tokenizer, budget: int, limit_chars: float, cuts: Sequence[re.Pattern[str]]
 ) -> list[tuple[str, int, str]]:
     """``text`` cut into ``(part, tokens, separator before it)`` that each fit (the section packs them).
 
-    The cut points are, in order of preference: ``separator`` (rows, lines) or sentence ends, then whitespace,
-    then token boundaries. Joining the parts with their separators gives ``text`` back exactly. The text is
-    tokenised once, however many levels the cutting goes down.
+    The cut points are, in order of preference, the matches of each of ``cuts`` (list items, sentence ends,
+    rows or lines, whitespace), then token boundaries. Joining the parts with their separators gives ``text``
+    back exactly. The text is tokenised once, however many levels the cutting goes down.
     """
     count = _Counter(text, tokenizer)
     out: list[tuple[str, int, str]] = []
-    for a, b, before in _atoms(text, 0, len(text), count, max(1, budget), limit_chars, 0, separator, ""):
+    for a, b, before in _atoms(text, 0, len(text), count, max(1, budget), limit_chars, tuple(cuts), ""):
         out.append((text[a:b], max(count(a, b), 1 if b > a else 0), before))
     return out
 
 
-def _atoms(  # noqa: PLR0913 — one recursive step: the text, its slice, the limits, the level
+def _atoms(
     text: str,
     start: int,
     end: int,
     count: _Counter,
     budget: int,
     limit_chars: float,
-    level: int,
-    separator: str | None,
+    cuts: tuple[re.Pattern[str], ...],
     before: str,
 ) -> list[tuple[int, int, str]]:
-    """``(start, end, separator before it)`` slices of ``text[start:end]`` that fit: split at sentences (or
-    ``separator``) at level 0, at whitespace at level 1, at token boundaries at level 2."""
-    if level >= 2:
+    """``(start, end, separator before it)`` slices of ``text[start:end]`` that fit: split at the matches of
+    ``cuts[0]``, a slice still too long at those of ``cuts[1:]``, and at token boundaries when none are left."""
+    if not cuts:
         return _token_cut(start, end, count, budget, before)
-    if level == 0 and separator is not None:
-        pattern = re.compile(re.escape(separator))
-    else:
-        pattern = _SENTENCE_END if level == 0 else _SPACE
     out: list[tuple[int, int, str]] = []
-    for a, b, sep_before in _slices(text, start, end, pattern, before):
+    for a, b, sep_before in _slices(text, start, end, cuts[0], before):
         if count(a, b) <= budget and b - a <= limit_chars:
             out.append((a, b, sep_before))
         else:
-            out.extend(_atoms(text, a, b, count, budget, limit_chars, level + 1, None, sep_before))
+            out.extend(_atoms(text, a, b, count, budget, limit_chars, cuts[1:], sep_before))
     return out
 
 
