@@ -36,7 +36,7 @@ __all__ = ["Explained", "chunk_document", "document_blocks", "explain_file", "in
 
 _log = get_logger("ragloop.retrievers.ingest")
 #: Changes whenever the same file would give other chunks (cached sample indexes key on it).
-INGEST_VERSION = "2"
+INGEST_VERSION = "3"
 _EMPTY = "empty after cleaning (only markup, navigation, images, shortcodes or whitespace)"
 
 
