@@ -51,15 +51,14 @@ def chunk_id(text: str) -> str:
 
 
 def index_text(chunk: Chunk) -> str:
-    """The text that is indexed for a chunk: its title and heading path (when not already in the text, as the
-    text's opening line or heading), then the text. Titles carry much of a document's topic, for both BM25 and
-    the embedder; said twice they only cost tokens."""
+    """The text that is indexed for a chunk: its title and heading path (each unless the text starts with it),
+    then the text. Titles carry much of a document's topic, for both BM25 and the embedder; a section heading
+    the text opens with is said again on purpose: the repetition is what weights a section's own title in BM25
+    (without it, "how long is the audit log kept" lost the retention table under "How long we keep data")."""
     head: list[str] = []
-    first = chunk.text.split("\n", 1)[0]
-    opening = first.lstrip("#").strip() if first.startswith("#") else ""  # the chunk opens with its heading
     for part in (chunk.title, *chunk.title_path):
         part = part.strip()
-        if part and part not in head and not chunk.text.startswith(part) and part != opening:
+        if part and part not in head and not chunk.text.startswith(part):
             head.append(part)
     return "\n".join([*head, chunk.text]) if head else chunk.text
 

@@ -35,8 +35,8 @@ from ragloop.state import Chunk
 __all__ = ["Explained", "chunk_document", "document_blocks", "explain_file", "ingest_path"]
 
 _log = get_logger("ragloop.retrievers.ingest")
-#: Changes whenever the same file would give other chunks (cached sample indexes key on it).
-INGEST_VERSION = "3"
+#: Changes whenever the same file would give other chunks or indexed text (cached sample indexes key on it).
+INGEST_VERSION = "4"
 _EMPTY = "empty after cleaning (only markup, navigation, images, shortcodes or whitespace)"
 
 
