@@ -64,8 +64,11 @@ class Reply:
     Attributes:
         text: The reply, with ``[n]`` citations.
         outcome: ``context``, ``partial``, ``none`` or ``direct``.
-        citations: The ``[n]`` markers of the text, resolved to their sources.
-        blocks: The numbered context the answer was written from.
+        citations: The ``[n]`` markers the reply streamed, resolved to their sources: one per page, numbered
+            ``1..n`` in the order of first citation, each with the sections of the page it cites (the numbers
+            the tokens streamed with; a page whose sentence verify took back stays listed).
+        blocks: The numbered context the answer was written from (the answerer's block numbers, which are not
+            the citation numbers: several blocks of one page share its citation).
         missing: Parts of the question that found no context.
         record: The per-turn decision record.
     """
@@ -83,7 +86,14 @@ class Reply:
             "text": self.text,
             "outcome": self.outcome,
             "citations": [
-                {"n": c.n, "source": c.source, "title": c.title, "url": c.url or None} for c in self.citations
+                {
+                    "n": c.n,
+                    "source": c.source,
+                    "title": c.title,
+                    "url": c.url or None,
+                    "sections": [{"title": s.title, "url": s.url or None} for s in c.sections],
+                }
+                for c in self.citations
             ],
             "missing": list(self.missing),
             "record": self.record.as_dict(),
@@ -105,7 +115,13 @@ class Reply:
             "text": self.text,
             "outcome": self.outcome,
             "citations": [
-                {"n": c.n, "title": c.title, "source": c.source, "url": client_url(c.url or link(c.source))}
+                {
+                    "n": c.n,
+                    "title": c.title,
+                    "source": c.source,
+                    "url": client_url(c.url or link(c.source)),
+                    "sections": [{"title": s.title, "url": client_url(s.url or None)} for s in c.sections],
+                }
                 for c in self.citations
             ],
             "missing": list(self.missing),

@@ -23,6 +23,7 @@ __all__ = [
     "Caller",
     "Chunk",
     "Citation",
+    "CitedSection",
     "ContextBlock",
     "Decision",
     "Graded",
@@ -213,7 +214,8 @@ class ContextBlock:
         title: Document title.
         chunk_id: The chunk id.
         query: The query it answers.
-        url: Link to the document, when known.
+        url: Link to the document, when known (``page.html#anchor``: the chunk's section).
+        section: The heading of the chunk's section, when it has one.
     """
 
     n: int
@@ -223,6 +225,7 @@ class ContextBlock:
     chunk_id: str = ""
     query: str = ""
     url: str = ""
+    section: str = ""
 
 
 QueryStatus = Literal["pending", "enough", "short", "failed", "rewritten", "no_context"]
@@ -274,15 +277,35 @@ class Graded:
 
 
 @frozen
-class Citation:
-    """A ``[n]`` reference in the answer, resolved to its source.
+class CitedSection:
+    """One cited block of a page, listed under the page's citation.
 
     Attributes:
-        n: The block number cited.
-        source: Where the block came from.
-        title: Its title.
+        title: Its section heading (empty for a page's opening, or a source without sections).
+        url: Its link (``page.html#anchor``), when known.
         chunk_id: Its chunk id.
-        url: Link to the document, when known.
+    """
+
+    title: str
+    url: str
+    chunk_id: str
+
+
+@frozen
+class Citation:
+    """A ``[n]`` reference in the answer, resolved to its source: one per page.
+
+    The numbers a reply shows are the client's: one per page (source), ``1..n`` in the order the reply first
+    cites them; the blocks of one page share its number, and :attr:`sections` lists which of its parts were
+    cited. They are not the block numbers the answerer was given (:class:`ContextBlock` ``n``).
+
+    Attributes:
+        n: The number shown in the reply.
+        source: Where the page came from.
+        title: Its title.
+        chunk_id: The chunk id of its first cited block.
+        url: The link of its first cited block, when known.
+        sections: Every cited block of the page, in order of first citation.
     """
 
     n: int
@@ -290,6 +313,7 @@ class Citation:
     title: str
     chunk_id: str
     url: str = ""
+    sections: tuple[CitedSection, ...] = ()
 
 
 @frozen
@@ -434,8 +458,10 @@ class TurnState:
         outcome: How the turn ended up (answer).
         missing: Queries left unanswered, for a partial or none outcome (answer).
         blocks: The numbered context handed to the answerer (answer).
+        cited: Block numbers in the order the reply first cited them, which gives the citation numbers a client
+            sees: one per page, in that order (answer).
         answer: The reply text; while answer streams, the text sent so far (answer).
-        citations: The ``[n]`` references of the reply, resolved (answer).
+        citations: The ``[n]`` references of the reply, resolved, one per page (answer).
         errors: ``node: error`` notes of failures nodes absorbed (any node).
         usage: The judge calls of the turn (every judge, through :func:`ragloop.usage.record_call`).
     """
@@ -462,6 +488,7 @@ class TurnState:
     outcome: Outcome | None = None
     missing: tuple[str, ...] = ()
     blocks: tuple[ContextBlock, ...] = ()
+    cited: list[int] = field(factory=list)
     answer: str = ""
     citations: tuple[Citation, ...] = ()
     errors: list[str] = field(factory=list)
