@@ -217,12 +217,19 @@ class TestClientUrl:
         """A citation whose document set url: javascript:… has url None in the client shape."""
         from ragloop.chat import Reply
         from ragloop.state import Citation
+        from ragloop.turn import DecisionRecord, TokenCounts, TurnRecord
 
         cites = (
             Citation(1, "evil.md", "Evil", "c1", url="javascript:alert(1)"),
             Citation(2, "https://ok.example/a", "Ok", "c2"),
         )
-        reply = Reply("x [1] [2]", "context", cites, (), (), None)  # type: ignore[arg-type]
+        decision = DecisionRecord(direct=False, reason="", queries=())
+        record = TurnRecord(  # the client shape names the turn (turn_id), so the reply needs its record
+            run_id="r1", path=(), timings={}, stopped_by="end", seconds=0.0, decision=decision, queries=(),
+            fast_path=False, grades=(), fail_open=0, live=(), rewrites=(), hops=(), outcome="context", missing=(),
+            llm_calls=0, tokens=TokenCounts(0, 0, 0), calls=(), errors=(),
+        )  # fmt: skip
+        reply = Reply("x [1] [2]", "context", cites, (), (), record)
         out = reply.client_dict()
         assert [c["url"] for c in out["citations"]] == [None, "https://ok.example/a"]
         assert out["citations"][0]["source"] == "evil.md"

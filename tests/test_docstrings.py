@@ -1,7 +1,8 @@
 """Every public name has a docstring, and the API reference's role rewriting is right.
 
-Public means: the names of ``ragloop.__all__``, ``ragloop.extend``, ``ragloop.testing`` and ``ragloop.serve``, and
-the public methods and properties their classes define. ``mkdocs build --strict`` (``.ci/run``) then fails on
+Public means: the names of ``ragloop.__all__``, ``ragloop.extend``, ``ragloop.testing``, ``ragloop.serve`` and the
+turn log's modules (``ragloop.turnlog``, ``ragloop.gaps``, ``ragloop.kbcheck``, ``ragloop.freshness``), and the public
+methods and properties their classes define. ``mkdocs build --strict`` (``.ci/run``) then fails on
 a reference that does not resolve; this test fails on a public name the reference would show without words.
 """
 
@@ -15,7 +16,16 @@ from typing import Any
 
 import pytest
 
-FACES = ("ragloop", "ragloop.extend", "ragloop.testing", "ragloop.serve")
+FACES = (
+    "ragloop",
+    "ragloop.extend",
+    "ragloop.testing",
+    "ragloop.serve",
+    "ragloop.turnlog",
+    "ragloop.gaps",
+    "ragloop.kbcheck",
+    "ragloop.freshness",
+)
 
 
 def _doc(obj: Any) -> str:

@@ -24,8 +24,8 @@ import anyio
 
 GOLDEN = Path(__file__).parent / "golden" / "sample_records.json"
 
-#: Keys whose values vary from run to run (ids, clocks), dropped at any depth.
-VARYING = frozenset({"run_id", "timings", "seconds", "duration", "started"})
+#: Keys whose values vary from run to run (ids, clocks), dropped at any depth (``turn_id`` is the run id).
+VARYING = frozenset({"run_id", "turn_id", "timings", "seconds", "duration", "started"})
 #: A clock reading inside a text (``… 1 row(s), 0.003s)``), replaced by ``<t>s``.
 _CLOCK = re.compile(r"\b\d+\.\d{3}s\b")
 

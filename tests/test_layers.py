@@ -24,22 +24,26 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("text",),  # leaf text analysis
     ("usage", "caches"),  # judge-call metering; the cache protocol and its in-memory default
     ("state", "plan"),  # the turn state and the frozen values that flow through a turn (a plan is one)
-    ("policy", "prompt_budget"),  # the one pure routing function; the answer prompt's token budgets
+    ("policy", "prompt_budget", "freshness"),  # the pure routing function; prompt token budgets; stale pages
     ("retrievers", "sample"),  # stores, embedders, live sources, ingestion; the bundled sample index
     ("llm",),  # judge Protocols, OpenAI-compatible and offline judges
     ("nodes",),  # one module per node
     ("turn",),  # settings, default nodes, graph, decision record
-    ("chat", "otel"),  # ChatRAG, Reply; OpenTelemetry spans of finished turns
+    ("turnlog", "gaps"),  # the log of finished turns; the content-gap report over it
+    ("chat", "otel", "kbcheck"),  # ChatRAG, Reply; OpenTelemetry spans of finished turns; the KB regression gate
     # the app, the CLI, the test kit, the extension contract, the facade
     (
         "serve",
         "cli",
         "cli_chat",
+        "cli_check",
         "cli_doctor",
+        "cli_gaps",
         "cli_ingest",
         "cli_mcp",
         "cli_serve",
         "cli_store",
+        "cli_turnlog",
         "testing",
         "extend",
         "ragloop",

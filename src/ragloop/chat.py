@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
@@ -30,6 +29,7 @@ from ragloop.retrievers.base import Retriever
 from ragloop.retrievers.filters import FiltersArg, check_retriever_filters
 from ragloop.runner import Node, RunResult
 from ragloop.state import Caller, Citation, ContextBlock, Message, Outcome, TurnState
+from ragloop.text.safety import client_url
 from ragloop.turn import (
     BuiltTurn,
     IndexOptions,
@@ -44,7 +44,6 @@ from ragloop.turn.request import (
     MAX_HISTORY_CHARS,
     MAX_HISTORY_MESSAGES,
     MAX_QUESTION_CHARS,
-    MAX_URL_CHARS,
     turn_state,
     validate_question,
 )
@@ -53,6 +52,7 @@ if TYPE_CHECKING:
     import openai
 
     from ragloop.retrievers.index import KnowledgeIndex
+    from ragloop.turnlog import Rating, TurnLog
 
 __all__ = ["MAX_QUESTION_CHARS", "AskOptions", "ChatRAG", "Reply", "ReplyReady", "client_url", "validate_question"]
 
@@ -80,21 +80,18 @@ class Reply:
     missing: tuple[str, ...]
     record: TurnRecord
 
+    @property
+    def turn_id(self) -> str:
+        """The turn's id (its run id): what feedback on this reply names."""
+        return self.record.run_id
+
     def as_dict(self) -> dict[str, Any]:
         """The JSON shape printed by ``ragloop ask --json``."""
         return {
+            "turn_id": self.turn_id,
             "text": self.text,
             "outcome": self.outcome,
-            "citations": [
-                {
-                    "n": c.n,
-                    "source": c.source,
-                    "title": c.title,
-                    "url": c.url or None,
-                    "sections": [{"title": s.title, "url": s.url or None} for s in c.sections],
-                }
-                for c in self.citations
-            ],
+            "citations": [c.as_dict(c.url or None) for c in self.citations],
             "missing": list(self.missing),
             "record": self.record.as_dict(),
         }
@@ -112,46 +109,16 @@ class Reply:
         """
         link = source_url or _own_url
         return {
+            "turn_id": self.turn_id,
             "text": self.text,
             "outcome": self.outcome,
-            "citations": [
-                {
-                    "n": c.n,
-                    "title": c.title,
-                    "source": c.source,
-                    "url": client_url(c.url or link(c.source)),
-                    "sections": [{"title": s.title, "url": client_url(s.url or None)} for s in c.sections],
-                }
-                for c in self.citations
-            ],
+            "citations": [c.as_dict(client_url(c.url or link(c.source)), client_url) for c in self.citations],
             "missing": list(self.missing),
         }
 
 
 def _own_url(source: str) -> str | None:
     return source if source.startswith(("https://", "http://")) else None
-
-
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
-_URL_UNSAFE = re.compile(r"[\x00-\x20\x7f-\x9f\\]")
-
-
-def client_url(url: str | None) -> str | None:
-    """``url`` when it is safe to hand a client as a link: ``http(s)://host…`` or a relative path; else ``None``.
-
-    Refused: any other scheme (``javascript:``, ``data:``, ``vbscript:``, ``file:``), protocol-relative ``//host``
-    links, and URLs holding whitespace, control characters or backslashes (browsers drop tabs and newlines
-    from a URL and read ``\\`` as ``/``, so ``java\tscript:`` or ``/\\evil`` would pass a naive check).
-    """
-    if not url or len(url) > MAX_URL_CHARS or _URL_UNSAFE.search(url):
-        return None
-    scheme = _SCHEME.match(url)
-    if scheme is None:
-        return None if url.startswith("//") else url
-    rest = url[scheme.end() :]
-    if scheme.group(1).lower() in ("http", "https") and rest.startswith("//") and len(rest) > 2 and rest[2] != "/":
-        return url
-    return None
 
 
 @frozen
@@ -177,6 +144,7 @@ class AskOptions(TypedDict, total=False):
             ``{"version": ["1.0", "1.1"]}`` (any of); see :mod:`ragloop.retrievers.filters`.
         caller: Who asks (``Caller(tenant="Acme", user="u1")``); every live lookup receives it, so a source
             shows the user only what their organisation may see.
+        principal: Who is authenticated, for the turn log: only they may rate the turn (default ``anonymous``).
     """
 
     history: Sequence[Message | Mapping[str, str]] | None
@@ -185,6 +153,7 @@ class AskOptions(TypedDict, total=False):
     deadline_s: float | None
     filters: FiltersArg | None
     caller: Caller | None
+    principal: str | None
 
 
 class ChatRAG:
@@ -201,6 +170,8 @@ class ChatRAG:
         max_question_chars: Longest question accepted.
         max_history_messages: Most earlier messages accepted as ``history``.
         max_history_chars: Longest history message accepted (characters).
+        turn_log: Where finished turns go (:class:`~ragloop.turnlog.TurnLog`; ``None``: nothing is stored), for
+            ``ragloop gaps`` and :meth:`feedback`; it never slows or fails a turn (a use of the chat, not a node).
         **wiring: Without ``turn``: the turn's collaborators (``retriever``, ``decider``, ``grader``,
             ``rewriter``, ``answerer`` required; see :class:`~ragloop.turn.options.TurnWiring`). With ``caches``
             whose ``replies`` cache is set, whole replies of :meth:`ask` to a question without history (same page,
@@ -218,6 +189,7 @@ class ChatRAG:
         max_question_chars: int = MAX_QUESTION_CHARS,
         max_history_messages: int = MAX_HISTORY_MESSAGES,
         max_history_chars: int = MAX_HISTORY_CHARS,
+        turn_log: TurnLog | None = None,
         **wiring: Unpack[TurnWiring],
     ) -> None:
         if turn is not None and wiring:
@@ -238,6 +210,8 @@ class ChatRAG:
         self.max_question_chars = max_question_chars
         self.max_history_messages = max_history_messages
         self.max_history_chars = max_history_chars
+        #: The turn log, if any (see ``turn_log``); :meth:`aclose` closes it.
+        self.turn_log = turn_log
         #: The raw retriever: filter keys are checked against the metadata keys it knows.
         self._retriever = built.retriever
 
@@ -360,24 +334,44 @@ class ChatRAG:
 
         Args:
             question: The user's message.
-            **options: ``history``, ``page_url``, ``page_title``, ``deadline_s``, ``filters``, ``caller``: see
-                :class:`AskOptions`.
+            **options: ``history``, ``page_url``, ``page_title``, ``deadline_s``, ``filters``, ``caller``,
+                ``principal``: see :class:`AskOptions`.
 
         Raises:
             InputError: The question, history, page context or filters are unusable (a filter key no chunk has
                 is :class:`~ragloop.errors.UnknownFilterKey`); the message says why.
         """
         state, deadline = self._start(question, options)
-        key = self._reply_key(state)
-        if key is not None and self.caches is not None and self.caches.replies is not None:
-            found = self.caches.replies.get(key)
-            if isinstance(found, Reply):
-                return _from_reply_cache(found)
-        result = await self.graph.run(state, deadline_s=deadline)
-        reply = _reply(result)
-        if key is not None and self.caches is not None and self.caches.replies is not None and _reusable(reply):
-            self.caches.replies.set(key, reply)
+        key, replies = self._reply_key(state), self.caches.replies if self.caches is not None else None
+        found = replies.get(key) if key is not None and replies is not None else None
+        if isinstance(found, Reply):
+            reply = _from_reply_cache(found)
+        else:
+            result = await self.graph.run(state, deadline_s=deadline)
+            reply, state = _reply(result), result.state
+            if key is not None and replies is not None and _reusable(reply):
+                replies.set(key, reply)
+        self._log_turn(reply, state, options.get("principal"))
         return reply
+
+    def _log_turn(self, reply: Reply, state: TurnState, principal: str | None) -> None:
+        if self.turn_log is not None:  # never raises, never blocks
+            self.turn_log.record_turn(state, reply.record, reply.citations, principal=principal)
+
+    async def feedback(
+        self, turn_id: str, rating: Rating, *, comment: str | None = None, principal: str | None = None
+    ) -> bool:
+        """Rate ``principal``'s turn ``turn_id`` ``"up"`` or ``"down"``, with an optional ``comment``; ``False`` when
+        the log holds no such turn of theirs (another principal's turn counts as unknown).
+
+        Raises:
+            ConfigError: The chat keeps no turn log.
+            InputError: A bad rating or comment.
+            TurnLogError: The log's database cannot be reached.
+        """
+        if self.turn_log is None:
+            raise ConfigError("this chat keeps no turn log to rate turns in; pass turn_log=TurnLog.open(URL)")
+        return await self.turn_log.feedback(turn_id, rating, comment=comment, principal=principal)
 
     def _reply_key(self, state: TurnState) -> str | None:
         """The reply cache's key for a question without history (``None``: no reply cache, or history)."""
@@ -399,17 +393,26 @@ class ChatRAG:
         disconnects) cancels the turn's in-flight work. The keywords are as in :meth:`ask`.
         """
         state, deadline = self._start(question, options)
-        return self.graph.stream(state, deadline_s=deadline, then=_reply_ready)
+        principal = options.get("principal")
+
+        def ready(result: RunResult) -> tuple[Event, ...]:
+            events = _reply_ready(result)
+            self._log_turn(events[0].reply, result.state, principal)
+            return events
+
+        return self.graph.stream(state, deadline_s=deadline, then=ready)
 
     async def aclose(self) -> None:
-        """Close the live sources' connections (and the store's pool, for :meth:`from_store`)."""
+        """Close the live sources' connections, the store's pool (:meth:`from_store`) and the turn log."""
         for source in self.live_sources:
             await source.aclose()
         if self.store is not None:
             await self.store.aclose()
+        if self.turn_log is not None:
+            await self.turn_log.aclose()
 
 
-def _reply_ready(result: RunResult) -> tuple[Event, ...]:
+def _reply_ready(result: RunResult) -> tuple[ReplyReady]:
     """The event that ends a chat stream, after the runner's :class:`RunFinished`."""
     return (ReplyReady(_reply(result), run_id=result.run_id),)
 
@@ -426,18 +429,9 @@ def _from_reply_cache(reply: Reply) -> Reply:
 
     import attrs
 
-    from ragloop.turn import TokenCounts
+    from ragloop.turn.record import replayed_record
 
-    record = attrs.evolve(
-        reply.record,
-        run_id=uuid.uuid4().hex[:16],
-        llm_calls=0,
-        calls=(),
-        tokens=TokenCounts(0, 0, 0),
-        cost=None if reply.record.cost is None else 0.0,
-        cache_hits={"reply": 1},
-    )
-    return attrs.evolve(reply, record=record)
+    return attrs.evolve(reply, record=replayed_record(reply.record, uuid.uuid4().hex[:16]))
 
 
 def _reply(result: RunResult) -> Reply:

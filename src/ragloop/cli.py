@@ -1,4 +1,5 @@
-"""The ``ragloop`` command: ``ask``, ``chat`` (in :mod:`ragloop.cli_chat`), ``index``, ``search`` and ``eval``.
+"""The ``ragloop`` command: ``ask``, ``chat`` (in :mod:`ragloop.cli_chat`), ``index``, ``search``, ``eval``, and
+``gaps`` and ``check`` (in :mod:`ragloop.cli_gaps` and :mod:`ragloop.cli_check`).
 
 Each subcommand is a pair of functions, ``_add_<name>(sub)`` (its arguments) and ``_cmd_<name>(args)``
 (what it does, returning the exit status), registered in :data:`_COMMANDS`. Heavy modules are imported
@@ -16,7 +17,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ragloop.cli_chat import add_ask, add_chat
+from ragloop.cli_check import add_check
 from ragloop.cli_doctor import add_doctor
+from ragloop.cli_gaps import add_gaps
 from ragloop.cli_ingest import (
     Progress,
     add_ingest_options,
@@ -248,6 +251,8 @@ _COMMANDS: tuple[Callable[[Any], None], ...] = (
     add_serve,
     add_mcp,
     add_doctor,
+    add_gaps,
+    add_check,
 )
 
 

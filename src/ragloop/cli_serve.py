@@ -20,6 +20,8 @@ import os
 import sys
 from typing import Any
 
+from ragloop.cli_turnlog import add_turn_log_options
+
 __all__ = ["add_serve", "cmd_serve"]
 
 
@@ -66,6 +68,7 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--source-base-url", metavar="URL", help="link citations to URL + source (e.g. your docs site)")
     p.add_argument("--no-page", action="store_true", help="do not serve the chat page at /")
     p.add_argument("--no-mcp", action="store_true", help="do not serve MCP at /mcp")
+    add_turn_log_options(p)
     p.add_argument(
         "--log-level",
         default="warning",

@@ -16,6 +16,7 @@ Every error derives from :class:`RagloopError`, and every message says what to d
     ├── PlanError             a retrieval plan is invalid (unknown source, cycle, dangling dependency, …)
     ├── SourceError           a plan source (documents, SQL, live) failed
     │   └── QueryRefused      a generated query was refused before it ran (a write, another table, …)
+    ├── TurnLogError          the turn log could not be read or written (feedback, ``ragloop gaps``)
     └── JudgeError            an LLM or offline judge failed; nodes fail open on it
         ├── JudgeTimeout      the call ran past its timeout (after the SDK's retries)
         └── JudgeOutputError  the model's output could not be parsed (bad JSON, bad tool arguments)
@@ -42,6 +43,7 @@ __all__ = [
     "RouteError",
     "SourceError",
     "StoreUnavailable",
+    "TurnLogError",
     "UnknownFilterKey",
 ]
 
@@ -111,6 +113,10 @@ class SourceError(RagloopError):
 
 class QueryRefused(SourceError):
     """A generated query was refused before it ran; the message says which rule it broke."""
+
+
+class TurnLogError(RagloopError):
+    """The turn log could not be read or written (a turn never fails on it: only feedback and reports do)."""
 
 
 class JudgeError(RagloopError):

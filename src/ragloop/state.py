@@ -10,8 +10,8 @@ shares between nodes. Each of its fields says which node writes it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Literal
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 from attrs import define, field, frozen
 
@@ -38,6 +38,7 @@ __all__ = [
     "QueryState",
     "QueryStatus",
     "RewriteAttempt",
+    "StaleSource",
     "TurnState",
     "Verdict",
     "Verification",
@@ -276,6 +277,10 @@ class Graded:
     verdict: Verdict
 
 
+def _or_none(url: str | None) -> str | None:
+    return url or None
+
+
 @frozen
 class CitedSection:
     """One cited block of a page, listed under the page's citation.
@@ -314,6 +319,12 @@ class Citation:
     chunk_id: str
     url: str = ""
     sections: tuple[CitedSection, ...] = ()
+
+    def as_dict(self, url: str | None, link: Callable[[str | None], str | None] = _or_none) -> dict[str, Any]:
+        """The JSON shape replies send: ``n``, ``title``, ``source``, ``url`` (as given) and ``sections``, each
+        section's ``title`` and ``url`` (passed through ``link``, by default an empty url as ``None``)."""
+        sections = [{"title": s.title, "url": link(s.url or None)} for s in self.sections]
+        return {"n": self.n, "title": self.title, "source": self.source, "url": url, "sections": sections}
 
 
 @frozen
@@ -395,6 +406,29 @@ class PromptCuts:
 
 
 @frozen
+class StaleSource:
+    """A cited page that may be out of date: past its ``valid_until``, or older than the configured age (answer).
+
+    Attributes:
+        n: The block number the reply cites it as.
+        source: The page (its source path or URL).
+        title: Its title.
+        reason: ``expired`` (past ``valid_until``) or ``old`` (its ``updated`` date is older than the limit).
+        owner: Its ``owner`` metadata, when it has one: who should refresh it.
+        updated: Its ``updated`` metadata, as written.
+        valid_until: Its ``valid_until`` metadata, as written.
+    """
+
+    n: int
+    source: str
+    title: str
+    reason: Literal["expired", "old"]
+    owner: str | None = None
+    updated: str | None = None
+    valid_until: str | None = None
+
+
+@frozen
 class Verification:
     """What the verify step found in the composed reply (answer).
 
@@ -455,6 +489,7 @@ class TurnState:
         verification: What the verify step found in the reply, when it ran (answer).
         prompt_cuts: What the answer prompt's token budget left out, when a budget is set (answer).
         abstention: Why the answer step abstained on passages the search found, when it did (answer).
+        stale: Cited pages past their ``valid_until`` or older than the configured age (answer).
         outcome: How the turn ended up (answer).
         missing: Queries left unanswered, for a partial or none outcome (answer).
         blocks: The numbered context handed to the answerer (answer).
@@ -485,6 +520,7 @@ class TurnState:
     verification: Verification | None = None
     prompt_cuts: PromptCuts | None = None
     abstention: Abstention | None = None
+    stale: tuple[StaleSource, ...] = ()
     outcome: Outcome | None = None
     missing: tuple[str, ...] = ()
     blocks: tuple[ContextBlock, ...] = ()

@@ -269,7 +269,7 @@ class TestApiChat:
         progress = json.loads(next(d for n, d in events if n == "progress"))
         assert set(progress) == {"node", "kind", "text"}
         reply = json.loads(events[-1][1])
-        assert set(reply) == {"text", "outcome", "citations", "missing"}
+        assert set(reply) == {"turn_id", "text", "outcome", "citations", "missing"}
         assert reply["outcome"] == "context"
         tokens = "".join(json.loads(d)["text"] for n, d in events if n == "token")
         assert tokens.strip() == reply["text"]
@@ -590,11 +590,11 @@ class TestPage:
 
 class TestClientDict:
     async def test_client_dict_holds_no_record(self, rag: ChatRAG) -> None:
-        """Reply.client_dict has exactly text, outcome, citations (n, title, source, url, the sections cited)
-        and missing."""
+        """Reply.client_dict has exactly turn_id, text, outcome, citations (n, title, source, url, the sections
+        cited) and missing."""
         reply = await rag.ask("How do I rotate an API key?")
         out = reply.client_dict(lambda source: "https://x.example/" + source)
-        assert set(out) == {"text", "outcome", "citations", "missing"}
+        assert set(out) == {"turn_id", "text", "outcome", "citations", "missing"}
         cited = next(c for c in out["citations"] if c["source"] == "api-keys.md")
         assert cited == {
             "n": cited["n"],

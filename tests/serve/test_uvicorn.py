@@ -171,6 +171,37 @@ class TestDisconnect:
         assert 'status="500"' not in metrics
         assert "ragloop_turns_in_flight 0.0" in metrics
 
+    @pytest.mark.parametrize(
+        ("content_type", "length", "status"),
+        [("text/plain", 300, b"415"), ("application/json", 3000, b"413")],
+        ids=["415", "413"],
+    )
+    def test_a_refused_body_is_read_before_the_refusal(
+        self, rag: ChatRAG, content_type: str, length: int, status: bytes
+    ) -> None:
+        """A client still sending a small refused body gets the 415/413, not "connection reset by peer".
+
+        The refusal closes the connection; bytes arriving at a closed socket make the kernel reset it, so a
+        client writing its body in pieces (as HTTP clients do) failed mid-write, or lost the reply (seen in CI
+        on /mcp). The server reads a refused body of up to 1 MiB, for up to 1 s, before it replies.
+        """
+        import socket
+
+        with serving(create_app(rag, settings=ServeSettings(max_body_bytes=1000))) as url:
+            host, port = url.removeprefix("http://").split(":")
+            with socket.create_connection((host, int(port)), timeout=5) as raw:
+                raw.sendall(
+                    f"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Type: {content_type}\r\n"
+                    f"Content-Length: {length}\r\n\r\n".encode()
+                )
+                for _ in range(3):  # were the reply sent on the headers, the socket would be closed by now
+                    time.sleep(0.1)
+                    raw.sendall(b"x" * (length // 3))
+                reply = b""
+                while chunk := raw.recv(65536):
+                    reply += chunk
+        assert reply.startswith(b"HTTP/1.1 " + status)
+
 
 class TestServeCommand:
     def test_ragloop_serve_answers_health_and_chat(self, sample_cache: Path, tmp_path: Path) -> None:

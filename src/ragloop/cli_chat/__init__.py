@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ragloop._redact import redact
 from ragloop.cli_chat._terminal import Terminal
 from ragloop.cli_store import add_filter_option, add_store_options, parse_filters, store_url
+from ragloop.cli_turnlog import add_turn_log_options, open_turn_log
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -54,6 +55,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress (spinner or progress lines)")
     add_store_options(parser)
     add_filter_option(parser)
+    add_turn_log_options(parser)
 
 
 def add_ask(sub: Any) -> None:
@@ -146,6 +148,7 @@ def _build(args: argparse.Namespace) -> tuple[ChatRAG, Any]:
 
             kwargs["plan_sources"] = (SQLiteSource(sample_crm_path(), SAMPLE_CRM_ALLOW, tenants=SAMPLE_CRM_TENANTS),)
         rag = ChatRAG.sample(client, cache_dir=args.cache_dir, **kwargs)
+    rag.turn_log = open_turn_log(args, rag.turn.embedder)
     if client is None:
         print("ragloop: running offline (no model configured): extractive answers from the index", file=sys.stderr)
     else:

@@ -18,10 +18,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from ragloop.state import CitedSection, ContextBlock
-from ragloop.text.citations import GLUED, MAX_MARKER_CHARS, is_marker, marker_numbers
+from ragloop.state import Citation, CitedSection, ContextBlock
+from ragloop.text.citations import GLUED, MARKER, MARKER_RUN, MAX_MARKER_CHARS, is_marker, marker_numbers
 
-__all__ = ["CitationGate", "Numbering", "page_key"]
+__all__ = ["CitationGate", "Numbering", "page_key", "resolve_citations"]
 
 _INSIDE = re.compile(r"[\d,\s]*")
 
@@ -157,3 +157,33 @@ class CitationGate:
                 self._run.add(page)
                 shown.append(f"[{page}]")
         return "".join(shown)
+
+
+def resolve_citations(text: str, blocks: Sequence[ContextBlock]) -> tuple[str, tuple[Citation, ...], list[int]]:
+    """Resolve ``[n]`` and ``[n, m]`` markers; drop markers that name no block.
+
+    Only free-standing markers count (:mod:`ragloop.text.citations`): ``arr[0]`` and ``pair[1]`` are code.
+
+    Returns the cleaned text, the citations in order of first use, and the invalid numbers removed.
+    """
+    by_n = {b.n: b for b in blocks}
+    cited: dict[int, Citation] = {}
+    invalid: list[int] = []
+
+    def fix(m: re.Match[str]) -> str:
+        out = []
+        for one in MARKER.finditer(m.group()):
+            if len(one.group()) > MAX_MARKER_CHARS:  # text, as the gate streamed it
+                out.append(one.group())
+                continue
+            ns = marker_numbers(one.group(1))
+            good = [n for n in ns if n in by_n]
+            invalid.extend(n for n in ns if n not in by_n)
+            for n in good:
+                b = by_n[n]
+                cited.setdefault(n, Citation(n, b.source, b.title, b.chunk_id, b.url))
+            out.extend(f"[{n}]" for n in good)
+        return "".join(out)
+
+    cleaned = MARKER_RUN.sub(fix, text)
+    return cleaned, tuple(cited.values()), invalid

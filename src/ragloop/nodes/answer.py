@@ -16,8 +16,9 @@ from attrs import define, field
 from ragloop._log import get_logger
 from ragloop.errors import JudgeTruncated
 from ragloop.events import Progress
+from ragloop.freshness import Freshness, stale_note, stale_sources
 from ragloop.llm.protocols import Answerer
-from ragloop.nodes._citations import CitationGate, Numbering
+from ragloop.nodes._citations import CitationGate, Numbering, resolve_citations
 from ragloop.nodes._verify import Verifier, say, verify_reply
 from ragloop.prompt_budget import PromptBudget
 from ragloop.retrievers.fusion import FusionSettings, anchor_query, fuse_searches
@@ -25,7 +26,6 @@ from ragloop.retrievers.rerank import RerankSettings, rerank
 from ragloop.runner import END, emit
 from ragloop.state import (
     Abstention,
-    Citation,
     ContextBlock,
     Graded,
     Hit,
@@ -34,7 +34,6 @@ from ragloop.state import (
     Outcome,
     TurnState,
 )
-from ragloop.text.citations import MARKER, MARKER_RUN, MAX_MARKER_CHARS, marker_numbers
 
 __all__ = [
     "CUT_BY_TIME",
@@ -47,6 +46,7 @@ __all__ = [
     "build_blocks",
     "decide_outcome",
     "final_ranking",
+    "note_stale",
     "resolve_citations",
     "verify_reply",
 ]
@@ -147,36 +147,6 @@ def _block(n: int, hit: Hit, query: str) -> ContextBlock:
     return ContextBlock(n, c.text, c.source, c.title, c.id, query, c.url, section)
 
 
-def resolve_citations(text: str, blocks: Sequence[ContextBlock]) -> tuple[str, tuple[Citation, ...], list[int]]:
-    """Resolve ``[n]`` and ``[n, m]`` markers; drop markers that name no block.
-
-    Only free-standing markers count (:mod:`ragloop.text.citations`): ``arr[0]`` and ``pair[1]`` are code.
-
-    Returns the cleaned text, the citations in order of first use, and the invalid numbers removed.
-    """
-    by_n = {b.n: b for b in blocks}
-    cited: dict[int, Citation] = {}
-    invalid: list[int] = []
-
-    def fix(m: re.Match[str]) -> str:
-        out = []
-        for one in MARKER.finditer(m.group()):
-            if len(one.group()) > MAX_MARKER_CHARS:  # text, as the gate streamed it
-                out.append(one.group())
-                continue
-            ns = marker_numbers(one.group(1))
-            good = [n for n in ns if n in by_n]
-            invalid.extend(n for n in ns if n not in by_n)
-            for n in good:
-                b = by_n[n]
-                cited.setdefault(n, Citation(n, b.source, b.title, b.chunk_id, b.url))
-            out.extend(f"[{n}]" for n in good)
-        return "".join(out)
-
-    cleaned = MARKER_RUN.sub(fix, text)
-    return cleaned, tuple(cited.values()), invalid
-
-
 @runtime_checkable
 class Extractive(Protocol):
     """Writes a whole reply at once, from the chosen blocks, without I/O (the offline answerer does)."""
@@ -260,6 +230,8 @@ class Answer:
         max_chars: Longest reply streamed; a longer one is cut there, with a note, and the cut recorded.
         budget: Token budgets of the answer prompt: blocks past it are left out whole (lowest ranked first),
             history oldest first with a note; what was cut goes to ``state.prompt_cuts``.
+        freshness: When a cited page counts as stale (:mod:`ragloop.freshness`); a reply that cites one ends with
+            a note naming it, and ``state.stale`` lists them. ``None``: no check.
 
     Whatever an answerer yields is checked before it is streamed: a token that is not a string is skipped
     (and recorded), and citation markers are held back until they close and keep only numbers that name a
@@ -278,6 +250,7 @@ class Answer:
     ranking: RerankSettings = field(factory=RerankSettings, kw_only=True)
     max_chars: int = field(default=MAX_ANSWER_CHARS, kw_only=True)
     budget: PromptBudget | None = field(default=None, kw_only=True)
+    freshness: Freshness | None = field(default=None, kw_only=True)
     routes: tuple[str, ...] = field(default=(END,), init=False)
 
     async def __call__(self, state: TurnState) -> str:
@@ -312,6 +285,8 @@ class Answer:
         if self.verifier is not None:
             await verify_reply(self.verifier, state, Numbering(state.blocks, state.cited).pages())
         _resolve(state, streamed)
+        if self.freshness is not None:
+            await note_stale(state, self.freshness)
         return END
 
     async def salvage(self, state: TurnState) -> None:
@@ -391,6 +366,16 @@ class Answer:
         await say(state, f"\n\n(The answer was cut at {self.max_chars:,} characters.)")
         state.errors.append(f"answer: reply cut at the {self.max_chars:,}-character cap")
         return False
+
+
+async def note_stale(state: TurnState, freshness: Freshness) -> None:
+    """After the reply: the cited pages that are stale go to ``state.stale`` and the reply ends with a note."""
+    chunks = {g.hit.id: g.hit.chunk for g in state.graded}
+    for hits in state.searches.values():
+        chunks.update((h.id, h.chunk) for h in hits if h.id not in chunks)
+    state.stale = stale_sources(state.citations, chunks, freshness)
+    if state.stale:
+        await say(state, stale_note(state.stale))
 
 
 def _choose(

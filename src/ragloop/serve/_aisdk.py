@@ -13,7 +13,7 @@ The response carries ``x-vercel-ai-ui-message-stream: v1``; each server-sent eve
     {"type":"text-start","id":"text-1"}  {"type":"text-delta","id":"text-1","delta":"…"} …  {"type":"text-end",…}
     {"type":"source-url","sourceId":"cite-1","url":"…","title":"…"}        (a citation with a link)
     {"type":"source-document","sourceId":"cite-2","mediaType":"text/plain","title":"…","filename":"…"}  (without)
-    {"type":"data-ragloop","data":{"text","outcome","citations","missing"}}
+    {"type":"data-ragloop","data":{"turn_id","text","outcome","citations","missing"}}
     {"type":"finish","finishReason":"stop"}
     [DONE]
 

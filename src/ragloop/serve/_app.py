@@ -113,6 +113,7 @@ def create_app(
         Route("/v1/responses", h.guarded("responses", h.responses), methods=["POST"]),
         Route("/v1/models", h.guarded("models", h.models), methods=["GET"]),
         Route("/api/chat", h.guarded("api.chat", h.api_chat), methods=["POST"]),
+        Route("/v1/feedback", h.guarded("feedback", h.feedback), methods=["POST"]),
         Route("/healthz", h.healthz, methods=["GET"]),
         Route("/readyz", h.readyz, methods=["GET"]),
         Route("/metrics", h.guarded("metrics", h.metrics_text), methods=["GET"]),

@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 
 from ragloop._log import get_logger
 from ragloop.serve._aisdk import ai_sdk_error, ai_sdk_stream, ai_sdk_turn
+from ragloop.serve._feedback import feedback_response
 from ragloop.serve._replies import (
     _INTERNAL,
     _JSON,
@@ -147,6 +148,12 @@ class _Handlers:
         asked = responses_request(self.checks, await self.checks.read_json(request), principal)
         response = _Response(self.server, asked)
         return self.turn_response("responses", response.stream if asked.stream else response.once, response.failed)
+
+    async def feedback(self, request: Request) -> Response:
+        """``POST /v1/feedback``: a rating of one of the caller's turns (another principal's turn is a 404)."""
+        principal = self.checks.authorize(request)
+        body = await self.checks.read_json(request)
+        return await feedback_response(self.server.rag, body, principal.name, self.metrics)
 
     async def healthz(self, request: Request) -> Response:
         """``GET /healthz``: the process is up."""

@@ -78,6 +78,8 @@ ASK_INPUT: dict[str, Any] = {
 ASK_OUTPUT: dict[str, Any] = {
     "type": "object",
     "properties": {
+        "turn_id": {"type": "string", "description": "The turn, for POST /v1/feedback (a rating of the answer)"},
+        "feedback": {"type": "boolean", "description": "True when the server keeps a turn log and takes ratings"},
         "text": {"type": "string", "description": "The answer, with [n] citation markers"},
         "outcome": {
             "enum": ["context", "partial", "none", "direct"],
@@ -108,7 +110,7 @@ ASK_OUTPUT: dict[str, Any] = {
         },
         "missing": {"type": "array", "items": {"type": "string"}},
     },
-    "required": ["text", "outcome", "citations", "missing"],
+    "required": ["turn_id", "text", "outcome", "citations", "missing"],
 }
 
 PROMPT = types.Prompt(

@@ -5,9 +5,11 @@ Two apps in one process (or one app created twice by a test) therefore never cla
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 __all__ = ["Metrics"]
 
@@ -49,6 +51,7 @@ class Metrics:
         self.session_errors = Counter(
             "ragloop_session_errors", "Session store reads or writes that failed.", registry=r
         )
+        self.feedback = Counter("ragloop_feedback", "Feedback requests by result.", ["result"], registry=r)
         self.in_flight = Gauge("ragloop_turns_in_flight", "Turns running now.", registry=r)
         self.turn_seconds = Histogram("ragloop_turn_seconds", "Wall time of a turn.", buckets=_SECONDS, registry=r)
         self.first_token_seconds = Histogram(
@@ -60,6 +63,10 @@ class Metrics:
         self.node_seconds = Histogram(
             "ragloop_node_seconds", "Time per node run.", ["node"], buckets=_SECONDS, registry=r
         )
+
+    def watch_turn_log(self, turn_log: Callable[[], Any]) -> None:
+        """Expose the health of ``turn_log()`` (a :class:`~ragloop.turnlog.TurnLog`, or ``None``), read at scrape."""
+        self.registry.register(_TurnLogCollector(turn_log))
 
     def observe_record(self, outcome: str, record: dict[str, Any]) -> None:
         """Count a finished turn from its reply's outcome and its decision record (read defensively)."""
@@ -82,3 +89,30 @@ class Metrics:
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric."""
         return generate_latest(self.registry)
+
+
+class _TurnLogCollector:
+    """The turn log's counters, read when ``/metrics`` is scraped (a log of its own keeps them)."""
+
+    def __init__(self, turn_log: Callable[[], Any]) -> None:
+        self.turn_log = turn_log
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        log = self.turn_log()
+        if log is None:
+            return
+        stats = log.stats()
+        for name, help_text, value in (
+            ("ragloop_turn_log_rows_written", "Turn log rows written.", stats.written),
+            ("ragloop_turn_log_rows_dropped", "Turn log rows dropped because its queue was full.", stats.dropped),
+            (
+                "ragloop_turn_log_write_errors",
+                "Turn log rows lost to failed writes (database unreachable …).",
+                stats.errors,
+            ),
+        ):
+            yield CounterMetricFamily(name, help_text, value=value)
+        yield GaugeMetricFamily("ragloop_turn_log_queued", "Turn log rows waiting to be written.", value=stats.queued)

@@ -131,6 +131,7 @@ class _Server:
         self.source_url = source_url
         self.checks = checks
         self.metrics = Metrics()
+        self.metrics.watch_turn_log(lambda: getattr(self.rag, "turn_log", None))
         self.active = 0
         #: Set by :meth:`shut_down`: new turns get 503 and the turns in flight are cancelled.
         self.closing = False
@@ -266,6 +267,7 @@ class _Server:
             deadline_s=self.settings.deadline_s,
             filters=dict(turn.filters),
             caller=turn.caller,
+            principal=turn.principal.name,
         )
 
     async def events(self, turn: _Turn) -> AsyncGenerator[Event, None]:
@@ -313,6 +315,8 @@ class _Server:
 
     def client_reply(self, reply: Reply, session_id: str | None) -> dict[str, Any]:
         out = reply.client_dict(self.source_url)
+        if getattr(self.rag, "turn_log", None) is not None:  # the chat page shows thumbs only then
+            out["feedback"] = True
         if session_id is not None:
             out["session_id"] = session_id
         return out

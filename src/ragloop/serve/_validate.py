@@ -52,6 +52,28 @@ class _Turn:
 
 
 _CLOSE = {"connection": "close"}
+_DRAIN_BYTES = 1 << 20  # a refused body up to this size is read before the reply, so closing sends FIN, not RST
+_DRAIN_S = 1.0
+
+
+async def _drain(request: Request, declared: str = "") -> None:
+    """Read and drop what is left of a refused body, up to :data:`_DRAIN_BYTES` and :data:`_DRAIN_S`.
+
+    The refusal closes the connection; closing a socket with unread bytes makes the kernel send a reset, which
+    can reach the client before it reads the 413/415 and turn a clear refusal into "connection reset by peer".
+    A body declared larger than the cap is not read: that client gets the reset risk rather than our time.
+    """
+    if declared.isdigit() and int(declared) > _DRAIN_BYTES:
+        return
+    seen = 0
+    with anyio.move_on_after(_DRAIN_S):
+        try:
+            async for chunk in request.stream():
+                seen += len(chunk)
+                if seen > _DRAIN_BYTES:
+                    return
+        except (ClientDisconnect, RuntimeError):  # gone, or the stream was already consumed
+            return
 
 
 class _RequestChecks:
@@ -95,9 +117,11 @@ class _RequestChecks:
     async def read_body(self, request: Request) -> bytes:
         """The raw body of a JSON request: ``application/json``, within the size limit and the body timeout."""
         media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        declared = request.headers.get("content-length", "")
         if media != "application/json":
             # A browser sends text/plain, form or multipart bodies across origins without a CORS preflight:
             # requiring JSON keeps such a "simple request" from ever running a turn.
+            await _drain(request, declared)
             raise Rejected(
                 415,
                 f"request body must be JSON: send 'Content-Type: application/json' (got {media or 'none'!r:.60})",
@@ -106,8 +130,8 @@ class _RequestChecks:
                 headers=_CLOSE,
             )
         limit = self.settings.max_body_bytes
-        declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
+            await _drain(request, declared)
             raise Rejected(
                 413, f"request body is {int(declared):,} bytes; the limit is {limit:,}", param="body", headers=_CLOSE
             )
@@ -118,6 +142,7 @@ class _RequestChecks:
                 async for chunk in request.stream():
                     body += chunk
                     if len(body) > limit:
+                        await _drain(request)
                         raise Rejected(
                             413, f"request body is over the limit of {limit:,} bytes", param="body", headers=_CLOSE
                         )

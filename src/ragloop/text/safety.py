@@ -1,6 +1,7 @@
 """Text that came from outside (documents, pages, users, models, servers), made safe to show, log or quote.
 
 - :func:`terminal_safe` — no escape sequences, control or bidi characters: safe to print to a terminal.
+- :func:`client_url` — a link safe to hand a client (``http(s)://`` or relative), or ``None``.
 - :func:`instruction_problem` — why a sentence must not be quoted as an answer (it gives the assistant or the
   reader orders, links to another host, or carries a credential), or ``None``.
 - :func:`glossary_problem` — why a mined glossary entry is not a short noun phrase, or ``None``.
@@ -16,7 +17,9 @@ from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 __all__ = [
+    "MAX_URL_CHARS",
     "bounded_int",
+    "client_url",
     "glossary_problem",
     "instruction_problem",
     "terminal_safe",
@@ -32,6 +35,31 @@ _ESCAPES = re.compile(
 )
 # C0 but \t and \n, DEL, C1; bidi embeddings/overrides/isolates and marks; line/paragraph separators.
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+
+
+#: Longest link handed to a client, and longest page URL or title a turn accepts (characters).
+MAX_URL_CHARS = 2_048
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+_URL_UNSAFE = re.compile(r"[\x00-\x20\x7f-\x9f\\]")
+
+
+def client_url(url: str | None) -> str | None:
+    """``url`` when it is safe to hand a client as a link: ``http(s)://host…`` or a relative path; else ``None``.
+
+    Refused: any other scheme (``javascript:``, ``data:``, ``vbscript:``, ``file:``), protocol-relative ``//host``
+    links, and URLs holding whitespace, control characters or backslashes (browsers drop tabs and newlines
+    from a URL and read ``\\`` as ``/``, so ``java\tscript:`` or ``/\\evil`` would pass a naive check).
+    """
+    if not url or len(url) > MAX_URL_CHARS or _URL_UNSAFE.search(url):
+        return None
+    scheme = _SCHEME.match(url)
+    if scheme is None:
+        return None if url.startswith("//") else url
+    rest = url[scheme.end() :]
+    if scheme.group(1).lower() in ("http", "https") and rest.startswith("//") and len(rest) > 2 and rest[2] != "/":
+        return url
+    return None
 
 
 def terminal_safe(text: str) -> str:

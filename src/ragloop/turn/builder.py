@@ -55,6 +55,8 @@ class BuiltTurn:
         store: The Postgres store :meth:`Turn.from_store` opened (a chat closes it).
         retriever: The retriever the turn searches, as given (before any cache): a chat checks the filter keys
             of a question against the metadata keys it knows.
+        embedder: The query embedder the turn was given (the index's, for :meth:`Turn.from_index`), if any: a
+            turn log can embed questions with it.
     """
 
     graph: Graph
@@ -65,6 +67,7 @@ class BuiltTurn:
     offline: bool
     store: PostgresStore | None = None
     retriever: Retriever | None = None
+    embedder: Embedder | None = None
 
     @property
     def nodes(self) -> Mapping[str, Node]:
@@ -380,7 +383,9 @@ class Turn:
         extra = sum(runs[n] for n in nodes if n not in EDGES)  # the cap counts the default nodes already
         graph = build_graph(nodes, self.settings, edges=edges, extra_steps=extra)
         version = self.index_version or (lambda: str(getattr(self.retriever, "version", "")))
-        return BuiltTurn(graph, self.settings, live, self.caches, version, j.offline_only, self._store, self.retriever)
+        return BuiltTurn(
+            graph, self.settings, live, self.caches, version, j.offline_only, self._store, self.retriever, self.embedder
+        )
 
     def _plan_sources(self, live: tuple[LiveSource, ...]) -> dict[str, Source] | None:
         """The plan node's sources by name (``None``: the turn does not plan)."""

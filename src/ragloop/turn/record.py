@@ -21,12 +21,22 @@ from ragloop.state import (
     PromptCuts,
     QueryStatus,
     RewriteAttempt,
+    StaleSource,
     TurnState,
     Verification,
 )
 from ragloop.usage import Price, cost_of
 
-__all__ = ["CallRecord", "DecisionRecord", "GradeRecord", "QueryRecord", "TokenCounts", "TurnRecord", "turn_record"]
+__all__ = [
+    "CallRecord",
+    "DecisionRecord",
+    "GradeRecord",
+    "QueryRecord",
+    "TokenCounts",
+    "TurnRecord",
+    "replayed_record",
+    "turn_record",
+]
 
 
 @frozen
@@ -160,6 +170,7 @@ class TurnRecord:
         cache_hits: Cache hits of the turn by cache (``embedding``, ``retrieval``, ``grade``, ``reply``).
         abstention: Why the answer step said the knowledge base does not cover the question though passages
             were found (its evidence score, the threshold, names the corpus never mentions), when it did.
+        stale: Cited pages past their ``valid_until`` or older than ``TurnSettings.stale_after_days``.
     """
 
     run_id: str
@@ -187,10 +198,25 @@ class TurnRecord:
     cache_hits: Mapping[str, int] = attrs.field(factory=dict)
     prompt_cuts: PromptCuts | None = None
     abstention: Abstention | None = None
+    stale: tuple[StaleSource, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (nested records as dicts, tuples as lists)."""
         return attrs.asdict(self)
+
+
+def replayed_record(record: TurnRecord, run_id: str) -> TurnRecord:
+    """``record`` as the record of turn ``run_id`` that the reply cache answered: no calls, no tokens, no cost, and
+    ``cache_hits`` saying so."""
+    return attrs.evolve(
+        record,
+        run_id=run_id,
+        llm_calls=0,
+        calls=(),
+        tokens=TokenCounts(0, 0, 0),
+        cost=None if record.cost is None else 0.0,
+        cache_hits={"reply": 1},
+    )
 
 
 def _redacted(error: str | None) -> str | None:
@@ -249,4 +275,5 @@ def turn_record(result: RunResult, *, prices: Mapping[str, Price] | None = None)
         cache_hits=dict(usage.cache_hits),
         prompt_cuts=state.prompt_cuts,
         abstention=state.abstention,
+        stale=tuple(state.stale),
     )

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from ragloop.errors import ConfigError, InputError
 from ragloop.retrievers.filters import FiltersArg, normalize_filters
 from ragloop.state import Caller, Message, PageContext, TurnState
+from ragloop.text.safety import MAX_URL_CHARS
 
 __all__ = [
     "KEPT_HISTORY_CHARS",
@@ -26,8 +27,6 @@ __all__ = [
 
 #: Longest question accepted by default (characters).
 MAX_QUESTION_CHARS = 8_000
-#: Longest page URL or title accepted, and longest link handed to a client (characters).
-MAX_URL_CHARS = 2_048
 
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
 

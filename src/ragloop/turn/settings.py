@@ -55,6 +55,9 @@ class TurnSettings:
             ``None``: no budget.
         prices: The application's price table, model name → :class:`~ragloop.usage.Price` (per million input
             and output tokens); each turn's record then carries its cost (``TurnRecord.cost``).
+        stale_after_days: A cited page whose ``updated`` metadata is older than this counts as stale, as one past
+            its ``valid_until`` always does; the reply says so (:mod:`ragloop.freshness`). ``None``: age alone
+            never makes a page stale.
     """
 
     max_queries: int = 4
@@ -84,6 +87,7 @@ class TurnSettings:
     deadline_s: float | None = 60.0
     prompt_budget: PromptBudget | None = attrs.field(factory=PromptBudget)
     prices: Mapping[str, Price] = attrs.field(factory=dict, hash=False)
+    stale_after_days: float | None = None
 
     def policy(self, *, live_sources: Sequence[LiveSource] = (), hops: bool = True) -> RoutingPolicy:
         """The routing policy for a turn with these live sources (and a bridger, when ``hops``)."""

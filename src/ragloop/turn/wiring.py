@@ -6,6 +6,7 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Unpack
 
+from ragloop.freshness import Freshness
 from ragloop.llm.cached import CachedGrader
 from ragloop.llm.protocols import Answerer
 from ragloop.nodes.answer import Abstainer, Answer, Extractive
@@ -110,6 +111,7 @@ def default_nodes(**wiring: Unpack[TurnWiring]) -> dict[str, Node]:
             verifier=wiring.get("verifier"),
             abstainer=_abstainer(wiring["answerer"], fallback_answerer),
             budget=s.prompt_budget,
+            freshness=Freshness(max_age_days=s.stale_after_days),
         ),
     }
 

@@ -1,0 +1,191 @@
+"""Topics from questions: TF-IDF term vectors (and the index's embeddings), grouped by average-linkage clustering.
+
+Why this method (numpy only, no new dependency):
+
+- **Vectors.** Each question is its key-term stems weighted by TF-IDF, with the IDF taken from the log itself
+  (a term every question uses, like the product's name, weighs little; ``zapier`` weighs a lot). Every term two
+  questions share has a column of its own (feature hashing, tried first, made unrelated questions alike whenever
+  two of their terms collided), up to :data:`EXACT_TERMS`; rarer shared terms past that share hashed columns.
+  With the index's embedder the question's embedding is joined to it, each half
+  carrying half the weight, so the cosine of two questions is the mean of their term cosine and their embedding
+  cosine: the terms keep named things apart ("Zapier" vs "Salesforce"), the embedding joins paraphrases that share
+  no word.
+- **Average linkage with a threshold.** Topics are not known in number, so k-means does not fit; single linkage
+  chains unrelated questions through one ambiguous one; average linkage merges two groups only while their
+  questions are, on average, at least ``threshold`` alike, and the result does not depend on input order.
+  The average cosine of two groups of unit vectors is the dot product of their means, so groups are kept as
+  weighted means and merged with the Lance-Williams update: exact, and ``O(n²)`` memory in distinct questions.
+- **Scale.** Identical questions are one item with a weight. Past :data:`MAX_ITEMS` distinct items, a first pass
+  (leader clustering at a tighter threshold, the most frequent questions first) gathers near-duplicates into
+  groups, and average linkage runs on the groups' means. ``benchmarks/bench_gaps.py`` measures both the quality
+  (against planted topics, on questions the threshold was not chosen on) and the time.
+
+Deterministic: ties go to the lowest index, and callers order items by a stable key.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["EXACT_TERMS", "HASHED_DIM", "MAX_ITEMS", "average_linkage", "cluster", "combine", "lexical_vectors"]
+
+#: Shared terms that get a column of their own in the term vectors; rarer ones share hashed columns.
+EXACT_TERMS = 4096
+HASHED_DIM = 1024
+#: Most items clustered exactly; above it a leader pass groups near-duplicates first.
+MAX_ITEMS = 3000
+_FLOOR = -8.0  # below any cosine: masks merged groups and the diagonal
+
+F32 = npt.NDArray[np.float32]
+
+
+def _bucket(term: str) -> tuple[int, float]:
+    h = zlib.crc32(term.encode("utf-8", "surrogatepass"))
+    return h % HASHED_DIM, 1.0 if (h >> 31) & 1 else -1.0
+
+
+def lexical_vectors(terms: Sequence[Sequence[str]], df: Mapping[str, int], total: int) -> F32:
+    """TF-IDF vectors of term lists (the IDF from ``df`` over ``total`` questions) whose dot products are the
+    lists' cosines.
+
+    A term only one list holds adds to that list's norm and to no dot product, so it gets no column; the
+    ``EXACT_TERMS`` (4,096) terms most lists share get one each (no collisions: exact cosines); only past that do
+    the rarer shared terms share ``HASHED_DIM`` (1,024) signed hashed columns.
+    """
+    held = Counter(t for ts in terms for t in set(ts))
+    shared = sorted((t for t, c in held.items() if c >= 2), key=lambda t: (-held[t], t))
+    columns = {t: i for i, t in enumerate(shared[:EXACT_TERMS])}
+    extra = HASHED_DIM if len(shared) > EXACT_TERMS else 0
+    out = np.zeros((len(terms), max(1, len(columns) + extra)), dtype=np.float32)
+    for i, ts in enumerate(terms):
+        weights = {t: tf * math.log(1.0 + max(total, 1) / max(df.get(t, 0), 1)) for t, tf in Counter(ts).items()}
+        norm = math.sqrt(sum(w * w for w in weights.values())) or 1.0
+        for t, w in weights.items():
+            column = columns.get(t)
+            if column is not None:
+                out[i, column] += w / norm
+            elif extra and held[t] >= 2:
+                bucket, sign = _bucket(t)
+                out[i, len(columns) + bucket] += sign * w / norm
+    return out
+
+
+def _unit(x: npt.NDArray[np.floating]) -> F32:
+    out = np.asarray(x, dtype=np.float32)
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    np.divide(out, norms, out=out, where=norms > 0)
+    return out
+
+
+def combine(lexical: F32, dense: F32 | None) -> F32:
+    """Term and embedding vectors joined so that a cosine is the mean of the two cosines (terms alone without)."""
+    if dense is None:
+        return lexical
+    half = np.float32(math.sqrt(0.5))
+    return np.hstack([lexical * half, _unit(dense) * half]).astype(np.float32)
+
+
+def average_linkage(means: F32, weights: npt.NDArray[np.float64], threshold: float) -> npt.NDArray[np.int64]:
+    """Group labels (0, 1, … in order of first member) from average linkage on cosine, stopping below ``threshold``.
+
+    Args:
+        means: One row per starting group: the mean of its unit vectors (a single item's own vector).
+        weights: How many items each row stands for.
+        threshold: Least average cosine at which two groups merge.
+    """
+    n = len(means)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    sim = (means @ means.T).astype(np.float32)
+    np.fill_diagonal(sim, _FLOOR)
+    size = np.asarray(weights, dtype=np.float64).copy()
+    active = np.ones(n, dtype=bool)
+    parent = np.arange(n)
+    best_j = np.argmax(sim, axis=1)
+    best_s = sim[np.arange(n), best_j].astype(np.float64)
+    while True:
+        i = int(np.argmax(np.where(active, best_s, _FLOOR)))
+        if not active[i] or best_s[i] < threshold:
+            break
+        j = int(best_j[i])
+        row = (size[i] * sim[i].astype(np.float64) + size[j] * sim[j].astype(np.float64)) / (size[i] + size[j])
+        row = row.astype(np.float32)
+        sim[i, :] = row
+        sim[:, i] = row
+        sim[j, :] = _FLOOR
+        sim[:, j] = _FLOOR
+        sim[i, i] = _FLOOR
+        size[i] += size[j]
+        active[j] = False
+        parent[j] = i
+        best_s[j] = _FLOOR
+        # Average linkage never brings a group closer than its nearer part was, so only rows whose best was
+        # one of the two merged groups (and the merged group itself) need their best found again.
+        stale = np.flatnonzero(active & ((best_j == i) | (best_j == j)))
+        stale = np.union1d(stale, [i])
+        sub = sim[stale]
+        best_j[stale] = np.argmax(sub, axis=1)
+        best_s[stale] = sub[np.arange(len(stale)), best_j[stale]]
+    roots = np.array([_root(parent, k) for k in range(n)])
+    _, labels = np.unique(roots, return_inverse=True)
+    order = {old: new for new, old in enumerate(dict.fromkeys(labels.tolist()))}
+    return np.array([order[x] for x in labels.tolist()], dtype=np.int64)
+
+
+def _root(parent: npt.NDArray[np.int64], k: int) -> int:
+    while parent[k] != k:
+        parent[k] = parent[parent[k]]
+        k = int(parent[k])
+    return k
+
+
+def _leaders(x: F32, weights: npt.NDArray[np.float64], threshold: float, cap: int) -> npt.NDArray[np.int64]:
+    """First pass for many items: each joins the first-made group whose leader it is ``threshold`` alike, else
+    leads a new one (most frequent first); past ``cap`` groups the rest join their nearest leader."""
+    order = np.argsort(-weights, kind="stable")
+    assign = np.full(len(x), -1, dtype=np.int64)
+    leaders: list[int] = []
+    block = 512
+    for start in range(0, len(order), block):
+        items = order[start : start + block]
+        if leaders:
+            sims = x[items] @ x[leaders].T
+            near = np.argmax(sims, axis=1)
+            ok = sims[np.arange(len(items)), near] >= threshold
+            if len(leaders) >= cap:
+                ok[:] = True
+            assign[items[ok]] = near[ok]
+            items = items[~ok]
+        fresh: list[int] = []
+        for k in items.tolist():
+            if fresh:
+                s = x[fresh] @ x[k]
+                m = int(np.argmax(s))
+                if s[m] >= threshold or len(leaders) + len(fresh) >= cap:
+                    assign[k] = len(leaders) + m
+                    continue
+            fresh.append(k)
+            assign[k] = len(leaders) + len(fresh) - 1
+        leaders.extend(fresh)
+    return assign
+
+
+def cluster(vectors: F32, weights: Sequence[float], threshold: float, *, max_items: int = MAX_ITEMS) -> list[int]:
+    """A topic label per item (``vectors`` unit rows, ``weights`` their counts); see the module docstring."""
+    x = np.asarray(vectors, dtype=np.float32)
+    w = np.asarray(weights, dtype=np.float64)
+    if len(x) <= max_items:
+        return [int(v) for v in average_linkage(x, w, threshold)]
+    groups = _leaders(x, w, min(0.95, threshold + 0.3), max_items)
+    k = int(groups.max()) + 1
+    sums = np.zeros((k, x.shape[1]), dtype=np.float64)
+    np.add.at(sums, groups, x * w[:, None])
+    size = np.bincount(groups, weights=w, minlength=k).astype(np.float64)
+    labels = average_linkage((sums / size[:, None]).astype(np.float32), size, threshold)
+    return [int(v) for v in labels[groups]]

@@ -1,0 +1,96 @@
+"""Grouping questions: exact term cosines, average linkage stopped at a threshold, order independence, scale."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ragloop.gaps import average_linkage, cluster, combine, lexical_vectors
+
+
+def _vectors(lists: list[list[str]]) -> np.ndarray:
+    df: dict[str, int] = {}
+    for ts in lists:
+        for t in set(ts):
+            df[t] = df.get(t, 0) + 1
+    return lexical_vectors(lists, df, len(lists))
+
+
+class TestLexical:
+    def test_unrelated_lists_are_orthogonal(self) -> None:
+        """Lists that share no term have cosine 0 (no hashed collisions), like ones share the rare term."""
+        v = _vectors([["uptim", "sla", "guarante"], ["move", "team", "asana"], ["asana", "import"], ["sla"]])
+        assert v[0] @ v[1] == 0.0
+        assert v[1] @ v[2] > 0 and v[0] @ v[3] > 0
+
+    def test_norm_counts_unshared_terms(self) -> None:
+        """A term no other list holds has no column but still weighs in the norm (cosines stay exact)."""
+        v = _vectors([["zapier", "app"], ["zapier", "connect"]])
+        assert 0.0 < float(v[0] @ v[1]) < 1.0
+        assert 0.0 < float(np.linalg.norm(v[0])) < 1.0  # only the shared term has a column
+
+    def test_combine_averages_the_cosines(self) -> None:
+        """Joined vectors' dot product is the mean of the term cosine and the embedding cosine."""
+        lex = np.array([[1.0, 0.0], [1.0, 0.0]], dtype=np.float32)
+        dense = np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32)
+        joined = combine(lex, dense)
+        assert abs(float(joined[0] @ joined[1]) - 0.5) < 1e-6
+
+
+class TestAverageLinkage:
+    def test_threshold_stops_merging(self) -> None:
+        """Close points merge, far ones stay apart; a threshold above every cosine leaves singletons."""
+        x = np.array([[1, 0, 0], [0.95, 0.312, 0], [0, 0, 1]], dtype=np.float32)
+        assert average_linkage(x, np.ones(3), 0.5).tolist() == [0, 0, 1]
+        assert average_linkage(x, np.ones(3), 0.999).tolist() == [0, 1, 2]
+
+    def test_average_not_single_linkage(self) -> None:
+        """A chain a~b~c with a and c unlike is not one group under average linkage at a high threshold."""
+        a, c = np.array([1.0, 0.0]), np.array([0.0, 1.0])
+        b = (a + c) / np.linalg.norm(a + c)
+        x = np.array([a, b, c], dtype=np.float32)
+        labels = average_linkage(x, np.ones(3), 0.6).tolist()
+        assert len(set(labels)) == 2  # b joins one side (cos 0.707); the pair's average to the other is 0.35
+
+    def test_weights_count(self) -> None:
+        """A heavy item pulls its group's average: the weighted Lance-Williams update."""
+        x = np.array([[1, 0], [0.8, 0.6], [0.0, 1.0]], dtype=np.float32)
+        light = average_linkage(x, np.array([1.0, 1.0, 1.0]), 0.5).tolist()
+        heavy = average_linkage(x, np.array([1.0, 9.0, 1.0]), 0.5).tolist()
+        assert light == [0, 0, 1] and heavy == [0, 0, 0]  # {0, 1} to 2: (0 + 0.6) / 2 against (0 + 9 * 0.6) / 10
+
+    @settings(max_examples=30)
+    @given(st.lists(st.integers(0, 5), min_size=2, max_size=25), st.randoms(use_true_random=False))
+    def test_order_does_not_matter(self, topics: list[int], rng: object) -> None:
+        """Shuffling the items gives the same partition (as sets of items)."""
+        base = np.eye(6, dtype=np.float32)
+        noise = np.random.default_rng(len(topics)).normal(0, 0.05, size=(len(topics), 6)).astype(np.float32)
+        x = base[topics] + noise
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        order = list(range(len(topics)))
+        rng.shuffle(order)  # type: ignore[attr-defined]
+
+        def partition(labels: list[int], ids: list[int]) -> set[frozenset[int]]:
+            groups: dict[int, set[int]] = {}
+            for label, i in zip(labels, ids, strict=True):
+                groups.setdefault(label, set()).add(i)
+            return {frozenset(g) for g in groups.values()}
+
+        first = partition(cluster(x, [1.0] * len(x), 0.5), list(range(len(x))))
+        second = partition(cluster(x[order], [1.0] * len(x), 0.5), order)
+        assert first == second
+        assert first == partition(topics, list(range(len(x))))  # and it finds the planted topics
+
+
+class TestScale:
+    def test_leader_pass_finds_the_same_topics(self) -> None:
+        """Past max_items, the first pass plus average linkage on its groups finds the planted topics."""
+        rng = np.random.default_rng(0)
+        centres = np.eye(40, dtype=np.float32)
+        topics = rng.integers(0, 40, size=2_000)
+        x = centres[topics] + rng.normal(0, 0.03, size=(2_000, 40)).astype(np.float32)
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        labels = cluster(x, [1.0] * len(x), 0.5, max_items=200)
+        pairs = {(int(t), int(lab)) for t, lab in zip(topics, labels, strict=True)}
+        assert len(pairs) == len(set(topics.tolist())) == len(set(labels))
