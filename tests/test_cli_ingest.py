@@ -62,6 +62,31 @@ class TestIndexSummary:
         record = json.loads(capsys.readouterr().out)
         assert (record["files"], record["skipped"], record["excluded"]) == (1, 0, 4)
 
+    @pytest.mark.parametrize("as_json", [False, True])
+    def test_pypdf_warnings_are_reported_not_printed_to_stderr(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], as_json: bool
+    ) -> None:
+        """A PDF pypdf reads with warnings is indexed; the summary (text and --json) names it with pypdf's
+        message, and stderr holds none of pypdf's lines."""
+        from tests.retrievers._docs import write_pdf
+
+        docs = tmp_path / "docs"
+        docs.mkdir()
+        pdf = write_pdf(docs / "manual.pdf", ["Rotate the key every ninety days."])
+        data = pdf.read_bytes()
+        pdf.write_bytes(data[: data.rfind(b"startxref")] + b"startxref\n999\n%%EOF\n")
+        argv = ["index", str(docs), "--out", str(tmp_path / "kb"), "--embedder", "hash"]
+        assert main(argv + (["--json"] if as_json else [])) == 0
+        captured = capsys.readouterr()
+        assert "startxref" not in captured.err
+        if as_json:
+            record = json.loads(captured.out)
+            assert record["files"] == 1 and {w["path"] for w in record["warnings"]} == {"manual.pdf"}
+            assert any("startxref" in w["message"] for w in record["warnings"])
+        else:
+            assert "warnings about 1 file(s) read anyway" in captured.out
+            assert "  manual.pdf: incorrect startxref pointer" in captured.out
+
 
 class TestExplain:
     def test_explain_shows_cleaned_text_and_chunks(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

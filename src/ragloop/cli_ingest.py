@@ -227,14 +227,27 @@ def summary_dict(result: IngestResult) -> dict[str, Any]:
         "skips": [{"path": p, "kind": skip_kind(why), "reason": why} for p, why in result.skipped],
         "excluded": result.excluded,
         "hidden": result.hidden,
+        "warnings": [{"path": p, "message": message} for p, message in result.warnings],
     }
 
 
 def print_skips(result: IngestResult, *, shown: int = 20, out: IO[str] | None = None) -> None:
-    """Every kind of skip with its count, then the first ``shown`` skips grouped by kind."""
+    """Every kind of skip with its count, then the first ``shown`` skips grouped by kind; then the loaders'
+    warnings about files that were still read (pypdf on a damaged PDF)."""
+    stream = out if out is not None else sys.stdout
+    _print_skipped(result, shown, stream)
+    if result.warnings:
+        files = len({p for p, _ in result.warnings})
+        print(f"warnings about {files} file(s) read anyway (some text may be missing):", file=stream)
+        for where, message in result.warnings[:shown]:
+            print(f"  {where}: {message}", file=stream)
+        if len(result.warnings) > shown:
+            print(f"  … and {len(result.warnings) - shown} more (--json lists them all)", file=stream)
+
+
+def _print_skipped(result: IngestResult, shown: int, stream: IO[str]) -> None:
     from ragloop.retrievers.ingest import skip_kind, skip_kinds
 
-    stream = out if out is not None else sys.stdout
     left_out = []
     if result.excluded:
         left_out.append(f"{result.excluded} excluded by --include/--exclude")

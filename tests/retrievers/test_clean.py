@@ -158,6 +158,26 @@ class TestLoaders:
         (tmp_path / "bad.pdf").write_bytes(b"%PDF-1.4\ngarbage")
         assert "damaged PDF" in explain_file(tmp_path / "bad.pdf").skip
 
+    def test_pypdf_warnings_go_to_the_report_not_stderr(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A PDF pypdf reads but warns about (a wrong startxref pointer) is indexed; pypdf's warnings are in the
+        result's ``warnings`` under the file's name, nothing reaches stderr, and pypdf's logger is as it was."""
+        import logging
+
+        (tmp_path / "docs").mkdir()
+        pdf = write_pdf(tmp_path / "docs" / "manual.pdf", ["First page text."])
+        data = pdf.read_bytes()
+        pdf.write_bytes(data[: data.rfind(b"startxref")] + b"startxref\n999\n%%EOF\n")
+        pypdf_log = logging.getLogger("pypdf")
+        before = (list(pypdf_log.handlers), pypdf_log.propagate, pypdf_log.level)
+        result = ingest_path(tmp_path / "docs")
+        assert result.files == 1 and "First page text." in result.chunks[0].text
+        assert result.warnings and all(where == "manual.pdf" for where, _ in result.warnings)
+        assert any("startxref" in message for _, message in result.warnings)
+        assert capsys.readouterr().err == ""
+        assert (list(pypdf_log.handlers), pypdf_log.propagate, pypdf_log.level) == before
+
     def test_docx_headings_lists_and_tables(self, tmp_path: Path) -> None:
         """DOCX: Title/Heading styles become headings, list styles items, tables markdown rows."""
         found = explain_file(write_docx(tmp_path / "notes.docx"))

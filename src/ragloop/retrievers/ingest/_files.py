@@ -157,8 +157,9 @@ def read_document(path: Path, root: Path, *, max_file_bytes: int = MAX_FILE_BYTE
     except _Refused as refused:
         return Skip(where, str(refused))
     doc_id = safe_name(path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name)
+    warnings: list[str] = []
     try:
-        title, text, blocks, encoding = _load(data, fmt)
+        title, text, blocks, encoding = _load(data, fmt, warnings)
     except (MissingExtra, Undecodable, LoaderError) as exc:
         return Skip(where, str(exc))
     except RecursionError:  # docutils on pathologically nested markup
@@ -172,13 +173,15 @@ def read_document(path: Path, root: Path, *, max_file_bytes: int = MAX_FILE_BYTE
         fmt=fmt,
         blocks=tuple(blocks),
         encoding=encoding,
+        warnings=tuple(warnings),
     )
 
 
-def _load(data: bytes, fmt: str) -> tuple[str, str, list[Block], str]:
-    """``(title, text, blocks, encoding)`` of a file's bytes in format ``fmt``."""
+def _load(data: bytes, fmt: str, warnings: list[str]) -> tuple[str, str, list[Block], str]:
+    """``(title, text, blocks, encoding)`` of a file's bytes in format ``fmt``; a loader's warnings go to
+    ``warnings``."""
     if fmt == "pdf":
-        title, blocks = pdf_blocks(data)
+        title, blocks = pdf_blocks(data, warnings)
         return clean_title(title), render(blocks), blocks, ""
     if fmt == "docx":
         title, blocks = docx_blocks(data)

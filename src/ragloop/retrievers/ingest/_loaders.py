@@ -7,6 +7,8 @@ faster on the same files, the same words out).
 
 - PDF: one text block per paragraph of each page, carrying its page number (citations link
   ``file.pdf#page=N``); the document outline (bookmarks) gives the headings; the metadata title, the title.
+  What pypdf logs while it reads (``incorrect startxref pointer``…) is collected for the ingestion's warning
+  report instead of reaching stderr through Python's last-resort handler (the library prints nothing).
 - DOCX: paragraphs in body order; ``Title`` and ``Heading N`` styles become headings, list styles list items,
   preformatted/code styles code blocks; tables become markdown rows.
 - RST: parsed by docutils without reading any other file and without raw HTML; sections become headings
@@ -16,8 +18,12 @@ faster on the same files, the same words out).
 
 from __future__ import annotations
 
+import contextlib
 import io
+import logging
 import re
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from ragloop.retrievers.ingest._blocks import Block, LoaderError, MissingExtra, clean_code, clean_inline
@@ -28,8 +34,59 @@ _PARAGRAPHS = re.compile(r"\n[ \t]*\n")
 _HEADING_STYLE = re.compile(r"^(?:heading|überschrift|titre)\s*([1-9])$", re.I)
 
 
-def pdf_blocks(data: bytes) -> tuple[str, list[Block]]:
+#: Most pypdf messages kept per file (a damaged file can log one per object).
+MAX_PDF_NOTES = 5
+
+
+class _Notes(logging.Handler):
+    """Collects the ``pypdf`` logger's warnings for the threads that are reading a PDF (:meth:`reading`)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lists: dict[int, list[str]] = {}
+        self.readers_lock = threading.Lock()
+        self.saved_propagate = True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        found = self.lists.get(threading.get_ident())
+        if found is None:
+            return
+        message = " ".join(record.getMessage().split())
+        if message and message not in found and len(found) < MAX_PDF_NOTES:
+            found.append(message)
+
+    @contextlib.contextmanager
+    def reading(self, into: list[str]) -> Iterator[None]:
+        """While this thread reads a PDF, pypdf's warnings go to ``into``, not to the application's handlers or
+        stderr: the ``pypdf`` logger gets this handler and stops propagating while any thread reads, and is
+        restored when the last one finishes."""
+        pypdf_log = logging.getLogger("pypdf")
+        with self.readers_lock:
+            if not self.lists:
+                self.saved_propagate = pypdf_log.propagate
+                pypdf_log.addHandler(self)
+                pypdf_log.propagate = False
+            self.lists[threading.get_ident()] = into
+        try:
+            yield
+        finally:
+            with self.readers_lock:
+                self.lists.pop(threading.get_ident(), None)
+                if not self.lists:
+                    pypdf_log.removeHandler(self)
+                    pypdf_log.propagate = self.saved_propagate
+
+
+_NOTES = _Notes()
+
+
+def pdf_blocks(data: bytes, notes: list[str] | None = None) -> tuple[str, list[Block]]:
     """Text blocks of a PDF, page by page (see the module docstring).
+
+    Args:
+        data: The file's bytes.
+        notes: Where pypdf's warnings about the file go (at most :data:`MAX_PDF_NOTES`, each once); by default
+            they are dropped. Either way nothing is printed.
 
     Raises:
         MissingExtra: pypdf is not installed.
@@ -40,6 +97,11 @@ def pdf_blocks(data: bytes) -> tuple[str, list[Block]]:
         from pypdf.errors import PyPdfError
     except ImportError as exc:
         raise MissingExtra("PDF files need the [pdf] extra (pypdf): pip install 'ragloop[pdf]'") from exc
+    with _NOTES.reading(notes if notes is not None else []):
+        return _read_pdf(pypdf, PyPdfError, data)
+
+
+def _read_pdf(pypdf: Any, error: type[Exception], data: bytes) -> tuple[str, list[Block]]:
     try:
         reader = pypdf.PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):
@@ -55,7 +117,7 @@ def pdf_blocks(data: bytes) -> tuple[str, list[Block]]:
                     blocks.append(Block("text", line, page=number))
         meta = reader.metadata
         title = clean_inline(str(meta.title)) if meta is not None and meta.title else ""
-    except (PyPdfError, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+    except (error, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
         raise LoaderError(f"damaged PDF ({type(exc).__name__}: {exc}); re-export it to index it") from exc
     return title, blocks
 

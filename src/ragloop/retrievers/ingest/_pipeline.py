@@ -271,6 +271,7 @@ def ingest_path(  # noqa: PLR0913 — keyword-only limits, each with its default
         seconds=time.perf_counter() - started,
         excluded=select.excluded,
         hidden=select.hidden,
+        warnings=tuple((doc.source, w) for doc in docs for w in doc.warnings),
     )
     # One record per run; the skips themselves are in the result for the caller to show.
     _log.debug("ingest.done", files=files, chunks=len(result.chunks), skipped=len(skipped), seconds=result.seconds)

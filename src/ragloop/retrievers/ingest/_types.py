@@ -120,6 +120,7 @@ class Document:
         blocks: Its structure when a loader already read it (PDF, DOCX, HTML, RST); empty for text that is
             cleaned as markdown or plain text.
         encoding: The text encoding it was decoded from (``""`` for binary formats and corpus lines).
+        warnings: What its loader warned about while reading it (pypdf's messages on a damaged PDF).
     """
 
     id: str
@@ -129,6 +130,7 @@ class Document:
     fmt: str = field(validator=in_(DOC_FORMATS))
     blocks: tuple[Block, ...] = ()
     encoding: str = ""
+    warnings: tuple[str, ...] = ()
 
 
 @frozen
@@ -155,6 +157,8 @@ class IngestResult:
         seconds: Wall-clock time the whole ingestion took.
         excluded: Files left out by the caller's include and exclude globs (not skips: asked for).
         hidden: Hidden files and folders (names starting with ``.``) left out, not looked into.
+        warnings: ``(path, message)`` for what a loader warned about in a file it still read (pypdf on a
+            damaged PDF): the file is indexed, but may be missing text.
     """
 
     chunks: tuple[Chunk, ...]
@@ -163,3 +167,4 @@ class IngestResult:
     seconds: float
     excluded: int = 0
     hidden: int = 0
+    warnings: tuple[tuple[str, str], ...] = ()
