@@ -18,6 +18,7 @@ from ragloop.llm.offline.verify import OfflineVerifier
 from ragloop.nodes.answer import CUT_BY_TIME, NOT_IN_TIME, build_blocks, decide_outcome, resolve_citations
 from ragloop.state import ContextBlock, Decision, Graded, LiveLookup, TurnState, Verdict
 from ragloop.testing import FakeAnswerer, make_hit
+from ragloop.text.citations import MARKER, MARKER_RUN
 from ragloop.text.terms import CorpusStats
 from tests.strategies import OFFLINE_CORPUS, turn_node, with_queries
 
@@ -290,6 +291,36 @@ class TestClientNumbers:
         await turn_node("answer", answerer=_Says("Deploy [2]."))(state)
         await turn_node("answer", answerer=_Says("Rotate [4]."))(state)
         assert state.answer == "Rotate [1]." and [(c.n, c.source) for c in state.citations] == [(1, "c.md")]
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        st.lists(st.sampled_from(["Keys", "rotate.", "[1]", "[2]", "[3]", "[4]", "[9]", "[1, 3]", "[2][4]", "arr[0]"]),
+                 max_size=14),
+        st.lists(st.integers(1, 5), max_size=30),
+    )  # fmt: skip
+    async def test_every_stream_agrees_with_its_reply(self, words: list[str], cuts: list[int]) -> None:
+        """Whatever the answerer cites (markers of blocks of one page, of no block, in code) and however its
+        tokens split: the streamed text is the final text, the citations are numbered 1..n, one per page, and
+        every number in the text is one of them."""
+        said = " ".join(words)
+        pieces, i = [], 0
+        for c in cuts:
+            pieces.append(said[i : i + c])
+            i += c
+        pieces.append(said[i:])
+
+        class _Pieces(_Says):
+            async def answer(self, *args: object, **kwargs: object) -> AsyncIterator[str]:
+                for piece in pieces:
+                    yield piece
+
+        events, state = await _stream_events(turn_node("answer", answerer=_Pieces(said)), _paged())
+        streamed = "".join(e.text for e in events if isinstance(e, Token))
+        assert streamed.strip() == state.answer
+        assert [c.n for c in state.citations] == list(range(1, len(state.citations) + 1))
+        assert len({c.source for c in state.citations}) == len(state.citations)
+        shown = {int(m.group(1)) for run in MARKER_RUN.finditer(state.answer) for m in MARKER.finditer(run.group())}
+        assert shown == {c.n for c in state.citations}
 
     async def test_salvaged_extractive_answer_is_numbered_too(self) -> None:
         """Cut before the first token, the extractive answer streams in the client's numbers as well."""
