@@ -94,6 +94,26 @@ class TestCachedRetriever:
         assert first == again and inner.calls == ["ttl", "ttl"]
         assert meter.cache_hits == {"retrieval": 1}
 
+    async def test_a_versioned_store_is_asked_before_every_lookup(self) -> None:
+        """A retriever whose version lives elsewhere (another replica may write it) is asked before each lookup:
+        a version changed behind this process's back makes the very next search miss."""
+
+        class Shared(FakeRetriever):
+            version = "v1"
+            checks = 0
+
+            async def check_version(self) -> str:
+                self.checks += 1
+                return self.version
+
+        inner = Shared({"ttl": [make_hit("Keys expire.")]})
+        cached = CachedRetriever(inner, MemoryCache(), lambda: inner.version)
+        await cached.search("ttl", 5)
+        await cached.search("ttl", 5)
+        inner.version = "v2"  # another process wrote the store
+        await cached.search("ttl", 5)
+        assert inner.calls == ["ttl", "ttl"] and inner.checks == 3
+
     async def test_depth_and_filters_are_part_of_the_key(self) -> None:
         """Another k or other filters are other searches."""
         inner = FakeRetriever({"ttl": [make_hit("Keys expire.")]})

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import math
 import os
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
-from attrs import frozen
+from attrs import evolve, frozen
 
 from ragloop.errors import ConfigError, InputError
 from ragloop.events import Event, EventStream
@@ -342,6 +343,8 @@ class ChatRAG:
                 is :class:`~ragloop.errors.UnknownFilterKey`); the message says why.
         """
         state, deadline = self._start(question, options)
+        if self.store is not None and self.caches is not None and self.caches.replies is not None:
+            await self.store.check_version()  # another replica's write changes the reply key at once
         key, replies = self._reply_key(state), self.caches.replies if self.caches is not None else None
         found = replies.get(key) if key is not None and replies is not None else None
         if isinstance(found, Reply):
@@ -425,13 +428,9 @@ def _reusable(reply: Reply) -> bool:
 
 def _from_reply_cache(reply: Reply) -> Reply:
     """A cached reply as this turn's: no calls, no tokens, no cost, and a record that says it came from the cache."""
-    import uuid
-
-    import attrs
-
     from ragloop.turn.record import replayed_record
 
-    return attrs.evolve(reply, record=replayed_record(reply.record, uuid.uuid4().hex[:16]))
+    return evolve(reply, record=replayed_record(reply.record, uuid.uuid4().hex[:16]))
 
 
 def _reply(result: RunResult) -> Reply:

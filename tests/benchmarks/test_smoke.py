@@ -132,3 +132,50 @@ class TestBenchRunner:
         cases = {"mid_node_then_salvage", "mid_finish_then_salvage", "mid_finish_no_salvage"}
         assert set(overshoot["asyncio"]) == cases
         assert overshoot["max_ms"] == max(v["max"] for k in ("asyncio", "trio") for v in overshoot[k].values())
+
+
+def _tiny_beir(folder: Path) -> Path:
+    """A BEIR folder of 60 short documents and 8 queries (each query's words in two of them)."""
+    import random
+
+    rng = random.Random(3)
+    words = [f"term{i}" for i in range(40)]
+    folder.mkdir()
+    (folder / "qrels").mkdir()
+    docs = [{"_id": f"d{i}", "title": "", "text": " ".join(rng.sample(words, 12))} for i in range(60)]
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    queries = [{"_id": f"q{i}", "text": " ".join(docs[i]["text"].split()[:4])} for i in range(8)]
+    (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    qrels = "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(8))
+    (folder / "qrels" / "test.tsv").write_text(qrels)
+    return folder
+
+
+class TestBenchStore:
+    def test_measures_store_and_raw_sql_side_by_side(self, tmp_path: Path) -> None:
+        """bench_store on a tiny corpus: the store, raw SQL (any word, every word) and the local index one at a time
+        and concurrently, filtered searches, and where the time goes (the store's one round trip per search)."""
+        import shutil
+        import tempfile
+
+        beir = _tiny_beir(tmp_path / "beir")
+        # As root, pgserver runs the server as its own user, which cannot enter pytest's private tmp_path.
+        pg = Path(tempfile.mkdtemp(prefix="ragloop-bench-store-"))
+        pg.chmod(0o755)
+        try:
+            report = run_json(
+                "bench_store.py", "--beir", str(beir), "--split", "test", "--skip-quality", "--sizes", "200",
+                "--queries", "6", "--profile-queries", "4", "--filtered-queries", "3", "--rounds", "1",
+                "--concurrency", "4", "--pool-size", "2", "--pgdata", str(pg / "data"),
+                "--out", str(tmp_path / "store.json"), "--json",
+            )  # fmt: skip
+        finally:
+            shutil.rmtree(pg, ignore_errors=True)
+        s = report["scale"]["200"]
+        assert set(s["single"]["ms"]) == {"store", "raw-or", "raw-and", "local"}
+        assert set(s["concurrent"]) == {"store", "raw-or", "raw-and"}
+        assert s["statements"]["store"]["round_trips_per_search"] == 1.0
+        assert s["statements"]["raw-or"]["round_trips_per_search"] == 1.0
+        assert set(s["filtered"]) == {"tenant", "group"} and s["concurrent"]["store"]["errors"] == 0
+        assert {"client_cpu_ms_per_search", "server_cpu_ms_per_search"} <= set(s["cpu"]["store"])
+        assert all(isinstance(x, float) for x in s["single"]["load"])

@@ -20,6 +20,7 @@ from ragloop.testing import (
     json_reply,
     server_error,
     stream,
+    tool_calls,
     verdicts,
 )
 
@@ -147,6 +148,44 @@ async def test_simple_question_keeps_the_decide_route(sample_cache: Path) -> Non
     await rag.aclose()
     assert reply.record.plan is None
     assert reply.record.path[:2] == ("plan", "decide")
+
+
+def routed(request: RecordedRequest) -> ScriptedResponse:
+    """decide searches one query per topic it sees ("and" joins two), grading says relevant, the answer streams."""
+    k = kind(request)
+    if k == "decide":
+        question = str(request.messages[-1]["content"])
+        topics = ["API key rotation", "SAML single sign-on setup"] if " and " in question else ["API key rotation"]
+        return tool_calls([("search", {"query": t}) for t in topics])
+    return matcher()(request)  # type: ignore[operator,no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("question", "most"),
+    [("How do I rotate an API key?", 3), ("How do I rotate an API key and set up SAML single sign-on?", 4)],
+)
+async def test_a_simple_question_makes_no_planning_call(sample_cache: Path, question: str, most: int) -> None:
+    """With plan sources and a model planner, a question naming no database entity is decide, one grade per
+    query and the answer: at most 3 chat requests for one topic, 4 for two (was 4 and 5: a plan call first)."""
+    async with ScriptedOpenAIServer(matcher=routed) as server, server.client(max_retries=0) as client:  # type: ignore[arg-type]
+        rag = ChatRAG.sample(client, cache_dir=sample_cache, fast_model="fast-model", plan_sources=(crm(client),))
+        reply = await rag.ask(question)
+        await rag.aclose()
+    kinds = [kind(r) for r in server.chat_requests]
+    assert "plan" not in kinds and kinds[0] == "decide" and kinds[-1] == "answer"
+    assert len(kinds) <= most, kinds
+    assert reply.record.plan is None and reply.citations
+
+
+async def test_the_sample_plan_questions_still_reach_the_planner() -> None:
+    """Every plan question of the sample names a database entity or table, so the offline planner (the gate)
+    plans it and the model planner is asked, as before."""
+    from ragloop.llm.planner import OfflinePlanner
+
+    lines = (Path(__file__).parents[2] / "src" / "ragloop" / "data" / "plan_questions.jsonl").read_text()
+    questions = [json.loads(line)["question"] for line in lines.splitlines() if line.strip()]
+    planner = OfflinePlanner(crm())
+    assert questions and all([await planner.plan(q) is not None for q in questions])
 
 
 def test_ragloop_ask_sql_then_documents(sample_cache: Path, capsys: pytest.CaptureFixture[str]) -> None:

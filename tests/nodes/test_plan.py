@@ -206,8 +206,10 @@ class ScriptedPlanner:
 
     result: Plan | Exception | None
     name: str = "scripted"
+    calls: int = 0
 
     async def plan(self, question: str, history: Sequence[Message]) -> Plan | None:
+        self.calls += 1
         if isinstance(self.result, Exception):
             raise self.result
         return self.result
@@ -269,10 +271,54 @@ class TestPlanNode:
     async def test_invalid_plan_falls_back(self) -> None:
         """An invalid plan is named in the errors; the fallback's plan (here: none) is used."""
         bad = Plan((SubQuery("a", "crm", "x"),))
-        node = PlanNode(ScriptedPlanner(bad), _sources(), fallback=ScriptedPlanner(None))
+        node = PlanNode(ScriptedPlanner(bad), _sources(), fallback=ScriptedPlanner(None), gate=False)
         state = TurnState(question="q")
         assert await node(state) == "decide"
         assert "unknown source 'crm'" in state.errors[0]
+
+
+class TestPlanGate:
+    async def test_a_question_the_fallback_does_not_plan_never_asks_the_model(self) -> None:
+        """The offline planner finds no plan source's entity: decide routes the question, no planning call."""
+        model, offline = ScriptedPlanner(_bridge(), name="model"), ScriptedPlanner(None, name="offline")
+        node = PlanNode(model, _sources(), fallback=offline)
+        state = TurnState(question="How do I rotate an API key?")
+        assert await node(state) == "decide"
+        assert (model.calls, offline.calls) == (0, 1) and state.plan is None and not state.errors
+
+    async def test_a_question_the_fallback_plans_gets_the_models_plan(self) -> None:
+        """The offline planner plans it: the model planner is asked and its plan runs."""
+        model, offline = ScriptedPlanner(_bridge(), name="model"), ScriptedPlanner(_bridge(), name="offline")
+        node = PlanNode(model, _sources(), fallback=offline)
+        state = TurnState(question="What plan is Harbor Lane Bank on?")
+        assert await node(state) == "grade"
+        assert state.plan is not None and state.plan.planner == "model"
+        assert (model.calls, offline.calls) == (1, 1)
+
+    async def test_a_failing_model_falls_back_to_the_gates_plan_without_planning_twice(self) -> None:
+        """The model fails after the gate let the question through: the offline plan the gate made runs."""
+        model, offline = ScriptedPlanner(RuntimeError("down"), name="model"), ScriptedPlanner(_bridge(), name="offline")
+        node = PlanNode(model, _sources(), fallback=offline)
+        state = TurnState(question="q")
+        assert await node(state) == "grade"
+        assert state.plan is not None and state.plan.planner == "fallback: offline"
+        assert (model.calls, offline.calls) == (1, 1)
+
+    async def test_a_failing_gate_asks_the_model(self) -> None:
+        """An offline planner that raises does not decide the route: the model planner is asked, as without a
+        gate."""
+        model, offline = ScriptedPlanner(_bridge(), name="model"), ScriptedPlanner(RuntimeError("x"), name="offline")
+        node = PlanNode(model, _sources(), fallback=offline)
+        state = TurnState(question="q")
+        assert await node(state) == "grade"
+        assert model.calls == 1 and state.plan is not None and state.plan.planner == "model"
+
+    async def test_gate_off_asks_the_model_about_everything(self) -> None:
+        """gate=False: the model planner is asked first, whatever the offline planner would say."""
+        model, offline = ScriptedPlanner(None, name="model"), ScriptedPlanner(None, name="offline")
+        node = PlanNode(model, _sources(), fallback=offline, gate=False)
+        assert await node(TurnState(question="hi")) == "decide"
+        assert (model.calls, offline.calls) == (1, 0)
 
 
 class TestSlotInjection:

@@ -325,3 +325,184 @@ class TestCommandLineAndChat:
         finally:
             await rag.aclose()
             await local.aclose()
+
+
+def _corpus(n: int, tenants: dict[str, int]) -> list[Chunk]:
+    """``n`` chunks over a few shared words, each document in one tenant: ``tenants[name]`` documents of each
+    named tenant, the rest in tenant ``big``."""
+    names = [t for t, count in tenants.items() for _ in range(count)]
+    out = []
+    for i in range(n):
+        tenant = names[i] if i < len(names) else "big"
+        words = " ".join(f"w{(i * 7 + j) % 97}" for j in range(12))
+        text = f"rotate api key {words} u{i}"  # u{i}: no two chunks share a vector
+        out.append(Chunk(id=f"c{i}", text=text, doc_id=f"d{i}.md", metadata={"tenant": tenant}))
+    return out
+
+
+def _no_seqscan(url: str) -> str:
+    """``url`` with sequential scans off for its sessions: the planner then takes the HNSW index even on a table
+    small enough to sort whole (what a test of the HNSW path needs)."""
+    return f"{url}{'&' if '?' in url else '?'}options=-c%20enable_seqscan%3Doff"
+
+
+def _trace_round_trips(trace: Path) -> int:
+    """Round trips in a libpq trace: each simple Query or extended-protocol Sync the client sent."""
+    lines = trace.read_text(errors="replace").splitlines()
+    return sum(1 for line in lines if line.split("\t")[:1] == ["F"] and line.split("\t")[2:3] in (["Query"], ["Sync"]))
+
+
+class TestOneRoundTrip:
+    async def test_a_search_is_one_round_trip_and_no_checkout_query(
+        self, pg_url: str, collection: str, sample_chunks: list[Chunk], tmp_path: Path
+    ) -> None:
+        """Traced on the wire: three searches are three round trips (no health query when a connection is
+        checked out, no SET, no second statement), each executing the statement the connection prepared once."""
+        from psycopg import pq
+
+        async with _store(pg_url, collection, pool_size=1) as store:
+            await store.sync(sample_chunks)
+            await store.search("rotate an API key", 3)
+            trace = tmp_path / "trace.txt"
+            with trace.open("w") as out:
+                async with store._pool.connection() as conn:
+                    conn.pgconn.trace(out.fileno())
+                    conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+                for q in ("rotate an API key", "SAML single sign-on", "invoice VAT number"):
+                    assert await store.search(q, 5)
+                async with store._pool.connection() as conn:
+                    conn.pgconn.untrace()
+        assert _trace_round_trips(trace) == 3
+        assert "\tParse\t" not in trace.read_text(errors="replace")  # prepared by the first search
+
+    async def test_an_idle_pooled_connection_killed_is_replaced_on_error(
+        self, pg_url: str, collection: str, sample_chunks: list[Chunk]
+    ) -> None:
+        """Every pooled connection terminated while idle: the next search fails on the dead one, retries on a
+        fresh one, and answers as before."""
+        import psycopg
+
+        async with _store(pg_url, collection, pool_size=2) as store:
+            await store.sync(sample_chunks[:10])
+            want = [h.id for h in await store.search("password", k=3)]
+            async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as admin:
+                await admin.execute(
+                    "select pg_terminate_backend(pid) from pg_stat_activity "
+                    "where application_name = 'ragloop' and state = 'idle'"
+                )
+            assert [h.id for h in await store.search("password", k=3)] == want
+
+
+class TestLexicalBudget:
+    async def test_a_pruned_search_still_scores_exactly(
+        self, pg_url: str, collection: str, sample_chunks: list[Chunk]
+    ) -> None:
+        """With a budget of one posting only the rarest query word picks candidates, yet every hit's BM25 score
+        and confidence are the exact ones (the candidates are rescored with every term)."""
+        async with _store(pg_url, collection) as full:
+            await full.sync(sample_chunks)
+        async with (
+            _store(pg_url, collection, lexical_budget=1, lexical_share=0.0) as pruned,
+            _store(pg_url, collection) as exact,
+        ):
+            for query in QUERIES:
+                want = {h.id: h for h in await exact.search(query, 50)}
+                got = await pruned.search(query, 10)
+                assert got, query
+                for hit in got:
+                    ref = want.get(hit.id)
+                    if ref is None or "bm25" not in hit.scores:
+                        continue
+                    assert hit.scores["bm25"] == pytest.approx(ref.scores.get("bm25", 0.0), rel=1e-6), query
+                    assert hit.confidence == pytest.approx(ref.confidence, abs=1e-9), query
+
+    def test_bad_budgets_are_refused(self, pg_url: str) -> None:
+        """A negative budget or a share outside 0..1 is a ConfigError that names the settings."""
+        for kw in ({"lexical_budget": -1}, {"lexical_share": 1.5}, {"exact_knn_max": -3}):
+            with pytest.raises(ConfigError, match="lexical_budget"):
+                PostgresStore(pg_url, HashEmbedder(8), **kw)  # type: ignore[arg-type]
+
+
+class TestFilteredFillK:
+    async def test_a_narrow_tenant_still_gets_k_hits(self, pg_url: str, collection: str) -> None:
+        """12 of 800 chunks are tenant acme's: a filtered search returns 10 of them (exact k-NN over the few)."""
+        async with _store(pg_url, collection) as store:
+            await store.sync(_corpus(800, {"acme": 12}))
+            hits = await store.search("rotate api key w3", 10, filters={"tenant": ("acme",)})
+        assert len(hits) == 10 and {h.chunk.meta()["tenant"] for h in hits} == {"acme"}
+
+    async def test_a_broad_filter_through_the_hnsw_index_still_gets_k_hits(self, pg_url: str, collection: str) -> None:
+        """More chunks match than the exact limit, so the HNSW index is searched; its beam is raised for the
+        statement, so the 4% that match still fill k by their vectors alone (the session's beam of 100 holds about 4
+        of them)."""
+        async with _store(_no_seqscan(pg_url), collection, exact_knn_max=10) as store:
+            await store.sync(_corpus(1500, {"acme": 60}), bulk_threshold=1)
+            hits = await store.search("qqqzz vvvxx", 10, filters={"tenant": ("acme",)})  # words no chunk has
+            assert len(hits) == 10 and {h.chunk.meta()["tenant"] for h in hits} == {"acme"}
+            assert all("dense" in h.ranks for h in hits)
+            assert len(await store.search("rotate api key", 10)) == 10  # the raised beam was for that statement
+
+
+class TestDeepSearch:
+    async def test_a_search_deeper_than_the_beam_still_gets_k_neighbours(self, pg_url: str, collection: str) -> None:
+        """k=60 with a session beam of 20: the HNSW beam is raised for that search (an HNSW scan returns at most
+        ef_search rows), so words no chunk has still bring 60 nearest neighbours. Sequential scans are off for the
+        store's sessions, so that the planner takes the HNSW index even on a small table."""
+        async with _store(_no_seqscan(pg_url), collection, ef_search=20, depth=20) as store:
+            await store.sync(_corpus(1500, {}), bulk_threshold=1)
+            hits = await store.search("qqqzz vvvxx", 60)
+        assert len(hits) == 60 and all("dense" in h.ranks for h in hits)
+
+
+class TestVersion:
+    async def test_every_write_changes_the_version_and_nothing_else_does(
+        self, pg_url: str, collection: str, sample_chunks: list[Chunk]
+    ) -> None:
+        """Adding, editing, deleting documents and refreshing statistics each change the database's version; a
+        sync with nothing to do and searches do not."""
+        async with _store(pg_url, collection) as store:
+            await store.sync(sample_chunks)
+            v1 = await store.check_version()
+            await store.sync(sample_chunks)
+            await store.search("rotate an API key", 3)
+            assert await store.check_version() == v1
+            edited = [
+                attrs.evolve(c, text=c.text + " zyxw", id=c.id + "z") if i == 0 else c
+                for i, c in enumerate(sample_chunks)
+            ]
+            await store.sync(edited)
+            v2 = store.version
+            assert v2 != v1 and await store.check_version() == v2
+            await store.delete_documents(["glossary.md"])
+            v3 = store.version
+            assert v3 not in (v1, v2) and await store.check_version() == v3
+            await store.refresh_stats()
+            assert store.version not in (v1, v2, v3) and await store.check_version() == store.version
+
+    async def test_another_process_write_makes_the_next_cached_search_miss(self, pg_url: str, collection: str) -> None:
+        """A second process edits a document: this process's cached search returns the new text on the very
+        next search (was: the old hits until the cache's TTL)."""
+        import sys
+
+        from ragloop.caches import MemoryCache
+        from ragloop.retrievers.cached import CachedRetriever
+
+        before = Chunk(id="k1", text="rotate an api key: open settings", doc_id="keys.md")
+        script = (
+            "import sys, anyio\n"
+            "from ragloop.retrievers.embed import HashEmbedder\n"
+            "from ragloop.retrievers.postgres import PostgresStore\n"
+            "from ragloop.state import Chunk\n"
+            "async def main():\n"
+            "    async with PostgresStore(sys.argv[1], HashEmbedder(256), collection=sys.argv[2]) as s:\n"
+            "        await s.sync([Chunk(id='k2', text='rotate an api key: open the vault', doc_id='keys.md')])\n"
+            "anyio.run(main)\n"
+        )
+        async with _store(pg_url, collection) as store:
+            await store.sync([before])
+            cached = CachedRetriever(store, MemoryCache(), lambda: store.version)
+            assert [h.id for h in await cached.search("rotate api key", 3)] == ["k1"]
+            assert [h.id for h in await cached.search("rotate api key", 3)] == ["k1"]  # served from the cache
+            done = await anyio.run_process([sys.executable, "-c", script, pg_url, collection], check=False)
+            assert done.returncode == 0, done.stderr.decode()[-2000:]
+            assert [h.id for h in await cached.search("rotate api key", 3)] == ["k2"]

@@ -8,6 +8,12 @@ hands the results to the rest of the turn: rows and live records count as graded
 go to the grade node like any query's hits. A question the planner does not plan (no structured source
 needed) goes to ``decide`` unchanged; a plan of document searches in one wave *is* a decide, and goes straight
 to ``retrieve``.
+
+**Plan only when it pays.** With a model planner and the offline planner behind it, the offline planner reads
+the question first (no model call): only a question that names a plan source's entities or tables (a
+customer, an order id, "which customers") goes on to the model planner; any other question goes to ``decide``
+at once, so a documentation question makes no planning call (decide, one grade per query, the answer).
+``gate=False`` asks the model planner about every question, as before.
 """
 
 from __future__ import annotations
@@ -258,6 +264,8 @@ class PlanNode:
         max_subqueries: Most sub-queries a plan may hold.
         timeout_s: Time limit per sub-query.
         max_concurrency: Sub-queries running at once within a wave.
+        gate: Ask the model planner only about questions the ``fallback`` plans (they name a plan source's
+            entities); the others go to ``decide`` without a planning call.
     """
 
     planner: Planner
@@ -267,6 +275,7 @@ class PlanNode:
     max_subqueries: int = 6
     timeout_s: float = 5.0
     max_concurrency: int = 4
+    gate: bool = True
     routes: tuple[str, ...] = field(default=EDGES[PLAN], init=False)
 
     async def __call__(self, state: TurnState) -> str:
@@ -318,11 +327,20 @@ class PlanNode:
 
     async def _plan(self, state: TurnState) -> tuple[Plan, str] | None:
         names = list(self.sources)
+        offline: Plan | None = None
+        asked = False
+        if self.gate and self.fallback is not None and self.fallback is not self.planner:
+            try:
+                offline, asked = await self.fallback.plan(state.question, state.history), True
+            except Exception as exc:  # noqa: BLE001 - a failing gate asks the model, as without one
+                log.warning("plan.gate_failed", planner=self.fallback.name, error=str(exc))
+            if asked and offline is None:
+                return None  # no plan source's entity in the question: decide routes it, no planning call
         for judge in (self.planner, self.fallback):
             if judge is None:
                 continue
             try:
-                plan = await self._ask(judge, state)
+                plan = offline if asked and judge is self.fallback else await self._ask(judge, state)
                 if plan is None:
                     return None
                 _validate(plan, names, max_subqueries=self.max_subqueries)

@@ -2,13 +2,16 @@
 
 Search results are keyed by the query, the depth ``k``, the filters and the index's version, so a rebuilt
 index (:attr:`~ragloop.retrievers.index.KnowledgeIndex.version`) or a synced store
-(:attr:`~ragloop.retrievers.postgres.PostgresStore.version`) never serves stale hits. Query embeddings are
-keyed by the embedder's name and the text. Every hit is counted on the turn's meter.
+(:attr:`~ragloop.retrievers.postgres.PostgresStore.version`) never serves stale hits. A retriever whose version
+lives elsewhere (:class:`VersionedStore`: the Postgres store, which any replica may write) is asked for it
+before each lookup, so another process's write makes the very next search miss. Query embeddings are keyed
+by the embedder's name and the text. Every hit is counted on the turn's meter.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -18,14 +21,24 @@ from ragloop.retrievers.base import Embedder, Retriever, search_with_filters
 from ragloop.state import Hit
 from ragloop.usage import record_cache
 
-__all__ = ["CachedEmbedder", "CachedRetriever"]
+__all__ = ["CachedEmbedder", "CachedRetriever", "VersionedStore"]
+
+
+@runtime_checkable
+class VersionedStore(Protocol):
+    """A retriever shared by several processes, whose version is read from where it is kept."""
+
+    async def check_version(self) -> str:
+        """The current version, read now (the ``version`` attribute then says the same)."""
+        ...
 
 
 class CachedRetriever:
     """``inner`` with its search results cached under ``(query, k, filters, version())``.
 
     Args:
-        inner: The retriever.
+        inner: The retriever. A :class:`VersionedStore` is asked for its version before each lookup (one short
+            statement against the database, instead of a whole search on a hit).
         cache: Where results go.
         version: The index's current version (read on every search, so a change invalidates at once).
     """
@@ -35,6 +48,8 @@ class CachedRetriever:
 
     async def search(self, query: str, k: int = 10, filters: Mapping[str, tuple[str, ...]] | None = None) -> list[Hit]:
         """The cached hits for this search, or the inner retriever's (then cached)."""
+        if isinstance(self.inner, VersionedStore):
+            await self.inner.check_version()
         key = cache_key("retrieval", query, k, sorted((filters or {}).items()), self.version())
         found = self.cache.get(key)
         if found is not None:

@@ -1,4 +1,4 @@
-"""Helpers of the Postgres store: the driver import, credentials hiding, tsvector literals, embedding in batches."""
+"""Helpers of the Postgres store: the driver import, credentials hiding, tsvector literals, vectors read back."""
 
 from __future__ import annotations
 
@@ -9,12 +9,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 import anyio.to_thread
-import numpy as np
-import numpy.typing as npt
 from attrs import frozen
 
 from ragloop._redact import redact
-from ragloop.errors import ConfigError, IndexError_, StoreUnavailable
+from ragloop.errors import ConfigError, StoreUnavailable
 from ragloop.retrievers.base import Embedder
 from ragloop.retrievers.bm25 import Tokenizer
 
@@ -51,6 +49,9 @@ class Store(Protocol):
     create: bool
     depth: int
     ef_search: int
+    lexical_budget: int
+    lexical_share: float
+    exact_knn_max: int
     low: float
     high: float
     rrf_k: int
@@ -61,7 +62,6 @@ class Store(Protocol):
     tokenizer: Tokenizer
     _t: dict[str, str]
     _embedder: Embedder | None
-    _generation: int
     missing_indexes: tuple[str, ...]
     repaired: tuple[str, ...]
     url: str
@@ -89,6 +89,8 @@ class Store(Protocol):
     def metadata_keys(self) -> frozenset[str] | None:
         """The metadata keys as last read."""
         ...
+
+    def _saw_version(self, version: str) -> None: ...
 
 
 def tsvector(tokens: Sequence[str]) -> str:
@@ -139,23 +141,6 @@ def install_hint(dbname: str) -> str:
     )
 
 
-async def embed_batched(
-    embedder: Embedder, texts: Sequence[str], progress: Callable[[int, int], None] | None, batch: int = 256
-) -> list[npt.NDArray[np.float32]]:
-    out: list[npt.NDArray[np.float32]] = []
-    embed_sync = getattr(embedder, "embed_sync", None)
-    for start in range(0, len(texts), batch):
-        part = texts[start : start + batch]
-        if embed_sync is not None:
-            vecs = await anyio.to_thread.run_sync(embed_sync, part)
-        else:
-            vecs = await embedder.embed(part)
-        out.extend(np.asarray(vecs, dtype=np.float32))
-        if progress is not None:
-            progress(min(start + batch, len(texts)), len(texts))
-    return out
-
-
 def as_array(value: Any) -> Any:
     """A pgvector value as something numpy reads (the adapter returns ``Vector`` or an ndarray by version)."""
     to_numpy = getattr(value, "to_numpy", None)
@@ -175,17 +160,3 @@ def psycopg_module() -> Any:
         raise ConfigError("the Postgres store needs the [postgres] extra: pip install 'ragloop[postgres]'") from exc
     del pgvector, psycopg_pool
     return psycopg
-
-
-def embedder_named(name: str, dim: int) -> Embedder:
-    """The embedder a collection was built with, by the name recorded in ``ragloop_schema``."""
-    from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder
-
-    if name == MiniLMEmbedder.name:
-        return MiniLMEmbedder()
-    if name == f"hash-{dim}":
-        return HashEmbedder(dim)
-    raise IndexError_(
-        f"the collection was built with embedder {name!r} ({dim}-dim), which ragloop cannot rebuild by name; "
-        "pass the same embedder to PostgresStore(url, embedder)"
-    )

@@ -8,7 +8,8 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from ragloop.errors import ConfigError, IndexError_
-from ragloop.retrievers.postgres._common import Store, embedder_named, install_hint
+from ragloop.retrievers.embed import embedder_named
+from ragloop.retrievers.postgres._common import Store, install_hint
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
@@ -196,6 +197,11 @@ async def ensure_schema(store: Store, conn: AsyncConnection[Any]) -> None:
         version, emb, dim, saved = found
         if store._embedder is None:
             store._embedder = embedder_named(emb, int(dim))
+            if store._embedder is None:
+                raise IndexError_(
+                    f"the collection was built with embedder {emb!r} ({dim}-dim), which ragloop cannot rebuild by "
+                    "name; pass the same embedder to PostgresStore(url, embedder)"
+                )
         if version == _UPGRADABLE and store.create:
             upgrade = True
         elif version == _UPGRADABLE:

@@ -3,29 +3,24 @@
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
-
-import anyio
 
 from ragloop.errors import ConfigError, RetrievalError, StoreUnavailable
 from ragloop.retrievers.base import Embedder
 from ragloop.retrievers.bm25 import Tokenizer
 from ragloop.retrievers.filters import Filters
 from ragloop.retrievers.postgres import _schema, _search, _sync
-from ragloop.retrievers.postgres._common import _APP, StoreInfo, hide_credentials, hide_password, probe, psycopg_module
+from ragloop.retrievers.postgres._common import _APP, StoreInfo, psycopg_module
+from ragloop.retrievers.postgres._conn import Connections
 from ragloop.retrievers.scope import Scope
 from ragloop.retrievers.update import MAX_REMOVED_SHARE, SyncSummary
 from ragloop.state import Chunk, Hit
 
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
-    from psycopg_pool import AsyncConnectionPool
 
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
-#: How long a search waits for a pooled connection before it checks whether the server is reachable at all.
-_FIRST_WAIT_S = 1.0
 
 
 class PostgresStore:
@@ -46,7 +41,13 @@ class PostgresStore:
         rrf_k: The RRF constant.
         low: Cosine at which the dense confidence is 0.
         high: Cosine at which the dense confidence is 1.
-        ef_search: HNSW search beam (``hnsw.ef_search``), raised to ``depth`` when smaller.
+        ef_search: HNSW search beam (``hnsw.ef_search``), raised to ``depth`` when smaller (and, for a
+            filtered search that many chunks match, to what fills ``depth`` after the filter).
+        lexical_budget: Postings a search reads for its BM25 candidates, at least (the rarest query terms
+            first; a term past the budget only rescores the candidates): see :mod:`ragloop.retrievers.postgres`.
+        lexical_share: The same budget as a share of the collection's chunks, when that is larger.
+        exact_knn_max: A filtered search that at most this many chunks match (or ``2k·N/1000`` of a
+            collection of ``N``, when more) takes the exact k-NN over them; more take the HNSW index.
         k1: BM25 term-frequency saturation.
         b: BM25 length normalisation.
         stem: Stem words (Snowball English), as the local index does by default.
@@ -67,6 +68,9 @@ class PostgresStore:
         low: float = 0.25,
         high: float = 0.65,
         ef_search: int = 100,
+        lexical_budget: int = 2000,
+        lexical_share: float = 0.05,
+        exact_knn_max: int = 2000,
         k1: float = 1.2,
         b: float = 0.75,
         stem: bool = True,
@@ -81,6 +85,11 @@ class PostgresStore:
             raise ConfigError(f"pool_size must be at least 1, got {pool_size}")
         if not statement_timeout_s > 0:
             raise ConfigError(f"statement_timeout_s must be positive, got {statement_timeout_s}")
+        if lexical_budget < 0 or not 0 <= lexical_share <= 1 or exact_knn_max < 0:
+            raise ConfigError(
+                "lexical_budget and exact_knn_max must be >= 0 and lexical_share within 0..1, got "
+                f"{lexical_budget}, {exact_knn_max}, {lexical_share}"
+            )
         self.url = url
         self._embedder = embedder
         self.collection = collection
@@ -92,17 +101,22 @@ class PostgresStore:
         self.low = low
         self.high = high
         self.ef_search = ef_search
+        self.lexical_budget = lexical_budget
+        self.lexical_share = lexical_share
+        self.exact_knn_max = exact_knn_max
         self.k1 = k1
         self.b = b
         self.tokenizer = Tokenizer(stem=stem)
         self.create = create
-        self._pool: AsyncConnectionPool[AsyncConnection[Any]] | None = None
-        self._lock: anyio.Lock | None = None
+        self._conn = Connections(
+            url,
+            pool_size=pool_size,
+            statement_timeout_s=statement_timeout_s,
+            ef_search=max(ef_search, depth),
+            opened=self._check_once,
+        )
         self._checked = False
-        self._generation = 0
-        self._down_at: float | None = None
-        self._probe_lock: anyio.Lock | None = None
-        self._probed: tuple[float, str] | None = None  # when the last probe ran, and its error ("" when fine)
+        self._db_version = "?"
         self._keys: frozenset[str] | None = None
         #: Secondary indexes found missing when a reader (``create=False``) opened the collection.
         self.missing_indexes: tuple[str, ...] = ()
@@ -147,7 +161,7 @@ class PostgresStore:
             IndexError_: the collection is missing, or was written with another embedder or schema version;
                 the message says what to do.
         """
-        await self._pool_for_this_loop()
+        await self._conn.pool_for_this_loop()
 
     async def prepare(self, *, texts: bool = True) -> list[str]:
         """Check (or create) the schema on a connection of its own (not the pool) and read every chunk text.
@@ -164,147 +178,41 @@ class PostgresStore:
         try:
             conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, application_name=_APP)
         except psycopg.Error as exc:
-            raise StoreUnavailable(f"cannot connect to {self._redacted()}: {self._hidden(str(exc))}") from exc
+            raise StoreUnavailable(f"cannot connect to {self._conn.redacted()}: {self._conn.hidden(str(exc))}") from exc
         async with conn:
             try:
                 await self._ensure_schema(conn)
                 self._keys = await _search.read_keys(conn, self._t)
             except psycopg.OperationalError as exc:
-                raise StoreUnavailable(f"lost the connection to {self._redacted()}: {self._hidden(str(exc))}") from exc
+                where = self._conn.redacted()
+                raise StoreUnavailable(f"lost the connection to {where}: {self._conn.hidden(str(exc))}") from exc
             except psycopg.Error as exc:
-                raise RetrievalError(f"the Postgres store failed: {self._hidden(str(exc))}") from exc
+                raise RetrievalError(f"the Postgres store failed: {self._conn.hidden(str(exc))}") from exc
             self._checked = True
             if not texts:
                 return []
             rows = await (await conn.execute(f"select text from {self._t['chunks']} order by doc_id, seq")).fetchall()
             return [r[0] for r in rows]
 
-    async def _pool_for_this_loop(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
-        if self._pool is not None:
-            return self._pool
-        if self._lock is None:
-            self._lock = anyio.Lock()
-        async with self._lock:
-            if self._pool is not None:
-                return self._pool
-            if not self._checked:
-                await self.prepare(texts=False)
-            self._pool = await self._new_pool()
-        return self._pool
+    async def _check_once(self) -> None:
+        if not self._checked:
+            await self.prepare(texts=False)
 
-    async def _new_pool(self) -> AsyncConnectionPool[AsyncConnection[Any]]:
-        psycopg_module()
-        from pgvector.psycopg import register_vector_async
-        from psycopg_pool import AsyncConnectionPool
-
-        timeout_ms = max(1, round(self.statement_timeout_s * 1000))
-
-        async def configure(c: AsyncConnection[Any]) -> None:
-            await register_vector_async(c)
-            await c.execute(f"set statement_timeout = {timeout_ms}")
-            await c.execute(f"set hnsw.ef_search = {max(self.ef_search, self.depth)}")
-            # A search is a short query; parallel workers cost more to start than they save.
-            await c.execute("set max_parallel_workers_per_gather = 0")
-
-        pool: AsyncConnectionPool[AsyncConnection[Any]] = AsyncConnectionPool(
-            self.url,
-            min_size=1,
-            max_size=self.pool_size,
-            kwargs={"application_name": _APP, "autocommit": True},
-            configure=configure,
-            check=AsyncConnectionPool.check_connection,
-            open=False,
-            reconnect_timeout=30.0,
-        )
-        try:
-            await pool.open(wait=True, timeout=10.0)
-        except Exception as exc:
-            await pool.close()
-            raise StoreUnavailable(
-                f"cannot open a connection pool to {self._redacted()}: {self._hidden(str(exc))}"
-            ) from exc
-        return pool
+    @property
+    def _pool(self) -> Any:
+        """The connection pool of this event loop (``None`` before the first search); for statistics."""
+        return self._conn.pool
 
     async def aclose(self) -> None:
         """Close the connection pool."""
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            await pool.close()
-
-    def _redacted(self) -> str:
-        return hide_password(self.url)
-
-    def _hidden(self, message: str) -> str:
-        return hide_credentials(message, self.url)
+        await self._conn.aclose()
 
     async def _ensure_schema(self, conn: AsyncConnection[Any]) -> None:
         await _schema.ensure_schema(self, conn)
 
     async def _run(self, fn: Callable[[AsyncConnection[Any]], Any]) -> Any:
-        """Run ``fn(conn)`` with a pooled connection; retry once on a connection lost (a restart, a kill).
-
-        With the server down, a search fails fast (about :data:`_FIRST_WAIT_S`, then at once while it stays
-        down) with :class:`StoreUnavailable` instead of waiting on the pool.
-        """
-        import psycopg
-        from psycopg_pool import PoolTimeout
-
-        if self._down_at is not None:
-            await self._probe()  # the last call found the server unreachable: ask it directly, do not queue
-        pool = await self._pool_for_this_loop()
-        waits = [min(_FIRST_WAIT_S, self.statement_timeout_s), max(0.0, self.statement_timeout_s - _FIRST_WAIT_S)]
-        attempt = 0
-        while True:
-            try:
-                async with pool.connection(timeout=waits[0]) as conn:
-                    return await fn(conn)
-            except PoolTimeout as exc:
-                await self._probe()  # raises StoreUnavailable when the server cannot be reached
-                waits.pop(0)
-                if not waits or waits[0] <= 0:
-                    raise RetrievalError(
-                        f"no free connection to the Postgres store within {self.statement_timeout_s}s (all "
-                        f"{self.pool_size} busy); raise pool_size or check the server's load"
-                    ) from exc
-            except psycopg.errors.QueryCanceled as exc:
-                raise RetrievalError(
-                    f"the Postgres statement ran past statement_timeout_s={self.statement_timeout_s}s ({exc}); "
-                    "raise the retrieval timeout or check the server's load"
-                ) from exc
-            except psycopg.OperationalError as exc:
-                # The pool drops the broken connection; the second attempt gets a fresh one.
-                attempt += 1
-                if attempt == 2:
-                    await self._probe()
-                    raise RetrievalError(f"Postgres connection failed twice: {self._hidden(str(exc))}") from exc
-                await anyio.sleep(0.05)
-            except psycopg.Error as exc:
-                raise RetrievalError(f"the Postgres store failed: {self._hidden(str(exc))}") from exc
-
-    async def _probe(self) -> None:
-        """Connect once, outside the pool: raise :class:`StoreUnavailable` (and remember it) when that fails.
-
-        One probe at a time, and its answer stands for a second: searches queued on a busy pool, or failing
-        during an outage, do not each open a connection of their own.
-        """
-        if self._probe_lock is None:
-            self._probe_lock = anyio.Lock()
-        async with self._probe_lock:
-            if self._probed is not None and time.monotonic() - self._probed[0] < 1.0:
-                if self._probed[1]:
-                    raise StoreUnavailable(self._probed[1])
-                return
-            try:
-                await probe(self.url, max(1.0, min(3.0, self.statement_timeout_s)))
-            except StoreUnavailable as exc:
-                self._down_at = time.monotonic()
-                self._probed = (self._down_at, str(exc))
-                raise
-            self._probed = (time.monotonic(), "")
-        if self._down_at is not None:
-            self._down_at = None
-            if self._pool is not None:
-                await self._pool.check()  # replace the pooled connections the outage broke
+        """Run ``fn(conn)`` with a pooled connection (see :class:`~ragloop.retrievers.postgres._conn.Connections`)."""
+        return await self._conn.run(fn)
 
     def metadata_keys(self) -> frozenset[str] | None:
         """The metadata keys the collection's chunks have, as last read (opening, a sync, a search); ``None``
@@ -428,10 +336,27 @@ class PostgresStore:
 
     @property
     def version(self) -> str:
-        """What caches of this store's search results key on: the collection and how many times this process
-        changed it (writes from another process are not seen here; a cache's TTL bounds how long they stay
-        stale)."""
-        return f"{self.collection}:{self._generation}"
+        """What caches of this store's search results key on: the collection and the database's own version
+        of it, as last seen here (every search reads it, and so does :meth:`check_version`). Every write
+        transaction, from any process, rewrites the collection's statistics row; its transaction id is the
+        version, so a write by another replica changes it too."""
+        return f"{self.collection}:{self._db_version}"
+
+    async def check_version(self) -> str:
+        """Read the collection's version from the database now (one short statement) and return
+        :attr:`version`; a cache calls this before each lookup so that another process's write shows at once."""
+        t = self._t
+
+        async def go(conn: AsyncConnection[Any]) -> Any:
+            sql = f"select xmin::text from {t['stats']}"
+            return await (await conn.execute(sql, prepare=True)).fetchone()
+
+        row = await self._run(go)
+        self._saw_version(row[0] if row else "?")
+        return self.version
+
+    def _saw_version(self, version: str) -> None:
+        self._db_version = version
 
     async def refresh_stats(self) -> None:
         """Recompute the term statistics and the metadata keys exactly from the stored rows."""

@@ -13,12 +13,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ragloop.errors import PruneRefused, StoreUnavailable
+from ragloop.retrievers.embed import embed_batched
 from ragloop.retrievers.index import index_text
 from ragloop.retrievers.postgres._common import (
     _APP,
     Store,
     as_array,
-    embed_batched,
     hide_credentials,
     hide_password,
     psycopg_module,
@@ -195,7 +195,6 @@ async def replace_documents(
     Each document is replaced whole or not at all; :meth:`sync` passes one document per transaction
     except when loading an empty collection, where it batches documents to save round trips.
     """
-    store._generation += 1  # cached search results of the old content no longer match (see ``version``)
     t = store._t
     label = scope.label
     rows, tfs, deltas, keys, new_len = _rows(store, label, docs, vectors)
@@ -203,7 +202,7 @@ async def replace_documents(
     kept = [(d, document_hash(cs)) for d, cs in docs if cs]
     gone_docs = [d for d, cs in docs if not cs]
 
-    async def go(conn: AsyncConnection[Any]) -> None:
+    async def go(conn: AsyncConnection[Any]) -> str:
         async with conn.transaction():
             await conn.execute("set local statement_timeout = 0")  # the search timeout is not for writes
             await conn.execute("select pg_advisory_xact_lock(hashtext(%s))", (f"ragloop:{store.collection}",))
@@ -226,9 +225,10 @@ async def replace_documents(
             delta = Counter(deltas)
             delta.subtract({term: int(n) for term, n in old_terms})
             removed_chunks, removed_tokens = len(gone), sum(int(g[2]) for g in gone)
-            st = await (
+            st = await (  # the statistics row is rewritten by every write: its transaction id is the version
                 await conn.execute(
-                    f"update {t['stats']} set n = n + %s, total_len = total_len + %s returning n, total_len",
+                    f"update {t['stats']} set n = n + %s, total_len = total_len + %s "
+                    "returning n, total_len, xmin::text",
                     (len(rows) - removed_chunks, new_len - removed_tokens),
                 )
             ).fetchone()
@@ -268,8 +268,9 @@ async def replace_documents(
                     (changed, [delta[x] for x in changed], [weights.get(x, 0.0) for x in changed]),
                 )
             await _write_docs(conn, t, label, kept, gone_docs, keys)
+            return str(st[2])
 
-    await store._run(go)
+    store._saw_version(await store._run(go))  # cached search results of the old content miss from now on
     if rows:  # the collection now holds chunks: the keys known here grow by theirs
         store._keys = (store._keys or frozenset()) | keys
 
@@ -384,14 +385,17 @@ async def refresh_stats(store: Store) -> None:
     """Recompute the term statistics exactly from the stored rows (one statement per table)."""
     t = store._t
 
-    async def go(conn: AsyncConnection[Any]) -> None:
+    async def go(conn: AsyncConnection[Any]) -> str:
         async with conn.transaction():
             await conn.execute("set local statement_timeout = 0")  # the search timeout is not for writes
             await conn.execute("select pg_advisory_xact_lock(hashtext(%s))", (f"ragloop:{store.collection}",))
-            await conn.execute(
-                f"update {t['stats']} set n = s.n, total_len = s.len from "
-                f"(select count(*) as n, coalesce(sum(n_terms), 0) as len from {t['chunks']}) s"
-            )
+            row = await (
+                await conn.execute(
+                    f"update {t['stats']} set n = s.n, total_len = s.len from "
+                    f"(select count(*) as n, coalesce(sum(n_terms), 0) as len from {t['chunks']}) s "
+                    f"returning {t['stats']}.xmin::text"
+                )
+            ).fetchone()
             await conn.execute(f"delete from {t['terms']}")
             await conn.execute(
                 f"""
@@ -407,8 +411,9 @@ async def refresh_stats(store: Store) -> None:
             await conn.execute(
                 f"insert into {t['keys']} select distinct jsonb_object_keys(metadata) from {t['chunks']}"
             )
+            return str(row[0])  # type: ignore[index]  # the statistics row always exists
 
-    await store._run(go)
+    store._saw_version(await store._run(go))
 
 
 async def delete_documents(store: Store, doc_ids: Iterable[str], scope: Scope) -> int:
