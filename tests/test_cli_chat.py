@@ -105,6 +105,29 @@ class TestTerminalOutput:
         assert len(lines) == len(set(numbers)) and all(line.startswith("[") for line in lines)
         assert all("https://docs.example/" in line for line in lines)
 
+    def test_a_page_cited_in_two_sections_is_one_source(self) -> None:
+        """A page whose two sections are cited is one numbered line, its other section indented under it."""
+        from ragloop.cli_chat._terminal import sources_lines
+        from ragloop.state import Citation, CitedSection
+
+        page = Citation(
+            1,
+            "keys.md",
+            "API keys",
+            "a",
+            "https://d/keys#create",
+            (
+                CitedSection("Create a key", "https://d/keys#create", "a"),
+                CitedSection("Expiry", "https://d/keys#exp", "b"),
+            ),
+        )
+        other = Citation(2, "limits.md", "Limits", "c", "", (CitedSection("", "", "c"),))
+        assert sources_lines([page, other], lambda c: c.url or c.source) == [
+            "[1] API keys — https://d/keys#create",
+            "    § Expiry — https://d/keys#exp",
+            "[2] Limits — limits.md",
+        ]
+
 
 class FakeReader:
     """Lines from a list; ``EOFError`` at the end."""

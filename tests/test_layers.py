@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "cli_check",
         "cli_doctor",
         "cli_gaps",
+        "cli_ingest",
         "cli_mcp",
         "cli_serve",
         "cli_store",

@@ -65,8 +65,11 @@ class Reply:
     Attributes:
         text: The reply, with ``[n]`` citations.
         outcome: ``context``, ``partial``, ``none`` or ``direct``.
-        citations: The ``[n]`` markers of the text, resolved to their sources.
-        blocks: The numbered context the answer was written from.
+        citations: The ``[n]`` markers the reply streamed, resolved to their sources: one per page, numbered
+            ``1..n`` in the order of first citation, each with the sections of the page it cites (the numbers
+            the tokens streamed with; a page whose sentence verify took back stays listed).
+        blocks: The numbered context the answer was written from (the answerer's block numbers, which are not
+            the citation numbers: several blocks of one page share its citation).
         missing: Parts of the question that found no context.
         record: The per-turn decision record.
     """
@@ -89,9 +92,7 @@ class Reply:
             "turn_id": self.turn_id,
             "text": self.text,
             "outcome": self.outcome,
-            "citations": [
-                {"n": c.n, "source": c.source, "title": c.title, "url": c.url or None} for c in self.citations
-            ],
+            "citations": [c.as_dict(c.url or None) for c in self.citations],
             "missing": list(self.missing),
             "record": self.record.as_dict(),
         }
@@ -112,10 +113,7 @@ class Reply:
             "turn_id": self.turn_id,
             "text": self.text,
             "outcome": self.outcome,
-            "citations": [
-                {"n": c.n, "title": c.title, "source": c.source, "url": client_url(c.url or link(c.source))}
-                for c in self.citations
-            ],
+            "citations": [c.as_dict(client_url(c.url or link(c.source)), client_url) for c in self.citations],
             "missing": list(self.missing),
         }
 

@@ -20,6 +20,15 @@ from ragloop.cli_chat import add_ask, add_chat
 from ragloop.cli_check import add_check
 from ragloop.cli_doctor import add_doctor
 from ragloop.cli_gaps import add_gaps
+from ragloop.cli_ingest import (
+    Progress,
+    add_ingest_options,
+    build_index,
+    cmd_explain,
+    ingest_for_index,
+    make_embedder,
+    print_skips,
+)
 from ragloop.cli_mcp import add_mcp
 from ragloop.cli_serve import add_serve
 from ragloop.cli_store import (
@@ -40,6 +49,7 @@ from ragloop.errors import RagloopError
 
 if TYPE_CHECKING:
     from ragloop.retrievers.base import Embedder
+    from ragloop.state import Hit
 
 __all__ = ["main"]
 
@@ -49,14 +59,8 @@ _MODES = ("bm25", "dense", "hybrid")
 # --- helpers ------------------------------------------------------------------------------------------
 
 
-def _make_embedder(kind: str) -> Embedder:
-    from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder, default_embedder
-
-    if kind == "hash":
-        return HashEmbedder()
-    if kind == "minilm":
-        return MiniLMEmbedder()
-    return default_embedder()
+def _make_embedder(kind: str, base_url: str | None = None) -> Embedder:
+    return make_embedder(kind, base_url)
 
 
 class _Progress:
@@ -96,23 +100,22 @@ class _Progress:
 
 def _add_index(sub: Any) -> None:
     p = sub.add_parser("index", help="ingest documents and build a searchable index")
-    p.add_argument("path", help="a folder of .md/.txt/.html files, or a BEIR folder / corpus.jsonl[.gz]")
+    p.add_argument(
+        "path",
+        nargs="?",
+        help="a folder of documents (.md .txt .html .rst .pdf .docx), or a BEIR folder / corpus.jsonl[.gz]",
+    )
     p.add_argument(
         "--out", help="index folder to write: new, empty or a ragloop index (replaced atomically); or pass --store"
     )
-    p.add_argument(
-        "--embedder",
-        choices=("auto", "minilm", "hash"),
-        default="auto",
-        help="minilm (needs the [embed] extra), hash (lexical, no model); auto picks minilm when installed",
-    )
-    p.add_argument("--max-chars", type=int, default=1200, help="largest chunk, in characters")
-    p.add_argument("--overlap", type=int, default=150, help="overlap between pieces of a long section")
+    add_ingest_options(p)
     add_index_options(p)
     p.set_defaults(func=_cmd_index)
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
+    if args.explain:
+        return cmd_explain(args)
     if args.store and args.out:
         raise RagloopError("pass either --out DIR (a local index) or --store URL (a shared store), not both")
     url = store_url(args)
@@ -122,43 +125,29 @@ def _cmd_index(args: argparse.Namespace) -> int:
         raise RagloopError("pass --out DIR (a local index) or --store postgresql://… (a shared store)")
     if args.update and (status := cmd_index_update(args)) >= 0:
         return status
-    from ragloop.retrievers.index import KnowledgeIndex, check_index_target
-    from ragloop.retrievers.ingest import ingest_path, skip_kinds
+    from ragloop.retrievers.index import check_index_target
 
     started = time.perf_counter()
     check_index_target(args.out, source=args.path)  # refuse a bad --out before minutes of work
     check_rebuild(args)  # nor drop documents of other scopes (tenants) that --out holds
-    embedder = _make_embedder(args.embedder)
-    reading = _Progress("reading")
+    embedder = _make_embedder(args.embedder, args.embedder_base_url)
+    result = ingest_for_index(args, embedder)
+    embedding = Progress(f"embedding ({embedder.name})")
     try:
-        result = ingest_path(args.path, max_chars=args.max_chars, overlap=args.overlap, progress=reading)
-    finally:
-        reading.close()
-    if not result.chunks:
-        # Writing an empty index would replace a good one at --out with one that never finds anything.
-        reasons = "; ".join(f"{where}: {why}" for where, why in result.skipped[:3])
-        raise RagloopError(
-            f"nothing to index in {args.path}: all {len(result.skipped)} file(s) or document(s) were skipped "
-            f"({reasons}); {args.out} was left unchanged"
-        )
-    embedding = _Progress(f"embedding ({embedder.name})")
-    try:
-        index = KnowledgeIndex.build(
-            attach_metadata(args, result.chunks), embedder, progress=embedding, scope=index_scope(args)
-        )
+        index = build_index(attach_metadata(args, result.chunks), embedder, embedding, scope=index_scope(args))
     finally:
         embedding.close()
     out = index.save(args.out, source=args.path)
     seconds = time.perf_counter() - started
+    if args.json:
+        from ragloop.cli_ingest import summary_dict
+
+        record = {**summary_dict(result), "to": str(out), "embedder": embedder.name, "seconds": round(seconds, 2)}
+        print(json.dumps(record, ensure_ascii=False))
+        return 0
     print(f"indexed {result.files} files into {len(index.chunks)} chunks in {seconds:.1f}s → {out}")
     print(f"embedder {embedder.name} ({embedder.dim}-dim), dense index {index.dense.kind}")
-    if result.skipped:
-        kinds = ", ".join(f"{n} {kind}" for kind, n in skip_kinds(result.skipped))
-        print(f"skipped {len(result.skipped)}: {kinds}")
-        for where, why in result.skipped[:20]:
-            print(f"  {where}: {why}")
-        if len(result.skipped) > 20:
-            print(f"  … and {len(result.skipped) - 20} more")
+    print_skips(result)
     return 0
 
 
@@ -186,11 +175,19 @@ def _cmd_search(args: argparse.Namespace) -> int:
     if args.query is None:
         raise RagloopError("pass INDEX QUERY, or --store URL QUERY")
 
+    from ragloop.cli_ingest import close_embedder, embedder_for_index
     from ragloop.retrievers.index import KnowledgeIndex
 
-    index = KnowledgeIndex.load(args.index)
+    index = KnowledgeIndex.load(args.index, embedder_for_index(args.index))
     filters = parse_filters(args.filter)
-    hits = anyio.run(lambda: index.search(args.query, args.k, args.mode, filters=filters))
+
+    async def search() -> list[Hit]:
+        try:
+            return await index.search(args.query, args.k, args.mode, filters=filters)
+        finally:
+            await close_embedder(index.embedder)
+
+    hits = anyio.run(search)
     print_hits(hits, args.json)
     return 0
 

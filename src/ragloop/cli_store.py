@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ragloop.errors import ConfigError, PruneRefused, RagloopError
+from ragloop.errors import ConfigError, PruneRefused
 
 if TYPE_CHECKING:
     from ragloop.retrievers.ingest import IngestResult
@@ -139,20 +139,9 @@ def store_url(args: argparse.Namespace) -> str | None:
 
 
 def _ingest(args: argparse.Namespace) -> tuple[IngestResult, list[Chunk]]:
-    from ragloop.cli import _Progress
-    from ragloop.retrievers.ingest import ingest_path
+    from ragloop.cli_ingest import ingest_for_index
 
-    reading = _Progress("reading")
-    try:
-        result = ingest_path(args.path, max_chars=args.max_chars, overlap=args.overlap, progress=reading)
-    finally:
-        reading.close()
-    if not result.chunks:
-        reasons = "; ".join(f"{where}: {why}" for where, why in result.skipped[:3])
-        raise RagloopError(
-            f"nothing to index in {args.path}: all {len(result.skipped)} file(s) or document(s) were skipped "
-            f"({reasons}); the index was left unchanged"
-        )
+    result = ingest_for_index(args)
     return result, attach_metadata(args, result.chunks)
 
 

@@ -80,7 +80,9 @@ def default_cache_dir() -> Path:
 
 
 def _content_key(embedder: Embedder) -> str:
-    digest = hashlib.sha256(f"{embedder.name}:{embedder.dim}".encode())
+    from ragloop.retrievers.ingest import INGEST_VERSION
+
+    digest = hashlib.sha256(f"{embedder.name}:{embedder.dim}:ingest-{INGEST_VERSION}".encode())
     for page in sorted(sample_kb_path().rglob("*.md")):
         digest.update(page.name.encode())
         digest.update(page.read_bytes())

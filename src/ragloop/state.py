@@ -10,8 +10,8 @@ shares between nodes. Each of its fields says which node writes it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Literal
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
 
 from attrs import define, field, frozen
 
@@ -23,6 +23,7 @@ __all__ = [
     "Caller",
     "Chunk",
     "Citation",
+    "CitedSection",
     "ContextBlock",
     "Decision",
     "Graded",
@@ -214,7 +215,8 @@ class ContextBlock:
         title: Document title.
         chunk_id: The chunk id.
         query: The query it answers.
-        url: Link to the document, when known.
+        url: Link to the document, when known (``page.html#anchor``: the chunk's section).
+        section: The heading of the chunk's section, when it has one.
     """
 
     n: int
@@ -224,6 +226,7 @@ class ContextBlock:
     chunk_id: str = ""
     query: str = ""
     url: str = ""
+    section: str = ""
 
 
 QueryStatus = Literal["pending", "enough", "short", "failed", "rewritten", "no_context"]
@@ -274,16 +277,40 @@ class Graded:
     verdict: Verdict
 
 
+def _or_none(url: str | None) -> str | None:
+    return url or None
+
+
 @frozen
-class Citation:
-    """A ``[n]`` reference in the answer, resolved to its source.
+class CitedSection:
+    """One cited block of a page, listed under the page's citation.
 
     Attributes:
-        n: The block number cited.
-        source: Where the block came from.
-        title: Its title.
+        title: Its section heading (empty for a page's opening, or a source without sections).
+        url: Its link (``page.html#anchor``), when known.
         chunk_id: Its chunk id.
-        url: Link to the document, when known.
+    """
+
+    title: str
+    url: str
+    chunk_id: str
+
+
+@frozen
+class Citation:
+    """A ``[n]`` reference in the answer, resolved to its source: one per page.
+
+    The numbers a reply shows are the client's: one per page (source), ``1..n`` in the order the reply first
+    cites them; the blocks of one page share its number, and :attr:`sections` lists which of its parts were
+    cited. They are not the block numbers the answerer was given (:class:`ContextBlock` ``n``).
+
+    Attributes:
+        n: The number shown in the reply.
+        source: Where the page came from.
+        title: Its title.
+        chunk_id: The chunk id of its first cited block.
+        url: The link of its first cited block, when known.
+        sections: Every cited block of the page, in order of first citation.
     """
 
     n: int
@@ -291,6 +318,13 @@ class Citation:
     title: str
     chunk_id: str
     url: str = ""
+    sections: tuple[CitedSection, ...] = ()
+
+    def as_dict(self, url: str | None, link: Callable[[str | None], str | None] = _or_none) -> dict[str, Any]:
+        """The JSON shape replies send: ``n``, ``title``, ``source``, ``url`` (as given) and ``sections``, each
+        section's ``title`` and ``url`` (passed through ``link``, by default an empty url as ``None``)."""
+        sections = [{"title": s.title, "url": link(s.url or None)} for s in self.sections]
+        return {"n": self.n, "title": self.title, "source": self.source, "url": url, "sections": sections}
 
 
 @frozen
@@ -459,8 +493,10 @@ class TurnState:
         outcome: How the turn ended up (answer).
         missing: Queries left unanswered, for a partial or none outcome (answer).
         blocks: The numbered context handed to the answerer (answer).
+        cited: Block numbers in the order the reply first cited them, which gives the citation numbers a client
+            sees: one per page, in that order (answer).
         answer: The reply text; while answer streams, the text sent so far (answer).
-        citations: The ``[n]`` references of the reply, resolved (answer).
+        citations: The ``[n]`` references of the reply, resolved, one per page (answer).
         errors: ``node: error`` notes of failures nodes absorbed (any node).
         usage: The judge calls of the turn (every judge, through :func:`ragloop.usage.record_call`).
     """
@@ -488,6 +524,7 @@ class TurnState:
     outcome: Outcome | None = None
     missing: tuple[str, ...] = ()
     blocks: tuple[ContextBlock, ...] = ()
+    cited: list[int] = field(factory=list)
     answer: str = ""
     citations: tuple[Citation, ...] = ()
     errors: list[str] = field(factory=list)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from hypothesis import given
 
@@ -31,6 +32,42 @@ class TestCoverage:
         """Inflections match, and an id in 'ticket 1234' form matches '#1234' in the text."""
         assert coverage("configuring webhooks", "Configure a webhook", STATS).score == 1.0
         assert "#1234" in coverage("ticket 1234 status", "#1234 is closed", STATS).covered
+
+
+class TestAliases:
+    """A glossary expansion the decider wrote beside a term ("API (application programming interface)") names
+    the same thing once: a text covering either form covers it, and the spelled-out words are never extra terms
+    a text must hold (a glossary entry is not the answer to "how do I rotate an API key")."""
+
+    def test_expansion_adds_no_terms(self) -> None:
+        """The expanded query scores a text exactly as the query as asked does."""
+        text = "API keys: create the new key, then revoke the old one."
+        asked = coverage("How do I rotate an API key", text, STATS)
+        expanded = coverage("How do I rotate an API (application programming interface) key", text, STATS)
+        assert expanded == asked and "interface" not in expanded.missing
+
+    def test_definition_does_not_outscore_the_answer(self) -> None:
+        """A glossary line spelling the abbreviation out covers no more of the question than the page using it."""
+        query = "How do I rotate an API (application programming interface) key"
+        definition = coverage(query, "API: Application Programming Interface (API). See API keys.", STATS)
+        answer = coverage(query, "To rotate an API key, create the new key and revoke the old one.", STATS)
+        assert definition.score < answer.score == 1.0
+
+    def test_either_form_covers(self) -> None:
+        """The long form in the text covers the abbreviation asked for, and the other way round."""
+        assert coverage("SSO (single sign-on) setup", "Single sign-on setup", STATS).score == 1.0
+        assert coverage("single sign-on (SSO) setup", "SSO setup", STATS).score == 1.0
+        assert coverage("single sign-on (SSO) setup", "sign-on setup", STATS).score < 1.0
+
+    def test_other_parentheses_are_asked(self) -> None:
+        """Words in parentheses that do not spell out the word before them are part of the question."""
+        cov = coverage("SSO (with Okta) setup", "SSO setup", STATS)
+        assert "Okta" in cov.missing or "okta" in cov.missing
+
+    def test_glossary_pairs_without_matching_initials(self) -> None:
+        """An abbreviation whose letters are not the initials (2FA) is an alias when the glossary pairs them."""
+        stats = attrs.evolve(STATS, glossary={**STATS.glossary, "2FA": "two-factor authentication"})
+        assert coverage("enforce 2FA (two-factor authentication)", "Enforce 2FA for members.", stats).score == 1.0
 
 
 class TestOfflineGrader:

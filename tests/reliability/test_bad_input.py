@@ -189,20 +189,20 @@ class TestIndexDirectory:
 
 
 class TestCommandLine:
-    def test_index_of_only_non_utf8_files(self, tmp_path: Path) -> None:
-        """`ragloop index` over a folder whose only file is not UTF-8: exit 2, one line naming the problem."""
+    def test_index_of_only_binary_files(self, tmp_path: Path) -> None:
+        """`ragloop index` over a folder whose only file is binary junk: exit 2, one line naming the problem."""
         docs = tmp_path / "docs"
         docs.mkdir()
-        (docs / "latin1.md").write_bytes("Caf\xe9 cr\xe8me br\xfbl\xe9e recipe".encode("latin-1"))
+        (docs / "junk.md").write_bytes(bytes(range(256)) * 4)
         proc = run_cli("index", str(docs), "--out", str(tmp_path / "kb"), "--embedder", "hash")
-        assert_one_line_error(proc, "ragloop index: error: nothing to index", "latin1.md: not UTF-8")
+        assert_one_line_error(proc, "ragloop index: error: nothing to index", "junk.md: binary file")
         assert not (tmp_path / "kb").exists()
 
     def test_index_of_only_bad_files_leaves_the_old_index(self, saved_index: Path, tmp_path: Path) -> None:
         """Re-indexing into an existing index from a folder of unreadable files keeps the old index intact."""
         docs = tmp_path / "docs"
         docs.mkdir()
-        (docs / "bad.txt").write_bytes(b"\xff\xfe broken")
+        (docs / "bad.txt").write_bytes(bytes(range(256)) * 4)
         before = (saved_index / "manifest.json").read_bytes()
         proc = run_cli("index", str(docs), "--out", str(saved_index), "--embedder", "hash")
         assert_one_line_error(proc, "left unchanged")
@@ -211,16 +211,20 @@ class TestCommandLine:
         count("bad_input_cases")
         count("bad_input_cases")
 
-    def test_index_skips_the_non_utf8_file_and_says_so(self, tmp_path: Path) -> None:
-        """A non-UTF-8 file among good ones is skipped with its reason; the index is built from the rest."""
+    def test_index_decodes_latin1_and_skips_binary_saying_so(self, tmp_path: Path) -> None:
+        """A latin-1 file among good ones is decoded and indexed; binary junk is skipped with its reason."""
         docs = tmp_path / "docs"
         docs.mkdir()
         (docs / "good.md").write_text("# Trash\n\nDeleted tasks stay in the trash for 30 days.\n")
-        (docs / "bad.md").write_bytes(b"\xff\xfe\x00junk \xc3\x28 invalid")
+        (docs / "latin1.md").write_bytes(
+            "# Caf\xe9\n\nLa cr\xe8me br\xfbl\xe9e du caf\xe9 est servie.".encode("latin-1")
+        )
+        (docs / "bad.md").write_bytes(bytes(range(256)) * 4)
         proc = run_cli("index", str(docs), "--out", str(tmp_path / "kb"), "--embedder", "hash")
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-        assert "bad.md" in proc.stdout and "UTF-8" in proc.stdout
-        assert len(KnowledgeIndex.load(tmp_path / "kb").chunks) == 1
+        assert "bad.md" in proc.stdout and "binary" in proc.stdout
+        texts = [c.text for c in KnowledgeIndex.load(tmp_path / "kb").chunks]
+        assert len(texts) == 2 and any("crème brûlée" in t for t in texts)
         count("bad_input_cases")
 
     def test_index_of_a_missing_path(self, tmp_path: Path) -> None:

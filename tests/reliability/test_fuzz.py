@@ -49,12 +49,17 @@ class TestCleaning:
         count("fuzz_clean_examples")
 
     @given(nasty_text, st.integers(20, 300), FORMATS)
-    def test_chunking_arbitrary_text(self, text: str, max_chars: int, fmt: str) -> None:
-        """Chunking arbitrary unicode never raises; chunks are non-empty and within the limit."""
+    def test_chunking_arbitrary_text(self, text: str, max_tokens: int, fmt: str) -> None:
+        """Chunking arbitrary unicode never raises; chunks are non-empty and within the token limit."""
+        from ragloop.retrievers.chunking import index_text
+        from ragloop.retrievers.embed import minilm_tokenizer
+
+        tok = minilm_tokenizer()
+        assert tok is not None
         doc = Document(id="d", title="t", text=text, source="s", fmt=fmt)
-        chunks = chunk_document(doc, max_chars=max_chars, overlap=min(50, max_chars // 3))
-        assert bool(chunks) == bool(clean_text(text, fmt))
-        assert all(c.text.strip() and len(c.text) <= max_chars for c in chunks)
+        chunks = chunk_document(doc, max_tokens=max_tokens, tokenizer=tok)
+        assert all(c.text.strip() for c in chunks)
+        assert all(len(s) + 2 <= max_tokens for s in tok.token_spans([index_text(c) for c in chunks]))
         count("fuzz_chunk_examples")
 
 

@@ -24,6 +24,7 @@ import threading
 import time
 from pathlib import Path
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -99,17 +100,37 @@ def hostile_corpus(root: Path) -> Path:
     return docs
 
 
+@attrs.frozen
+class HostileRun:
+    """One ``ragloop index`` over the hostile corpus: where, its exit status, output, errors and wall seconds."""
+
+    root: Path
+    rc: int
+    out: str
+    err: str
+    seconds: float
+
+
+@pytest.fixture(scope="module")
+def hostile_run(tmp_path_factory: pytest.TempPathFactory) -> HostileRun:
+    """The hostile corpus indexed once for the module's checks (each reads the same run)."""
+    root = tmp_path_factory.mktemp("hostile")
+    docs = hostile_corpus(root)
+    started = time.perf_counter()
+    rc, out, err = run_index(str(docs), "--out", str(root / "kb"))
+    return HostileRun(root, rc, out, err, time.perf_counter() - started)
+
+
 class TestHostileCorpus:
-    def test_index_finishes_refuses_and_reports(self, tmp_path: Path) -> None:
+    def test_index_finishes_refuses_and_reports(self, hostile_run: HostileRun) -> None:
         """Every hostile entry is refused or cleaned in bounded time; the summary counts refusals by kind."""
-        docs = hostile_corpus(tmp_path)
-        started = time.perf_counter()
-        rc, out, err = run_index(str(docs), "--out", str(tmp_path / "kb"))
+        rc, out, err, tmp_path = hostile_run.rc, hostile_run.out, hostile_run.err, hostile_run.root
         assert rc == 0, err
-        assert time.perf_counter() - started < 60
+        assert hostile_run.seconds < 60
         summary = next(line for line in out.splitlines() if line.startswith("skipped "))
-        assert "symbolic link out of the folder" in summary and "not a regular file" in summary
-        assert "too large" in summary and "linked folder, not followed" in summary
+        assert "outside the folder" in summary and "unreadable" in summary and "too large" in summary
+        assert "symbolic link out of the folder" in out and "not a regular file" in out
+        assert "linked folder, not followed" in out
         for name in ("passwd.md", "escape.md", "pipe.md", "zero.md", "huge.txt", "linked"):
             assert name in out, f"{name} not reported"
         assert "\x1b" not in out
@@ -276,10 +297,10 @@ class TestCacheAndErrors:
         assert f"--out {tmp_path}`" not in err.getvalue() and "--out NEW_FOLDER" in err.getvalue()
 
 
-def test_corpus_records_are_json(tmp_path: Path) -> None:
+def test_corpus_records_are_json(hostile_run: HostileRun) -> None:
     """The hostile corpus's index stores only valid UTF-8 JSON lines (a bad name used to crash the save)."""
-    docs = hostile_corpus(tmp_path)
-    rc, _out, err = run_index(str(docs), "--out", str(tmp_path / "kb"))
-    assert rc == 0, err
-    for line in (tmp_path / "kb" / "chunks.jsonl").read_bytes().splitlines():
+    assert hostile_run.rc == 0, hostile_run.err
+    lines = (hostile_run.root / "kb" / "chunks.jsonl").read_bytes().splitlines()
+    assert lines
+    for line in lines:
         json.loads(line.decode("utf-8"))

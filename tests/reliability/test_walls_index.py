@@ -137,7 +137,7 @@ class TestTenantRecipe:
             guide = [h for h in hits if h["doc_id"] == "guide.md"]
             assert len(guide) == 1, hits
             assert guide[0]["metadata"]["tenant"] == tenant
-            assert guide[0]["url"] == f"https://{tenant}.example/kb/guide"
+            assert guide[0]["url"] == f"https://{tenant}.example/kb/guide#guide"  # links its section (#21)
 
     def test_scope_keeps_a_changing_meta_value_from_duplicating_documents(
         self, tmp_path: Path, pg_url: str, collection: str, capsys: pytest.CaptureFixture[str]
@@ -293,7 +293,9 @@ class TestUnknownFilterKeys:
             assert isinstance(caught.value, InputError)
             with pytest.raises(UnknownFilterKey):
                 rag.stream("How do I rotate an API key?", filters={"tenat": "acme"})
-            reply = await rag.ask("How do I rotate an API key?", filters={"tenant": "acme"})
+            # a question the hash-embedder chat answers from acme's pages (#21: 'rotate an API key' is an honest
+            # none under the hash embedder, its answering section ranked outside the graded hits)
+            reply = await rag.ask("How long is the audit log kept?", filters={"tenant": "acme"})
             assert reply.citations
         finally:
             await rag.aclose()

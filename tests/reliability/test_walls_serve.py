@@ -476,7 +476,8 @@ class TestCitationLinks:
 
         folder = self._folder(tmp_path)
         chunks = with_metadata(ingest_path(folder).chunks, folder)
-        assert {c.url for c in chunks} >= {"javascript:alert(document.cookie)", "https://docs.example.com/keys"}
+        pages = {c.url.partition("#")[0] for c in chunks}  # each chunk links its section (#21): page#anchor
+        assert pages >= {"javascript:alert(document.cookie)", "https://docs.example.com/keys"}
         rag = offline_rag(KnowledgeIndex.build(chunks, HashEmbedder(256)))
         question = "How do I rotate an API key?"
         for source_url in (None, lambda source: "javascript:void(" + source + ")"):
@@ -495,7 +496,7 @@ class TestCitationLinks:
             urls = {c["source"]: c["url"] for c in citations}
             assert urls.get("evil.md") is None and urls.get("data.md") is None
             if "good.md" in urls:
-                assert urls["good.md"] == "https://docs.example.com/keys"
+                assert urls["good.md"] == "https://docs.example.com/keys#api-keys"
 
 
 _COUNTER = iter(range(10_000))

@@ -64,6 +64,19 @@ class TestDenseIndex:
         assert again.kind == index.kind and len(again) == len(index)
         assert again.search_sync(q, 5) == index.search_sync(q, 5)
 
+    def test_equal_cosines_rank_by_chunk_id(self) -> None:
+        """Vectors with the same cosine rank by chunk id, whatever order they were added in (the Postgres store's
+        order; faiss alone returns ties in its own order), also when the tie straddles the k-th place."""
+        for threshold in (10_000, 2):
+            idx = DenseIndex(16, hnsw_threshold=threshold)
+            twin = _vectors(1, seed=3)
+            far = _vectors(1, seed=4)
+            idx.add(["t9", "t5", "t1", "far"], np.vstack([twin, twin, twin, far]))
+            q = twin[0]
+            assert [cid for cid, _ in idx.search_sync(q, 3)[0]] == ["t1", "t5", "t9"]
+            assert [cid for cid, _ in idx.search_sync(q, 2)[0]] == ["t1", "t5"]
+            assert [cid for cid, _ in idx.search_sync(q, 1)[0]] == ["t1"]
+
     def test_vectors_reconstructs(self, index: DenseIndex) -> None:
         """``vectors`` returns the stored rows, zeros for unknown ids."""
         got = index.vectors(["c2", "nope"])

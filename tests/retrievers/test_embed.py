@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import openai
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from ragloop.errors import ConfigError, RetrievalError
 from ragloop.retrievers.base import Embedder
@@ -22,6 +24,7 @@ from ragloop.retrievers.embed import (
     OpenAIEmbedder,
     embed_batched,
     embedder_named,
+    minilm_tokenizer,
     normalize_rows,
 )
 
@@ -114,6 +117,75 @@ class TestMiniLM:
         bad.write_bytes(bad.read_bytes() + b" ")
         with pytest.raises(ConfigError, match="reinstall"):
             MiniLMEmbedder(tokenizer_path=bad)
+
+
+#: Characters that stress a cut: letters, accents and combining marks, CJK (split apart by the normaliser),
+#: control characters it drops (a cut before one would split a word), every kind of space, punctuation.
+_TRICKY = st.sampled_from(list("abé\u0301\u0308中\x00\x0b\x7f \t\n\u00a0\u3000.[`#-9"))
+
+
+class TestWordPieceTokens:
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.text(_TRICKY, max_size=40), max_size=4), st.integers(1, 6))
+    @example(["a\u0301b x\x00y z\x0bw 中文"], 1)
+    def test_pieces_give_the_whole_texts_tokens(self, texts: list[str], size: int) -> None:
+        """Tokenised in pieces of ``size`` characters, every text gets exactly the spans the whole text gets."""
+        tokenizer = minilm_tokenizer()
+        assert tokenizer is not None
+        whole = [list(e.offsets) for e in tokenizer._tok.encode_batch(texts, add_special_tokens=False)]
+        tokenizer.segment_chars = size
+        try:
+            assert tokenizer.token_spans(texts) == whole
+        finally:
+            del tokenizer.segment_chars
+
+    def test_a_megabyte_word_stays_whole(self) -> None:
+        """A text with nowhere to cut (one 1 MiB word) is tokenised as one piece, still exactly."""
+        tokenizer = minilm_tokenizer()
+        assert tokenizer is not None
+        assert tokenizer.token_spans(["x" * (1 << 20), "a b"]) == [[(0, 1 << 20)], [(0, 1), (2, 3)]]
+
+
+@pytest.mark.skipif(not HAVE_MINILM, reason="needs the [embed] extra")
+class TestMiniLMRuntimes:
+    TEXTS = (
+        "How do I reset my password?",
+        'File "<stdin>", line 1, in <module>\nZeroDivisionError: division by zero',
+        "word " * 300,  # longer than the model's 256 tokens: truncated the same way by both runtimes
+        "短い日本語の文。",
+    )
+
+    def test_openvino_and_onnxruntime_give_the_same_vectors(self) -> None:
+        """The same int8 model on OpenVINO and on ONNX Runtime: cosine at least 0.999 for every text, so an index
+        built with one is searched with the other."""
+        ov = MiniLMEmbedder(runtime="openvino", threads=1)
+        ort = MiniLMEmbedder(runtime="onnxruntime", threads=1)
+        assert (ov.runtime, ort.runtime, ov.batch_size, ort.batch_size) == ("openvino", "onnxruntime", 16, 32)
+        a, b = ov.embed_sync(list(self.TEXTS)), ort.embed_sync(list(self.TEXTS))
+        assert float(np.min(np.sum(a * b, axis=1))) > 0.999
+        assert ov.name == ort.name  # the same embedder as far as an index is concerned
+
+    def test_padding_and_batching_do_not_change_a_vector(self) -> None:
+        """A text embedded alone or in a batch of longer texts (more padding) gets the same vector (to the int8
+        model's dynamic quantisation, whose scale depends on the batch)."""
+        e = MiniLMEmbedder(runtime="openvino", threads=1)
+        alone = e.embed_sync([self.TEXTS[0]])
+        together = e.embed_sync([self.TEXTS[0], *self.TEXTS[1:] * 5])
+        assert float(alone[0] @ together[0]) > 0.999
+
+    def test_unknown_runtime_is_refused(self) -> None:
+        """A runtime name that does not exist is a ConfigError listing the known ones."""
+        with pytest.raises(ConfigError, match="onnxruntime, openvino"):
+            MiniLMEmbedder(runtime="tensorrt")
+
+    def test_tokenizer_spans_are_the_models_tokens(self) -> None:
+        """The exposed tokenizer counts the model's WordPiece tokens, without [CLS]/[SEP] and without truncation."""
+        tok = MiniLMEmbedder(threads=1).tokenizer
+        (spans,) = tok.token_spans(["Unbelievably, tokenisation."])
+        text = "Unbelievably, tokenisation."
+        assert [text[a:b] for a, b in spans][:3] == ["Un", "bel", "ie"]  # WordPiece pieces, as the model sees them
+        assert "".join(text[a:b] for a, b in spans) == text.replace(" ", "")
+        assert len(tok.token_spans(["word " * 600])[0]) == 600 and tok.special_tokens == 2
 
 
 class _FakeEmbeddings:

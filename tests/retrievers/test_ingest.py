@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import gzip
-import itertools
 import json
 import os
 import re
 import stat
 import threading
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -18,23 +16,23 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ragloop.errors import ConfigError, InputError
-from ragloop.retrievers.chunking import chunk_id
-from ragloop.retrievers.embed import HashEmbedder
+from ragloop.retrievers.chunking import chunk_blocks, chunk_id, index_text
+from ragloop.retrievers.embed import HashEmbedder, minilm_tokenizer
 from ragloop.retrievers.index import KnowledgeIndex
 from ragloop.retrievers.ingest import (
     Document,
     IngestResult,
     Skip,
     chunk_document,
-    clean_text,
+    document_blocks,
     ingest_path,
     load_beir,
     load_folder,
+    render,
     safe_name,
     skip_kinds,
-    split_front_matter,
 )
-from tests.strategies import markdown_documents, markup_text, words
+from tests.strategies import markdown_documents, markup_text
 
 DATA = Path(__file__).parents[2] / ".." / "shared" / "data"
 
@@ -49,137 +47,14 @@ def in_order(needles: list[str], haystack: list[str]) -> bool:
     return all(any(n == h for h in it) for n in needles)
 
 
-class TestCleanText:
-    def test_script_and_style_removed_with_their_content(self) -> None:
-        """<script> and <style> elements vanish with everything inside them."""
-        out = clean_text("Before <script>var x = 1;</script><style>p { color: red }</style> after", "html")
-        assert out == "Before after"
-
-    def test_html_comment_removed(self) -> None:
-        """HTML comments are dropped."""
-        assert clean_text("keep <!-- secret\nnote --> this", "markdown") == "keep this"
-
-    def test_tags_stripped_text_kept_and_headings_become_lines(self) -> None:
-        """Tags go, their text stays; <h2> becomes a markdown heading line; <p> breaks paragraphs."""
-        out = clean_text("<h2>Setup</h2><p>Run <b>make</b>.</p><p>Done.</p>", "html")
-        assert out == "## Setup\n\nRun make.\n\nDone."
-
-    def test_placeholders_that_are_not_html_survive_in_markdown(self) -> None:
-        """<key> and <node-id> in command docs are not HTML elements and are kept."""
-        assert clean_text("Use GET <key> on <node-id>", "markdown") == "Use GET <key> on <node-id>"
-
-    def test_base64_blob_dropped(self) -> None:
-        """A long mixed-case base64 run is removed; a long lower-case hex digest is not."""
-        blob = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
-        digest = "a" * 30 + "0123456789abcdef" * 2
-        assert clean_text(f"payload {blob} end", "text") == "payload end"
-        assert clean_text(f"sha {digest}", "text") == f"sha {digest}"
-
-    def test_data_uri_dropped(self) -> None:
-        """data: URIs are removed, and so is an image that only carried one."""
-        out = clean_text('Logo <img src="data:image/png;base64,QUJDRA=="> here data:text/plain,hi!', "markdown")
-        assert out == "Logo here"
-
-    def test_data_colon_in_prose_is_not_a_uri(self) -> None:
-        """'data: something' in prose is not a data URI."""
-        assert clean_text("send data: a JSON body", "markdown") == "send data: a JSON body"
-
-    def test_hugo_shortcodes_keep_inner_text(self) -> None:
-        """Hugo shortcode delimiters go, the human text they wrap stays."""
-        out = clean_text('{{% alert title="Note" %}}Keys expire.{{% /alert %}} {{< highlight bash >}}', "markdown")
-        assert out == "Keys expire."
-
-    def test_jinja_and_mkdocs_directives_dropped(self) -> None:
-        """{{ … }}, {% … %}, {# … #}, {* include *} and { #anchor } are removed."""
-        text = "# Intro { #intro }\n\n{% if x %}Hello {{ user.name }}{# note #}{% endif %}\n\n{* ../src/a.py hl[1] *}"
-        assert clean_text(text, "markdown") == "# Intro\n\nHello"
-
-    def test_wordpress_shortcodes_resolved(self) -> None:
-        """[name …]inner[/name] keeps inner; attribute-only and self-closing shortcodes are dropped."""
-        text = '[note type="x"]Read this[/note] [gallery ids="1,2"] [embed url="u" /] done'
-        assert clean_text(text, "markdown") == "Read this done"
-
-    def test_admonition_markers_dropped_titles_kept(self) -> None:
-        """mkdocs '/// note | Title' keeps its title; bare markers and tab labels go."""
-        text = "/// note | Technical Details\n\nBody.\n\n///\n\n//// tab | Python 3.10+\n\nCode.\n\n////"
-        assert clean_text(text, "markdown") == "Technical Details\n\nBody.\n\nCode."
-
-    def test_logo_image_dropped_informative_alt_kept(self) -> None:
-        """Short-alt or logo images vanish; informative alt text is kept as plain text."""
-        text = "![logo](l.png) ![Swagger UI](s.png) ![A company logo for us](c.png) ![Latency by pipeline size](p.png)"
-        assert clean_text(text, "markdown") == "Latency by pipeline size"
-
-    def test_captioned_figure_kept(self) -> None:
-        """An image with a caption keeps alt text and caption, however short the alt."""
-        html_figure = '<figure><img src="c.png" alt="Cat"><figcaption>Figure 1: a <b>cat</b></figcaption></figure>'
-        assert clean_text(html_figure, "html") == "Cat\nFigure 1: a cat"
-        assert clean_text('![NUMA](n.gif "NUMA nodes versus latency")', "markdown") == "NUMA NUMA nodes versus latency"
-        wp = '[caption id="a1"]<img src="x.png" alt="Map"> The city centre[/caption]'
-        assert clean_text(wp, "markdown") == "Map\nThe city centre"
-
-    def test_links_keep_text(self) -> None:
-        """Markdown links keep their text (code and nested brackets included), not the URL."""
-        text = "See [the `Depends` docs](https://x.y/deps) by [@bot[bot]](https://github.com/apps/bot)."
-        assert clean_text(text, "markdown") == "See the `Depends` docs by @bot[bot]."
-
-    def test_entities_decoded(self) -> None:
-        """HTML entities are decoded."""
-        assert clean_text("Tom &amp; Jerry &lt;3 &#233;t&eacute;", "html") == "Tom & Jerry <3 été"
-
-    def test_whitespace_normalised_paragraphs_and_headings_kept(self) -> None:
-        """Runs of spaces collapse, blank-line runs become one, heading lines and breaks survive."""
-        text = "\ufeff  # Title  \r\n\r\n\r\n\r\nword\t\t word\u00a0end  \n\n\n\n## Next ##\nline"
-        assert clean_text(text, "markdown") == "# Title\n\nword word end\n\n## Next\nline"
-
-    def test_code_blocks_are_literal(self) -> None:
-        """Fenced code keeps its tags, braces and indentation; inline code keeps its tags."""
-        text = 'Use `<div>` here.\n\n```python\ndef f():\n    return "<b>{{ x }}</b>"\n```'
-        assert clean_text(text, "markdown") == text
-
-    def test_terminal_transcripts_lose_their_colour_markup(self) -> None:
-        """HTML colouring inside a console fence is removed."""
-        text = '```console\n<span style="color:red">INFO</span> started &lt;pid&gt;\n```'
-        assert clean_text(text, "markdown") == "```console\nINFO started <pid>\n```"
-
-    def test_unknown_format_rejected(self) -> None:
-        """An unknown fmt raises ValueError naming the valid ones."""
-        with pytest.raises(ValueError, match="markdown"):
-            clean_text("x", "pdf")
-
-    @given(markup_text, st.sampled_from(["markdown", "text", "html", "beir"]))
-    @example("&amp;lt;b&amp;gt;x", "text")
-    @example("<b>/// tip", "markdown")
-    @example("{<b>{ x }</b>}", "html")
-    @example("<b>```</b>\n<script>x</script>", "markdown")
-    def test_idempotent(self, text: str, fmt: str) -> None:
-        """Cleaning a cleaned text changes nothing."""
-        once = clean_text(text, fmt)
-        assert clean_text(once, fmt) == once
-
-    @given(st.text(), st.sampled_from(["markdown", "text", "html", "beir"]))
-    def test_arbitrary_text_never_raises_and_is_encodable(self, text: str, fmt: str) -> None:
-        """Any string, lone surrogates and control characters included, cleans to encodable UTF-8."""
-        out = clean_text(text, fmt)
-        out.encode("utf-8")
-        assert out == out.strip()
-        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", out)
-
-    @given(st.lists(words, min_size=1, max_size=20), st.sampled_from(["markdown", "text", "html", "beir"]))
-    def test_plain_words_survive(self, ws: list[str], fmt: str) -> None:
-        """Meaningful text without markup comes out with every word, in order."""
-        assert clean_text(" ".join(ws), fmt).split() == ws
+TOKENS = minilm_tokenizer()
+assert TOKENS is not None  # the [embed] extra is part of [test]
 
 
-class TestFrontMatter:
-    def test_title_taken_and_block_dropped(self) -> None:
-        """A YAML block at the top is removed and its title returned unquoted."""
-        title, body = split_front_matter('---\ntitle: "Redis ACL"\nweight: 3\ntags:\n  - a\n---\n# Body\n')
-        assert (title, body) == ("Redis ACL", "# Body\n")
-
-    def test_horizontal_rule_is_not_front_matter(self) -> None:
-        """A document opening with a rule and prose is left whole."""
-        text = "---\nThis is prose, not YAML.\n---\nMore."
-        assert split_front_matter(text) == ("", text)
+def tokens(text: str) -> int:
+    """MiniLM tokens of ``text``, [CLS] and [SEP] included (what the embedder sees)."""
+    assert TOKENS is not None
+    return len(TOKENS.token_spans([text])[0]) + TOKENS.special_tokens
 
 
 class TestChunkDocument:
@@ -195,34 +70,63 @@ class TestChunkDocument:
         ]
         assert {c.doc_id for c in chunks} == {"doc.md"} and {c.title for c in chunks} == {"Doc"}
 
+    def test_anchor_is_the_nearest_heading_id(self) -> None:
+        """A chunk's anchor is its heading's explicit { #id }, else MkDocs' slug of the title."""
+        chunks = chunk_document(md("# Big Title { #big }\n\ntext\n\n## Second Part\n\nmore"))
+        assert [c.meta().get("anchor") for c in chunks] == ["big", "second-part"]
+
     def test_hash_lines_in_code_are_not_headings(self) -> None:
         """'# comment' inside a fenced block does not start a section."""
         chunks = chunk_document(md("# Top\n\n```\n# not a heading\n```\n\ntext"))
         assert [c.title_path for c in chunks] == [("Top",)]
 
-    def test_long_section_bounded_with_overlap_at_word_starts(self) -> None:
-        """A long section splits into pieces ≤ max_chars that overlap and start and end on whole words."""
+    def test_long_section_is_cut_at_sentences_within_the_token_limit(self) -> None:
+        """A long section splits into pieces of at most max_tokens (title and path included), at sentence ends."""
         sentences = [f"Sentence number {i} talks about topic {i % 7} at length." for i in range(60)]
         doc = md("# Long\n\n" + " ".join(sentences))
-        chunks = chunk_document(doc, max_chars=300, overlap=60)
+        chunks = chunk_document(doc, max_tokens=64, tokenizer=TOKENS)
         assert len(chunks) > 5
-        vocabulary = set(doc.text.split())
-        assert all(len(c.text) <= 300 for c in chunks)
-        for a, b in itertools.pairwise(chunks):
-            assert a.text.split()[0] in vocabulary and a.text.split()[-1] in vocabulary
-            assert b.text.split()[0] in a.text.split()[-12:]  # b starts inside a's tail: the overlap
+        assert all(tokens(index_text(c)) <= 64 for c in chunks)
+        assert all(c.text.endswith(".") for c in chunks)
+        assert " ".join(c.text.removeprefix("# Long\n\n") for c in chunks) == " ".join(sentences)
         assert all(c.title_path == ("Long",) for c in chunks)
 
-    def test_sentence_boundaries_preferred(self) -> None:
-        """When a section must be split, pieces end at a sentence end rather than mid-sentence."""
-        text = " ".join(["Alpha beta gamma delta epsilon."] * 30)
-        chunks = chunk_document(md(text), max_chars=200, overlap=0)
-        assert all(c.text.endswith(".") for c in chunks)
+    def test_code_is_cut_between_lines_and_fenced_again(self) -> None:
+        """A long code block is cut between lines; every piece is a fenced block of whole lines."""
+        code = "\n".join(f"    value_{i} = compute({i})  # step {i}" for i in range(80))
+        chunks = chunk_document(md(f"# Code\n\n```python\n{code}\n```"), max_tokens=96, tokenizer=TOKENS)
+        assert len(chunks) > 2 and all(tokens(index_text(c)) <= 96 for c in chunks)
+        lines = []
+        for c in chunks:
+            body = c.text.removeprefix("# Code\n\n")
+            assert body.startswith("```python\n") and body.endswith("\n```")
+            lines += body[len("```python\n") : -len("\n```")].split("\n")
+        assert lines == code.split("\n")
 
-    def test_word_longer_than_max_is_cut(self) -> None:
-        """A single word longer than max_chars is the only thing ever cut mid-word."""
-        chunks = chunk_document(md("short " + "x" * 250 + " tail"), max_chars=100, overlap=20)
-        assert [len(c.text) for c in chunks] == [5, 100, 100, 55]
+    def test_tables_are_cut_between_rows(self) -> None:
+        """A long table is cut between rows, never inside one."""
+        rows = ["| key | value |", "| --- | --- |"] + [f"| k{i} | some value number {i} |" for i in range(60)]
+        chunks = chunk_document(md("\n".join(rows)), max_tokens=80, tokenizer=TOKENS)
+        assert len(chunks) > 2
+        assert [line for c in chunks for line in c.text.split("\n")] == rows
+
+    def test_lists_are_cut_between_items(self) -> None:
+        """A long list (one block: its items wrap onto indented lines) is cut between its items, never inside one
+        at a colon or a sentence end (the sample glossary's "MFA — Multi-Factor Authentication (MFA):" was once
+        cut from its definition)."""
+        items = [f"- **T{i}** — Term {i} (T{i}): what it means for the workspace. See\n  page {i}." for i in range(40)]
+        chunks = chunk_document(md("# Glossary\n\n" + "\n".join(items)), max_tokens=80, tokenizer=TOKENS)
+        bodies = [c.text.removeprefix("# Glossary\n\n") for c in chunks]
+        assert len(chunks) > 3 and all(tokens(index_text(c)) <= 80 for c in chunks)
+        assert all(b.startswith("- **T") and b.endswith(".") for b in bodies)
+        assert "\n".join(bodies) == "\n".join(items).replace("\n  page", "\npage")
+
+    def test_word_longer_than_the_limit_is_cut_at_tokens(self) -> None:
+        """A single enormous word is the only thing cut mid-word, at a token boundary; nothing is lost."""
+        word = "x" * 3000
+        chunks = chunk_document(md("short " + word + " tail", title=""), max_tokens=64, tokenizer=TOKENS)
+        assert all(tokens(index_text(c)) <= 64 for c in chunks)
+        assert "".join("".join(c.text.split()) for c in chunks) == "short" + word + "tail"
 
     def test_ids_are_stable_content_hashes(self) -> None:
         """Ids depend only on the normalised chunk text, not on the document."""
@@ -232,43 +136,43 @@ class TestChunkDocument:
         assert chunk_id("Other words.") != a[0].id
 
     def test_short_beir_document_is_one_chunk(self) -> None:
-        """A BEIR document within max_chars stays whole, keeps its title and _id."""
+        """A BEIR document within the limit stays whole, keeps its title and _id."""
         doc = Document(id="d1", title="T", text="# A\n\nx\n\n# B\n\ny", source="c#d1", fmt="beir")
         (chunk,) = chunk_document(doc)
         assert (chunk.text, chunk.title, chunk.doc_id, chunk.title_path) == ("# A\n\nx\n\n# B\n\ny", "T", "d1", ())
 
     def test_bad_limits_rejected(self) -> None:
-        """overlap must be below max_chars."""
-        with pytest.raises(ConfigError, match="overlap"):
-            chunk_document(md("x"), max_chars=100, overlap=100)
+        """A token limit with no room for text is a ConfigError that names a good value."""
+        with pytest.raises(ConfigError, match="max_tokens"):
+            chunk_document(md("x"), max_tokens=4)
 
     @given(
         st.one_of(markdown_documents, markup_text),
-        st.integers(20, 400),
-        st.integers(0, 100),
+        st.integers(24, 160),
         st.sampled_from(["markdown", "text", "html", "beir"]),
     )
-    def test_never_empty_never_too_long_never_loses_words(
-        self, text: str, max_chars: int, overlap: int, fmt: str
+    @example("Lorem " * 400, 24, "markdown")
+    @example("[/caption]///---aababdgjaaaaaaaaaa", 24, "markdown")
+    @example("```\n" + "a = 1\n" * 300 + "```", 30, "markdown")
+    def test_never_loses_or_duplicates_text_and_never_exceeds_the_limit(
+        self, text: str, max_tokens: int, fmt: str
     ) -> None:
-        """Chunks are non-empty, within max_chars, slices of the cleaned text, and keep every word in order."""
-        overlap = min(overlap, max_chars - 1)
+        """Chunks are non-empty, within max_tokens in the embedder's own tokens (title and path included), and
+        their pieces joined give the document's blocks back: nothing lost, nothing repeated."""
         doc = Document(id="d", title="t", text=text, source="s", fmt=fmt)
-        cleaned = clean_text(text, fmt)
-        chunks = chunk_document(doc, max_chars=max_chars, overlap=overlap)
-        assert bool(chunks) == bool(cleaned)
+        blocks = document_blocks(doc)
+        chunks = chunk_document(doc, max_tokens=max_tokens, tokenizer=TOKENS)
+        assert bool(chunks) == any(b.kind != "heading" for b in blocks)
         for c in chunks:
-            assert c.text and c.text == c.text.strip() and len(c.text) <= max_chars
-            assert c.text in cleaned
-        chunk_words = [w for c in chunks for w in c.text.split()]
-        if not any(len(w) > max_chars for w in cleaned.split()):
-            assert in_order(cleaned.split(), chunk_words)
-
-    @given(markdown_documents)
-    def test_without_overlap_chunks_tile_the_text(self, text: str) -> None:
-        """With overlap=0 the chunks' words are exactly the cleaned words: nothing lost, nothing repeated."""
-        chunks = chunk_document(md(text), max_chars=120, overlap=0)
-        assert [w for c in chunks for w in c.text.split()] == clean_text(text, "markdown").split()
+            assert c.text.strip() and tokens(index_text(c)) <= max_tokens
+        if chunks and not (fmt == "beir" and len(chunks) == 1):
+            pieces = chunk_blocks(blocks, TOKENS, max_tokens=max_tokens, title="t")
+            assert "".join("".join(p.split()) for piece in pieces for p in piece.parts) == "".join(
+                "".join(b.text.split()) for b in blocks if b.text.strip()
+            )
+        if chunks and not any(b.kind == "code" for b in blocks):  # a cut code block is fenced again
+            text_in = "".join("".join(render([b]).split()) for b in blocks if b.text.strip())
+            assert "".join("".join(c.text.split()) for c in chunks) == text_in
 
 
 class TestLoadFolder:
@@ -289,15 +193,20 @@ class TestLoadFolder:
         ]
         assert docs[1].text == "# Heading\n\nbody"  # type: ignore[union-attr]
 
-    def test_non_utf8_and_binary_files_skipped_with_reason(self, tmp_path: Path) -> None:
-        """A Latin-1 file and a binary file come back as Skips naming the file and the problem."""
-        (tmp_path / "latin.md").write_bytes("café".encode("latin-1"))
-        (tmp_path / "blob.txt").write_bytes(b"ab\x00cd")
-        items = list(load_folder(tmp_path))
-        assert all(isinstance(i, Skip) for i in items)
-        reasons = {Path(i.path).name: i.reason for i in items if isinstance(i, Skip)}
-        assert "not UTF-8" in reasons["latin.md"] and "0xe9" in reasons["latin.md"]
-        assert "binary" in reasons["blob.txt"]
+    def test_non_utf8_is_decoded_and_binary_files_skipped_with_reason(self, tmp_path: Path) -> None:
+        """A Latin-1 file is decoded (its encoding recorded), a stray NUL removed; binary junk and an unknown
+        type come back as Skips naming the file and the problem."""
+        (tmp_path / "latin.md").write_bytes("Un café crème pour la table du fond, s'il vous plaît.".encode("latin-1"))
+        (tmp_path / "nul.txt").write_bytes(b"ab\x00cd")
+        (tmp_path / "blob.txt").write_bytes(bytes(range(256)) * 8)
+        (tmp_path / "image.png").write_bytes(b"\x89PNG\r\n")
+        items = {Path(i.path if isinstance(i, Skip) else i.id).name: i for i in load_folder(tmp_path)}
+        latin, nul = items["latin.md"], items["nul.txt"]
+        assert isinstance(latin, Document) and "café crème" in latin.text and latin.encoding == "cp1252"
+        assert isinstance(nul, Document) and nul.text == "abcd"
+        blob, image = items["blob.txt"], items["image.png"]
+        assert isinstance(blob, Skip) and "binary" in blob.reason
+        assert isinstance(image, Skip) and image.reason.startswith("unsupported type '.png'")
 
 
 def write_corpus(path: Path, lines: list[str]) -> None:
@@ -342,13 +251,13 @@ class TestIngestPath:
         (tmp_path / "a.md").write_text("# A\n\nShared paragraph.\n\n# B\n\nOnly in a.", encoding="utf-8")
         (tmp_path / "b.md").write_text("# A\n\nShared paragraph.", encoding="utf-8")
         (tmp_path / "empty.html").write_text("<script>x()</script><img src='logo.png' alt='logo'>", encoding="utf-8")
-        (tmp_path / "bad.txt").write_bytes(b"\xff\xfe\x00x")
+        (tmp_path / "bad.txt").write_bytes(bytes(range(256)) * 4)
         calls: list[tuple[int, int]] = []
         result = ingest_path(tmp_path, progress=lambda done, total: calls.append((done, total)))
         assert isinstance(result, IngestResult)
         assert [c.text for c in result.chunks] == ["# A\n\nShared paragraph.", "# B\n\nOnly in a."]
         assert result.files == 2 and result.seconds >= 0
-        assert [(Path(p).name, "UTF-16" in r or "empty" in r) for p, r in result.skipped] == [
+        assert [(Path(p).name, "binary" in r or "empty" in r) for p, r in result.skipped] == [
             ("bad.txt", True),
             ("empty.html", True),
         ]
@@ -369,10 +278,29 @@ class TestIngestPath:
             ingest_path(tmp_path / "nope")
 
     def test_folder_without_documents_rejected(self, tmp_path: Path) -> None:
-        """A folder with no supported files is an InputError, not an empty index."""
-        (tmp_path / "x.pdf").write_bytes(b"%PDF")
-        with pytest.raises(InputError, match=r"\.md"):
-            ingest_path(tmp_path)
+        """A folder with nothing to read (only hidden or excluded files) is an InputError, not an empty index."""
+        (tmp_path / ".hidden.md").write_text("# x\n\ny")
+        (tmp_path / "notes.md").write_text("# x\n\ny")
+        with pytest.raises(InputError, match=r"found no files.*1 excluded"):
+            ingest_path(tmp_path, exclude=["*.md"])
+
+    def test_include_and_exclude_globs(self, tmp_path: Path) -> None:
+        """--include keeps only matching files, --exclude wins; both are counted, not reported as skips."""
+        for name in ("docs/a.md", "docs/_sources/a.txt", "docs/deep/b.md", "top.txt"):
+            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / name).write_text(f"# {name}\n\ntext of {name}")
+        result = ingest_path(tmp_path, include=["docs/**"], exclude=["_sources/**", "docs/_sources/**"])
+        assert sorted({c.doc_id for c in result.chunks}) == ["docs/a.md", "docs/deep/b.md"]
+        assert (result.excluded, result.skipped) == (2, ())
+        result = ingest_path(tmp_path, exclude=["*.txt"])
+        assert sorted({c.doc_id for c in result.chunks}) == ["docs/a.md", "docs/deep/b.md"]
+
+    def test_unsupported_files_are_reported_not_silently_dropped(self, tmp_path: Path) -> None:
+        """A file of a type ragloop cannot read is a skip of kind 'unsupported type', never silently ignored."""
+        (tmp_path / "a.md").write_text("# A\n\ntext")
+        (tmp_path / "diagram.svg").write_text("<svg/>")
+        result = ingest_path(tmp_path)
+        assert skip_kinds(result.skipped) == [("unsupported type", 1)]
 
     @pytest.mark.parametrize("name", ["fastapi-docs", "redis-docs"])
     def test_real_docs_corpus_is_clean(self, name: str) -> None:
@@ -502,13 +430,13 @@ class TestHostileFolder:
         assert safe_name("plain/ünïcode.md") == "plain/ünïcode.md"
 
     def test_skips_are_counted_by_kind(self) -> None:
-        """skip_kinds groups reasons by their leading words, most common first."""
+        """skip_kinds groups reasons by kind (unreadable, outside the folder, …), most common first."""
         skipped = [
             ("a", "not a regular file (a FIFO); only regular files are read"),
             ("b", "not a regular file (a device); only regular files are read"),
             ("c", "symbolic link out of the folder (to '/etc/passwd'); copy the file"),
         ]
-        assert skip_kinds(skipped) == [("not a regular file", 2), ("symbolic link out of the folder", 1)]
+        assert skip_kinds(skipped) == [("unreadable", 2), ("outside the folder", 1)]
 
 
 def write_gz_bomb(path: Path, line_bytes: int, after: str) -> None:
@@ -561,86 +489,32 @@ class TestHostileCorpus:
             ingest_path(tmp_path / "beir")
 
 
-#: Patterns that made the old cleaning regexes quadratic (64 KB of ``[a](`` took 53 s).
-PATHOLOGICAL = {
-    "markdown link": "[a](",
-    "markdown image": "![a](",
-    "unclosed script": "<script>",
-    "unclosed comment": "x<!--",
-    "unclosed img": "<img ",
-    "unclosed heading": "<h1>",
-    "unclosed figure": "<figure>",
-    "unclosed caption": "[caption]",
-    "shortcode": "{{<",
-    "jinja": "{%",
-    "backticks": "``a`",
-    "wordpress": "[a b]",
-}
+class TestCitationUrls:
+    def test_url_points_at_the_section_and_keeps_the_real_extension(self, tmp_path: Path) -> None:
+        """With --url-base, a chunk links page.html#anchor (extension kept); a markdown source loses .md only."""
+        from ragloop.retrievers.metadata import with_metadata
 
+        (tmp_path / "guide").mkdir()
+        (tmp_path / "guide" / "errors.html").write_text(
+            '<html><body><main><h1 id="errors">Errors</h1><p>One.</p>'
+            '<section id="syntax"><h2>Syntax</h2><p>Two.</p></section></main></body></html>'
+        )
+        (tmp_path / "intro.md").write_text("# Intro { #start }\n\nHello.")
+        chunks = with_metadata(ingest_path(tmp_path).chunks, tmp_path, url_base="https://docs.example/v1/")
+        assert sorted(c.url for c in chunks) == [
+            "https://docs.example/v1/guide/errors.html#errors",
+            "https://docs.example/v1/guide/errors.html#syntax",
+            "https://docs.example/v1/intro#start",
+        ]
 
-class TestCleaningStaysLinear:
-    @pytest.mark.parametrize("pattern", PATHOLOGICAL.values(), ids=PATHOLOGICAL.keys())
-    @pytest.mark.parametrize("fmt", ["markdown", "html"])
-    def test_256_kb_of_a_pathological_pattern_cleans_quickly(self, pattern: str, fmt: str) -> None:
-        """256 KB of each pattern cleans in well under 3 s (the old regexes took minutes)."""
-        text = (pattern * (262_144 // len(pattern) + 1))[:262_144]
-        started = time.perf_counter()
-        clean_text(text, fmt)
-        assert time.perf_counter() - started < 3.0
+    def test_pdf_chunks_link_their_page(self, tmp_path: Path) -> None:
+        """A PDF chunk's URL is file.pdf#page=N and its metadata carries the page."""
+        from ragloop.retrievers.metadata import with_metadata
+        from tests.retrievers._docs import write_pdf
 
-    def test_budget_is_enforced(self) -> None:
-        """A document over its cleaning budget raises InputError, and ingestion skips it with the reason."""
-        with pytest.raises(InputError, match="cleaning too slow"):
-            clean_text("<p>text</p>" * 1000, "html", budget_s=0.0)
-
-    def test_ingest_skips_a_document_over_budget(self, tmp_path: Path) -> None:
-        """ingest_path reports the document it gave up cleaning."""
-        (tmp_path / "slow.md").write_text("# Slow\n\nSome words here.\n")
-        result = ingest_path(tmp_path, clean_budget_s=0.0)
-        assert reasons(result)["slow.md"].startswith("cleaning too slow")
-
-
-class TestHiddenHtml:
-    @pytest.mark.parametrize(
-        "hidden",
-        [
-            '<div style="display:none">SECRET</div>',
-            '<div style="color: red; display : none;">SECRET</div>',
-            "<span style='visibility:hidden'>SECRET</span>",
-            "<p hidden>SECRET</p>",
-            '<p hidden="hidden">SECRET</p>',
-            '<div aria-hidden="true">SECRET</div>',
-            "<div hidden><div>SECRET</div>SECRET</div>",
-            "<template>SECRET</template>",
-            "<![CDATA[SECRET]]>",
-            "<!-- SECRET -->",
-            "<script>SECRET</script>",
-            "<noscript>SECRET</noscript>",
-        ],
-    )
-    @pytest.mark.parametrize("fmt", ["markdown", "html"])
-    def test_hidden_content_is_dropped(self, hidden: str, fmt: str) -> None:
-        """What a reader never sees is not indexed; the visible text around it is."""
-        cleaned = clean_text(f"<p>Visible before.</p>\n\n{hidden}\n\n<p>Visible after.</p>", fmt)
-        assert "SECRET" not in cleaned
-        assert "Visible before." in cleaned and "Visible after." in cleaned
-
-    @pytest.mark.parametrize("opener", ["<script>", "<style>", "<!--", "<![CDATA[", "<template>", "<div hidden>"])
-    def test_unterminated_hiding_construct_hides_the_rest(self, opener: str) -> None:
-        """An unterminated script, style, comment, CDATA, template or hidden element hides the rest."""
-        cleaned = clean_text(f"<p>Visible.</p>\n{opener}\nSECRET instructions for the assistant", "html")
-        assert cleaned == "Visible."
-
-    def test_visible_attributes_that_mention_hidden_are_kept(self) -> None:
-        """Only real hiding counts: a class or title mentioning 'hidden', aria-hidden=false stay visible."""
-        text = '<p class="hidden-xs" title="hidden gem">Kept one.</p><p aria-hidden="false">Kept two.</p>'
-        assert clean_text(text, "html") == "Kept one.\n\nKept two."
-
-    def test_hidden_void_element_drops_only_itself(self) -> None:
-        """A hidden input or image is dropped alone; the text after it stays."""
-        assert clean_text('<p>A <input type="text" hidden> B</p>', "html") == "A B"
-
-    def test_plain_text_keeps_what_follows_an_unterminated_opener(self) -> None:
-        """A .txt file is not rendered: a stray '<script>' or '<!--' in it hides nothing."""
-        text = "Use a <script> tag or an <!-- comment marker; this sentence stays."
-        assert clean_text(text, "text") == "Use a tag or an <!-- comment marker; this sentence stays."
+        write_pdf(tmp_path / "manual.pdf", ["First page text.", "Second page text."])
+        chunks = with_metadata(ingest_path(tmp_path).chunks, tmp_path, url_base="https://x.test")
+        assert [(c.url, c.meta()["page"]) for c in chunks] == [
+            ("https://x.test/manual.pdf#page=1", "1"),
+            ("https://x.test/manual.pdf#page=2", "2"),
+        ]

@@ -292,32 +292,39 @@ class TestCommandLineAndChat:
         assert (again["changed"], again["embedded"], again["unchanged"]) == (0, 0, 34)
         assert main(["search", *store, "rotate an API key", "--json", "-k", "2"]) == 0
         hits = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-        assert hits[0]["doc_id"] == "api-keys.md" and hits[0]["url"] == "https://docs.example/kb/api-keys"
+        assert hits[0]["doc_id"] == "api-keys.md"
+        assert hits[0]["url"] == "https://docs.example/kb/api-keys#api-keys"  # the section it cites
         question = "What does the audit log record?"
         assert main(["ask", question, *store, "--json", "--no-live", "--filter", "path=audit-log.md,webhooks.md"]) == 0
         reply = json.loads(capsys.readouterr().out)
-        urls = {c["url"] for c in reply["citations"]}
-        assert urls and urls <= {"https://docs.example/kb/audit-log", "https://docs.example/kb/webhooks"}
+        pages = {c["url"].split("#")[0] for c in reply["citations"]}  # each links its section: page#anchor
+        assert pages and pages <= {"https://docs.example/kb/audit-log", "https://docs.example/kb/webhooks"}
 
     async def test_chat_from_store_passes_filters_down(
         self, pg_url: str, collection: str, sample_chunks: list[Chunk]
     ) -> None:
-        """ChatRAG.from_store answers from the store; ask(filters=…) keeps every citation inside the filter."""
+        """ChatRAG.from_store answers from the store, with the reply the local index gives over the same chunks
+        and embedder; ask(filters=…) keeps every citation inside the filter."""
         from ragloop.chat import ChatRAG
 
         async with _store(pg_url, collection) as store:
             await store.sync(sample_chunks)
+        local = ChatRAG.from_index(KnowledgeIndex.build(sample_chunks, HashEmbedder(256)))
         rag = await anyio.to_thread.run_sync(lambda: ChatRAG.from_store(pg_url, collection=collection))
         try:
             assert rag.store is not None and rag.store.statement_timeout_s == rag.settings.retrieve_timeout_s
-            free = await rag.ask("How do I rotate an API key?")
-            assert "api-keys.md" in {c.source for c in free.citations}
+            for question in ("How do I rotate an API key?", "What does the audit log record?"):
+                got, want = await rag.ask(question), await local.ask(question)
+                assert (got.text, got.citations, got.outcome) == (want.text, want.citations, want.outcome), question
+            free = await rag.ask("What does the audit log record?")
+            assert "audit-log.md" in {c.source for c in free.citations}
             only = await rag.ask("How do I rotate an API key?", filters={"path": ["webhooks.md", "audit-log.md"]})
             assert {c.source for c in only.citations} <= {"webhooks.md", "audit-log.md"}
             audit = await rag.ask("What does the audit log record?", filters={"path": "audit-log.md"})
             assert audit.citations and {c.source for c in audit.citations} == {"audit-log.md"}
         finally:
             await rag.aclose()
+            await local.aclose()
 
 
 def _corpus(n: int, tenants: dict[str, int]) -> list[Chunk]:

@@ -12,7 +12,7 @@ import pytest
 from ragloop.chat import ChatRAG
 from ragloop.events import Token
 from ragloop.serve import MemorySessionStore, ServeSettings, SessionLimits, create_app
-from ragloop.state import ContextBlock, Message, Outcome
+from ragloop.state import Chunk, ContextBlock, Hit, Message, Outcome
 from ragloop.testing import FakeRetriever
 from tests.serve.conftest import DOCS, StuckRag, asgi_client, decider, fake_rag, sse_events
 
@@ -46,6 +46,51 @@ class TestChatCompletions:
         assert "[1] API keys — api-keys.md" in footer or "[2] API keys — api-keys.md" in footer
         assert set(body["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens"}
         assert not _INTERNAL_KEYS & set(extension)
+
+    @pytest.mark.parametrize("stream", [False, True])
+    async def test_one_page_is_one_source_with_its_sections(self, stream: bool) -> None:
+        """Two sections of one page cited with a third page: the text shows [1] [1] [2] streamed and whole, the
+        ragloop citations and the Sources footer list each page once, numbered 1..n, the page's sections
+        under it (the answerer cited blocks 1, 2 and 3)."""
+
+        def section(text: str, anchor: str, heading: str, source: str = "keys.md") -> Hit:
+            url = f"https://docs.example/{source.removesuffix('.md')}#{anchor}"
+            return Hit(Chunk(anchor, text, source, "API keys", ("API keys", heading), source, url), 1.0, 0.5)
+
+        hits = [
+            section("Create the new key.", "create", "Create a key"),
+            section("Revoke the old one.", "revoke", "Expiry and rotation"),
+            section("Limits per key.", "limits", "Limits", source="limits.md"),
+        ]
+        rag = fake_rag(retriever=FakeRetriever({"rotate api key": hits}))
+        async with asgi_client(create_app(rag)) as client:
+            r = await client.post("/v1/chat/completions", json={**_question(), "stream": stream})
+        if stream:
+            chunks = [json.loads(d) for _, d in sse_events(r.text) if d != "[DONE]"]
+            content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+            extension = next(c["ragloop"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"])
+        else:
+            content, extension = r.json()["choices"][0]["message"]["content"], r.json()["ragloop"]
+        assert content.startswith("context: [1] [1] [2]")
+        assert [(c["n"], c["source"]) for c in extension["citations"]] == [(1, "keys.md"), (2, "limits.md")]
+        assert [s["url"] for s in extension["citations"][0]["sections"]] == [
+            "https://docs.example/keys#create",
+            "https://docs.example/keys#revoke",
+        ]
+        assert content.endswith(
+            "\n\nSources:\n[1] API keys — https://docs.example/keys#create\n"
+            "    § Expiry and rotation — https://docs.example/keys#revoke\n"
+            "[2] API keys — https://docs.example/limits#limits"
+        )
+
+    async def test_section_titles_are_scrubbed(self) -> None:
+        """A section heading carrying terminal escapes reaches the client's sources without them."""
+        evil = Chunk("e", "Create the new key.", "keys.md", "API keys", ("API keys", "Create\x1b]0;pwned\x07 a key"))
+        rag = fake_rag(retriever=FakeRetriever({"rotate api key": [Hit(evil, 1.0, 0.5)]}))
+        async with asgi_client(create_app(rag)) as client:
+            r = await client.post("/v1/chat/completions", json=_question())
+        sections = r.json()["ragloop"]["citations"][0]["sections"]
+        assert [s["title"] for s in sections] == ["Create a key"]
 
     async def test_streaming_chunks_end_with_stop_usage_and_done(self, rag: ChatRAG) -> None:
         """A streamed completion: role chunk, token chunks, footer, stop chunk with citations, usage, [DONE]."""
@@ -545,7 +590,8 @@ class TestPage:
 
 class TestClientDict:
     async def test_client_dict_holds_no_record(self, rag: ChatRAG) -> None:
-        """Reply.client_dict has exactly turn_id, text, outcome, citations (n, title, source, url) and missing."""
+        """Reply.client_dict has exactly turn_id, text, outcome, citations (n, title, source, url, the sections
+        cited) and missing."""
         reply = await rag.ask("How do I rotate an API key?")
         out = reply.client_dict(lambda source: "https://x.example/" + source)
         assert set(out) == {"turn_id", "text", "outcome", "citations", "missing"}
@@ -555,7 +601,9 @@ class TestClientDict:
             "title": "API keys",
             "source": "api-keys.md",
             "url": "https://x.example/api-keys.md",
+            "sections": cited["sections"],
         }
+        assert cited["sections"] and all(set(s) == {"title", "url"} for s in cited["sections"])
         json.dumps(out)
 
 

@@ -13,9 +13,9 @@ from ragloop.chat import ChatRAG
 from ragloop.errors import ConfigError
 from ragloop.retrievers.embed import HashEmbedder
 from ragloop.retrievers.index import KnowledgeIndex
-from ragloop.retrievers.ingest import Chunk
 from ragloop.serve import ANONYMOUS, ApiKey, Principal, ServeSettings, create_app, load_keys
 from ragloop.serve._principals import KeyRing, narrow
+from ragloop.state import Chunk
 
 
 class TestApiKey:

@@ -247,12 +247,12 @@ class TestServeCommand:
         try:
             base = f"http://127.0.0.1:{port}"
             _wait_up(base, proc)
-            r = httpx.post(base + "/v1/chat/completions", json=_ask("How do I rotate an API key?"), timeout=60)
+            r = httpx.post(base + "/v1/chat/completions", json=_ask("What does the audit log record?"), timeout=60)
         finally:
             proc.terminate()
             proc.communicate(timeout=20)
         assert r.status_code == 200, r.text
-        assert "api-keys.md" in {c["source"] for c in r.json()["ragloop"]["citations"]}
+        assert "audit-log.md" in {c["source"] for c in r.json()["ragloop"]["citations"]}
 
 
 def _ask(question: str) -> dict[str, object]:

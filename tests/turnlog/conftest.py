@@ -14,6 +14,12 @@ from ragloop.turnlog import PendingTurn, pending_turn
 
 _ids = itertools.count()
 
+#: A question the hash-embedder chat answers from the documents, with citations (its key terms: :data:`TERMS`).
+#: Not "How do I rotate an API key?": under the hash embedder that one's answering section ranks outside the
+#: graded hits and the reply is an honest none (MiniLM, the default embedder, answers it).
+ANSWERED = "How many times does Lumen retry a failed webhook delivery?"
+TERMS = ("many", "times", "lumen", "retry", "failed", "webhook", "delivery")
+
 
 @pytest.fixture(scope="session")
 def hash_rag() -> ChatRAG:

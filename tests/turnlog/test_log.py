@@ -23,7 +23,7 @@ from ragloop.turnlog import (
     StoredRow,
     TurnLog,
 )
-from tests.turnlog.conftest import run_turn
+from tests.turnlog.conftest import ANSWERED, run_turn
 
 pytestmark = pytest.mark.anyio
 
@@ -284,8 +284,8 @@ class TestBriefRead:
     async def test_answered_turns_come_back_brief(self, tmp_path: Path, hash_rag: ChatRAG) -> None:
         """brief_answered leaves out the hits of turns answered in full and not rated down, and only theirs."""
         log = TurnLog.open(_url(tmp_path))
-        answered = await run_turn(hash_rag, "How do I rotate an API key?")
-        rated = await run_turn(hash_rag, "How do I rotate an API key?")
+        answered = await run_turn(hash_rag, ANSWERED)
+        rated = await run_turn(hash_rag, ANSWERED)
         gap = await run_turn(hash_rag, "Does Lumen integrate with Zapier?")
         for turn in (answered, rated, gap):
             log.record(turn)

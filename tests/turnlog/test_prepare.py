@@ -14,7 +14,7 @@ from ragloop.chat import ChatRAG
 from ragloop.state import Caller
 from ragloop.turnlog import LogPolicy, clean, hash_identity, prepare, question_hash
 from ragloop.turnlog._row import row_from_json, row_to_json
-from tests.turnlog.conftest import run_turn
+from tests.turnlog.conftest import ANSWERED, TERMS, run_turn
 
 pytestmark = pytest.mark.anyio
 
@@ -36,13 +36,11 @@ class TestPrepare:
     async def test_row_keeps_what_the_issue_lists(self, hash_rag: ChatRAG) -> None:
         """A row has the time, hashed identities, the question, outcome, queries, hits with scores and grades,
         citations, latency and model calls."""
-        turn = await run_turn(
-            hash_rag, "How do I rotate an API key?", principal="key:abc", caller=Caller(tenant="acme", user="u1")
-        )
+        turn = await run_turn(hash_rag, ANSWERED, principal="key:abc", caller=Caller(tenant="acme", user="u1"))
         row = prepare(turn, LogPolicy())
         assert row.principal == hash_identity("key:abc") and row.user == hash_identity("u1")
         assert row.tenant == hash_identity("acme") and "acme" not in json.dumps(row_to_json(row))
-        assert row.question == "How do I rotate an API key?" and row.terms == ("rotate", "api", "key")
+        assert row.question == ANSWERED and row.terms == TERMS
         assert row.outcome == turn.record.outcome and row.queries and row.hits and row.citations
         assert all(h.label in ("relevant", "partial", "irrelevant") for h in row.hits)
         assert row.seconds == turn.record.seconds and row.models == ("offline",) and row.llm_calls == 0
@@ -91,7 +89,7 @@ class TestPrepare:
 
     async def test_keys_a_later_version_adds_are_ignored(self, hash_rag: ChatRAG) -> None:
         """A row written by a later version (a key more at the top and in each nested record) still reads."""
-        row = prepare(await run_turn(hash_rag, "How do I rotate an API key?"), LogPolicy())
+        row = prepare(await run_turn(hash_rag, ANSWERED), LogPolicy())
         columns = {n: getattr(row, n) for n in ("turn_id", "at", "principal", "user", "tenant", "outcome")}
         columns |= {"question": row.question, "question_hash": row.question_hash, "seconds": row.seconds}
         data = json.loads(json.dumps(row_to_json(row)))

@@ -43,7 +43,8 @@ def _is_tty(stream: IO[str]) -> bool:
 
 
 def sources_lines(citations: Sequence[Citation], link: Callable[[Citation], str]) -> list[str]:
-    """One line per cited source: ``[n] title — link``, deduplicated by number, terminal-safe."""
+    """One line per cited page, ``[n] title — link``, deduplicated by number, then an indented ``§ section —
+    link`` line for each further section of the page the reply cites; terminal-safe."""
     seen: set[int] = set()
     lines = []
     for c in citations:
@@ -52,6 +53,9 @@ def sources_lines(citations: Sequence[Citation], link: Callable[[Citation], str]
         seen.add(c.n)
         where = link(c)
         lines.append(terminal_safe(f"[{c.n}] {c.title or c.source}" + (f" — {where}" if where else "")))
+        for section in c.sections[1:]:
+            where = f" — {section.url}" if section.url else ""
+            lines.append(terminal_safe(f"    § {section.title or c.title}{where}"))
     return lines
 
 

@@ -30,8 +30,11 @@ class Verifier(Protocol):
         ...
 
 
-async def verify_reply(verifier: Verifier, state: TurnState) -> None:
+async def verify_reply(verifier: Verifier, state: TurnState, blocks: Sequence[ContextBlock] | None = None) -> None:
     """The bounded verify step: one pass over the finished reply, no extra retrieval, recorded.
+
+    ``blocks`` are what the reply's numbers name (the answer node passes its pages: the client's numbers, each
+    page's cited blocks joined); by default the turn's blocks.
 
     Sentences the blocks they cite do not support are dropped from the final text; they were already streamed,
     so a :class:`~ragloop.events.Correction` event names them and the reply ends with a note that quotes them;
@@ -41,7 +44,7 @@ async def verify_reply(verifier: Verifier, state: TurnState) -> None:
     if state.outcome not in ("context", "partial") or not state.blocks or not state.answer:
         return
     try:
-        found = await verifier.verify(state.question, state.answer, state.blocks)
+        found = await verifier.verify(state.question, state.answer, state.blocks if blocks is None else blocks)
     except Exception as exc:  # noqa: BLE001 — fail-open: an unverified reply is still the reply
         state.errors.append(f"answer: verify: {type(exc).__name__}: {exc}")
         return

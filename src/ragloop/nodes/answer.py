@@ -10,6 +10,7 @@ import re
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+import attrs
 from attrs import define, field
 
 from ragloop._log import get_logger
@@ -17,7 +18,7 @@ from ragloop.errors import JudgeTruncated
 from ragloop.events import Progress
 from ragloop.freshness import Freshness, stale_note, stale_sources
 from ragloop.llm.protocols import Answerer
-from ragloop.nodes._citations import CitationGate
+from ragloop.nodes._citations import CitationGate, Numbering, resolve_citations
 from ragloop.nodes._verify import Verifier, say, verify_reply
 from ragloop.prompt_budget import PromptBudget
 from ragloop.retrievers.fusion import FusionSettings, anchor_query, fuse_searches
@@ -25,7 +26,6 @@ from ragloop.retrievers.rerank import RerankSettings, rerank
 from ragloop.runner import END, emit
 from ragloop.state import (
     Abstention,
-    Citation,
     ContextBlock,
     Graded,
     Hit,
@@ -34,7 +34,6 @@ from ragloop.state import (
     Outcome,
     TurnState,
 )
-from ragloop.text.citations import MARKER, MARKER_RUN, MAX_MARKER_CHARS, marker_numbers
 
 __all__ = [
     "CUT_BY_TIME",
@@ -113,10 +112,7 @@ def build_blocks(state: TurnState, max_blocks: int, ranking: RerankSettings | No
             if depth < len(items) and len(blocks) < max_blocks and items[depth].hit.id not in seen:
                 g = items[depth]
                 seen.add(g.hit.id)
-                chunk = g.hit.chunk
-                blocks.append(
-                    ContextBlock(len(blocks) + 1, chunk.text, chunk.source, chunk.title, chunk.id, g.query, chunk.url)
-                )
+                blocks.append(_block(len(blocks) + 1, g.hit, g.query))
         depth += 1
     return tuple(blocks)
 
@@ -141,39 +137,14 @@ def _ranked_blocks(state: TurnState, max_blocks: int, ranking: RerankSettings | 
         if hit.id in seen:
             continue
         seen.add(hit.id)
-        c = hit.chunk
-        blocks.append(ContextBlock(len(blocks) + 1, c.text, c.source, c.title, c.id, query, c.url))
+        blocks.append(_block(len(blocks) + 1, hit, query))
     return tuple(blocks)
 
 
-def resolve_citations(text: str, blocks: Sequence[ContextBlock]) -> tuple[str, tuple[Citation, ...], list[int]]:
-    """Resolve ``[n]`` and ``[n, m]`` markers; drop markers that name no block.
-
-    Only free-standing markers count (:mod:`ragloop.text.citations`): ``arr[0]`` and ``pair[1]`` are code.
-
-    Returns the cleaned text, the citations in order of first use, and the invalid numbers removed.
-    """
-    by_n = {b.n: b for b in blocks}
-    cited: dict[int, Citation] = {}
-    invalid: list[int] = []
-
-    def fix(m: re.Match[str]) -> str:
-        out = []
-        for one in MARKER.finditer(m.group()):
-            if len(one.group()) > MAX_MARKER_CHARS:  # text, as the gate streamed it
-                out.append(one.group())
-                continue
-            ns = marker_numbers(one.group(1))
-            good = [n for n in ns if n in by_n]
-            invalid.extend(n for n in ns if n not in by_n)
-            for n in good:
-                b = by_n[n]
-                cited.setdefault(n, Citation(n, b.source, b.title, b.chunk_id, b.url))
-            out.extend(f"[{n}]" for n in good)
-        return "".join(out)
-
-    cleaned = MARKER_RUN.sub(fix, text)
-    return cleaned, tuple(cited.values()), invalid
+def _block(n: int, hit: Hit, query: str) -> ContextBlock:
+    c = hit.chunk
+    section = c.title_path[-1] if c.title_path and c.title_path[-1] != c.title else ""
+    return ContextBlock(n, c.text, c.source, c.title, c.id, query, c.url, section)
 
 
 @runtime_checkable
@@ -265,6 +236,9 @@ class Answer:
     Whatever an answerer yields is checked before it is streamed: a token that is not a string is skipped
     (and recorded), and citation markers are held back until they close and keep only numbers that name a
     block (:class:`~ragloop.nodes._citations.CitationGate`), so a marker of a missing block is never shown.
+    The markers stream in the client's numbers (:class:`~ragloop.nodes._citations.Numbering`): one per page,
+    ``1..n`` in the order of first citation, the blocks of a page sharing its number; the final text and
+    ``state.citations`` (one per page, with the sections cited) use the same numbers.
     """
 
     answerer: Answerer
@@ -307,9 +281,10 @@ class Answer:
         else:
             if not state.answer:
                 await say(state, "Sorry, I could not write an answer just now. Please try again.")
+        streamed = state.answer
         if self.verifier is not None:
-            await verify_reply(self.verifier, state)
-        _resolve(state)
+            await verify_reply(self.verifier, state, Numbering(state.blocks, state.cited).pages())
+        _resolve(state, streamed)
         if self.freshness is not None:
             await note_stale(state, self.freshness)
         return END
@@ -331,7 +306,8 @@ class Answer:
             if not text:
                 state.outcome, state.missing = "none", tuple(state.roots()) or (state.question,)
                 state.blocks = ()
-            await say(state, text or NOT_IN_TIME)
+            gate = _gate(state)  # the composed reply cites blocks: the client sees its own numbers
+            await say(state, (gate.feed(text) + gate.flush()) if text else NOT_IN_TIME)
         _resolve(state)
 
     def _compose(self, state: TurnState) -> str:
@@ -358,7 +334,7 @@ class Answer:
             direct_reply=reply,
             history=history,
         )
-        gate = CitationGate(b.n for b in state.blocks)
+        gate = _gate(state)
         skipped: set[str] = set()
         try:
             async for token in stream:
@@ -406,12 +382,12 @@ def _choose(
     state: TurnState, max_blocks: int, abstainer: Abstainer | None = None, ranking: RerankSettings | None = None
 ) -> None:
     """Set the outcome, the unanswered queries and the numbered blocks (abstaining when they do not support an
-    answer); start an empty reply."""
+    answer); start an empty reply with no page numbered."""
     state.outcome, state.missing = decide_outcome(state)
     state.blocks = build_blocks(state, max_blocks, ranking) if state.outcome != "direct" else ()
     if abstainer is not None:
         abstain(abstainer, state)
-    state.answer = ""
+    state.answer, state.cited = "", []
 
 
 #: A reply that opens by saying the sources do not hold the answer (the model's words or the offline ones).
@@ -423,11 +399,24 @@ SAYS_NOT_COVERED = re.compile(
 )
 
 
-def _resolve(state: TurnState) -> None:
-    """Resolve the reply's citations against the blocks and set the final text. A reply that opens by saying
+def _gate(state: TurnState) -> CitationGate:
+    """The gate for what the answer streams: block markers checked, written in the client's page numbers."""
+    return CitationGate((b.n for b in state.blocks), Numbering(state.blocks, state.cited))
+
+
+def _resolve(state: TurnState, streamed: str | None = None) -> None:
+    """Resolve the reply's citations and set the final text. The streamed text carries the client's numbers
+    already (one per page, see :class:`~ragloop.nodes._citations.Numbering`); each resolves to its page, with
+    the sections cited. The citations are those of ``streamed`` (what the client was shown, by default the
+    reply): a page whose only citing sentence verify took back stays listed, so the numbers run ``1..n``.
+    A reply that opens by saying
     the sources do not cover the question is an abstention whatever was planned: outcome ``none``, and any
     citation it made is dropped (an abstaining reply cites nothing)."""
-    text, citations, invalid = resolve_citations(state.answer, state.blocks)
+    numbering = Numbering(state.blocks, state.cited)
+    pages = numbering.pages()
+    text, _, invalid = resolve_citations(state.answer, pages)
+    shown = resolve_citations(state.answer if streamed is None else streamed, pages)[1]
+    citations = tuple(attrs.evolve(c, sections=numbering.sections(c.n)) for c in sorted(shown, key=lambda c: c.n))
     if invalid:
         state.errors.append(f"answer: removed citations to unknown blocks {sorted(set(invalid))}")
     if state.outcome in ("context", "partial") and SAYS_NOT_COVERED.match(text):

@@ -166,7 +166,8 @@ class DenseIndex:
         return out
 
     def search_sync(self, queries: npt.ArrayLike, k: int) -> list[list[tuple[str, float]]]:
-        """Top-``k`` ``(chunk_id, cosine)`` per query row, best first, with one OpenMP thread."""
+        """Top-``k`` ``(chunk_id, cosine)`` per query row, best first and equal cosines by chunk id (the order
+        the Postgres store gives), with one OpenMP thread."""
         q = np.ascontiguousarray(queries, dtype=np.float32)
         if q.ndim == 1:
             q = q[None, :]
@@ -175,22 +176,30 @@ class DenseIndex:
         if k < 1 or not self._ids:
             return [[] for _ in range(len(q))]
         faiss.omp_set_num_threads(1)  # per calling thread: the serving path stays single-threaded
-        want = min(k + len(self._tombstones), self._index.ntotal)
+        # One row past k tells whether a tie straddles the k-th place; faiss orders ties its own way, so the
+        # rows are re-sorted, and fetched again wider while the row past the last kept one still ties.
+        want = min(k + len(self._tombstones) + 1, self._index.ntotal)
+        while True:
+            rows = self._search_rows(q, want)
+            if want >= self._index.ntotal or all(len(r) <= k or r[k][1] < r[k - 1][1] for r in rows):
+                break
+            want = min(2 * want, self._index.ntotal)
+        return [sorted(r, key=lambda hit: (-hit[1], hit[0]))[:k] for r in rows]
+
+    def _search_rows(self, q: npt.NDArray[np.float32], want: int) -> list[list[tuple[str, float]]]:
+        """faiss's ``want`` nearest rows per query, deleted ids left out, in faiss's order."""
         params = None
         if self._hnsw:
             params = faiss.SearchParametersHNSW(efSearch=max(self.ef_search, want))  # type: ignore[attr-defined]
         scores, ids = self._index.search(q, want, params=params)
-        out: list[list[tuple[str, float]]] = []
-        for srow, irow in zip(scores, ids, strict=True):
-            hits: list[tuple[str, float]] = []
-            for s, i in zip(srow.tolist(), irow.tolist(), strict=True):
-                if i < 0 or i in self._tombstones or i not in self._ids:
-                    continue
-                hits.append((self._ids[i], float(s)))
-                if len(hits) == k:
-                    break
-            out.append(hits)
-        return out
+        return [
+            [
+                (self._ids[i], float(s))
+                for s, i in zip(srow.tolist(), irow.tolist(), strict=True)
+                if i >= 0 and i not in self._tombstones and i in self._ids
+            ]
+            for srow, irow in zip(scores, ids, strict=True)
+        ]
 
     def compact(self) -> None:
         """Rebuild an HNSW index without its deleted vectors (a no-op for the exact index)."""

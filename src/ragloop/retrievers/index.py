@@ -46,6 +46,7 @@ from ragloop.retrievers.dense import DenseIndex, DenseRetriever
 from ragloop.retrievers.embed import Progress, embed_batched, embedder_named, file_sha256
 from ragloop.retrievers.filters import Filters, metadata_keys
 from ragloop.retrievers.hybrid import HybridRetriever
+from ragloop.retrievers.ingest._chunk import index_text
 from ragloop.retrievers.scope import Scope
 from ragloop.state import Chunk, Hit
 
@@ -77,17 +78,6 @@ _INDEX_ENTRIES = frozenset({_MANIFEST, _CHUNKS, "bm25", "dense.faiss", "dense.js
 
 
 _NO_SCOPE = Scope()
-
-
-def index_text(chunk: Chunk) -> str:
-    """The text that is indexed for a chunk: its title and heading path (when not already in the text),
-    then the text. Titles carry much of a document's topic, for both BM25 and the embedder."""
-    head: list[str] = []
-    for part in (chunk.title, *chunk.title_path):
-        part = part.strip()
-        if part and part not in head and not chunk.text.startswith(part):
-            head.append(part)
-    return "\n".join([*head, chunk.text]) if head else chunk.text
 
 
 def _remove_dead_leftovers(parent: Path, name: str) -> None:

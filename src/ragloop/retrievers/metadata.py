@@ -7,8 +7,10 @@
   lists and nested blocks are left out), keys lower-cased;
 - the caller's pairs (``ragloop index --meta tenant=acme``), which win over the front matter.
 
-The URL is the front matter's ``url:`` (or ``permalink:``), else ``url_base`` joined with the document path
-(suffix dropped), else none.
+The URL is the front matter's ``url:`` (or ``permalink:``), else ``url_base`` joined with the document path,
+else none; it points at the chunk's section, ``page.html#anchor`` (the nearest heading's id; ``file.pdf#page=N``
+for a PDF). The path keeps its real extension (``.html``, ``.pdf``, ``.txt``); only the markup sources that a
+site generator publishes under another name (``.md``, ``.markdown``, ``.mdx``, ``.rst``) lose theirs.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ __all__ = ["front_matter", "with_metadata"]
 _BLOCK = re.compile(r"\A(?:\ufeff)?---[ \t]*\r?\n(.*?)\r?\n(?:---|\.\.\.)[ \t]*(?:\r?\n|\Z)", re.S)
 _PAIR = re.compile(r"^([A-Za-z_][\w.-]*)[ \t]*:[ \t]*(.*?)[ \t]*$")
 _HEAD_BYTES = 16_384
+#: Source suffixes a site generator publishes under another name (MkDocs: ``page.md`` → ``page/``).
+_PUBLISHED_AS = re.compile(r"\.(?:md|markdown|mdx|rst)$", re.I)
 
 
 def front_matter(text: str) -> dict[str, str]:
@@ -86,7 +90,10 @@ def with_metadata(
         merged = {**meta, "path": c.doc_id, **dict(extra or {})}
         url = merged.get("url") or merged.get("permalink") or c.url
         if not url and url_base:
-            stem = re.sub(r"\.(md|markdown|html?|txt)$", "", c.doc_id)
+            stem = _PUBLISHED_AS.sub("", c.doc_id)
             url = url_base.rstrip("/") + "/" + stem.lstrip("/")
-        out.append(attrs.evolve(c, metadata=merged, url=url))
+        anchor = c.meta().get("anchor", "")
+        if url and anchor and "#" not in url:
+            url = f"{url}#{anchor}"
+        out.append(attrs.evolve(c, metadata={**c.meta(), **merged}, url=url))
     return out

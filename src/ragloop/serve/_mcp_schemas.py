@@ -95,6 +95,15 @@ ASK_OUTPUT: dict[str, Any] = {
                     "title": {"type": "string"},
                     "source": {"type": "string"},
                     "url": {"type": ["string", "null"]},
+                    "sections": {
+                        "type": "array",
+                        "description": "The parts of the page the answer cites (its first is the citation's url)",
+                        "items": {
+                            "type": "object",
+                            "properties": {"title": {"type": "string"}, "url": {"type": ["string", "null"]}},
+                            "required": ["title", "url"],
+                        },
+                    },
                 },
                 "required": ["n", "title", "source", "url"],
             },

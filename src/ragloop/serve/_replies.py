@@ -26,10 +26,16 @@ _JSON = {"content-type": "application/json"}
 
 
 def _footer(citations: Sequence[Mapping[str, Any]]) -> str:
-    """The sources as text a person can read at the end of the answer."""
+    """The sources as text a person can read at the end of the answer: one line per page, ``[n] title — link``
+    (its first cited section's), then an indented ``§ section — link`` line for each further section cited."""
     if not citations:
         return ""
-    lines = [f"[{c['n']}] {c['title']} — {c['url'] or c['source']}" for c in citations]
+    lines = []
+    for c in citations:
+        lines.append(f"[{c['n']}] {c['title']} — {c['url'] or c['source']}")
+        for section in c.get("sections", [])[1:]:
+            title, url = section.get("title") or c["title"], section.get("url")
+            lines.append(f"    § {title}" + (f" — {url}" if url else ""))
     return "\n\nSources:\n" + "\n".join(lines)
 
 

@@ -34,8 +34,17 @@ STORE_DOWN = "the knowledge base is unavailable (every search of this turn faile
 
 
 def _clean(reply: Reply) -> Reply:
-    """The reply with its text, titles, sources and missing parts scrubbed of escapes and control characters."""
-    citations = tuple(attrs.evolve(c, title=scrub(c.title), source=scrub(c.source)) for c in reply.citations)
+    """The reply with its text, titles (the sections' too), sources and missing parts scrubbed of escapes and
+    control characters."""
+    citations = tuple(
+        attrs.evolve(
+            c,
+            title=scrub(c.title),
+            source=scrub(c.source),
+            sections=tuple(attrs.evolve(s, title=scrub(s.title)) for s in c.sections),
+        )
+        for c in reply.citations
+    )
     return attrs.evolve(
         reply, text=scrub(reply.text), citations=citations, missing=tuple(scrub(m) for m in reply.missing)
     )

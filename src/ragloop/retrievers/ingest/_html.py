@@ -1,0 +1,317 @@
+"""HTML pages to blocks: the page's main content only, parsed by a real HTML5 parser (selectolax/Lexbor).
+
+What a documentation generator wraps around the content never reaches the index:
+
+- The main content is found first: ``[role=main]`` (Sphinx, Read the Docs, Furo), then ``article`` (MkDocs
+  Material, Docusaurus), ``main``, ``#content``; the whole ``<body>`` only when the page has none of these.
+- Inside it, navigation is dropped: ``nav``, ``aside``, ``footer``, navigation/search/banner roles, the
+  generators' sidebars, tables of contents, breadcrumbs, previous/next and "edit this page" links, heading
+  permalinks (``¶``), cookie and consent banners, hidden elements (``hidden``, ``aria-hidden``,
+  ``display: none``), forms and buttons, and link lists whose text is almost all links (a toctree, an index).
+- Entities are decoded once, by the parser. ``<pre>`` becomes a code block verbatim (indentation, ``# comment``
+  lines and ``<stdin>`` kept); headings come only from ``<h1>``–``<h6>``, with the id of the heading (or of its
+  permalink, or of the ``<section>`` it opens) as the anchor; tables become markdown rows; inline ``<code>`` is
+  kept in backticks; an image keeps its alt text when that says something.
+
+Measured against trafilatura and readability-lxml in ``benchmarks/bench_extract.py``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ragloop.retrievers.ingest._blocks import Block, LoaderError, MissingExtra, clean_code, clean_inline
+from ragloop.retrievers.ingest._markup import _image_text
+
+__all__ = ["html_blocks"]
+
+#: Where a page's main content is, most specific first.
+_MAIN = ("[role=main]", "main article", "article", "main", "#main-content", "#content", ".content", "body")
+#: Never content, wherever it is.
+_DROP_TAGS = (
+    "script, style, noscript, template, svg, head, iframe, form, button, input, select, textarea, canvas, "
+    "object, embed, nav, aside, footer, dialog"
+)
+_DROP_SELECTORS = (
+    "[role=navigation], [role=search], [role=banner], [role=contentinfo], [hidden], [aria-hidden=true], "
+    # Sphinx
+    ".headerlink, .sphinxsidebar, .related, .toctree-wrapper, .footer, .rst-footer-buttons, #searchbox, "
+    # MkDocs (Material and the classic theme)
+    ".md-sidebar, .md-footer, .md-header, .md-source-file, .md-content__button, .md-top, .md-dialog, "
+    ".toc, #toc, .bs-sidebar, "
+    # Docusaurus
+    ".hash-link, .theme-doc-toc-mobile, .theme-doc-footer, .pagination-nav, .theme-edit-this-page, "
+    ".theme-last-updated, .breadcrumbs, .theme-doc-breadcrumbs, .tableOfContents, .table-of-contents, "
+    # cookie and consent banners, skip links
+    "[id*=cookie], [class*=cookie], [id*=consent], [class*=consent], .skip-link, .sr-only"
+)
+_HIDDEN_STYLE = re.compile(r"(?:^|;)\s*(?:display\s*:\s*none|visibility\s*:\s*hidden)\b", re.I)
+_LANG = re.compile(r"(?:^|\s)(?:language|lang|highlight)-([\w+#.-]+)")
+_BLOCK_TAGS = frozenset(
+    (
+        "address",
+        "article",
+        "blockquote",
+        "body",
+        "center",
+        "dd",
+        "details",
+        "div",
+        "dl",
+        "dt",
+        "fieldset",
+        "figcaption",
+        "figure",
+        "header",
+        "hgroup",
+        "html",
+        "li",
+        "main",
+        "ol",
+        "p",
+        "section",
+        "summary",
+        "ul",
+    )
+)
+_HEADINGS = frozenset(("h1", "h2", "h3", "h4", "h5", "h6"))
+_LINK_LISTS = "ul, ol, dl, table"
+#: Deepest element nesting read. Real pages nest a few dozen deep; the parser's time grows with the square of the
+#: depth (100,000 nested <div>s take minutes) and the walk recurses, so a deeper page is refused up front.
+MAX_DEPTH = 256
+_TAG_SCAN = re.compile(r"<(/?)([a-zA-Z][a-zA-Z0-9-]*)[^<>]*?(/?)>")
+#: Elements HTML closes by itself (and void elements): they never deepen a real page.
+_SELF_CLOSING = frozenset(
+    [
+        "p",
+        "li",
+        "dt",
+        "dd",
+        "tr",
+        "td",
+        "th",
+        "option",
+        "optgroup",
+        "tbody",
+        "thead",
+        "tfoot",
+        "colgroup",
+        "caption",
+        "rb",
+        "rt",
+        "rp",
+        "area",
+        "base",
+        "br",
+        "col",
+        "embed",
+        "hr",
+        "img",
+        "input",
+        "link",
+        "meta",
+        "param",
+        "source",
+        "track",
+        "wbr",
+    ]
+)
+
+
+def _parser() -> Any:
+    try:
+        from selectolax.lexbor import LexborHTMLParser
+    except ImportError as exc:
+        raise MissingExtra("HTML pages need the [ingest] extra (selectolax): pip install 'ragloop[ingest]'") from exc
+    return LexborHTMLParser
+
+
+def html_blocks(raw: str) -> tuple[str, list[Block]]:
+    """The title and main-content blocks of an HTML page (see the module docstring).
+
+    Args:
+        raw: The page's HTML.
+
+    Returns:
+        ``(title, blocks)``: the first ``<h1>`` of the content (else the ``<title>``; ``""`` if neither) and the
+        blocks.
+
+    Raises:
+        MissingExtra: selectolax is not installed.
+    """
+    _check_depth(raw)
+    tree = _parser()(raw)
+    title_node = tree.css_first("title")
+    title = clean_inline(title_node.text(deep=True)) if title_node is not None else ""
+    root = next((node for sel in _MAIN if (node := tree.css_first(sel)) is not None), None)
+    if root is None:
+        return title, []
+    keyed = {h.mem_id: anchor for h, anchor in _heading_anchors(root)}
+    for node in root.css(f"{_DROP_TAGS}, {_DROP_SELECTORS}"):
+        if node.mem_id != root.mem_id:
+            node.decompose()
+    for node in root.css("[style]"):
+        if _HIDDEN_STYLE.search(node.attributes.get("style") or ""):
+            node.decompose()
+    for node in root.css(_LINK_LISTS):
+        if _link_dense(node):
+            node.decompose()
+    walker = _Walker(keyed)
+    walker.walk(root)
+    walker.flush()
+    blocks = walker.blocks
+    # The page's own h1 names it; <title> adds the site's name ("… — Python 3.11 documentation"), which would
+    # be repeated in front of every chunk of every page.
+    h1 = next((b.text for b in blocks if b.kind == "heading" and b.level == 1), "")
+    return h1 or title, blocks
+
+
+def _check_depth(raw: str) -> None:
+    """Refuse markup nested deeper than :data:`MAX_DEPTH` (one linear scan of the tags, before parsing)."""
+    depth = 0
+    for m in _TAG_SCAN.finditer(raw):
+        if m.group(2).lower() in _SELF_CLOSING or m.group(3):
+            continue
+        depth = max(0, depth - 1) if m.group(1) else depth + 1
+        if depth > MAX_DEPTH:
+            raise LoaderError(
+                f"HTML nested too deeply (over {MAX_DEPTH} elements inside each other); no real page is, "
+                "so it is refused rather than parsed"
+            )
+
+
+def _heading_anchors(root: Any) -> list[tuple[Any, str]]:
+    """Each heading with its anchor: its own id, its permalink's ``#target``, or the id of the section it opens."""
+    out = []
+    for h in root.css("h1, h2, h3, h4, h5, h6"):
+        anchor = h.attributes.get("id") or ""
+        if not anchor:
+            link = h.css_first("a.headerlink, a.hash-link, a.anchor, a[href^='#']")
+            href = (link.attributes.get("href") or "") if link is not None else ""
+            anchor = href[1:] if href.startswith("#") else ""
+        if not anchor and h.parent is not None and h.parent.tag in ("section", "div"):
+            anchor = h.parent.attributes.get("id") or ""
+        out.append((h, anchor))
+    return out
+
+
+def _link_dense(node: Any) -> bool:
+    """A list or table that is navigation: five links or more, and links make nine tenths of its text."""
+    links = node.css("a")
+    if len(links) < 5:
+        return False
+    total = len("".join(node.text(deep=True).split()))
+    linked = sum(len("".join(a.text(deep=True).split())) for a in links)
+    return total > 0 and linked >= 0.9 * total
+
+
+class _Walker:
+    """Walks the main content depth-first, collecting inline text into paragraphs and emitting blocks."""
+
+    def __init__(self, anchors: dict[int, str]) -> None:
+        self.anchors = anchors
+        self.blocks: list[Block] = []
+        self.inline: list[str] = []
+        self.prefix = ""  # a list item's marker, put before its first paragraph
+
+    def flush(self) -> None:
+        text = clean_inline("".join(self.inline))
+        self.inline.clear()
+        if text:
+            self.blocks.append(Block("text", self.prefix + text))
+            self.prefix = ""
+
+    def walk(self, node: Any) -> None:
+        child = node.child
+        while child is not None:
+            self.visit(child)
+            child = child.next
+
+    def visit(self, node: Any) -> None:  # noqa: C901, PLR0912 — one branch per kind of element
+        tag = node.tag
+        if tag == "-text":
+            self.inline.append(node.text_content or "")
+        elif tag in _HEADINGS:
+            self.flush()
+            text = clean_inline(node.text(deep=True))
+            if text:
+                self.blocks.append(Block("heading", text, level=int(tag[1]), anchor=self.anchors.get(node.mem_id, "")))
+        elif tag == "pre":
+            self.flush()
+            code = clean_code(_pre_text(node))
+            if code:
+                self.blocks.append(Block("code", code, lang=_language(node)))
+        elif tag == "table":
+            self.flush()
+            rows = _table_rows(node)
+            if rows:
+                self.blocks.append(Block("table", "\n".join(rows)))
+        elif tag == "br":
+            self.inline.append("\n")
+        elif tag == "img":
+            attrs = node.attributes
+            alt = _image_text(attrs.get("alt") or "", attrs.get("title") or "")
+            if alt:
+                self.inline.append(f" {alt} ")
+        elif tag == "code" or tag == "kbd" or tag == "samp":
+            text = node.text(deep=True)
+            if text.strip():
+                self.inline.append("`" + " ".join(text.split()) + "`")
+        elif tag == "li":
+            self.flush()
+            parent = node.parent
+            self.prefix = "1. " if parent is not None and parent.tag == "ol" else "- "
+            self.walk(node)
+            self.flush()
+            self.prefix = ""
+        elif tag == "hr":
+            self.flush()
+        elif tag in _BLOCK_TAGS:
+            self.flush()
+            self.walk(node)
+            self.flush()
+        elif tag is not None and not tag.startswith("-"):
+            self.walk(node)  # inline element: its text joins the paragraph
+
+
+def _pre_text(node: Any) -> str:
+    """A ``<pre>``'s text verbatim, a ``<br>`` inside it a line break (Docusaurus ends each line with one)."""
+    parts: list[str] = []
+    child = node.child
+    while child is not None:
+        if child.tag == "-text":
+            parts.append(child.text_content or "")
+        elif child.tag == "br":
+            parts.append("\n")
+        elif child.tag is not None and not child.tag.startswith("-"):
+            parts.append(_pre_text(child))
+        child = child.next
+    return "".join(parts)
+
+
+def _language(pre: Any) -> str:
+    """A code block's language from ``language-x`` / ``highlight-x`` classes on it, its code or its wrapper."""
+    candidates = [pre, pre.css_first("code"), pre.parent, pre.parent.parent if pre.parent is not None else None]
+    for node in candidates:
+        if node is None:
+            continue
+        found = _LANG.search(node.attributes.get("class") or "")
+        if found and found.group(1) not in ("default", "none"):
+            return found.group(1)
+    return ""
+
+
+def _table_rows(table: Any) -> list[str]:
+    """The table as markdown rows, a separator after the first; cells one line each, ``|`` escaped."""
+    rows: list[list[str]] = []
+    for tr in table.css("tr"):
+        cells = [clean_inline(cell.text(deep=True)).replace("|", "\\|") for cell in tr.css("th, td")]
+        if any(cells):
+            rows.append(cells)
+    if not rows:
+        return []
+    width = max(len(r) for r in rows)
+    lines = ["| " + " | ".join(r + [""] * (width - len(r))) + " |" for r in rows]
+    lines.insert(1, "|" + " --- |" * width)
+    return lines

@@ -1,0 +1,278 @@
+"""The whole pipeline: load, clean, chunk and deduplicate a folder or a BEIR corpus."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from attrs import frozen
+
+from ragloop._log import get_logger
+from ragloop.errors import InputError
+from ragloop.retrievers.ingest._beir import _beir_corpus, load_beir
+from ragloop.retrievers.ingest._blocks import Block, markdown_anchors, markdown_blocks, render
+from ragloop.retrievers.ingest._chunk import Piece, check_limits, chunk_blocks, chunk_id
+from ragloop.retrievers.ingest._clean import clean_text
+from ragloop.retrievers.ingest._files import load_folder, read_document
+from ragloop.retrievers.ingest._globs import FileFilter
+from ragloop.retrievers.ingest._html import html_blocks
+from ragloop.retrievers.ingest._loaders import rst_blocks
+from ragloop.retrievers.ingest._tokens import Tokenizer, default_tokenizer
+from ragloop.retrievers.ingest._types import (
+    _WHAT_TO_PASS,
+    CLEAN_BUDGET_S,
+    MAX_FILE_BYTES,
+    MAX_LINE_BYTES,
+    SUFFIXES,
+    Document,
+    IngestResult,
+    Skip,
+)
+from ragloop.state import Chunk
+
+__all__ = ["Explained", "chunk_document", "document_blocks", "explain_file", "ingest_path"]
+
+_log = get_logger("ragloop.retrievers.ingest")
+#: Changes whenever the same file would give other chunks or indexed text (cached sample indexes key on it).
+INGEST_VERSION = "4"
+_EMPTY = "empty after cleaning (only markup, navigation, images, shortcodes or whitespace)"
+
+
+def document_blocks(doc: Document, *, budget_s: float | None = None) -> list[Block]:
+    """The blocks of a document: what its loader read, else its text cleaned and read as markdown or text.
+
+    Raises:
+        InputError: cleaning took longer than ``budget_s``.
+        MissingExtra: the document's format needs a package that is not installed.
+    """
+    if doc.blocks:
+        return list(doc.blocks)
+    if doc.fmt == "html":
+        return html_blocks(doc.text)[1]
+    if doc.fmt == "rst":
+        return rst_blocks(doc.text)[1]
+    if doc.fmt in ("markdown", "beir"):
+        cleaned = clean_text(doc.text, doc.fmt, budget_s=budget_s)
+        return markdown_blocks(cleaned, anchors=list(markdown_anchors(doc.text)))
+    fmt = "text" if doc.fmt in ("pdf", "docx") else doc.fmt
+    return markdown_blocks(clean_text(doc.text, fmt, budget_s=budget_s), headings=False)
+
+
+def chunk_document(
+    doc: Document,
+    *,
+    max_tokens: int = 256,
+    tokenizer: Tokenizer | None = None,
+    max_chars: int | None = None,
+) -> list[Chunk]:
+    """Clean a document and cut it into chunks sized in the embedder's tokens.
+
+    Sections are split at headings and each chunk carries its heading path, outermost first, and the id of its
+    nearest heading (``metadata["anchor"]``; PDF chunks carry ``metadata["page"]``). A section whose indexed
+    text (:func:`~ragloop.retrievers.ingest._chunk.index_text`) is longer than ``max_tokens`` is cut between
+    blocks, sentences, table rows or code lines, never truncated (:mod:`ragloop.retrievers.ingest._chunk`).
+
+    Args:
+        doc: The document.
+        max_tokens: Most tokens per chunk, in ``tokenizer``'s tokens (the embedder's limit: 256 for MiniLM).
+        tokenizer: The embedder's tokenizer; default :func:`~ragloop.retrievers.ingest.default_tokenizer`.
+        max_chars: Most characters per chunk as well (``None``: tokens only).
+
+    Returns:
+        Chunks in document order, none empty; ids are content hashes of the chunk text.
+
+    Raises:
+        ConfigError: limits that leave no room for text.
+    """
+    check_limits(max_tokens, max_chars)
+    return _chunks(doc, document_blocks(doc), tokenizer or default_tokenizer(), max_tokens, max_chars)
+
+
+def _chunks(
+    doc: Document, blocks: Sequence[Block], tokenizer: Tokenizer, max_tokens: int, max_chars: int | None
+) -> list[Chunk]:
+    if not any(b.kind != "heading" for b in blocks):
+        return []
+    out = []
+    pieces = chunk_blocks(blocks, tokenizer, max_tokens=max_tokens, title=doc.title, max_chars=max_chars)
+    if doc.fmt == "beir" and len(pieces) > 1:
+        # A corpus entry (an abstract, a passage) that fits one chunk whole stays one chunk, as BEIR scores it.
+        whole = render(blocks)
+        head = f"{doc.title}\n{whole}" if doc.title else whole
+        fits = len(tokenizer.token_spans([head])[0]) + tokenizer.special_tokens <= max_tokens
+        if fits and (max_chars is None or len(whole) <= max_chars):
+            pieces = [Piece(whole, (), "", 0, tuple(b.text for b in blocks))]
+    for piece in pieces:
+        meta = {"anchor": piece.anchor} if piece.anchor else {}
+        if piece.page:
+            meta["page"] = str(piece.page)
+            meta["anchor"] = f"page={piece.page}"  # the PDF open parameter: file.pdf#page=N
+        out.append(
+            Chunk(
+                id=chunk_id(piece.text),
+                text=piece.text,
+                source=doc.source,
+                title=doc.title,
+                title_path=piece.title_path,
+                doc_id=doc.id,
+                metadata=tuple(meta.items()),
+            )
+        )
+    return out
+
+
+@frozen
+class Explained:
+    """What one file becomes (``ragloop index --explain FILE``).
+
+    Attributes:
+        path: The file.
+        skip: Why it is not indexed, or ``""``.
+        title: Its title.
+        fmt: The format it was read as.
+        encoding: The encoding it was decoded from, when text.
+        cleaned: Its cleaned text (its blocks as markdown).
+        chunks: Its chunks, with their token counts (the indexed text: title, heading path and text).
+    """
+
+    path: str
+    skip: str
+    title: str
+    fmt: str
+    encoding: str
+    cleaned: str
+    chunks: tuple[tuple[Chunk, int], ...]
+
+
+def explain_file(
+    path: str | os.PathLike[str],
+    *,
+    max_tokens: int = 256,
+    tokenizer: Tokenizer | None = None,
+    max_chars: int | None = None,
+) -> Explained:
+    """Read, clean and chunk one file as :func:`ingest_path` would, and return every step's result."""
+    from ragloop.retrievers.ingest._chunk import index_text
+
+    file = Path(path).resolve()
+    tok = tokenizer or default_tokenizer()
+    item = read_document(file, file.parent)
+    if isinstance(item, Skip):
+        return Explained(os.fspath(path), item.reason, "", "", "", "", ())
+    try:
+        blocks = document_blocks(item, budget_s=CLEAN_BUDGET_S)
+    except InputError as exc:
+        return Explained(os.fspath(path), str(exc), item.title, item.fmt, item.encoding, "", ())
+    chunks = _chunks(item, blocks, tok, max_tokens, max_chars)
+    counts = [len(s) + tok.special_tokens for s in tok.token_spans([index_text(c) for c in chunks])]
+    skip = "" if chunks else _EMPTY
+    return Explained(
+        os.fspath(path),
+        skip,
+        item.title,
+        item.fmt,
+        item.encoding,
+        render(blocks),
+        tuple(zip(chunks, counts, strict=True)),
+    )
+
+
+def ingest_path(  # noqa: PLR0913 — keyword-only limits, each with its default (STYLE habit 7)
+    path: str | os.PathLike[str],
+    *,
+    max_tokens: int = 256,
+    tokenizer: Tokenizer | None = None,
+    max_chars: int | None = None,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    progress: Callable[[int, int], None] | None = None,
+    max_file_bytes: int = MAX_FILE_BYTES,
+    max_line_bytes: int = MAX_LINE_BYTES,
+    clean_budget_s: float | None = CLEAN_BUDGET_S,
+) -> IngestResult:
+    """Load, clean, chunk and deduplicate a folder of documents or a BEIR corpus.
+
+    A folder holding ``corpus.jsonl`` or ``corpus.jsonl.gz`` (or such a file) is read as BEIR; anything
+    else as a folder of documents (see :func:`load_folder`). Every file is accounted for: it yields chunks, or
+    is skipped with a reason (unsupported type, too large, binary, unreadable, outside the folder, empty after
+    cleaning, a loader's extra not installed), or was left out by ``include``/``exclude`` (counted in
+    ``excluded``), or is hidden (counted in ``hidden``). Identical chunks (same normalised text) are stored once.
+
+    Args:
+        path: Folder, single document file, or BEIR corpus.
+        max_tokens: Most tokens per chunk, in the embedder's tokens (see :func:`chunk_document`).
+        tokenizer: The embedder's tokenizer (``MiniLMEmbedder().tokenizer``); default
+            :func:`~ragloop.retrievers.ingest.default_tokenizer`.
+        max_chars: Most characters per chunk as well (``None``: tokens only).
+        include: Globs of files to read, relative to the folder (none: all; see :class:`FileFilter`).
+        exclude: Globs of files to leave out.
+        progress: Called as ``progress(done, total)`` after each document.
+        max_file_bytes: Largest document file read, in bytes.
+        max_line_bytes: Longest BEIR corpus line read, in bytes.
+        clean_budget_s: Seconds cleaning one document may take (``None``: no limit).
+
+    Returns:
+        The chunks, counts, skips and elapsed seconds.
+
+    Raises:
+        InputError: ``path`` does not exist, is an unsupported or special file, or a folder with no files.
+        ConfigError: Bad limits.
+    """
+    started = time.perf_counter()
+    check_limits(max_tokens, max_chars)
+    tok = tokenizer or default_tokenizer()
+    root = Path(path)
+    if not root.exists():
+        raise InputError(f"no such file or folder: {os.fspath(path)!r}; {_WHAT_TO_PASS}")
+    skipped: list[tuple[str, str]] = []
+    docs: list[Document] = []
+    select = FileFilter(include, exclude)
+    corpus = _beir_corpus(root)
+    if corpus is not None:
+        docs = list(
+            load_beir(corpus, on_skip=lambda where, why: skipped.append((where, why)), max_line_bytes=max_line_bytes)
+        )
+    elif root.is_file() and root.suffix.lower() not in SUFFIXES:
+        raise InputError(f"cannot ingest {os.fspath(path)!r}: unsupported file type; {_WHAT_TO_PASS}")
+    elif not root.is_file() and not root.is_dir():
+        raise InputError(f"cannot ingest {os.fspath(path)!r}: not a regular file or folder; {_WHAT_TO_PASS}")
+    else:
+        for item in load_folder(root, max_file_bytes=max_file_bytes, select=select):
+            if isinstance(item, Skip):
+                skipped.append((item.path, item.reason))
+            else:
+                docs.append(item)
+        if not docs and not skipped:
+            raise InputError(f"found no files to read under {os.fspath(path)!r} ({select.excluded} excluded)")
+
+    by_id: dict[str, Chunk] = {}
+    files = 0
+    for done, doc in enumerate(docs, start=1):
+        try:
+            blocks: list[Block] | None = document_blocks(doc, budget_s=clean_budget_s)
+        except InputError as exc:  # over its time budget
+            skipped.append((doc.source, str(exc)))
+            blocks = None
+        chunks = _chunks(doc, blocks, tok, max_tokens, max_chars) if blocks is not None else []
+        if chunks:
+            files += 1
+            for chunk in chunks:
+                by_id.setdefault(chunk.id, chunk)
+        elif blocks is not None:
+            skipped.append((doc.source, _EMPTY))
+        if progress is not None:
+            progress(done, len(docs))
+    result = IngestResult(
+        chunks=tuple(by_id.values()),
+        files=files,
+        skipped=tuple(skipped),
+        seconds=time.perf_counter() - started,
+        excluded=select.excluded,
+        hidden=select.hidden,
+        warnings=tuple((doc.source, w) for doc in docs for w in doc.warnings),
+    )
+    # One record per run; the skips themselves are in the result for the caller to show.
+    _log.debug("ingest.done", files=files, chunks=len(result.chunks), skipped=len(skipped), seconds=result.seconds)
+    return result

@@ -1,0 +1,165 @@
+"""Tests for ragloop.cli_ingest: ``ragloop index`` globs, --explain, the skip summary, progress, openai embedder."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from ragloop.cli import main
+from ragloop.cli_ingest import Progress
+from ragloop.testing import ScriptedOpenAIServer
+
+
+def _docs(root: Path) -> Path:
+    root.mkdir()
+    (root / "reset.md").write_text("# Account\n\n## Reset password\n\nOpen settings and click reset password.\n")
+    (root / "guide.html").write_text(
+        "<html><body><nav><a href='/'>Home</a></nav><main><h1 id='ship'>Shipping</h1>"
+        "<p>Shipping to Europe takes five to seven business days &amp; costs &lt;10 EUR.</p></main>"
+        "<footer>Previous | Next</footer></body></html>"
+    )
+    (root / "logo.png").write_bytes(b"\x89PNG")
+    (root / "blob.txt").write_bytes(bytes(range(256)) * 4)
+    (root / "drafts").mkdir()
+    (root / "drafts" / "wip.md").write_text("# WIP\n\nNot ready.")
+    return root
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+class TestIndexSummary:
+    def test_json_summary_lists_every_skip_by_kind(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """`index --json` names each skipped file with its kind and reason, and counts them by kind."""
+        docs = _docs(tmp_path / "docs")
+        assert main(["index", str(docs), "--out", str(tmp_path / "kb"), "--embedder", "hash", "--json"]) == 0
+        record = json.loads(capsys.readouterr().out)
+        assert (record["files"], record["skipped"]) == (3, 2)
+        assert record["skipped_by_kind"] == {"unsupported type": 1, "binary": 1}
+        assert {(Path(s["path"]).name, s["kind"]) for s in record["skips"]} == {
+            ("logo.png", "unsupported type"),
+            ("blob.txt", "binary"),
+        }
+
+    def test_text_summary_groups_skips_by_kind(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """The text summary says how many files were skipped of each kind and lists them; never '0' when some were."""
+        docs = _docs(tmp_path / "docs")
+        assert main(["index", str(docs), "--out", str(tmp_path / "kb"), "--embedder", "hash"]) == 0
+        out = capsys.readouterr().out
+        assert "skipped 2: 1 binary, 1 unsupported type" in out  # ties in file order
+        assert "[unsupported type]" in out and "logo.png" in out and "[binary]" in out
+
+    def test_include_and_exclude(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """--include and --exclude choose the files; what they leave out is counted, not reported as skipped."""
+        docs = _docs(tmp_path / "docs")
+        argv = ["index", str(docs), "--out", str(tmp_path / "kb"), "--embedder", "hash", "--json"]
+        assert main([*argv, "--include", "*.md", "--exclude", "drafts/**"]) == 0
+        record = json.loads(capsys.readouterr().out)
+        assert (record["files"], record["skipped"], record["excluded"]) == (1, 0, 4)
+
+    @pytest.mark.parametrize("as_json", [False, True])
+    def test_pypdf_warnings_are_reported_not_printed_to_stderr(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], as_json: bool
+    ) -> None:
+        """A PDF pypdf reads with warnings is indexed; the summary (text and --json) names it with pypdf's
+        message, and stderr holds none of pypdf's lines."""
+        from tests.retrievers._docs import write_pdf
+
+        docs = tmp_path / "docs"
+        docs.mkdir()
+        pdf = write_pdf(docs / "manual.pdf", ["Rotate the key every ninety days."])
+        data = pdf.read_bytes()
+        pdf.write_bytes(data[: data.rfind(b"startxref")] + b"startxref\n999\n%%EOF\n")
+        argv = ["index", str(docs), "--out", str(tmp_path / "kb"), "--embedder", "hash"]
+        assert main(argv + (["--json"] if as_json else [])) == 0
+        captured = capsys.readouterr()
+        assert "startxref" not in captured.err
+        if as_json:
+            record = json.loads(captured.out)
+            assert record["files"] == 1 and {w["path"] for w in record["warnings"]} == {"manual.pdf"}
+            assert any("startxref" in w["message"] for w in record["warnings"])
+        else:
+            assert "warnings about 1 file(s) read anyway" in captured.out
+            assert "  manual.pdf: incorrect startxref pointer" in captured.out
+
+
+class TestExplain:
+    def test_explain_shows_cleaned_text_and_chunks(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """--explain FILE prints the cleaned text (navigation gone, entities decoded once) and each chunk's tokens."""
+        docs = _docs(tmp_path / "docs")
+        assert main(["index", "--explain", str(docs / "guide.html")]) == 0
+        out = capsys.readouterr().out
+        assert "Shipping to Europe takes five to seven business days & costs <10 EUR." in out
+        assert "Home" not in out and "Previous" not in out
+        assert "--- 1 chunks (limit 256 tokens) ---" in out and "#ship" in out
+
+    def test_explain_json_and_a_skipped_file(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """--explain --json gives the chunks with their token counts; a file that is skipped says why."""
+        docs = _docs(tmp_path / "docs")
+        assert main(["index", "--explain", str(docs / "reset.md"), "--json", "--max-tokens", "64"]) == 0
+        record = json.loads(capsys.readouterr().out)
+        assert record["format"] == "markdown" and all(c["tokens"] <= 64 for c in record["chunks"])
+        assert main(["index", "--explain", str(docs / "blob.txt")]) == 0
+        assert "skipped: binary file" in capsys.readouterr().out
+
+    def test_max_tokens_over_the_embedders_limit_is_refused(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """--max-tokens above what the embedder reads would be truncated: refused with one line."""
+        docs = _docs(tmp_path / "docs")
+        assert main(["index", str(docs), "--out", str(tmp_path / "kb"), "--max-tokens", "999"]) == 2
+        assert "over the embedder's limit of 256" in capsys.readouterr().err
+
+
+class TestProgress:
+    def test_terminal_gets_count_rate_and_time_left(self) -> None:
+        """On a terminal the line shows done/total, the rate and the time left, and ends with a newline."""
+        term = _Terminal()
+        bar = Progress("embedding", stream=term, every_s=0.0)
+        bar(1, 4)
+        bar(4, 4)
+        bar.close()
+        text = term.getvalue()
+        assert "\rembedding: 1/4 (" in text and "left)" in text and "\rembedding: 4/4" in text
+        assert text.endswith("\n")
+
+    def test_pipe_gets_nothing(self) -> None:
+        """When the stream is not a terminal (a pipe, a log file) nothing is written."""
+        pipe = io.StringIO()
+        bar = Progress("reading", stream=pipe, every_s=0.0)
+        bar(1, 2)
+        bar(2, 2)
+        bar.close()
+        assert pipe.getvalue() == ""
+
+
+class TestOpenAIEmbedder:
+    def test_index_and_search_with_an_embeddings_api(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """--embedder openai:MODEL --embedder-base-url URL builds through the real openai SDK (the dimension
+        learned from the API), and `search` embeds the query through the same API."""
+        docs = _docs(tmp_path / "docs")
+        with ScriptedOpenAIServer(embedding_dim=24) as server:
+            monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+            argv = ["index", str(docs), "--out", str(tmp_path / "kb"), "--embedder", "openai:emb-small", "--json"]
+            assert main([*argv, "--embedder-base-url", server.base_url]) == 0
+            record = json.loads(capsys.readouterr().out)
+            assert record["embedder"] == "openai:emb-small"
+            assert main(["search", str(tmp_path / "kb"), "reset password", "--json", "-k", "1"]) == 0
+            hit = json.loads(capsys.readouterr().out.splitlines()[0])
+            assert hit["doc_id"] in {"reset.md", "guide.html"}
+            assert any(r.path.endswith("/embeddings") for r in server.requests)
+
+    def test_unreachable_api_is_one_line(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        """An embeddings API that cannot be reached is a one-line error naming the flags to check."""
+        docs = _docs(tmp_path / "docs")
+        argv = ["index", str(docs), "--out", str(tmp_path / "kb"), "--embedder", "openai:x"]
+        assert main([*argv, "--embedder-base-url", "http://127.0.0.1:9/v1"]) == 2
+        err = capsys.readouterr().err
+        assert "--embedder-base-url" in err and len(err.strip().splitlines()) == 1
