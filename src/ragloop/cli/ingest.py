@@ -13,7 +13,7 @@ import json
 import sys
 from typing import IO, TYPE_CHECKING, Any
 
-from ragloop.cli._common import Progress, close_embedder, embedder_for_index, make_embedder
+from ragloop.cli._common import Progress, close_embedder, make_embedder
 from ragloop.errors import ConfigError, RagloopError
 
 if TYPE_CHECKING:
@@ -21,14 +21,10 @@ if TYPE_CHECKING:
     from ragloop.retrievers.ingest import IngestResult
 
 __all__ = [
-    "Progress",
     "add_ingest_options",
     "build_index",
-    "close_embedder",
     "cmd_explain",
-    "embedder_for_index",
     "ingest_for_index",
-    "make_embedder",
     "print_skips",
     "summary_dict",
 ]
