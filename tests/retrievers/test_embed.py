@@ -13,8 +13,6 @@ from typing import Any
 import numpy as np
 import openai
 import pytest
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
 
 from ragloop.errors import ConfigError, RetrievalError
 from ragloop.retrievers.base import Embedder
@@ -24,7 +22,6 @@ from ragloop.retrievers.embed import (
     OpenAIEmbedder,
     embed_batched,
     embedder_named,
-    minilm_tokenizer,
     normalize_rows,
 )
 
@@ -117,33 +114,6 @@ class TestMiniLM:
         bad.write_bytes(bad.read_bytes() + b" ")
         with pytest.raises(ConfigError, match="reinstall"):
             MiniLMEmbedder(tokenizer_path=bad)
-
-
-#: Characters that stress a cut: letters, accents and combining marks, CJK (split apart by the normaliser),
-#: control characters it drops (a cut before one would split a word), every kind of space, punctuation.
-_TRICKY = st.sampled_from(list("abé\u0301\u0308中\x00\x0b\x7f \t\n\u00a0\u3000.[`#-9"))
-
-
-class TestWordPieceTokens:
-    @settings(max_examples=300, deadline=None)
-    @given(st.lists(st.text(_TRICKY, max_size=40), max_size=4), st.integers(1, 6))
-    @example(["a\u0301b x\x00y z\x0bw 中文"], 1)
-    def test_pieces_give_the_whole_texts_tokens(self, texts: list[str], size: int) -> None:
-        """Tokenised in pieces of ``size`` characters, every text gets exactly the spans the whole text gets."""
-        tokenizer = minilm_tokenizer()
-        assert tokenizer is not None
-        whole = [list(e.offsets) for e in tokenizer._tok.encode_batch(texts, add_special_tokens=False)]
-        tokenizer.segment_chars = size
-        try:
-            assert tokenizer.token_spans(texts) == whole
-        finally:
-            del tokenizer.segment_chars
-
-    def test_a_megabyte_word_stays_whole(self) -> None:
-        """A text with nowhere to cut (one 1 MiB word) is tokenised as one piece, still exactly."""
-        tokenizer = minilm_tokenizer()
-        assert tokenizer is not None
-        assert tokenizer.token_spans(["x" * (1 << 20), "a b"]) == [[(0, 1 << 20)], [(0, 1), (2, 3)]]
 
 
 @pytest.mark.skipif(not HAVE_MINILM, reason="needs the [embed] extra")

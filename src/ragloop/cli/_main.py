@@ -1,5 +1,5 @@
-"""The ``ragloop`` command: ``ask``, ``chat`` (in :mod:`ragloop.cli_chat`), ``index``, ``search``, ``eval``, and
-``gaps`` and ``check`` (in :mod:`ragloop.cli_gaps` and :mod:`ragloop.cli_check`).
+"""The ``ragloop`` command: ``ask``, ``chat`` (in :mod:`ragloop.cli.chat`), ``index``, ``search``, ``eval``, and
+``gaps`` and ``check`` (in :mod:`ragloop.cli.gaps` and :mod:`ragloop.cli.check`).
 
 Each subcommand is a pair of functions, ``_add_<name>(sub)`` (its arguments) and ``_cmd_<name>(args)``
 (what it does, returning the exit status), registered in :data:`_COMMANDS`. Heavy modules are imported
@@ -16,22 +16,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ragloop.cli_chat import add_ask, add_chat
-from ragloop.cli_check import add_check
-from ragloop.cli_doctor import add_doctor
-from ragloop.cli_gaps import add_gaps
-from ragloop.cli_ingest import (
-    Progress,
-    add_ingest_options,
-    build_index,
-    cmd_explain,
-    ingest_for_index,
-    make_embedder,
-    print_skips,
-)
-from ragloop.cli_mcp import add_mcp
-from ragloop.cli_serve import add_serve
-from ragloop.cli_store import (
+from ragloop.cli._common import Progress, make_embedder
+from ragloop.cli.chat import add_ask, add_chat
+from ragloop.cli.check import add_check
+from ragloop.cli.doctor import add_doctor
+from ragloop.cli.gaps import add_gaps
+from ragloop.cli.ingest import add_ingest_options, build_index, cmd_explain, ingest_for_index, print_skips
+from ragloop.cli.mcp import add_mcp
+from ragloop.cli.serve import add_serve
+from ragloop.cli.store import (
     add_filter_option,
     add_index_options,
     add_store_options,
@@ -51,48 +44,9 @@ if TYPE_CHECKING:
     from ragloop.retrievers.base import Embedder
     from ragloop.state import Hit
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 _MODES = ("bm25", "dense", "hybrid")
-
-
-# --- helpers ------------------------------------------------------------------------------------------
-
-
-def _make_embedder(kind: str, base_url: str | None = None) -> Embedder:
-    return make_embedder(kind, base_url)
-
-
-class _Progress:
-    """A progress bar on stderr: tqdm when installed, otherwise a log line every few seconds."""
-
-    def __init__(self, desc: str, *, every_s: float = 5.0) -> None:
-        self.desc = desc
-        self.every_s = every_s
-        self._bar: Any = None
-        self._last = 0.0
-        self._started = time.monotonic()
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            self._tqdm: Any = None
-        else:
-            self._tqdm = tqdm
-
-    def __call__(self, done: int, total: int) -> None:
-        if self._tqdm is not None:
-            if self._bar is None:
-                self._bar = self._tqdm(total=total, desc=self.desc, unit="chunk", file=sys.stderr)
-            self._bar.update(done - self._bar.n)
-            return
-        now = time.monotonic()
-        if done >= total or now - self._last >= self.every_s:
-            self._last = now
-            print(f"{self.desc}: {done}/{total} ({now - self._started:.0f}s)", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
 
 
 # --- index --------------------------------------------------------------------------------------------
@@ -130,7 +84,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     check_index_target(args.out, source=args.path)  # refuse a bad --out before minutes of work
     check_rebuild(args)  # nor drop documents of other scopes (tenants) that --out holds
-    embedder = _make_embedder(args.embedder, args.embedder_base_url)
+    embedder = make_embedder(args.embedder, args.embedder_base_url)
     result = ingest_for_index(args, embedder)
     embedding = Progress(f"embedding ({embedder.name})")
     try:
@@ -140,7 +94,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
     out = index.save(args.out, source=args.path)
     seconds = time.perf_counter() - started
     if args.json:
-        from ragloop.cli_ingest import summary_dict
+        from ragloop.cli.ingest import summary_dict
 
         record = {**summary_dict(result), "to": str(out), "embedder": embedder.name, "seconds": round(seconds, 2)}
         print(json.dumps(record, ensure_ascii=False))
@@ -175,7 +129,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
     if args.query is None:
         raise RagloopError("pass INDEX QUERY, or --store URL QUERY")
 
-    from ragloop.cli_ingest import close_embedder, embedder_for_index
+    from ragloop.cli._common import close_embedder, embedder_for_index
     from ragloop.retrievers.index import KnowledgeIndex
 
     index = KnowledgeIndex.load(args.index, embedder_for_index(args.index))
@@ -213,8 +167,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     if args.embedder == "auto" and args.mode == "bm25":
         embedder: Embedder = HashEmbedder()  # BM25 results do not use vectors; skip the model
     else:
-        embedder = _make_embedder(args.embedder)
-    progress = _Progress(f"embedding ({embedder.name})")
+        embedder = make_embedder(args.embedder)
+    progress = Progress(f"embedding ({embedder.name})")
     try:
         result = evaluate_beir(
             args.beir,
@@ -306,7 +260,3 @@ def _configure_logging() -> bool:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )
     return True
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

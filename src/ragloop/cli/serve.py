@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any
 
-from ragloop.cli_turnlog import add_turn_log_options
+from ragloop.cli.turnlog import add_turn_log_options
 
 __all__ = ["add_serve", "cmd_serve"]
 
@@ -274,7 +274,7 @@ def build_with_documents(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
     A ``--index`` is loaded once and shared by both; the sample index is small and loaded a second time.
     """
-    from ragloop.cli_chat import _build
+    from ragloop.cli.chat import _build
     from ragloop.serve import IndexDocuments, StoreDocuments
 
     if args.index and not args.store:
@@ -295,7 +295,7 @@ def build_with_documents(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 def _chat_args(args: argparse.Namespace) -> argparse.Namespace:
     """``args`` completed with the defaults of every ``ragloop ask`` option that ``serve`` does not offer."""
-    from ragloop.cli_chat import _common
+    from ragloop.cli.chat import _common
 
     ask = argparse.ArgumentParser(add_help=False)
     _common(ask)

@@ -1,4 +1,4 @@
-"""Tests for ragloop.cli_ingest: ``ragloop index`` globs, --explain, the skip summary, progress, openai embedder."""
+"""Tests for ragloop.cli.ingest: ``ragloop index`` globs, --explain, the skip summary, progress, openai embedder."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ragloop.cli import main
-from ragloop.cli_ingest import Progress
+from ragloop.cli._common import Progress
 from ragloop.testing import ScriptedOpenAIServer
 
 

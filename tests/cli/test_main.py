@@ -30,7 +30,7 @@ class TestCLI:
         with pytest.raises(SystemExit) as done:
             main(["--version"])
         assert done.value.code == 0
-        pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["version"]
+        pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["version"]
         assert capsys.readouterr().out == f"ragloop {pyproject}\n"
         assert ragloop.__version__ == pyproject == importlib.metadata.version("ragloop")
 

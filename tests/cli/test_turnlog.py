@@ -82,7 +82,7 @@ class TestServeTurnLog:
     def test_serve_hands_its_turn_log_options_to_the_chat(self, tmp_path: Path) -> None:
         """`serve --turn-log …` reaches the chat it builds (through the options `ask` shares with it)."""
         from ragloop.cli import build_parser
-        from ragloop.cli_serve import _chat_args
+        from ragloop.cli.serve import _chat_args
 
         url = f"sqlite:{tmp_path / 'turns.db'}"
         args = build_parser().parse_args(["serve", "--turn-log", url, "--turn-log-retention", "30"])

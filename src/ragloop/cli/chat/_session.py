@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import define, field
 
-from ragloop.cli_chat._input import LineReader
-from ragloop.cli_chat._terminal import Terminal, sources_lines
+from ragloop.cli.chat._input import LineReader
+from ragloop.cli.chat._terminal import Terminal, sources_lines
 
 if TYPE_CHECKING:
     from anyio.from_thread import BlockingPortal

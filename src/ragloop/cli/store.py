@@ -139,7 +139,7 @@ def store_url(args: argparse.Namespace) -> str | None:
 
 
 def _ingest(args: argparse.Namespace) -> tuple[IngestResult, list[Chunk]]:
-    from ragloop.cli_ingest import ingest_for_index
+    from ragloop.cli.ingest import ingest_for_index
 
     result = ingest_for_index(args)
     return result, attach_metadata(args, result.chunks)
@@ -226,14 +226,14 @@ def cmd_index_store(args: argparse.Namespace, url: str) -> int:
     """``ragloop index DIR --store URL``: sync the folder into the collection, document by document."""
     import anyio
 
-    from ragloop.cli import _make_embedder, _Progress
+    from ragloop.cli._common import Progress, make_embedder
     from ragloop.retrievers.postgres import PostgresStore, collection_exists
 
     started = time.perf_counter()
     scope = index_scope(args)  # a contradictory --scope is refused before any work
     result, chunks = _ingest(args)
-    embedder = _make_embedder(args.embedder)
-    embedding = _Progress(f"embedding ({embedder.name})")
+    embedder = make_embedder(args.embedder)
+    embedding = Progress(f"embedding ({embedder.name})")
 
     repaired: tuple[str, ...] = ()
 
@@ -270,7 +270,7 @@ def cmd_index_store(args: argparse.Namespace, url: str) -> int:
 
 def cmd_index_update(args: argparse.Namespace) -> int:
     """``ragloop index DIR --out IDX --update``: rebuild IDX reusing the vectors of unchanged chunks."""
-    from ragloop.cli import _Progress
+    from ragloop.cli._common import Progress
     from ragloop.retrievers.index import KnowledgeIndex
     from ragloop.retrievers.update import update_index
 
@@ -283,9 +283,9 @@ def cmd_index_update(args: argparse.Namespace) -> int:
         return -1  # the caller builds as usual
     old = KnowledgeIndex.load(out)
     if args.embedder != "auto":
-        from ragloop.cli import _make_embedder
+        from ragloop.cli._common import make_embedder
 
-        wanted = _make_embedder(args.embedder)
+        wanted = make_embedder(args.embedder)
         if wanted.name != old.embedder.name:
             raise ConfigError(
                 f"{out} was built with {old.embedder.name!r}; --update keeps the embedder (drop --update to "
@@ -295,7 +295,7 @@ def cmd_index_update(args: argparse.Namespace) -> int:
     if args.dry_run:
         _report(_plan(old, chunks, scope, args.prune), result, str(out), args.json)
         return 0
-    embedding = _Progress(f"embedding ({old.embedder.name})")
+    embedding = Progress(f"embedding ({old.embedder.name})")
     try:
         index, summary = update_index(old, chunks, scope=scope, prune=args.prune, progress=embedding)
     finally:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ragloop.cli import main
-from ragloop.cli_check import parse_min_pass
+from ragloop.cli.check import parse_min_pass
 
 
 @pytest.fixture

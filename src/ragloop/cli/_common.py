@@ -1,0 +1,116 @@
+"""What the ``ragloop`` subcommands share: the embedder ``--embedder`` names and the progress line.
+
+Imported by :mod:`ragloop.cli._main`, :mod:`ragloop.cli.ingest` and :mod:`ragloop.cli.store` (it imports none of
+them, so the CLI modules form no cycle).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import IO, TYPE_CHECKING
+
+from ragloop.errors import ConfigError
+
+if TYPE_CHECKING:
+    from ragloop.retrievers.base import Embedder
+
+__all__ = ["Progress", "close_embedder", "embedder_for_index", "make_embedder"]
+
+
+def make_embedder(kind: str, base_url: str | None = None) -> Embedder:
+    """The embedder ``--embedder`` names; ``openai:MODEL`` reads ``$OPENAI_API_KEY`` and learns its dimension."""
+    from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder, OpenAIEmbedder, default_embedder
+
+    if kind == "hash":
+        return HashEmbedder()
+    if kind == "minilm":
+        return MiniLMEmbedder()
+    if kind == "auto":
+        return default_embedder()
+    if not kind.startswith("openai:") or not kind[len("openai:") :]:
+        raise ConfigError(f"unknown --embedder {kind!r}; use auto, minilm, hash or openai:MODEL")
+    import anyio
+    import openai
+
+    url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+    key = os.environ.get("OPENAI_API_KEY") or "not-needed"
+    model = kind[len("openai:") :]
+
+    async def learn_dim() -> int:
+        # Its own client: an AsyncOpenAI's connections belong to the event loop that opened them.
+        async with openai.AsyncOpenAI(base_url=url, api_key=key) as client:
+            resp = await client.embeddings.create(model=model, input=["dimension probe"])
+            return len(resp.data[0].embedding)
+
+    try:
+        dim = anyio.run(learn_dim)
+    except openai.OpenAIError as exc:
+        raise ConfigError(
+            f"the embeddings API at {url or 'api.openai.com'} failed for model {model!r}: {exc}; check "
+            "--embedder-base-url, the model name and $OPENAI_API_KEY"
+        ) from exc
+    return OpenAIEmbedder(openai.AsyncOpenAI(base_url=url, api_key=key), model, dim=dim)
+
+
+async def close_embedder(embedder: Embedder) -> None:
+    """Close an API embedder's client, inside the event loop that used it (a no-op for local embedders)."""
+    client = getattr(embedder, "client", None)
+    close = getattr(client, "close", None)
+    if close is not None:
+        await close()
+
+
+def embedder_for_index(directory: str, base_url: str | None = None) -> Embedder | None:
+    """The embedder to search an index with when ragloop cannot rebuild it by name (``openai:MODEL``), else None."""
+    import json as _json
+    from pathlib import Path
+
+    try:
+        manifest = _json.loads((Path(directory) / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # KnowledgeIndex.load reports a missing or broken index itself
+    name = manifest.get("embedder", {}).get("name", "") if isinstance(manifest.get("embedder"), dict) else ""
+    return make_embedder(name, base_url) if isinstance(name, str) and name.startswith("openai:") else None
+
+
+class Progress:
+    """``done/total``, rate and time left on one line of a terminal; silent when the stream is not a terminal.
+
+    Args:
+        desc: What is being counted (``"reading"``, ``"embedding (minilm-l6-v2-int8)"``).
+        stream: Where to write (default stderr).
+        every_s: Least seconds between two redraws.
+    """
+
+    def __init__(self, desc: str, *, stream: IO[str] | None = None, every_s: float = 0.5) -> None:
+        self.desc = desc
+        self.stream = stream if stream is not None else sys.stderr
+        self.every_s = every_s
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._started = time.monotonic()
+        self._last = -1.0
+        self._drawn = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.tty:
+            return
+        now = time.monotonic()
+        if done < total and now - self._last < self.every_s:
+            return
+        self._last = now
+        elapsed = now - self._started
+        rate = done / elapsed if elapsed > 0 else 0.0
+        left = (total - done) / rate if rate > 0 else 0.0
+        eta = f"{int(left // 60)}:{int(left % 60):02d} left" if done < total else f"{elapsed:.0f}s"
+        self.stream.write(f"\r{self.desc}: {done}/{total} ({rate:.1f}/s, {eta})\x1b[K")
+        self.stream.flush()
+        self._drawn = True
+
+    def close(self) -> None:
+        """End the progress line."""
+        if self._drawn:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._drawn = False
