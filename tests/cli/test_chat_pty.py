@@ -8,6 +8,7 @@ whose answer to a question with "slow" in it comes only after 30 seconds.
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import sys
 import time
@@ -56,6 +57,12 @@ def _env(tmp_path: Path, server: ScriptedOpenAIServer | None) -> dict[str, str]:
     return env
 
 
+def _as_from_a_terminal() -> None:
+    """Ctrl-C interrupts, as in a shell at a terminal: a test run started in the background without job control
+    (``pytest … &`` from a script) ignores SIGINT, and an ignored signal stays ignored across exec."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _spawn(tmp_path: Path, index_dir: Path, server: ScriptedOpenAIServer | None = None) -> pexpect.spawn:
     child = pexpect.spawn(
         sys.executable,
@@ -64,6 +71,7 @@ def _spawn(tmp_path: Path, index_dir: Path, server: ScriptedOpenAIServer | None 
         encoding="utf-8",
         timeout=60,
         dimensions=(40, 200),
+        preexec_fn=_as_from_a_terminal,
     )
     child.expect_exact(PROMPT)
     return child
