@@ -3,8 +3,6 @@ topics from disk, with nothing fetched and nothing refused by its Content-Securi
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,43 +10,17 @@ from typing import Any
 import pytest
 
 from ragloop.cli import main
+from tests._chromium import BROWSER_MARKS, HOW, headless_chromium
 
-_CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-_DRIVER = os.environ.get("SE_CHROMEDRIVER") or shutil.which("chromedriver") or "/usr/bin/chromedriver"
-_HOW = "install it with: apt-get install -y chromium chromium-driver && pip install selenium"
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not Path(_CHROMIUM).exists(), reason=f"chromium is not installed; {_HOW}"),
-    pytest.mark.skipif(not Path(_DRIVER).exists(), reason=f"chromedriver is not installed; {_HOW}"),
-]
-webdriver = pytest.importorskip("selenium.webdriver", reason=f"selenium is not installed; {_HOW}")
+pytestmark = BROWSER_MARKS
+webdriver = pytest.importorskip("selenium.webdriver", reason=f"selenium is not installed; {HOW}")
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """A headless chromium (as root: no sandbox) that keeps its console log."""
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = _CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--window-size=1000,1400",
-    ):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(_DRIVER))
-    try:
+    """A headless chromium that keeps its console log."""
+    with headless_chromium("1000,1400", console_log=True) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 class TestReportPage:

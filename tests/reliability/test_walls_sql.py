@@ -37,7 +37,7 @@ from ragloop.retrievers.sql import PostgresSQLSource, SQLiteSource, SQLQuery, SQ
 from ragloop.sample import SAMPLE_CRM_ALLOW, SAMPLE_CRM_TENANTS, sample_crm_path
 from ragloop.state import Caller
 from tests.reliability._support import count
-from tests.retrievers.conftest import pg_server, pg_url
+from tests.retrievers.conftest import load_sample_crm, pg_server, pg_url
 
 pytestmark = pytest.mark.anyio
 psycopg = pytest.importorskip("psycopg")
@@ -50,18 +50,6 @@ HLB, ZEPHYR = "Harbor Lane Bank", "Zephyr Telecom"
 NARROW = {**SAMPLE_CRM_ALLOW, "customers": ("id", "name", "plan")}
 _schemas = itertools.count()
 
-DDL = """
-CREATE SCHEMA {s};
-CREATE TABLE {s}.customers (id integer PRIMARY KEY, name text NOT NULL, plan text NOT NULL, region text NOT NULL,
-    seats integer NOT NULL, status text NOT NULL, signed_up text NOT NULL, churned_on text);
-CREATE TABLE {s}.orders (id text PRIMARY KEY, customer_id integer NOT NULL REFERENCES {s}.customers (id),
-    plan text NOT NULL, seats integer NOT NULL, amount_usd double precision NOT NULL, status text NOT NULL,
-    ordered text NOT NULL);
-CREATE TABLE {s}.tickets (id integer PRIMARY KEY, customer_id integer NOT NULL REFERENCES {s}.customers (id),
-    priority text NOT NULL, status text NOT NULL, opened text NOT NULL, error_code text);
-CREATE TABLE {s}.secrets (customer_id integer NOT NULL, api_token text NOT NULL);
-"""
-
 
 @define
 class Scripted:
@@ -72,18 +60,6 @@ class Scripted:
 
     async def write(self, request: str, schema: SQLSchema) -> SQLQuery:
         return SQLQuery(self.sql, tuple(self.params), note="scripted")
-
-
-def load_crm(url: str, schema: str) -> None:
-    """The sample CRM's four tables (secrets included) copied into ``schema``."""
-    src = sqlite3.connect(f"{sample_crm_path().resolve().as_uri()}?mode=ro", uri=True)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(DDL.format(s=schema))
-        for table in ("customers", "orders", "tickets", "secrets"):
-            rows = src.execute(f"SELECT * FROM {table}").fetchall()
-            with conn.cursor() as cur:
-                cur.executemany(f"INSERT INTO {schema}.{table} VALUES ({', '.join(['%s'] * len(rows[0]))})", rows)
-    src.close()
 
 
 def truth(sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
@@ -104,7 +80,7 @@ def crm(tmp_path: Path) -> Path:
 def pg_crm(pg_url: str) -> str:
     """A fresh Postgres schema holding the sample CRM."""
     schema = f"walls{next(_schemas)}"
-    load_crm(pg_url, schema)
+    load_sample_crm(pg_url, schema)
     return schema
 
 
@@ -122,7 +98,7 @@ def make(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
         return sqlite_source
     url = request.getfixturevalue("pg_url")
     schema = f"walls{next(_schemas)}"
-    load_crm(url, schema)
+    load_sample_crm(url, schema)
 
     def pg_source(sql: str, params: Sequence[str | int] = (), **kwargs: Any) -> Any:
         kwargs.setdefault("allow", SAMPLE_CRM_ALLOW)
@@ -516,7 +492,7 @@ def rls(pg_url: str) -> Iterator[tuple[str, str]]:
         conn.execute(f"CREATE DATABASE {name}")
         conn.execute("DO $$ BEGIN CREATE ROLE crm_reader LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
     admin = _as_role(pg_url, "postgres", name)
-    load_crm(admin, "crm")
+    load_sample_crm(admin, "crm")
     recipe = (Path(__file__).parents[2] / "docs" / "planning.md").read_text(encoding="utf-8")
     script = recipe.split("<!-- rls-recipe -->")[1].split("```sql")[1].split("```")[0]
     with psycopg.connect(admin, autocommit=True) as conn:

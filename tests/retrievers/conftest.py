@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import shutil
+import sqlite3
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -49,3 +50,35 @@ def pg_url(pg_server: Any) -> str:
 def collection() -> str:
     """A collection name no other test uses."""
     return f"t{next(_names)}"
+
+
+#: The sample CRM's four tables (secrets included) as Postgres DDL, for a schema ``{s}``.
+CRM_DDL = """
+CREATE SCHEMA {s};
+CREATE TABLE {s}.customers (id integer PRIMARY KEY, name text NOT NULL, plan text NOT NULL, region text NOT NULL,
+    seats integer NOT NULL, status text NOT NULL, signed_up text NOT NULL, churned_on text);
+CREATE TABLE {s}.orders (id text PRIMARY KEY, customer_id integer NOT NULL REFERENCES {s}.customers (id),
+    plan text NOT NULL, seats integer NOT NULL, amount_usd double precision NOT NULL, status text NOT NULL,
+    ordered text NOT NULL);
+CREATE TABLE {s}.tickets (id integer PRIMARY KEY, customer_id integer NOT NULL REFERENCES {s}.customers (id),
+    priority text NOT NULL, status text NOT NULL, opened text NOT NULL, error_code text);
+CREATE TABLE {s}.secrets (customer_id integer NOT NULL, api_token text NOT NULL);
+"""
+
+
+def load_sample_crm(url: str, schema: str) -> None:
+    """The sample CRM's four tables (secrets included) copied into a new Postgres ``schema``."""
+    import psycopg
+
+    from ragloop.sample import sample_crm_path
+
+    src = sqlite3.connect(f"{sample_crm_path().resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(CRM_DDL.format(s=schema))
+            for table in ("customers", "orders", "tickets", "secrets"):
+                rows = src.execute(f"SELECT * FROM {table}").fetchall()
+                with conn.cursor() as cur:
+                    cur.executemany(f"INSERT INTO {schema}.{table} VALUES ({', '.join(['%s'] * len(rows[0]))})", rows)
+    finally:
+        src.close()

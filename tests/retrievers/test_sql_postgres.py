@@ -3,44 +3,24 @@
 from __future__ import annotations
 
 import itertools
-import sqlite3
 
 import pytest
 
 from ragloop.errors import ConfigError, QueryRefused, SourceError
 from ragloop.retrievers.sql import FUNCTIONS, AllowedFunction, PostgresSQLSource, SQLQuery, SQLSchema
-from ragloop.sample import SAMPLE_CRM_ALLOW, sample_crm_path
+from ragloop.sample import SAMPLE_CRM_ALLOW
+from tests.retrievers.conftest import load_sample_crm
 
 pytestmark = pytest.mark.anyio
 psycopg = pytest.importorskip("psycopg")
 _schemas = itertools.count()
-
-DDL = """
-CREATE SCHEMA {s};
-CREATE TABLE {s}.customers (id integer PRIMARY KEY, name text NOT NULL, plan text NOT NULL, region text NOT NULL,
-    seats integer NOT NULL, status text NOT NULL, signed_up text NOT NULL, churned_on text);
-CREATE TABLE {s}.orders (id text PRIMARY KEY, customer_id integer NOT NULL REFERENCES {s}.customers (id),
-    plan text NOT NULL, seats integer NOT NULL, amount_usd double precision NOT NULL, status text NOT NULL,
-    ordered text NOT NULL);
-CREATE TABLE {s}.tickets (id integer PRIMARY KEY, customer_id integer NOT NULL REFERENCES {s}.customers (id),
-    priority text NOT NULL, status text NOT NULL, opened text NOT NULL, error_code text);
-CREATE TABLE {s}.secrets (customer_id integer NOT NULL, api_token text NOT NULL);
-"""
 
 
 @pytest.fixture
 def crm_schema(pg_url: str) -> str:
     """A fresh Postgres schema holding a copy of the sample CRM tables."""
     schema = f"crm{next(_schemas)}"
-    src = sqlite3.connect(f"{sample_crm_path().resolve().as_uri()}?mode=ro", uri=True)
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(DDL.format(s=schema))
-        for table in ("customers", "orders", "tickets", "secrets"):
-            rows = src.execute(f"SELECT * FROM {table}").fetchall()
-            marks = ", ".join(["%s"] * len(rows[0]))
-            with conn.cursor() as cur:
-                cur.executemany(f"INSERT INTO {schema}.{table} VALUES ({marks})", rows)
-    src.close()
+    load_sample_crm(pg_url, schema)
     return schema
 
 

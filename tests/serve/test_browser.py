@@ -6,8 +6,6 @@ tests skip and say so.
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -19,18 +17,11 @@ import pytest
 from ragloop.chat import ChatRAG
 from ragloop.events import Token
 from ragloop.serve import create_app
+from tests._chromium import BROWSER_MARKS, HOW, headless_chromium
 from tests.serve.conftest import serving
 
-_CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-_DRIVER = os.environ.get("SE_CHROMEDRIVER") or shutil.which("chromedriver") or "/usr/bin/chromedriver"
-_HOW = "install it with: apt-get install -y chromium chromium-driver && pip install selenium"
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not Path(_CHROMIUM).exists(), reason=f"chromium is not installed; {_HOW}"),
-    pytest.mark.skipif(not Path(_DRIVER).exists(), reason=f"chromedriver is not installed; {_HOW}"),
-]
-webdriver = pytest.importorskip("selenium.webdriver", reason=f"selenium is not installed; {_HOW}")
+pytestmark = BROWSER_MARKS
+webdriver = pytest.importorskip("selenium.webdriver", reason=f"selenium is not installed; {HOW}")
 
 
 class _SlowTokens(ChatRAG):
@@ -51,27 +42,9 @@ class _VerySlowTokens(_SlowTokens):
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """A headless chromium (as root: no sandbox), quiet: no background networking, no updates, no sync."""
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = _CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--window-size=1100,900",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(_DRIVER))
-    try:
+    """A headless chromium for the chat page."""
+    with headless_chromium("1100,900") as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def _wait(condition: Any, timeout_s: float = 20.0) -> Any:

@@ -8,7 +8,6 @@ into the user cache with npm).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -22,13 +21,12 @@ from starlette.routing import Mount, Route
 
 from ragloop.chat import ChatRAG
 from ragloop.serve import ServeSettings, create_app
+from tests._chromium import headless_chromium
 from tests.serve.conftest import StuckRag, asgi_client, fake_rag, serving, sse_events
 
 pytestmark = pytest.mark.anyio
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
-_CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-_DRIVER = os.environ.get("SE_CHROMEDRIVER") or shutil.which("chromedriver") or "/usr/bin/chromedriver"
 AI_VERSION = "7.0.173"
 QUESTION = "How do I rotate an API key?"
 
@@ -51,15 +49,7 @@ class TestInBrowser:
     @pytest.mark.parametrize("fmt", ["ragloop", "ai-sdk", "responses"])
     def test_the_page_reads_each_format(self, page_server: str, fmt: str) -> None:
         """Chromium's fetch() reads the answer, its sources and the outcome from each format's stream."""
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-
-        options = webdriver.ChromeOptions()
-        options.binary_location = _CHROMIUM
-        for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
-            options.add_argument(flag)
-        driver = webdriver.Chrome(options=options, service=Service(_DRIVER))
-        try:
+        with headless_chromium("1100,900") as driver:
             driver.set_script_timeout(60)
             driver.get(page_server + "/clients.html")
             out = driver.execute_async_script(
@@ -67,8 +57,6 @@ class TestInBrowser:
                 f"consume({fmt!r}, {QUESTION!r}).then(done, (e) => done({{error: String(e)}}));"
             )
             shown = driver.find_element("id", "answer").text
-        finally:
-            driver.quit()
         assert "error" not in out, out
         assert out["status"] == 200 and out["outcome"] in ("context", "partial")
         assert out["text"].strip() and shown.strip() == out["text"].strip()
