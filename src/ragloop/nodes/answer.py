@@ -414,8 +414,9 @@ def _resolve(state: TurnState, streamed: str | None = None) -> None:
     citation it made is dropped (an abstaining reply cites nothing)."""
     numbering = Numbering(state.blocks, state.cited)
     pages = numbering.pages()
-    text, _, invalid = resolve_citations(state.answer, pages)
-    shown = resolve_citations(state.answer if streamed is None else streamed, pages)[1]
+    text, shown, invalid = resolve_citations(state.answer, pages)
+    if streamed is not None:
+        shown = resolve_citations(streamed, pages)[1]
     citations = tuple(attrs.evolve(c, sections=numbering.sections(c.n)) for c in sorted(shown, key=lambda c: c.n))
     if invalid:
         state.errors.append(f"answer: removed citations to unknown blocks {sorted(set(invalid))}")
