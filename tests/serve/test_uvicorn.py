@@ -202,6 +202,22 @@ class TestDisconnect:
                     reply += chunk
         assert reply.startswith(b"HTTP/1.1 " + status)
 
+    def test_a_refused_body_that_never_comes_does_not_hold_the_refusal(self, rag: ChatRAG) -> None:
+        """A client that declares a small refused body and never sends it still gets its 415 (the read before the
+        reply gives up after a second), and the connection is closed."""
+        import socket
+
+        with serving(create_app(rag)) as url:
+            host, port = url.removeprefix("http://").split(":")
+            with socket.create_connection((host, int(port)), timeout=10) as raw:
+                raw.sendall(
+                    b"POST /api/chat HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 500\r\n\r\n"
+                )
+                reply = b""
+                while chunk := raw.recv(65536):
+                    reply += chunk
+        assert reply.startswith(b"HTTP/1.1 415")
+
 
 class TestServeCommand:
     def test_ragloop_serve_answers_health_and_chat(self, sample_cache: Path, tmp_path: Path) -> None:
