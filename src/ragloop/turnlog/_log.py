@@ -180,6 +180,7 @@ class TurnLog:
                 principal=principal,
                 caller=state.caller,
                 at=self.clock(),
+                filters=state.filters,
             )
         except Exception as exc:  # noqa: BLE001 — the log costs its row, never the answer
             self.count_error(exc)
