@@ -3,7 +3,9 @@
 ``ragloop gaps --turn-log sqlite:turns.db --since 7d`` prints the topics users hit that the knowledge base does
 not answer, most users first; ``--json`` prints the whole report as one JSON object, ``--html FILE`` writes it as
 one static page with its charts, ``--export-cases FILE`` writes the top topics' questions as draft
-``ragloop check`` cases. With ``--index DIR`` questions are also embedded with that index's embedder.
+``ragloop check`` cases. With ``--index DIR`` questions are also embedded with that index's embedder. Each topic
+is a gap with a stable id and a status (``open``, ``fixed`` once ``ragloop replay --mark-gaps`` answers its
+questions, ``reopened``), kept in the turn log's database from run to run.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ragloop.errors import ConfigError
+from ragloop.errors import ConfigError, RagloopError
 from ragloop.text.safety import terminal_safe
 
 __all__ = ["add_gaps", "cmd_gaps", "parse_since", "parse_until"]
@@ -91,7 +93,7 @@ def _embedding(index: str | None) -> tuple[Any, str | None]:
 
 def cmd_gaps(args: argparse.Namespace) -> int:
     """Build the report, then print or write it."""
-    from ragloop.gaps import CAUSE_NAMES, build_report, draft_cases, report_html
+    from ragloop.gaps import CAUSE_NAMES, apply_lifecycle, build_report, draft_cases, report_html
     from ragloop.turnlog import TurnLog
 
     if args.top < 1 or args.min_turns < 1:
@@ -104,18 +106,27 @@ def cmd_gaps(args: argparse.Namespace) -> int:
     log = TurnLog.open(args.turn_log)
     try:
         turns = log.turns(since, until, brief_answered=True)
+        report = build_report(
+            turns,
+            since=since,
+            until=until,
+            embed=embed,
+            embedder=name,
+            threshold=args.threshold,
+            min_turns=args.min_turns,
+            max_topics=args.top,
+        )
+        # Each topic's id and status, from what earlier runs and replays left in the log; then saved for the next.
+        try:
+            book = log.backend.gap_book()
+            report, records, members = apply_lifecycle(report, book, {t.row.turn_id: t.row.at for t in turns})
+            log.backend.save_gaps(records, members)
+        except RagloopError:
+            raise
+        except Exception as exc:  # the driver's own error (a read-only file, a dropped connection): one line
+            raise ConfigError(f"cannot keep the gaps' state in {log.backend.where}: {exc}") from exc
     finally:
         log.close()
-    report = build_report(
-        turns,
-        since=since,
-        until=until,
-        embed=embed,
-        embedder=name,
-        threshold=args.threshold,
-        min_turns=args.min_turns,
-        max_topics=args.top,
-    )
     if args.html:
         Path(args.html).write_text(report_html(report), encoding="utf-8")
     if args.export_cases:
@@ -137,6 +148,14 @@ def cmd_gaps(args: argparse.Namespace) -> int:
         print(
             terminal_safe(
                 f"{t.rank:>3}. {t.label}  ·  {t.users} users, {t.turns} turns, {t.trend}  ·  {CAUSE_NAMES[t.cause]}"
+            )
+        )
+        rated = f", {t.down} down, {t.up} up" if t.down or t.up else ""
+        weeks = " ".join(str(n) for _, n in t.weekly)
+        print(
+            terminal_safe(
+                f"     {t.gap_id} {t.status.upper()} since {t.status_since}; first seen {t.first_seen}, "
+                f"last {t.last_seen}; per week {weeks}{rated}"
             )
         )
         print(terminal_safe(f"     {t.detail}"))

@@ -5,7 +5,9 @@ of the period (``--since 30d`` by default; the latest ``--limit`` turns, 10,000 
 it was logged with, against the given index or store, and prints per question whether it is ``fixed``, ``broken``,
 ``changed`` or ``same`` compared with its logged turn (:mod:`ragloop.replay`). Offline unless ``--model``.
 ``--json`` prints one JSON object, ``--markdown`` a pull-request comment, ``--junit FILE`` writes JUnit XML;
-progress goes to stderr. Exit 1 when anything is ``broken``, 2 on a bad option or an unreadable log.
+progress goes to stderr. ``--mark-gaps`` records in the turn log which questions are now answered, so that
+``ragloop gaps`` marks the gaps this knowledge base fixed (run it on what you ship, not on a pull request's KB).
+Exit 1 when anything is ``broken``, 2 on a bad option or an unreadable log.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ragloop.errors import ConfigError
+from ragloop.errors import ConfigError, RagloopError
 from ragloop.text.safety import terminal_safe
 
 __all__ = ["add_replay", "cmd_replay"]
@@ -44,6 +46,12 @@ def add_replay(sub: Any) -> None:
     out.add_argument("--markdown", action="store_true", help="print a summary for a pull-request comment")
     p.add_argument("--junit", metavar="FILE", help="write JUnit XML (a broken question is a failure)")
     p.add_argument("--deadline", type=float, metavar="S", help="time limit per question, in seconds")
+    p.add_argument(
+        "--mark-gaps",
+        action="store_true",
+        help="remember in the turn log which questions this knowledge base answers: `ragloop gaps` then shows "
+        "the gaps it fixed (fixed) or broke again (reopened). Use it on the knowledge base you ship",
+    )
     p.set_defaults(func=cmd_replay, cache_dir=None)
 
 
@@ -128,6 +136,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
                 await client.close()
 
     report = anyio.run(run)
+    if args.mark_gaps:
+        _mark(args.turn_log, report)
     if args.junit:
         try:
             Path(args.junit).write_text(junit_xml(report), encoding="utf-8")
@@ -140,6 +150,27 @@ def cmd_replay(args: argparse.Namespace) -> int:
     else:
         _table(report)
     return 1 if report.broken else 0
+
+
+def _mark(url: str, report: Any) -> None:
+    from ragloop.turnlog import TurnLog
+
+    at = time.time()
+    marks = [
+        (turn_id, at, i.after.outcome == "context" and bool(i.after.pages))
+        for i in report.items
+        for turn_id in i.turn_ids
+    ]
+    log = TurnLog.open(url)
+    try:
+        log.backend.record_replays(marks)
+    except RagloopError:
+        raise
+    except Exception as exc:  # the driver's own error (a read-only file, a dropped connection): one line
+        raise ConfigError(f"cannot mark the replay in {log.backend.where}: {exc}") from exc
+    finally:
+        log.close()
+    print(f"ragloop replay: marked {len(marks)} turns in {url.split('@')[-1]} for `ragloop gaps`", file=sys.stderr)
 
 
 def _table(report: Any) -> None:

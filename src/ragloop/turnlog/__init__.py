@@ -35,13 +35,15 @@ from ragloop.turnlog._row import (
     TurnRow,
     pending_turn,
 )
-from ragloop.turnlog._sql import SCHEMA_VERSION, FeedbackItem, SQLBackend, StoredRow
+from ragloop.turnlog._sql import SCHEMA_VERSION, FeedbackItem, GapBook, GapRecord, SQLBackend, StoredRow
 
 __all__ = [
     "MAX_COMMENT_CHARS",
     "SCHEMA_VERSION",
     "Conflict",
     "FeedbackItem",
+    "GapBook",
+    "GapRecord",
     "LogPolicy",
     "LoggedCitation",
     "LoggedHit",

@@ -5,6 +5,12 @@
     ragloop_turnlog_schema   one row: name 'turns', the schema version (a newer one than this ragloop knows is refused)
     ragloop_turns            one row per finished turn: columns to filter on, the rest as JSON ``data``
     ragloop_feedback         one row per rating (the latest per turn counts)
+    ragloop_gaps             (v2) one row per content gap: its stable id, status and when it was first seen
+    ragloop_gap_turns        (v2) which gap each gap turn belongs to (what keeps a gap's id across runs)
+    ragloop_replays          (v2) per turn, the latest ``ragloop replay --mark-gaps``: when, and whether answered
+
+A log of version 1 is migrated the first time it is opened for writing (turns, or the gaps' state: the v2 tables
+created, the version row raised); a reader reads its v1 tables as they are. Nothing of the log itself changes.
 
 Every method holds the backend's lock and runs on one connection (opened on first use, dropped after an error
 and opened again on the next call), so the writer thread and a feedback lookup never share a cursor.
@@ -15,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,13 +30,15 @@ from attrs import frozen
 from ragloop.errors import ConfigError
 from ragloop.turnlog._row import LoggedTurn, Rating, TurnRow, row_from_json, row_to_json
 
-__all__ = ["SCHEMA_VERSION", "FeedbackItem", "SQLBackend", "StoredRow"]
+__all__ = ["SCHEMA_VERSION", "FeedbackItem", "GapBook", "GapRecord", "SQLBackend", "StoredRow"]
 
 #: Version of the turn log's tables; a log written by a newer ragloop is refused, not misread.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: Rows per insert statement (12 parameters each: well under SQLite's 32,766 and Postgres's 65,535).
 _ROWS_PER_STATEMENT = 200
+#: Statements of :meth:`SQLBackend._ddl` that made a version 1 log (the rest migrate it to the current one).
+_V1_STATEMENTS = 6
 _TURN_COLUMNS = (
     "turn_id, at, principal, user_id, tenant, outcome, question, question_hash, seconds, data, embedding, embedder"
 )
@@ -68,6 +76,42 @@ class FeedbackItem:
     comment: str | None = None
 
 
+@frozen
+class GapRecord:
+    """A content gap as the log remembers it between runs of ``ragloop gaps``.
+
+    Attributes:
+        gap_id: Its stable id.
+        label: Its label when last seen.
+        status: ``open``, ``fixed`` or ``reopened``.
+        status_at: When it took that status (seconds since the epoch).
+        first_seen: Its earliest turn.
+        last_seen: Its latest turn.
+    """
+
+    gap_id: str
+    label: str
+    status: str
+    status_at: float
+    first_seen: float
+    last_seen: float
+
+
+@frozen
+class GapBook:
+    """Everything the log remembers about gaps.
+
+    Attributes:
+        gaps: Gap id → its record.
+        members: Turn id → the gap it belongs to.
+        replays: Turn id → ``(when, answered)`` of its latest replay marked with ``--mark-gaps``.
+    """
+
+    gaps: Mapping[str, GapRecord]
+    members: Mapping[str, str]
+    replays: Mapping[str, tuple[float, bool]]
+
+
 class SQLBackend:
     """What both databases share; subclasses open the connection and spell the types.
 
@@ -86,6 +130,7 @@ class SQLBackend:
         self._lock = threading.Lock()
         self._conn: Any = None
         self._ready = False
+        self._writable = False
 
     # --- subclass hooks ---------------------------------------------------------------------------------
 
@@ -101,8 +146,11 @@ class SQLBackend:
         return text.replace("?", self.param)
 
     def _conn_for(self, *, create: bool) -> Any:
+        if self._conn is not None and create and not self._writable:  # a reader's connection cannot write
+            self._drop()
         if self._conn is None:
             self._conn = self._connect(create=create)
+            self._writable = create
             self._ready = False
         if not self._ready:
             self._ensure(self._conn, create=create)
@@ -147,6 +195,13 @@ class SQLBackend:
                     f"the turn log at {self.where} has schema version {found[0]}; this ragloop reads up to "
                     f"{SCHEMA_VERSION}: upgrade ragloop, or point --turn-log at a new log"
                 )
+            elif int(found[0]) < SCHEMA_VERSION and create:  # a reader reads the old tables as they are
+                self._lock_schema(conn)
+                for statement in self._ddl()[_V1_STATEMENTS:]:
+                    cur.execute(statement)
+                cur.execute(
+                    self._sql("update ragloop_turnlog_schema set version = ? where name = ?"), (SCHEMA_VERSION, "turns")
+                )
             conn.commit()
         except BaseException:
             conn.rollback()
@@ -163,6 +218,12 @@ class SQLBackend:
             f"create table if not exists ragloop_feedback (turn_id text not null, at {f} not null, "
             "rating text not null, comment text)",
             "create index if not exists ragloop_feedback_turn on ragloop_feedback (turn_id)",
+            # v2: the gaps' lifecycle
+            f"create table if not exists ragloop_gaps (gap_id text primary key, label text not null, "
+            f"status text not null, status_at {f} not null, first_seen {f} not null, last_seen {f} not null)",
+            "create table if not exists ragloop_gap_turns (turn_id text primary key, gap_id text not null)",
+            f"create table if not exists ragloop_replays (turn_id text primary key, at {f} not null, "
+            "answered integer not null)",
         ]
 
     # --- operations ---------------------------------------------------------------------------------------
@@ -232,6 +293,8 @@ class SQLBackend:
             cur.execute(self._sql("delete from ragloop_turns where at < ?"), (before,))
             gone = int(cur.rowcount or 0)
             cur.execute(self._sql("delete from ragloop_feedback where at < ?"), (before,))
+            for table in ("ragloop_gap_turns", "ragloop_replays"):  # what pointed at the turns that went
+                cur.execute(f"delete from {table} where turn_id not in (select turn_id from ragloop_turns)")
             return gone
 
         result: int = self._run(True, work)
@@ -260,6 +323,58 @@ class SQLBackend:
 
         result: list[LoggedTurn] = self._run(False, work)
         return result
+
+    def gap_book(self) -> GapBook:
+        """What the log remembers about gaps (empty for a log no ``ragloop gaps`` has run on)."""
+
+        def work(conn: Any) -> GapBook:
+            cur = conn.cursor()
+            cur.execute("select gap_id, label, status, status_at, first_seen, last_seen from ragloop_gaps")
+            gaps = {str(r[0]): GapRecord(str(r[0]), str(r[1]), str(r[2]), *map(float, r[3:])) for r in cur.fetchall()}
+            cur.execute("select turn_id, gap_id from ragloop_gap_turns")
+            members = {str(t): str(g) for t, g in cur.fetchall()}
+            cur.execute("select turn_id, at, answered from ragloop_replays")
+            replays = {str(t): (float(at), bool(a)) for t, at, a in cur.fetchall()}
+            return GapBook(gaps, members, replays)
+
+        result: GapBook = self._run(True, work)
+        return result
+
+    def save_gaps(self, records: Sequence[GapRecord], members: Mapping[str, str]) -> None:
+        """Insert or update gap records and turn memberships, in one transaction."""
+        gap_sql = self._sql(
+            "insert into ragloop_gaps (gap_id, label, status, status_at, first_seen, last_seen) "
+            "values (?, ?, ?, ?, ?, ?) on conflict (gap_id) do update set label = excluded.label, "
+            "status = excluded.status, status_at = excluded.status_at, first_seen = excluded.first_seen, "
+            "last_seen = excluded.last_seen"
+        )
+        member_sql = self._sql(
+            "insert into ragloop_gap_turns (turn_id, gap_id) values (?, ?) "
+            "on conflict (turn_id) do update set gap_id = excluded.gap_id"
+        )
+
+        def work(conn: Any) -> None:
+            cur = conn.cursor()
+            if records:
+                cur.executemany(
+                    gap_sql, [(r.gap_id, r.label, r.status, r.status_at, r.first_seen, r.last_seen) for r in records]
+                )
+            if members:
+                cur.executemany(member_sql, sorted(members.items()))
+
+        self._run(True, work)
+
+    def record_replays(self, replays: Sequence[tuple[str, float, bool]]) -> None:
+        """Remember ``(turn id, when, answered)`` of replayed turns (a turn's latest replay replaces the last)."""
+        sql = self._sql(
+            "insert into ragloop_replays (turn_id, at, answered) values (?, ?, ?) "
+            "on conflict (turn_id) do update set at = excluded.at, answered = excluded.answered"
+        )
+
+        def work(conn: Any) -> None:
+            conn.cursor().executemany(sql, [(t, at, int(a)) for t, at, a in replays])
+
+        self._run(True, work)
 
     def close(self) -> None:
         """Close the connection."""
