@@ -42,16 +42,16 @@ def _new_id(turn_ids: Sequence[str], taken: set[str]) -> str:
 def assign_ids(topics: Sequence[Sequence[str]], members: Mapping[str, str]) -> list[str]:
     """A gap id per topic (given as its turn ids): the remembered gap sharing most turns, else a new id.
 
-    Each remembered id goes to at most one topic: pairs are taken by most shared turns first, then by id and
-    topic order, so the result does not depend on dictionary order.
+    Each remembered id goes to at most one topic: pairs are taken by most shared turns first, then by id, then by
+    the topic's turn ids, so the result depends neither on dictionary order nor on the order of the topics.
     """
-    pairs: list[tuple[int, str, int]] = []
+    pairs: list[tuple[int, str, tuple[str, ...], int]] = []
     for n, turn_ids in enumerate(topics):
         shared = Counter(members[t] for t in turn_ids if t in members)
-        pairs.extend((-count, gid, n) for gid, count in shared.items())
+        pairs.extend((-count, gid, tuple(sorted(turn_ids)), n) for gid, count in shared.items())
     out: list[str | None] = [None] * len(topics)
     used: set[str] = set()
-    for _, gid, n in sorted(pairs):
+    for _, gid, _, n in sorted(pairs):
         if out[n] is None and gid not in used:
             out[n] = gid
             used.add(gid)

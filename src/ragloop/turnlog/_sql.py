@@ -37,8 +37,6 @@ SCHEMA_VERSION = 2
 
 #: Rows per insert statement (12 parameters each: well under SQLite's 32,766 and Postgres's 65,535).
 _ROWS_PER_STATEMENT = 200
-#: Statements of :meth:`SQLBackend._ddl` that made a version 1 log (the rest migrate it to the current one).
-_V1_STATEMENTS = 6
 _TURN_COLUMNS = (
     "turn_id, at, principal, user_id, tenant, outcome, question, question_hash, seconds, data, embedding, embedder"
 )
@@ -197,7 +195,7 @@ class SQLBackend:
                 )
             elif int(found[0]) < SCHEMA_VERSION and create:  # a reader reads the old tables as they are
                 self._lock_schema(conn)
-                for statement in self._ddl()[_V1_STATEMENTS:]:
+                for statement in self._ddl_v2():
                     cur.execute(statement)
                 cur.execute(
                     self._sql("update ragloop_turnlog_schema set version = ? where name = ?"), (SCHEMA_VERSION, "turns")
@@ -208,6 +206,7 @@ class SQLBackend:
             raise
 
     def _ddl(self) -> list[str]:
+        """Every table and index of the current version."""
         f, j, b = self.float_type, self.json_type, self.blob_type
         return [
             "create table if not exists ragloop_turnlog_schema (name text primary key, version integer not null)",
@@ -218,7 +217,13 @@ class SQLBackend:
             f"create table if not exists ragloop_feedback (turn_id text not null, at {f} not null, "
             "rating text not null, comment text)",
             "create index if not exists ragloop_feedback_turn on ragloop_feedback (turn_id)",
-            # v2: the gaps' lifecycle
+            *self._ddl_v2(),
+        ]
+
+    def _ddl_v2(self) -> list[str]:
+        """What version 2 added: the gaps' lifecycle (also what migrates a version 1 log)."""
+        f = self.float_type
+        return [
             f"create table if not exists ragloop_gaps (gap_id text primary key, label text not null, "
             f"status text not null, status_at {f} not null, first_seen {f} not null, last_seen {f} not null)",
             "create table if not exists ragloop_gap_turns (turn_id text primary key, gap_id text not null)",
