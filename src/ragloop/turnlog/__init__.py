@@ -35,7 +35,8 @@ from ragloop.turnlog._row import (
     TurnRow,
     pending_turn,
 )
-from ragloop.turnlog._sql import SCHEMA_VERSION, FeedbackItem, GapBook, GapRecord, SQLBackend, StoredRow
+from ragloop.turnlog._sql import SCHEMA_VERSION, FeedbackItem, SQLBackend, StoredRow
+from ragloop.turnlog._sql_lifecycle import GapBook, GapRecord
 
 __all__ = [
     "MAX_COMMENT_CHARS",

@@ -8,6 +8,7 @@
     ragloop_gaps             (v2) one row per content gap: its stable id, status and when it was first seen
     ragloop_gap_turns        (v2) which gap each gap turn belongs to (what keeps a gap's id across runs)
     ragloop_replays          (v2) per turn, the latest ``ragloop replay --mark-gaps``: when, and whether answered
+    ragloop_handoffs         (v2) turns handed off to a person: who, the packet sent, the resolution
 
 A log of version 1 is migrated the first time it is opened for writing (turns, or the gaps' state: the v2 tables
 created, the version row raised); a reader reads its v1 tables as they are. Nothing of the log itself changes.
@@ -21,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -29,8 +30,9 @@ from attrs import frozen
 
 from ragloop.errors import ConfigError
 from ragloop.turnlog._row import LoggedTurn, Rating, TurnRow, row_from_json, row_to_json
+from ragloop.turnlog._sql_lifecycle import GapBook, GapRecord, LifecycleTables
 
-__all__ = ["SCHEMA_VERSION", "FeedbackItem", "GapBook", "GapRecord", "SQLBackend", "StoredRow"]
+__all__ = ["SCHEMA_VERSION", "FeedbackItem", "SQLBackend", "StoredRow"]
 
 #: Version of the turn log's tables; a log written by a newer ragloop is refused, not misread.
 SCHEMA_VERSION = 2
@@ -74,43 +76,7 @@ class FeedbackItem:
     comment: str | None = None
 
 
-@frozen
-class GapRecord:
-    """A content gap as the log remembers it between runs of ``ragloop gaps``.
-
-    Attributes:
-        gap_id: Its stable id.
-        label: Its label when last seen.
-        status: ``open``, ``fixed`` or ``reopened``.
-        status_at: When it took that status (seconds since the epoch).
-        first_seen: Its earliest turn.
-        last_seen: Its latest turn.
-    """
-
-    gap_id: str
-    label: str
-    status: str
-    status_at: float
-    first_seen: float
-    last_seen: float
-
-
-@frozen
-class GapBook:
-    """Everything the log remembers about gaps.
-
-    Attributes:
-        gaps: Gap id → its record.
-        members: Turn id → the gap it belongs to.
-        replays: Turn id → ``(when, answered)`` of its latest replay marked with ``--mark-gaps``.
-    """
-
-    gaps: Mapping[str, GapRecord]
-    members: Mapping[str, str]
-    replays: Mapping[str, tuple[float, bool]]
-
-
-class SQLBackend:
+class SQLBackend(LifecycleTables):
     """What both databases share; subclasses open the connection and spell the types.
 
     Args:
@@ -229,6 +195,8 @@ class SQLBackend:
             "create table if not exists ragloop_gap_turns (turn_id text primary key, gap_id text not null)",
             f"create table if not exists ragloop_replays (turn_id text primary key, at {f} not null, "
             "answered integer not null)",
+            f"create table if not exists ragloop_handoffs (handoff_id text primary key, turn_id text not null, "
+            f"principal text not null, at {f} not null, packet text not null, resolution text)",
         ]
 
     # --- operations ---------------------------------------------------------------------------------------
@@ -329,57 +297,24 @@ class SQLBackend:
         result: list[LoggedTurn] = self._run(False, work)
         return result
 
-    def gap_book(self) -> GapBook:
-        """What the log remembers about gaps (empty for a log no ``ragloop gaps`` has run on)."""
+    def turn(self, turn_id: str) -> LoggedTurn | None:
+        """One stored turn with its latest feedback (``None``: no such turn)."""
 
-        def work(conn: Any) -> GapBook:
+        def work(conn: Any) -> LoggedTurn | None:
             cur = conn.cursor()
-            cur.execute("select gap_id, label, status, status_at, first_seen, last_seen from ragloop_gaps")
-            gaps = {str(r[0]): GapRecord(str(r[0]), str(r[1]), str(r[2]), *map(float, r[3:])) for r in cur.fetchall()}
-            cur.execute("select turn_id, gap_id from ragloop_gap_turns")
-            members = {str(t): str(g) for t, g in cur.fetchall()}
-            cur.execute("select turn_id, at, answered from ragloop_replays")
-            replays = {str(t): (float(at), bool(a)) for t, at, a in cur.fetchall()}
-            return GapBook(gaps, members, replays)
+            cur.execute(self._sql(f"select {_TURN_COLUMNS} from ragloop_turns where turn_id = ?"), (turn_id,))
+            row = cur.fetchone()
+            if row is None:
+                return None
+            cur.execute(
+                self._sql("select turn_id, rating, comment from ragloop_feedback where turn_id = ? order by at"),
+                (turn_id,),
+            )
+            rated = {str(t): (r, c) for t, r, c in cur.fetchall()}
+            return _logged(row, rated)
 
-        result: GapBook = self._run(True, work)
+        result: LoggedTurn | None = self._run(False, work)
         return result
-
-    def save_gaps(self, records: Sequence[GapRecord], members: Mapping[str, str]) -> None:
-        """Insert or update gap records and turn memberships, in one transaction."""
-        gap_sql = self._sql(
-            "insert into ragloop_gaps (gap_id, label, status, status_at, first_seen, last_seen) "
-            "values (?, ?, ?, ?, ?, ?) on conflict (gap_id) do update set label = excluded.label, "
-            "status = excluded.status, status_at = excluded.status_at, first_seen = excluded.first_seen, "
-            "last_seen = excluded.last_seen"
-        )
-        member_sql = self._sql(
-            "insert into ragloop_gap_turns (turn_id, gap_id) values (?, ?) "
-            "on conflict (turn_id) do update set gap_id = excluded.gap_id"
-        )
-
-        def work(conn: Any) -> None:
-            cur = conn.cursor()
-            if records:
-                cur.executemany(
-                    gap_sql, [(r.gap_id, r.label, r.status, r.status_at, r.first_seen, r.last_seen) for r in records]
-                )
-            if members:
-                cur.executemany(member_sql, sorted(members.items()))
-
-        self._run(True, work)
-
-    def record_replays(self, replays: Sequence[tuple[str, float, bool]]) -> None:
-        """Remember ``(turn id, when, answered)`` of replayed turns (a turn's latest replay replaces the last)."""
-        sql = self._sql(
-            "insert into ragloop_replays (turn_id, at, answered) values (?, ?, ?) "
-            "on conflict (turn_id) do update set at = excluded.at, answered = excluded.answered"
-        )
-
-        def work(conn: Any) -> None:
-            conn.cursor().executemany(sql, [(t, at, int(a)) for t, at, a in replays])
-
-        self._run(True, work)
 
     def close(self) -> None:
         """Close the connection."""
