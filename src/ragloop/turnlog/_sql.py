@@ -30,7 +30,7 @@ from attrs import frozen
 
 from ragloop.errors import ConfigError
 from ragloop.turnlog._row import LoggedTurn, Rating, TurnRow, row_from_json, row_to_json
-from ragloop.turnlog._sql_lifecycle import GapBook, GapRecord, LifecycleTables
+from ragloop.turnlog._sql_lifecycle import LifecycleTables
 
 __all__ = ["SCHEMA_VERSION", "FeedbackItem", "SQLBackend", "StoredRow"]
 
