@@ -227,3 +227,72 @@ class TestDraft:
         )
         front = page.split("---\n")[1]
         assert front.count("\n") == 7 and 'question: "line one --- evil: \\"x\\""' in front
+
+
+class TestDraftsIndexed:
+    def test_resolved_handoff_closes_its_gap_on_replay(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A question the docs miss → handed off → resolved into docs/_drafts → `ragloop index` leaves the draft
+        out, `--include-drafts` takes it in → `ragloop replay` reports the question fixed."""
+        from ragloop.cli import main
+        from ragloop.retrievers.index import KnowledgeIndex
+        from ragloop.turn import Turn
+
+        docs = tmp_path / "docs"
+        docs.mkdir()
+        (docs / "keys.md").write_text("# API keys\n\nTo rotate an API key, create a new key and revoke the old one.\n")
+        assert main(["index", str(docs), "--out", str(tmp_path / "idx"), "--embedder", "hash"]) == 0
+        rag = ChatRAG(Turn.from_index(tmp_path / "idx"))
+        rag.turn_log = TurnLog.open(f"sqlite:{tmp_path / 'turns.db'}")
+        question = "How do I connect Zapier to my workspace?"
+        app = create_app(rag, handoff=Handoff(docs / "_drafts"))
+
+        async def hand_off() -> str:
+            async with asgi_client(app) as client:
+                r = await client.post("/api/chat", json={"message": question})
+                reply = json.loads(sse_events(r.text)[-1][1])
+                assert reply["outcome"] == "none"
+                await _stored(rag, reply["turn_id"])
+                made = (await client.post("/v1/handoff", json={"turn_id": reply["turn_id"]})).json()
+                answer = (
+                    "To connect Zapier to your workspace, open Settings, then Integrations, and paste the Zapier URL."
+                )
+                body = {"answer": answer, "agent": "Dana"}
+                assert (await client.post(f"/v1/handoff/{made['handoff_id']}/resolution", json=body)).status_code == 201
+            await rag.aclose()
+            return str(made["handoff_id"])
+
+        handoff_id = anyio.run(hand_off)
+        assert main(["index", str(docs), "--out", str(tmp_path / "without"), "--embedder", "hash"]) == 0
+        assert {c.source for c in KnowledgeIndex.load(tmp_path / "without").chunks} == {"keys.md"}
+        argv = ["index", str(docs), "--out", str(tmp_path / "with"), "--embedder", "hash", "--include-drafts"]
+        assert main(argv) == 0
+        draft = f"_drafts/handoff-{handoff_id}.md"
+        assert {c.source for c in KnowledgeIndex.load(tmp_path / "with").chunks} == {"keys.md", draft}
+        log = f"sqlite:{tmp_path / 'turns.db'}"
+        capsys.readouterr()
+        assert main(["replay", "--turn-log", log, "--index", str(tmp_path / "with"), "--json"]) == 0
+        [item] = json.loads(capsys.readouterr().out)["items"]
+        assert item["verdict"] == "fixed" and item["after"]["pages"] == [draft]
+
+
+class TestServeOptions:
+    @pytest.mark.parametrize(
+        ("argv", "says"),
+        [
+            (["--handoff-url", "http://127.0.0.1:9/"], "needs --handoff-drafts"),
+            (["--handoff-drafts", "d"], "needs --turn-log"),
+            (["--handoff-drafts", "d", "--turn-log", "sqlite:t.db", "--handoff-url", "http://x/"], "SECRET"),
+        ],
+    )
+    def test_bad_handoff_options_fail_first(
+        self, argv: list[str], says: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Hand-off options that cannot work are one line, exit 2, before anything loads."""
+        from ragloop.cli import main
+
+        monkeypatch.delenv("RAGLOOP_HANDOFF_SECRET", raising=False)
+        assert main(["serve", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err
