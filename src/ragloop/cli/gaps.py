@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ragloop.errors import ConfigError, RagloopError
+from ragloop.errors import ConfigError
 from ragloop.text.safety import terminal_safe
 
 __all__ = ["add_gaps", "cmd_gaps", "parse_since", "parse_until"]
@@ -91,9 +91,32 @@ def _embedding(index: str | None) -> tuple[Any, str | None]:
     return (lambda texts: anyio.run(embedder.embed, texts)), embedder.name
 
 
+def _lifecycle(log: Any, report: Any, turns: Any) -> Any:
+    """The report with each topic's id and status (from what earlier runs and replays left in the log), saved for
+    the next run. A log that cannot be read or written so (a read-only file or replica) still gets its report:
+    without ids and statuses when the state cannot be read, with them but unsaved when it cannot be written."""
+    from ragloop.gaps import apply_lifecycle
+
+    where = log.backend.where
+    try:
+        book = log.backend.gap_book()
+    except Exception as exc:  # noqa: BLE001 — the driver's own error: the report goes on without the state
+        print(
+            terminal_safe(f"ragloop gaps: gap ids and statuses left out: cannot read them in {where}: {exc}"),
+            file=sys.stderr,
+        )
+        return report
+    report, records, members = apply_lifecycle(report, book, {t.row.turn_id: t.row.at for t in turns})
+    try:
+        log.backend.save_gaps(records, members)
+    except Exception as exc:  # noqa: BLE001 — as above: this run's ids are shown, the next run cannot know them
+        print(terminal_safe(f"ragloop gaps: the gaps' state was not saved in {where}: {exc}"), file=sys.stderr)
+    return report
+
+
 def cmd_gaps(args: argparse.Namespace) -> int:
     """Build the report, then print or write it."""
-    from ragloop.gaps import CAUSE_NAMES, apply_lifecycle, build_report, draft_cases, report_html
+    from ragloop.gaps import CAUSE_NAMES, build_report, draft_cases, report_html
     from ragloop.turnlog import TurnLog
 
     if args.top < 1 or args.min_turns < 1:
@@ -116,15 +139,7 @@ def cmd_gaps(args: argparse.Namespace) -> int:
             min_turns=args.min_turns,
             max_topics=args.top,
         )
-        # Each topic's id and status, from what earlier runs and replays left in the log; then saved for the next.
-        try:
-            book = log.backend.gap_book()
-            report, records, members = apply_lifecycle(report, book, {t.row.turn_id: t.row.at for t in turns})
-            log.backend.save_gaps(records, members)
-        except RagloopError:
-            raise
-        except Exception as exc:  # the driver's own error (a read-only file, a dropped connection): one line
-            raise ConfigError(f"cannot keep the gaps' state in {log.backend.where}: {exc}") from exc
+        report = _lifecycle(log, report, turns)
     finally:
         log.close()
     if args.html:
@@ -152,12 +167,13 @@ def cmd_gaps(args: argparse.Namespace) -> int:
         )
         rated = f", {t.down} down, {t.up} up" if t.down or t.up else ""
         weeks = " ".join(str(n) for _, n in t.weekly)
-        print(
-            terminal_safe(
-                f"     {t.gap_id} {t.status.upper()} since {t.status_since}; first seen {t.first_seen}, "
-                f"last {t.last_seen}; per week {weeks}{rated}"
+        if t.gap_id:
+            print(
+                terminal_safe(
+                    f"     {t.gap_id} {t.status.upper()} since {t.status_since}; first seen {t.first_seen}, "
+                    f"last {t.last_seen}; per week {weeks}{rated}"
+                )
             )
-        )
         print(terminal_safe(f"     {t.detail}"))
         for example in t.examples[:2]:
             print(terminal_safe(f"     e.g. {example}"))
