@@ -166,6 +166,10 @@ class TestEndpoints:
             assert (
                 await client.post("/v1/handoff", json={"turn_id": turn_id}, headers=_as("key-bob"))
             ).status_code == 404
+            answered = await client.post("/v1/handoff", json={"turn_id": turn_id}, headers=_as("key-alice"))
+            assert answered.status_code == 409 and "thumbs-down" in answered.text  # it was answered: rate it first
+            down = {"turn_id": turn_id, "rating": "down"}
+            assert (await client.post("/v1/feedback", json=down, headers=_as("key-alice"))).status_code == 200
             r = await client.post("/v1/handoff", json={"turn_id": turn_id, "note": "call me"}, headers=_as("key-alice"))
             assert r.status_code == 202
             made = r.json()
@@ -204,12 +208,19 @@ class TestEndpoints:
                 r = client.post("/api/chat", json={"message": "How do I rotate an API key?"})
                 turn_id = json.loads(sse_events(r.text)[-1][1])["turn_id"]
                 anyio.run(_stored, rag, turn_id)
+                assert client.post("/v1/feedback", json={"turn_id": turn_id, "rating": "down"}).status_code == 200
                 made = client.post("/v1/handoff", json={"turn_id": turn_id})
                 assert made.status_code == 202 and made.json()["webhook"] == "queued"
                 assert not rx.finished.is_set()  # answered before the receiver was done
                 again = client.post("/api/chat", json={"message": "How do I rotate an API key?"})
                 assert again.status_code == 200
                 assert rx.finished.wait(30)
+                for _ in range(500):  # the sender counts the delivery once the receiver's answer is read
+                    if 'ragloop_handoff_webhook_total{result="delivered"} 1.0' in client.get("/metrics").text:
+                        break
+                    time.sleep(0.02)
+                else:
+                    raise AssertionError("the delivery was never counted in /metrics")
         [(headers, body)] = rx.got
         assert headers["x-ragloop-signature"] == sign(body, SECRET)
         packet = json.loads(body)

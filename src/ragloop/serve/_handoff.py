@@ -1,6 +1,7 @@
 """Hand-off to a person: ``POST /v1/handoff`` and ``POST /v1/handoff/{id}/resolution`` (needs a turn log).
 
-``POST /v1/handoff {"turn_id", "note"?}`` hands one of the caller's own turns to a person: the hand-off is stored
+``POST /v1/handoff {"turn_id", "note"?}`` hands one of the caller's own turns that found no full answer (``none``,
+``partial``) or was rated down to a person (an answered one is a 409): the hand-off is stored
 in the turn log's database with its packet (question, conversation as far as the log keeps it — the question
 alone —, what was searched, what was missing, the nearest pages, the turn id, its gap id once ``ragloop gaps``
 grouped it) and, with a webhook, the packet is POSTed there as JSON, signed ``X-Ragloop-Signature:
@@ -226,6 +227,14 @@ async def create_handoff(
     turn = await _read(backend.turn, turn_id)
     if turn is None or turn.row.principal != _owner_of(turn_log, principal):
         raise Rejected(404, f"no turn {turn_id!r:.80} of yours to hand off", param="turn_id", code="unknown_turn")
+    if turn.row.outcome not in ("none", "partial") and turn.rating != "down":
+        raise Rejected(
+            409,
+            f"turn {turn_id} was answered ({turn.row.outcome}); a turn is handed off when it found no full answer "
+            "or after a thumbs-down (POST /v1/feedback rating 'down')",
+            param="turn_id",
+            code="answered",
+        )
     handoff_id = "h-" + secrets.token_hex(8)
     gap_id = await _read(backend.gap_of, turn_id)
     packet = handoff_packet(turn, handoff_id, gap_id, turn_log.policy.scrub(note) if note else None)
@@ -264,11 +273,13 @@ async def resolve(rag: Any, handoff: Handoff, handoff_id: str, body: Mapping[str
 class HandoffRoutes:
     """The two endpoints over one app's request checks and chat."""
 
-    def __init__(self, checks: Any, rag: Any, handoff: Handoff) -> None:
+    def __init__(self, checks: Any, rag: Any, handoff: Handoff, metrics: Any = None) -> None:
         self.checks = checks
         self.rag = rag
         self.handoff = handoff
         self.webhook = Webhook(handoff) if handoff.url is not None else None
+        if metrics is not None and self.webhook is not None:
+            metrics.watch_handoffs(lambda: self.webhook.counts if self.webhook else {})
 
     async def create(self, request: Request) -> Response:
         """``POST /v1/handoff``: 202 and the hand-off id; the webhook is called after the response is sent."""
