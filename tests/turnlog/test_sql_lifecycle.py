@@ -116,3 +116,16 @@ class TestMigration:
         backend.record_replays([("t1", 2.0, True)])
         assert backend.gap_book().replays == {"t1": (2.0, True)}
         backend.close()
+
+
+class TestLatest:
+    def test_latest_turns_only_oldest_first_with_feedback(self, backend: SQLBackend) -> None:
+        """`latest=N` reads the N latest turns of the period, oldest first, with their feedback (what
+        `ragloop replay --limit N` reads; the rest of the period is never loaded)."""
+        from ragloop.turnlog import FeedbackItem
+
+        backend.write((), [FeedbackItem("t3", 35.0, "down", "no"), FeedbackItem("t1", 15.0, "up")])
+        latest = backend.turns(0.0, 1e12, latest=2)
+        assert [t.row.turn_id for t in latest] == ["t2", "t3"] and latest[1].rating == "down"
+        assert [t.row.turn_id for t in backend.turns(0.0, 25.0, latest=5)] == ["t1", "t2"]
+        assert backend.turns(0.0, 1e12)[0].rating == "up"

@@ -120,7 +120,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     since = _since(args.since, now)
     log = TurnLog.open(args.turn_log)
     try:
-        turns = log.turns(since, now + 1.0)
+        turns = log.turns(since, now + 1.0, latest=args.limit)
     finally:
         log.close()
     rag, client, pages = _chat(args)

@@ -273,8 +273,11 @@ class SQLBackend(LifecycleTables):
         result: int = self._run(True, work)
         return result
 
-    def turns(self, since: float, until: float, *, brief_answered: bool = False) -> list[LoggedTurn]:
-        """Every turn with ``since <= at < until``, oldest first (ties by turn id), with its latest feedback.
+    def turns(
+        self, since: float, until: float, *, brief_answered: bool = False, latest: int | None = None
+    ) -> list[LoggedTurn]:
+        """Every turn with ``since <= at < until``, oldest first (ties by turn id), with its latest feedback; with
+        ``latest``, only the latest that many of them.
 
         With ``brief_answered``, a turn answered in full (``context`` or ``direct``) and not rated down comes back
         without its queries, rewrites and hits (what ``ragloop gaps`` never reads of it): a report of 100k turns
@@ -283,13 +286,17 @@ class SQLBackend(LifecycleTables):
 
         def work(conn: Any) -> list[LoggedTurn]:
             cur = conn.cursor()
+            where = f"select {_TURN_COLUMNS} from ragloop_turns where at >= ? and at < ?"
+            if latest is None:
+                cur.execute(self._sql(f"{where} order by at, turn_id"), (since, until))
+                rows = cur.fetchall()
+            else:
+                cur.execute(self._sql(f"{where} order by at desc, turn_id desc limit ?"), (since, until, latest))
+                rows = cur.fetchall()[::-1]
+            first = min((float(r[1]) for r in rows), default=until)
             cur.execute(
-                self._sql(f"select {_TURN_COLUMNS} from ragloop_turns where at >= ? and at < ? order by at, turn_id"),
-                (since, until),
-            )
-            rows = cur.fetchall()
-            cur.execute(
-                self._sql("select turn_id, rating, comment from ragloop_feedback where at >= ? order by at"), (since,)
+                self._sql("select turn_id, rating, comment from ragloop_feedback where at >= ? order by at"),
+                (since if latest is None else first,),
             )
             rated = {str(t): (r, c) for t, r, c in cur.fetchall()}
             return [_logged(row, rated, brief_answered) for row in rows]
