@@ -109,13 +109,31 @@ class TestReplay:
 
     async def test_unreplayable_turns_counted(self) -> None:
         """A turn without its question (capture_questions=False) or with a truncated one is skipped and counted."""
-        turns = [turn(1, None), turn(2, "long", truncated=True), turn(3, None), turn(4, "ok?")]
+        turns = [
+            turn(1, None),
+            turn(2, "long", truncated=True),
+            turn(3, None),
+            turn(4, "ok?"),
+            turn(5, "old", filters=None),
+        ]
         report = await replay_turns(FakeChat({}), turns)  # type: ignore[arg-type]
         assert [i.question for i in report.items] == ["ok?"]
         assert dict(report.skipped) == {
             "no question kept (the log was written with capture_questions=False)": 2,
             "question truncated in the log (longer than it keeps)": 1,
+            "logged before turns kept their filters: its walls are unknown": 1,
         }
+
+    def test_a_row_from_before_filters_were_kept_reads_as_unknown(self) -> None:
+        """A stored row without the filters key (an older ragloop wrote it) reads back with filters None; a new
+        row with no filters reads back as ()."""
+        from ragloop.turnlog._row import row_from_json, row_to_json
+
+        row = turn(1, "q").row
+        columns = {"turn_id": "t1", "at": 1.0, "principal": "p", "user": "u", "outcome": "none", "question_hash": "h"}
+        data = row_to_json(row)
+        assert row_from_json(columns, data).filters == ()
+        assert row_from_json(columns, {k: v for k, v in data.items() if k != "filters"}).filters is None
 
     async def test_limit_keeps_the_latest_and_concurrency_is_bounded(self) -> None:
         """--limit N replays the latest N turns; no more than `concurrency` questions are in flight; progress

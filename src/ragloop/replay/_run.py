@@ -33,6 +33,8 @@ def _groups(turns: Sequence[LoggedTurn]) -> tuple[dict[_Key, list[LoggedTurn]], 
             why = "no question kept (the log was written with capture_questions=False)"
         elif row.truncated:
             why = "question truncated in the log (longer than it keeps)"
+        elif row.filters is None:  # asked without them, it could read pages of a tenant it was walled from
+            why = "logged before turns kept their filters: its walls are unknown"
         else:
             groups.setdefault((row.question, row.filters), []).append(t)
             continue

@@ -256,7 +256,7 @@ class TurnRow:
             but did not support an answer: ``TurnRecord.abstention``); the outcome is then ``none``.
         filters: The metadata filters the turn's searches applied, ``(key, values)`` sorted by key: what walled
             it in (a principal's tenant among them), stored as given so that ``ragloop replay`` asks within the
-            same walls.
+            same walls; ``None`` for a row written before rows kept them (its walls are unknown).
     """
 
     turn_id: str
@@ -284,7 +284,7 @@ class TurnRow:
     errors: tuple[str, ...] = ()
     truncated: bool = False
     abstained: bool = False
-    filters: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    filters: tuple[tuple[str, tuple[str, ...]], ...] | None = ()
 
 
 @frozen
@@ -376,5 +376,7 @@ def row_from_json(columns: Mapping[str, Any], data: Mapping[str, Any]) -> TurnRo
         errors=tuple(data.get("errors") or ()),
         truncated=bool(data.get("truncated", False)),
         abstained=bool(data.get("abstained", False)),
-        filters=tuple((str(k), tuple(str(x) for x in v)) for k, v in data.get("filters") or ()),
+        filters=None
+        if "filters" not in data
+        else tuple((str(k), tuple(str(x) for x in v)) for k, v in data["filters"] or ()),
     )
