@@ -30,7 +30,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("nodes",),  # one module per node
     ("turn",),  # settings, default nodes, graph, decision record
     ("turnlog", "gaps"),  # the log of finished turns; the content-gap report over it
-    ("chat", "otel", "kbcheck"),  # ChatRAG, Reply; OpenTelemetry spans of finished turns; the KB regression gate
+    # ChatRAG, Reply; OpenTelemetry spans of finished turns; the KB regression gate; replaying logged questions
+    ("chat", "otel", "kbcheck", "replay"),
     # the app, the CLI, the test kit, the extension contract, the facade
     ("serve", "cli", "testing", "extend", "ragloop"),
 )

@@ -55,6 +55,65 @@ class TestCommand:
         assert "plans-and-pricing.md (billing-team, valid until 2020-01-01)" in out
 
 
+def _copy(week: dict[str, Path], tmp_path: Path) -> str:
+    """A copy of the planted week's log (the session's own stays as it is)."""
+    import shutil
+
+    shutil.copy(week["log"], tmp_path / "turns.db")
+    return f"sqlite:{tmp_path / 'turns.db'}"
+
+
+PERIOD = ["--since", "2025-05-05", "--until", "2025-05-12"]
+
+
+class TestLifecycle:
+    def test_ids_stable_and_status_shown(
+        self, week: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Two runs give every topic the same gap id; --json, the table and the HTML show id, status (open),
+        first/last seen and the week's count; turn ids stay out of the JSON."""
+        import json
+
+        argv = ["gaps", "--turn-log", _copy(week, tmp_path), *PERIOD]
+        capsys.readouterr()
+        assert main([*argv, "--json"]) == 0
+        first = json.loads(capsys.readouterr().out)["topics"]
+        assert main([*argv, "--json", "--html", str(tmp_path / "r.html")]) == 0
+        second = json.loads(capsys.readouterr().out)["topics"]
+        assert [t["gap_id"] for t in first] == [t["gap_id"] for t in second]
+        assert len({t["gap_id"] for t in first}) == len(first) and all(t["status"] == "open" for t in first)
+        top = first[0]
+        assert "turn_ids" not in top and top["first_seen"].startswith("2025-05-") and top["last_seen"]
+        assert [w for w, _ in top["weekly"]] == ["2025-05-05"] and top["weekly"][0][1] == top["turns"]
+        assert main(argv) == 0
+        assert f"{top['gap_id']} OPEN since" in capsys.readouterr().out
+        assert 'class="status s-open"' in (tmp_path / "r.html").read_text(encoding="utf-8")
+
+    def test_state_unreadable_or_unsaved_still_reports(
+        self, week: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A log whose gap state cannot be written (a read-only replica) still prints its report, with this run's
+        ids and a warning; one whose state cannot be read prints it without ids."""
+        import json
+        import sqlite3
+
+        from ragloop.turnlog import SQLBackend
+
+        def refuse(*args: object) -> None:
+            raise sqlite3.OperationalError("attempt to write a readonly database")
+
+        argv = ["gaps", "--turn-log", _copy(week, tmp_path), *PERIOD, "--json"]
+        monkeypatch.setattr(SQLBackend, "save_gaps", refuse)
+        capsys.readouterr()
+        assert main(argv) == 0
+        out, err = capsys.readouterr()
+        assert json.loads(out)["topics"][0]["gap_id"].startswith("g-") and "was not saved" in err
+        monkeypatch.setattr(SQLBackend, "gap_book", refuse)
+        assert main(argv) == 0
+        out, err = capsys.readouterr()
+        assert json.loads(out)["topics"][0]["gap_id"] == "" and "left out" in err
+
+
 from tests.gaps.conftest import week  # noqa: E402  (the planted week, shared with tests/gaps)
 
 __all__ = ["week"]

@@ -23,6 +23,7 @@ from ragloop.cli.doctor import add_doctor
 from ragloop.cli.gaps import add_gaps
 from ragloop.cli.ingest import add_ingest_options, build_index, cmd_explain, ingest_for_index, print_skips
 from ragloop.cli.mcp import add_mcp
+from ragloop.cli.replay import add_replay
 from ragloop.cli.serve import add_serve
 from ragloop.cli.store import (
     add_filter_option,
@@ -207,6 +208,7 @@ _COMMANDS: tuple[Callable[[Any], None], ...] = (
     add_doctor,
     add_gaps,
     add_check,
+    add_replay,
 )
 
 

@@ -2,9 +2,10 @@
 
 ``ragloop check cases.jsonl --index kb-index/`` asks every case's question (offline by default: no model, the
 same answer every run; ``--model`` uses the model ``ragloop ask`` would), prints PASS or FAIL per case with why,
-then the pass rate with its 95 % bootstrap interval. It exits 1 when any case fails, or, with ``--min-pass``, when
-the pass rate is below it; 2 on a bad cases file (one line naming the line and the field). ``--junit FILE``
-writes JUnit XML for CI systems, ``--json`` prints one JSON object instead of the table.
+then the pass rate with its 95 % Wilson score interval. It exits 1 when any case fails, or, with ``--min-pass``, when
+the pass rate is below it; 2 on a bad cases file (one line naming the line and the field) or a ``--junit`` path
+that cannot be written. ``--junit FILE`` writes JUnit XML for CI systems (well-formed whatever the text holds),
+``--json`` prints one JSON object instead of the table. The file may start with a UTF-8 byte-order mark.
 """
 
 from __future__ import annotations
@@ -73,13 +74,26 @@ def _chat(args: argparse.Namespace) -> tuple[Any, Any]:
     return ChatRAG.sample(client, cache_dir=args.cache_dir, live_sources=(), **kwargs), client
 
 
+def _writable(path: Path) -> None:
+    """Refuse a ``--junit`` path that cannot be written before any case runs."""
+    if path.is_dir():
+        raise ConfigError(f"--junit {path} is a directory: pass a file name, e.g. {path / 'ragloop-check.xml'}")
+    if not path.parent.is_dir():
+        raise ConfigError(f"--junit {path}: the folder {path.parent} does not exist; create it first")
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Run the cases; 0 when the gate passes, 1 when it fails."""
     import anyio
 
     from ragloop.kbcheck import junit_xml, load_cases, run_cases, summarize
 
-    cases = load_cases(args.cases)  # a bad file fails before the index loads
+    notes: list[str] = []
+    cases = load_cases(args.cases, notes=notes)  # a bad file fails before the index loads
+    for note in notes:
+        print(terminal_safe(f"ragloop check: {note}"), file=sys.stderr)
+    if args.junit:
+        _writable(Path(args.junit))
     rag, client = _chat(args)
 
     async def run() -> Any:
@@ -93,7 +107,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     results = anyio.run(run)
     summary = summarize(results)
     if args.junit:
-        Path(args.junit).write_text(junit_xml(results), encoding="utf-8")
+        try:
+            Path(args.junit).write_text(junit_xml(results), encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot write the JUnit XML to {args.junit}: {exc.strerror or exc}") from None
     failed = summary.passed < summary.total
     gate_failed = summary.rate < args.min_pass if args.min_pass is not None else failed
     if args.json:
@@ -132,7 +149,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         for reason in r.reasons:
             print(terminal_safe(f"      {reason}"))
     print(
-        f"passed {summary.passed}/{summary.total} ({summary.rate:.1%}; 95% bootstrap interval "
+        f"passed {summary.passed}/{summary.total} ({summary.rate:.1%}; 95% Wilson interval "
         f"{summary.low:.1%} to {summary.high:.1%})"
         + (f"; --min-pass {args.min_pass:.1%}" if args.min_pass is not None else "")
     )

@@ -3,7 +3,9 @@
 ``ragloop gaps --turn-log sqlite:turns.db --since 7d`` prints the topics users hit that the knowledge base does
 not answer, most users first; ``--json`` prints the whole report as one JSON object, ``--html FILE`` writes it as
 one static page with its charts, ``--export-cases FILE`` writes the top topics' questions as draft
-``ragloop check`` cases. With ``--index DIR`` questions are also embedded with that index's embedder.
+``ragloop check`` cases. With ``--index DIR`` questions are also embedded with that index's embedder. Each topic
+is a gap with a stable id and a status (``open``, ``fixed`` once ``ragloop replay --mark-gaps`` answers its
+questions, ``reopened``), kept in the turn log's database from run to run.
 """
 
 from __future__ import annotations
@@ -89,6 +91,29 @@ def _embedding(index: str | None) -> tuple[Any, str | None]:
     return (lambda texts: anyio.run(embedder.embed, texts)), embedder.name
 
 
+def _lifecycle(log: Any, report: Any, turns: Any) -> Any:
+    """The report with each topic's id and status (from what earlier runs and replays left in the log), saved for
+    the next run. A log that cannot be read or written so (a read-only file or replica) still gets its report:
+    without ids and statuses when the state cannot be read, with them but unsaved when it cannot be written."""
+    from ragloop.gaps import apply_lifecycle
+
+    where = log.backend.where
+    try:
+        book = log.backend.gap_book()
+    except Exception as exc:  # noqa: BLE001 — the driver's own error: the report goes on without the state
+        print(
+            terminal_safe(f"ragloop gaps: gap ids and statuses left out: cannot read them in {where}: {exc}"),
+            file=sys.stderr,
+        )
+        return report
+    report, records, members = apply_lifecycle(report, book, {t.row.turn_id: t.row.at for t in turns})
+    try:
+        log.backend.save_gaps(records, members)
+    except Exception as exc:  # noqa: BLE001 — as above: this run's ids are shown, the next run cannot know them
+        print(terminal_safe(f"ragloop gaps: the gaps' state was not saved in {where}: {exc}"), file=sys.stderr)
+    return report
+
+
 def cmd_gaps(args: argparse.Namespace) -> int:
     """Build the report, then print or write it."""
     from ragloop.gaps import CAUSE_NAMES, build_report, draft_cases, report_html
@@ -104,18 +129,19 @@ def cmd_gaps(args: argparse.Namespace) -> int:
     log = TurnLog.open(args.turn_log)
     try:
         turns = log.turns(since, until, brief_answered=True)
+        report = build_report(
+            turns,
+            since=since,
+            until=until,
+            embed=embed,
+            embedder=name,
+            threshold=args.threshold,
+            min_turns=args.min_turns,
+            max_topics=args.top,
+        )
+        report = _lifecycle(log, report, turns)
     finally:
         log.close()
-    report = build_report(
-        turns,
-        since=since,
-        until=until,
-        embed=embed,
-        embedder=name,
-        threshold=args.threshold,
-        min_turns=args.min_turns,
-        max_topics=args.top,
-    )
     if args.html:
         Path(args.html).write_text(report_html(report), encoding="utf-8")
     if args.export_cases:
@@ -139,6 +165,15 @@ def cmd_gaps(args: argparse.Namespace) -> int:
                 f"{t.rank:>3}. {t.label}  ·  {t.users} users, {t.turns} turns, {t.trend}  ·  {CAUSE_NAMES[t.cause]}"
             )
         )
+        rated = f", {t.down} down, {t.up} up" if t.down or t.up else ""
+        weeks = " ".join(str(n) for _, n in t.weekly)
+        if t.gap_id:
+            print(
+                terminal_safe(
+                    f"     {t.gap_id} {t.status.upper()} since {t.status_since}; first seen {t.first_seen}, "
+                    f"last {t.last_seen}; per week {weeks}{rated}"
+                )
+            )
         print(terminal_safe(f"     {t.detail}"))
         for example in t.examples[:2]:
             print(terminal_safe(f"     e.g. {example}"))

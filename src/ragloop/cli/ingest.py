@@ -30,6 +30,10 @@ __all__ = [
 ]
 
 
+#: What ``ragloop index`` leaves out unless ``--include-drafts``: the drafts folders of hand-off answers.
+DRAFTS = ("**/_drafts/**",)
+
+
 def add_ingest_options(p: argparse.ArgumentParser) -> None:
     """The ingestion options of ``ragloop index``."""
     p.add_argument(
@@ -50,6 +54,11 @@ def add_ingest_options(p: argparse.ArgumentParser) -> None:
         "--include", action="append", default=[], metavar="GLOB", help="read only files matching GLOB; repeatable"
     )
     p.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="leave out files matching GLOB")
+    p.add_argument(
+        "--include-drafts",
+        action="store_true",
+        help="also index _drafts/ folders (answers to hand-offs that `ragloop serve --handoff-drafts` wrote)",
+    )
     p.add_argument("--explain", metavar="FILE", help="show what FILE becomes (cleaned text and chunks); writes nothing")
 
 
@@ -99,7 +108,7 @@ def ingest_for_index(args: argparse.Namespace, embedder: Embedder | None = None)
             tokenizer=tokenizer,
             max_chars=getattr(args, "max_chars", None),
             include=getattr(args, "include", ()),
-            exclude=getattr(args, "exclude", ()),
+            exclude=[*getattr(args, "exclude", ()), *(() if getattr(args, "include_drafts", False) else DRAFTS)],
             progress=reading,
         )
     finally:

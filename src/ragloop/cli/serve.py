@@ -70,6 +70,17 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--no-mcp", action="store_true", help="do not serve MCP at /mcp")
     add_turn_log_options(p)
     p.add_argument(
+        "--handoff-drafts",
+        metavar="DIR",
+        help="serve POST /v1/handoff and its resolution (needs --turn-log); answers become draft pages in DIR "
+        "(e.g. docs/_drafts, which `ragloop index docs --include-drafts` reads)",
+    )
+    p.add_argument(
+        "--handoff-url",
+        metavar="URL",
+        help="POST each hand-off's packet to URL, signed with $RAGLOOP_HANDOFF_SECRET (X-Ragloop-Signature)",
+    )
+    p.add_argument(
         "--log-level",
         default="warning",
         type=str.lower,
@@ -197,6 +208,26 @@ def _source_url(base: str | None) -> Any:
     return link
 
 
+def _handoff(args: argparse.Namespace) -> Any:
+    """The hand-off settings of ``--handoff-drafts`` / ``--handoff-url``, checked before the index loads."""
+    from ragloop.errors import ConfigError
+
+    if args.handoff_url and not args.handoff_drafts:
+        raise ConfigError("--handoff-url needs --handoff-drafts DIR: where the answers to hand-offs are written")
+    if not args.handoff_drafts:
+        return None
+    if not args.turn_log:
+        raise ConfigError("--handoff-drafts needs --turn-log URL: hand-offs are kept in the turn log's database")
+    secret = os.environ.get("RAGLOOP_HANDOFF_SECRET", "")
+    if args.handoff_url and len(secret) < 16:
+        raise ConfigError("--handoff-url needs RAGLOOP_HANDOFF_SECRET (16 characters or more) to sign each packet")
+    from pathlib import Path
+
+    from ragloop.serve import Handoff
+
+    return Handoff(Path(args.handoff_drafts), url=args.handoff_url, secret=secret.encode() if secret else None)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Build the chat, then serve it until interrupted."""
     try:
@@ -229,6 +260,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         page=not args.no_page,
         mcp=not args.no_mcp,
     )
+    handoff = _handoff(args)
     http = h11_protocol(header_timeout_s=args.header_timeout)
     rag, client, documents = build_with_documents(_chat_args(args))  # as `ragloop ask` builds it
     sessions = _sessions(args.sessions)
@@ -239,6 +271,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         source_url=_source_url(args.source_base_url),
         llm=client,
         documents=documents,
+        handoff=handoff,
     )
     config = uvicorn.Config(
         app,

@@ -15,6 +15,10 @@ terms, counts and trend, typical questions, the cause, and the existing pages ne
 
 The report also lists the stale pages answers cited in the period, with their owners. The same log gives the same
 report: turns are ordered by time and id, and every tie is broken by name.
+
+Each topic is also a gap with a life (:mod:`ragloop.gaps._lifecycle`): a stable id, a status (``open``,
+``fixed`` once its questions replay as answered with ``ragloop replay --mark-gaps``, ``reopened``), first and last
+seen, turns per week, and the feedback on its turns; ``ragloop gaps`` keeps that state in the turn log's database.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any
 from ragloop.gaps._build import DEFAULT_THRESHOLD, DENSE_THRESHOLD, build_report, is_gap, turn_cause
 from ragloop.gaps._cluster import average_linkage, cluster, combine, lexical_vectors
 from ragloop.gaps._html import CAUSE_NAMES, report_html
+from ragloop.gaps._lifecycle import STATUSES, apply_lifecycle, assign_ids, next_status, weekly
 from ragloop.gaps._report import CAUSES, Cause, GapReport, NearPage, StalePage, Topic
 
 __all__ = [
@@ -31,11 +36,14 @@ __all__ = [
     "CAUSE_NAMES",
     "DEFAULT_THRESHOLD",
     "DENSE_THRESHOLD",
+    "STATUSES",
     "Cause",
     "GapReport",
     "NearPage",
     "StalePage",
     "Topic",
+    "apply_lifecycle",
+    "assign_ids",
     "average_linkage",
     "build_report",
     "cluster",
@@ -43,8 +51,10 @@ __all__ = [
     "draft_cases",
     "is_gap",
     "lexical_vectors",
+    "next_status",
     "report_html",
     "turn_cause",
+    "weekly",
 ]
 
 

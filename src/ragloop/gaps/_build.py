@@ -255,6 +255,10 @@ def _topic(
         outcomes=dict(sorted(Counter(t.row.outcome for t in turns).items())),
         down=sum(t.rating == "down" for t in turns),
         comments=tuple(dict.fromkeys(t.comment for t in turns if t.comment))[:3],
+        up=sum(t.rating == "up" for t in turns),
+        turn_ids=tuple(t.row.turn_id for t in turns),
+        first_seen=_iso(turns[0].row.at) if turns else None,
+        last_seen=_iso(turns[-1].row.at) if turns else None,
     )
 
 

@@ -47,6 +47,8 @@ svg text { font: 12px system-ui, sans-serif; fill: #1b1f24; }
 .topic h3 { margin: 0; font-size: 1rem; } .topic p { margin: .35rem 0; }
 .badge { display: inline-block; color: #fff; border-radius: 1rem; padding: 0 .6rem; font-size: .8rem; }
 .stats { color: #5b6470; font-size: .85rem; }
+.status { border: 1px solid currentColor; border-radius: 1rem; padding: 0 .5rem; font-size: .8rem; }
+.s-open { color: #9a3412; } .s-fixed { color: #166534; } .s-reopened { color: #991b1b; }
 ul { margin: .25rem 0; padding-left: 1.25rem; }
 table { border-collapse: collapse; width: 100%; font-size: .9rem; }
 th, td { text-align: left; padding: .35rem .5rem; border-bottom: 1px solid #e3e7eb; vertical-align: top; }
@@ -142,11 +144,25 @@ def _topic(t: Topic) -> str:
     examples = "".join(f"<li>{escape(e)}</li>" for e in t.examples)
     pages = ", ".join(f"{escape(p.title)} <span class='muted'>({escape(p.source)})</span>" for p in t.pages) or "none"
     comments = "".join(f"<li>“{escape(c)}”</li>" for c in t.comments)
-    rated = f" · {t.down} thumbs down" if t.down else ""
+    rated = (f" · {t.down} thumbs down" if t.down else "") + (f" · {t.up} thumbs up" if t.up else "")
+    status = (
+        f'<span class="status s-{escape(t.status)}">{escape(t.status)}</span> <span class="muted small">'
+        f"{escape(t.gap_id)}</span>"
+        if t.gap_id
+        else ""
+    )
+    seen = (
+        f'<p class="small muted">first seen {escape(t.first_seen or "?")} · last seen {escape(t.last_seen or "?")}'
+        f" · {escape(t.status)} since {escape(t.status_since or '?')} · per week: "
+        + ", ".join(f"{escape(week)}: {n}" for week, n in t.weekly)
+        + "</p>"
+        if t.gap_id
+        else ""
+    )
     return (
         f'<section class="topic" id="topic-{t.rank}"><h3>{t.rank}. {escape(t.label)} '
-        f'<span class="badge c-{t.cause}">{escape(CAUSE_NAMES[t.cause])}</span></h3>'
-        f'<p class="stats">{t.users} users · {t.turns} turns · {escape(t.trend)}{rated}</p>'
+        f'<span class="badge c-{t.cause}">{escape(CAUSE_NAMES[t.cause])}</span> {status}</h3>'
+        f'<p class="stats">{t.users} users · {t.turns} turns · {escape(t.trend)}{rated}</p>{seen}'
         f"<p>{escape(t.detail)}</p>"
         f'<p class="small">Questions:</p><ul class="small">{examples}</ul>'
         f'<p class="small">Nearest pages: {pages}</p>'

@@ -59,6 +59,15 @@ class Topic:
         outcomes: Turns per outcome.
         down: Thumbs-down ratings.
         comments: A few of the comments that came with them.
+        up: Thumbs-up ratings.
+        turn_ids: Its turns, oldest first (what keeps its gap id from run to run; not in :meth:`GapReport.as_dict`).
+        gap_id: Its stable id (``g-`` and 10 hex digits): the same topic keeps it across runs (see
+            :mod:`ragloop.gaps._lifecycle`); empty until the lifecycle is applied.
+        status: ``open``, ``fixed`` (its questions replay as answered) or ``reopened``.
+        status_since: When it took that status (ISO 8601, UTC), if known.
+        first_seen: Its earliest turn ever seen, in this period or an earlier run (ISO 8601, UTC).
+        last_seen: Its latest turn (ISO 8601, UTC).
+        weekly: ``(week's Monday, turns)`` for each week of the period.
     """
 
     rank: int
@@ -79,6 +88,14 @@ class Topic:
     outcomes: Mapping[str, int]
     down: int
     comments: tuple[str, ...]
+    up: int = 0
+    turn_ids: tuple[str, ...] = ()
+    gap_id: str = ""
+    status: str = "open"
+    status_since: str | None = None
+    first_seen: str | None = None
+    last_seen: str | None = None
+    weekly: tuple[tuple[str, int], ...] = ()
 
 
 @frozen
@@ -137,5 +154,5 @@ class GapReport:
     method: str
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (what ``ragloop gaps --json`` prints)."""
-        return attrs.asdict(self)
+        """A JSON-ready dict (what ``ragloop gaps --json`` prints; topics without their turn ids)."""
+        return attrs.asdict(self, filter=lambda a, _: a.name != "turn_ids")

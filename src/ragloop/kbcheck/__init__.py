@@ -8,28 +8,31 @@ expectations, and the run fails when any case does (or when the pass rate is bel
 
 from __future__ import annotations
 
-from ragloop.kbcheck._cases import OUTCOMES, Case, CasesError, load_cases, parse_cases
+from ragloop.kbcheck._cases import MAX_DEPTH, OUTCOMES, Case, CasesError, load_cases, parse_cases
 from ragloop.kbcheck._run import (
     CaseResult,
     CheckSummary,
-    bootstrap_interval,
     judge,
     junit_xml,
     run_cases,
     summarize,
+    wilson_interval,
+    xml_text,
 )
 
 __all__ = [
+    "MAX_DEPTH",
     "OUTCOMES",
     "Case",
     "CaseResult",
     "CasesError",
     "CheckSummary",
-    "bootstrap_interval",
     "judge",
     "junit_xml",
     "load_cases",
     "parse_cases",
     "run_cases",
     "summarize",
+    "wilson_interval",
+    "xml_text",
 ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,13 @@ from typing import Any
 from attrs import field, frozen
 
 from ragloop.errors import ConfigError
+from ragloop.text.safety import terminal_safe
 
-__all__ = ["OUTCOMES", "Case", "CasesError", "load_cases", "parse_cases"]
+__all__ = ["MAX_DEPTH", "OUTCOMES", "Case", "CasesError", "load_cases", "parse_cases"]
 
 OUTCOMES = ("context", "partial", "none", "direct")
+#: Deepest nesting of a case line (a case needs 3: the case, history, a message).
+MAX_DEPTH = 32
 _KNOWN = ("question", "history", "filters", "expect_sources", "expect_phrases", "expect_outcome", "id", "note")
 
 
@@ -134,30 +138,103 @@ def _case(obj: Any, line: int, where: str) -> Case:
     )
 
 
-def parse_cases(lines: Iterable[str], where: str = "cases") -> list[Case]:
-    """The cases of ``lines`` (blank lines skipped); :class:`CasesError` at the first bad one."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _clean(value: Any) -> tuple[Any, int]:
+    """``value`` with every lone surrogate in its strings (keys too) replaced by U+FFFD, and how many there were.
+
+    JSON may carry ``"\\ud800"`` escapes that pair with nothing; Python keeps them as lone surrogates, which no
+    encoder writes (UTF-8 output, a terminal, XML), so they are replaced once, here, and counted.
+    """
+    if isinstance(value, str):
+        return _SURROGATE.subn("\ufffd", value)
+    if isinstance(value, list):
+        items = [_clean(v) for v in value]
+        return [v for v, _ in items], sum(n for _, n in items)
+    if isinstance(value, dict):
+        out, total = {}, 0
+        for key, v in value.items():
+            (k, nk), (c, nv) = _clean(key), _clean(v)
+            out[k] = c
+            total += nk + nv
+        return out, total
+    return value, 0
+
+
+def parse_cases(lines: Iterable[str], where: str = "cases", *, notes: list[str] | None = None) -> list[Case]:
+    """The cases of ``lines`` (blank lines skipped); :class:`CasesError` at the first bad one.
+
+    A line may nest only :data:`MAX_DEPTH` deep. Lone surrogates are replaced by U+FFFD; each line where that
+    happened adds a sentence to ``notes`` when it is given.
+    """
     out = []
     for n, text in enumerate(lines, 1):
         if not text.strip():
             continue
         at = f"{where} line {n}"
+        if n == 1:
+            text = text.removeprefix("\ufeff")
+        depth = _depth(text)
+        if depth > MAX_DEPTH:
+            raise CasesError(f"{at}: nested {depth} levels deep; a case nests at most {MAX_DEPTH} (flatten it)")
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
             raise CasesError(f"{at}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-        out.append(_case(obj, n, at))
+        except (ValueError, RecursionError) as exc:  # e.g. an integer of more digits than Python converts
+            raise CasesError(f"{at}: not usable JSON ({str(exc)[:80]})") from None
+        obj, replaced = _clean(obj)
+        if replaced and notes is not None:
+            notes.append(f"{at}: {replaced} lone surrogate(s) replaced by U+FFFD")
+        try:
+            out.append(_case(obj, n, at))
+        except CasesError as exc:  # the message quotes the file's own text: keep it one printable line
+            raise CasesError(" ".join(terminal_safe(str(exc)).split())) from None
     if not out:
         raise CasesError(f'{where} holds no cases: write one JSON object per line, e.g. {{"question": …}}')
     return out
 
 
-def load_cases(path: str | os.PathLike[str]) -> list[Case]:
-    """The cases of a JSONL file."""
+def _depth(text: str) -> int:
+    """How deep ``text``'s brackets nest outside strings (linear; run before the recursive parser sees it)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def load_cases(path: str | os.PathLike[str], *, notes: list[str] | None = None) -> list[Case]:
+    """The cases of a JSONL file (UTF-8, a byte-order mark allowed); any file that cannot be used is one
+    :class:`CasesError` naming it. ``notes`` gathers what was repaired (see :func:`parse_cases`)."""
     file = Path(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        data = file.read_bytes()
     except FileNotFoundError:
         raise CasesError(f"no cases file at {file}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CasesError(f"cannot read the cases file {file}: {exc}") from None
-    return parse_cases(text.splitlines(), str(file))
+    except IsADirectoryError:
+        raise CasesError(f"{file} is a directory: pass the cases file (JSONL) itself") from None
+    except OSError as exc:
+        raise CasesError(f"cannot read the cases file {file}: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise CasesError(
+            f"{file} is not UTF-8 text (byte {exc.start} cannot be decoded): save it as UTF-8 JSONL"
+        ) from None
+    # Lines end at \n only: str.splitlines would also split at U+2028, \x1c … that a JSON string may hold raw.
+    return parse_cases([line.removesuffix("\r") for line in text.split("\n")], str(file), notes=notes)

@@ -1,14 +1,15 @@
-"""Running cases against a chat, judging each reply, and the summary: pass rate with a bootstrap interval, JUnit."""
+"""Running cases against a chat, judging each reply, and the summary: pass rate with a Wilson interval, JUnit XML."""
 
 from __future__ import annotations
 
+import math
 import re
+import statistics
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import numpy as np
 from attrs import frozen
 
 from ragloop.errors import RagloopError
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
 _MARKS = re.compile(r"\*\*|__|[*`]|(?<!\w)_|_(?!\w)")
 
-__all__ = ["CaseResult", "CheckSummary", "bootstrap_interval", "judge", "junit_xml", "run_cases", "summarize"]
+__all__ = ["CaseResult", "CheckSummary", "judge", "junit_xml", "run_cases", "summarize", "wilson_interval", "xml_text"]
 
 
 @frozen
@@ -95,22 +96,24 @@ async def run_cases(rag: ChatRAG, cases: Sequence[Case], *, deadline_s: float | 
     return out
 
 
-def bootstrap_interval(
-    passed: Sequence[bool], *, confidence: float = 0.95, resamples: int = 10_000, seed: int = 0
-) -> tuple[float, float]:
-    """Percentile bootstrap interval of the pass rate (fixed seed: the same results give the same interval).
+def wilson_interval(passed: int, total: int, *, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a pass rate of ``passed`` out of ``total``.
 
-    With every case passing (or every case failing) it collapses to that rate: resampling cannot show a failure
-    that never happened, so read it with the number of cases.
+    Unlike a bootstrap it does not collapse when every case passes: 20 of 20 says the rate is at least 0.839 (95 %),
+    not that it is 1. ``(0.0, 1.0)`` for no cases: nothing is known.
     """
-    x = np.asarray(passed, dtype=np.float64)
-    if len(x) == 0:
-        return 0.0, 0.0
-    rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, len(x), size=(resamples, len(x)))].mean(axis=1)
-    tail = (1.0 - confidence) / 2 * 100
-    low, high = np.percentile(means, [tail, 100 - tail])
-    return float(low), float(high)
+    if total <= 0:
+        return 0.0, 1.0
+    if not 0 <= passed <= total:
+        raise ValueError(f"passed must be from 0 to total ({total}), got {passed}")
+    z = statistics.NormalDist().inv_cdf(1.0 - (1.0 - confidence) / 2)
+    p = passed / total
+    z2n = z * z / total
+    centre = (p + z2n / 2) / (1 + z2n)
+    half = z * math.sqrt(p * (1 - p) / total + z2n / (4 * total)) / (1 + z2n)
+    low = 0.0 if passed == 0 else max(0.0, centre - half)
+    high = 1.0 if passed == total else min(1.0, centre + half)
+    return low, high
 
 
 @frozen
@@ -121,7 +124,7 @@ class CheckSummary:
         total: Cases run.
         passed: Cases that passed.
         rate: ``passed / total``.
-        low: Lower end of its 95 % bootstrap interval.
+        low: Lower end of its 95 % Wilson score interval.
         high: Upper end.
     """
 
@@ -134,23 +137,61 @@ class CheckSummary:
 
 def summarize(results: Sequence[CaseResult]) -> CheckSummary:
     """The run's pass rate and its interval."""
-    passes = [r.passed for r in results]
-    low, high = bootstrap_interval(passes)
-    total = len(passes)
-    return CheckSummary(total, sum(passes), sum(passes) / total if total else 0.0, low, high)
+    total, passed = len(results), sum(r.passed for r in results)
+    low, high = wilson_interval(passed, total)
+    return CheckSummary(total, passed, passed / total if total else 0.0, low, high)
+
+
+# Characters XML 1.0 cannot carry (C0 controls but tab, newline and return; U+FFFE, U+FFFF) and lone surrogates.
+_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff\ud800-\udfff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return "\ufffd" if "\ud800" <= char <= "\udfff" else f"\\u{ord(char):04x}"
+
+
+def xml_text(text: str) -> tuple[str, int]:
+    """``text`` as XML 1.0 can carry it, and how many characters were changed.
+
+    A lone surrogate (``"\\ud800"`` in a JSON string) becomes U+FFFD; any other character XML forbids (a control
+    character, U+FFFE, U+FFFF) is written as its ``\\uXXXX`` escape, so a reader still sees what was there.
+    """
+    out, changed = _XML_INVALID.subn(_escape, text)
+    return out, changed
 
 
 def junit_xml(results: Sequence[CaseResult], *, suite: str = "ragloop check") -> str:
-    """The results as JUnit XML (one ``testcase`` per case, a ``failure`` naming every broken expectation)."""
+    """The results as JUnit XML (one ``testcase`` per case, a ``failure`` naming every broken expectation).
+
+    Always well-formed, whatever the cases and answers hold: text XML cannot carry is changed by :func:`xml_text`,
+    and the suite says how much in its ``system-err`` (and a ``ragloop.xml_replaced`` property).
+    """
+    changed = 0
+
+    def safe(text: str) -> str:
+        nonlocal changed
+        out, n = xml_text(text)
+        changed += n
+        return out
+
     failures = sum(not r.passed for r in results)
     seconds = sum(r.seconds for r in results)
     root = ET.Element("testsuites", tests=str(len(results)), failures=str(failures), time=f"{seconds:.3f}")
     counts = {"tests": str(len(results)), "failures": str(failures), "errors": "0", "time": f"{seconds:.3f}"}
-    node = ET.SubElement(root, "testsuite", {"name": suite, **counts})
+    node = ET.SubElement(root, "testsuite", {"name": safe(suite), **counts})
+    properties = ET.SubElement(node, "properties")
     for r in results:
-        case = ET.SubElement(node, "testcase", classname=suite, name=r.case.name, time=f"{r.seconds:.3f}")
+        case = ET.SubElement(node, "testcase", classname=safe(suite), name=safe(r.case.name), time=f"{r.seconds:.3f}")
         if not r.passed:
-            failure = ET.SubElement(case, "failure", message="; ".join(r.reasons), type="ExpectationFailed")
-            failure.text = f"question: {r.case.question}\noutcome: {r.outcome}\nanswer: {r.text}"
+            failure = ET.SubElement(case, "failure", message=safe("; ".join(r.reasons)), type="ExpectationFailed")
+            failure.text = safe(f"question: {r.case.question}\noutcome: {r.outcome}\nanswer: {r.text}")
+    ET.SubElement(properties, "property", name="ragloop.xml_replaced", value=str(changed))
+    if changed:
+        err = ET.SubElement(node, "system-err")
+        err.text = (
+            f"{changed} character(s) XML cannot carry were replaced: lone surrogates by U+FFFD, "
+            "control characters by their \\uXXXX escape"
+        )
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

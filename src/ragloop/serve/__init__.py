@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ragloop.serve._app import create_app
 from ragloop.serve._documents import Document, Documents, IndexDocuments, StoreDocuments
+from ragloop.serve._handoff import Handoff, sign
 from ragloop.serve._principals import ANONYMOUS, ApiKey, Principal, load_keys
 from ragloop.serve._sessions import MemorySessionStore, SessionLimits, SessionStore
 from ragloop.serve._sessions_sql import PostgresSessionStore, SQLiteSessionStore
@@ -39,6 +40,7 @@ __all__ = [
     "CleanExitServer",
     "Document",
     "Documents",
+    "Handoff",
     "IndexDocuments",
     "MemorySessionStore",
     "PostgresSessionStore",
@@ -52,6 +54,7 @@ __all__ = [
     "create_mcp_server",
     "h11_protocol",
     "load_keys",
+    "sign",
 ]
 
 

@@ -26,6 +26,7 @@ from starlette.routing import Route
 
 from ragloop.serve._documents import Documents
 from ragloop.serve._handlers import _Handlers
+from ragloop.serve._handoff import Handoff, HandoffRoutes
 from ragloop.serve._hosts import HostAllowlist
 from ragloop.serve._replies import _JSON
 from ragloop.serve._server import _Server
@@ -61,7 +62,7 @@ def _scope_text(scope: dict[str, tuple[str, ...]]) -> str:
     return ", ".join(f"{key}={','.join(values)}" for key, values in sorted(scope.items()))
 
 
-def create_app(
+def create_app(  # noqa: PLR0913 — every collaborator of the app, by keyword
     rag: ChatRAG,
     *,
     settings: ServeSettings = ServeSettings(),
@@ -71,6 +72,7 @@ def create_app(
     model_check: Callable[[], Awaitable[bool]] | None = None,
     store_check: Callable[[], Awaitable[bool]] | None = None,
     documents: Documents | None = None,
+    handoff: Handoff | None = None,
 ) -> Starlette:
     """An ASGI app serving ``rag``; run it with uvicorn or mount it in FastAPI (``app.mount("/rag", ...)``).
 
@@ -86,6 +88,8 @@ def create_app(
             (:meth:`ChatRAG.from_store`), one cheap query of the collection).
         documents: What the MCP ``search`` tool and ``ragloop://doc/{id}`` resources read
             (:class:`~ragloop.serve.IndexDocuments` over the chat's index); ``None``: MCP offers ``ask`` only.
+        handoff: Where hand-offs go (:class:`~ragloop.serve.Handoff`: the drafts folder, the webhook); with it
+            (and a turn log) the app serves ``POST /v1/handoff`` and ``POST /v1/handoff/{id}/resolution``.
 
     Returns:
         A Starlette app; ``app.state.ragloop_metrics`` holds its Prometheus registry,
@@ -114,6 +118,7 @@ def create_app(
         Route("/v1/models", h.guarded("models", h.models), methods=["GET"]),
         Route("/api/chat", h.guarded("api.chat", h.api_chat), methods=["POST"]),
         Route("/v1/feedback", h.guarded("feedback", h.feedback), methods=["POST"]),
+        *_handoff_routes(h, rag, handoff),
         Route("/healthz", h.healthz, methods=["GET"]),
         Route("/readyz", h.readyz, methods=["GET"]),
         Route("/metrics", h.guarded("metrics", h.metrics_text), methods=["GET"]),
@@ -172,6 +177,20 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     what = {404: "no such endpoint", 405: "method not allowed"}.get(exc.status_code, str(exc.detail))
     error = Rejected(exc.status_code, f"{what}: {request.method} {request.url.path:.200}")
     return Response(error.body(), status_code=exc.status_code, headers={**(exc.headers or {}), **_JSON})
+
+
+def _handoff_routes(h: _Handlers, rag: ChatRAG, handoff: Handoff | None) -> list[Route]:
+    if handoff is None:
+        return []
+    routes = HandoffRoutes(h.checks, rag, handoff, h.metrics)
+    return [
+        Route("/v1/handoff", h.guarded("handoff", routes.create), methods=["POST"]),
+        Route(
+            "/v1/handoff/{handoff_id}/resolution",
+            h.guarded("handoff.resolution", routes.resolution),
+            methods=["POST"],
+        ),
+    ]
 
 
 def _page() -> tuple[str, str]:

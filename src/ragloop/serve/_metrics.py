@@ -5,7 +5,7 @@ Two apps in one process (or one app created twice by a test) therefore never cla
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -68,6 +68,10 @@ class Metrics:
         """Expose the health of ``turn_log()`` (a :class:`~ragloop.turnlog.TurnLog`, or ``None``), read at scrape."""
         self.registry.register(_TurnLogCollector(turn_log))
 
+    def watch_handoffs(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        """Expose the hand-off webhook's deliveries by result (``delivered``, ``failed``, ``dropped``)."""
+        self.registry.register(_HandoffCollector(counts))
+
     def observe_record(self, outcome: str, record: dict[str, Any]) -> None:
         """Count a finished turn from its reply's outcome and its decision record (read defensively)."""
         self.turns.labels(outcome=outcome).inc()
@@ -116,3 +120,21 @@ class _TurnLogCollector:
         ):
             yield CounterMetricFamily(name, help_text, value=value)
         yield GaugeMetricFamily("ragloop_turn_log_queued", "Turn log rows waiting to be written.", value=stats.queued)
+
+
+class _HandoffCollector:
+    """The hand-off webhook's delivery counts, read when ``/metrics`` is scraped."""
+
+    def __init__(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        self.counts = counts
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "ragloop_handoff_webhook", "Hand-off packets by delivery result.", labels=["result"]
+        )
+        for result, n in sorted(self.counts().items()):
+            family.add_metric([result], n)
+        yield family

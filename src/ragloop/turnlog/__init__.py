@@ -36,12 +36,15 @@ from ragloop.turnlog._row import (
     pending_turn,
 )
 from ragloop.turnlog._sql import SCHEMA_VERSION, FeedbackItem, SQLBackend, StoredRow
+from ragloop.turnlog._sql_lifecycle import GapBook, GapRecord
 
 __all__ = [
     "MAX_COMMENT_CHARS",
     "SCHEMA_VERSION",
     "Conflict",
     "FeedbackItem",
+    "GapBook",
+    "GapRecord",
     "LogPolicy",
     "LoggedCitation",
     "LoggedHit",

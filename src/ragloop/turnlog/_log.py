@@ -180,6 +180,7 @@ class TurnLog:
                 principal=principal,
                 caller=state.caller,
                 at=self.clock(),
+                filters=state.filters,
             )
         except Exception as exc:  # noqa: BLE001 — the log costs its row, never the answer
             self.count_error(exc)
@@ -237,13 +238,19 @@ class TurnLog:
     # --- reading -------------------------------------------------------------------------------------
 
     def turns(
-        self, since: float = 0.0, until: float | None = None, *, brief_answered: bool = False
+        self,
+        since: float = 0.0,
+        until: float | None = None,
+        *,
+        brief_answered: bool = False,
+        latest: int | None = None,
     ) -> list[LoggedTurn]:
         """Stored turns with ``since <= at < until`` (default: up to now), oldest first (blocking); with
-        ``brief_answered``, turns answered in full come back without their queries, rewrites and hits."""
+        ``brief_answered``, turns answered in full come back without their queries, rewrites and hits; with
+        ``latest``, only the latest that many (read as such: the rest of the period is never loaded)."""
         end = self.clock() + 1.0 if until is None else until
         try:
-            return self.backend.turns(since, end, brief_answered=brief_answered)
+            return self.backend.turns(since, end, brief_answered=brief_answered, latest=latest)
         except (ConfigError, TurnLogError):
             raise
         except Exception as exc:

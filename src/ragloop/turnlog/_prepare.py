@@ -153,6 +153,7 @@ def prepare(turn: PendingTurn, policy: LogPolicy) -> TurnRow:
         errors=tuple(policy.private(e) for e in record.errors),
         truncated=truncated,
         abstained=record.abstention is not None,
+        filters=tuple(sorted((clean(k), tuple(clean(v) for v in values)) for k, values in turn.filters.items())),
     )
 
 

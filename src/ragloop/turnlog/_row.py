@@ -152,6 +152,7 @@ class PendingTurn:
         labels: Best grade per chunk id.
         passages: ``(chunk id, source, text)`` of those hits, for the writer's term and conflict checks.
         stale: Stale pages the reply rests on.
+        filters: The metadata filters every search of the turn applied (the tenant wall included).
     """
 
     turn_id: str
@@ -165,6 +166,7 @@ class PendingTurn:
     labels: Mapping[str, str]
     passages: tuple[tuple[str, str, str], ...]
     stale: tuple[StaleSource, ...]
+    filters: Mapping[str, tuple[str, ...]] = field(factory=dict)
 
 
 def pending_turn(  # noqa: PLR0913 — the pieces of a finished turn, by keyword
@@ -179,6 +181,7 @@ def pending_turn(  # noqa: PLR0913 — the pieces of a finished turn, by keyword
     principal: str | None = None,
     caller: Caller | None = None,
     at: float | None = None,
+    filters: Mapping[str, tuple[str, ...]] | None = None,
 ) -> PendingTurn:
     """What the turn log needs of a finished turn, gathered cheaply (it runs inside the turn).
 
@@ -215,6 +218,7 @@ def pending_turn(  # noqa: PLR0913 — the pieces of a finished turn, by keyword
         labels=labels,
         passages=passages,
         stale=tuple(stale),
+        filters=filters or {},
     )
 
 
@@ -250,6 +254,9 @@ class TurnRow:
         truncated: True when the question was longer than the log keeps (its start is kept).
         abstained: True when the answer step abstained on the passages the search found (they were on the subject
             but did not support an answer: ``TurnRecord.abstention``); the outcome is then ``none``.
+        filters: The metadata filters the turn's searches applied, ``(key, values)`` sorted by key: what walled
+            it in (a principal's tenant among them), stored as given so that ``ragloop replay`` asks within the
+            same walls; ``None`` for a row written before rows kept them (its walls are unknown).
     """
 
     turn_id: str
@@ -277,6 +284,7 @@ class TurnRow:
     errors: tuple[str, ...] = ()
     truncated: bool = False
     abstained: bool = False
+    filters: tuple[tuple[str, tuple[str, ...]], ...] | None = ()
 
 
 @frozen
@@ -368,4 +376,7 @@ def row_from_json(columns: Mapping[str, Any], data: Mapping[str, Any]) -> TurnRo
         errors=tuple(data.get("errors") or ()),
         truncated=bool(data.get("truncated", False)),
         abstained=bool(data.get("abstained", False)),
+        filters=None
+        if "filters" not in data
+        else tuple((str(k), tuple(str(x) for x in v)) for k, v in data["filters"] or ()),
     )

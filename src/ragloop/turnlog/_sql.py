@@ -5,6 +5,13 @@
     ragloop_turnlog_schema   one row: name 'turns', the schema version (a newer one than this ragloop knows is refused)
     ragloop_turns            one row per finished turn: columns to filter on, the rest as JSON ``data``
     ragloop_feedback         one row per rating (the latest per turn counts)
+    ragloop_gaps             (v2) one row per content gap: its stable id, status and when it was first seen
+    ragloop_gap_turns        (v2) which gap each gap turn belongs to (what keeps a gap's id across runs)
+    ragloop_replays          (v2) per turn, the latest ``ragloop replay --mark-gaps``: when, and whether answered
+    ragloop_handoffs         (v2) turns handed off to a person: who, the packet sent, the resolution
+
+A log of version 1 is migrated the first time it is opened for writing (turns, or the gaps' state: the v2 tables
+created, the version row raised); a reader reads its v1 tables as they are. Nothing of the log itself changes.
 
 Every method holds the backend's lock and runs on one connection (opened on first use, dropped after an error
 and opened again on the next call), so the writer thread and a feedback lookup never share a cursor.
@@ -23,11 +30,12 @@ from attrs import frozen
 
 from ragloop.errors import ConfigError
 from ragloop.turnlog._row import LoggedTurn, Rating, TurnRow, row_from_json, row_to_json
+from ragloop.turnlog._sql_lifecycle import LifecycleTables
 
 __all__ = ["SCHEMA_VERSION", "FeedbackItem", "SQLBackend", "StoredRow"]
 
 #: Version of the turn log's tables; a log written by a newer ragloop is refused, not misread.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: Rows per insert statement (12 parameters each: well under SQLite's 32,766 and Postgres's 65,535).
 _ROWS_PER_STATEMENT = 200
@@ -68,7 +76,7 @@ class FeedbackItem:
     comment: str | None = None
 
 
-class SQLBackend:
+class SQLBackend(LifecycleTables):
     """What both databases share; subclasses open the connection and spell the types.
 
     Args:
@@ -86,6 +94,7 @@ class SQLBackend:
         self._lock = threading.Lock()
         self._conn: Any = None
         self._ready = False
+        self._writable = False
 
     # --- subclass hooks ---------------------------------------------------------------------------------
 
@@ -101,8 +110,11 @@ class SQLBackend:
         return text.replace("?", self.param)
 
     def _conn_for(self, *, create: bool) -> Any:
+        if self._conn is not None and create and not self._writable:  # a reader's connection cannot write
+            self._drop()
         if self._conn is None:
             self._conn = self._connect(create=create)
+            self._writable = create
             self._ready = False
         if not self._ready:
             self._ensure(self._conn, create=create)
@@ -147,12 +159,20 @@ class SQLBackend:
                     f"the turn log at {self.where} has schema version {found[0]}; this ragloop reads up to "
                     f"{SCHEMA_VERSION}: upgrade ragloop, or point --turn-log at a new log"
                 )
+            elif int(found[0]) < SCHEMA_VERSION and create:  # a reader reads the old tables as they are
+                self._lock_schema(conn)
+                for statement in self._ddl_v2():
+                    cur.execute(statement)
+                cur.execute(
+                    self._sql("update ragloop_turnlog_schema set version = ? where name = ?"), (SCHEMA_VERSION, "turns")
+                )
             conn.commit()
         except BaseException:
             conn.rollback()
             raise
 
     def _ddl(self) -> list[str]:
+        """Every table and index of the current version."""
         f, j, b = self.float_type, self.json_type, self.blob_type
         return [
             "create table if not exists ragloop_turnlog_schema (name text primary key, version integer not null)",
@@ -163,6 +183,20 @@ class SQLBackend:
             f"create table if not exists ragloop_feedback (turn_id text not null, at {f} not null, "
             "rating text not null, comment text)",
             "create index if not exists ragloop_feedback_turn on ragloop_feedback (turn_id)",
+            *self._ddl_v2(),
+        ]
+
+    def _ddl_v2(self) -> list[str]:
+        """What version 2 added: the gaps' lifecycle (also what migrates a version 1 log)."""
+        f = self.float_type
+        return [
+            f"create table if not exists ragloop_gaps (gap_id text primary key, label text not null, "
+            f"status text not null, status_at {f} not null, first_seen {f} not null, last_seen {f} not null)",
+            "create table if not exists ragloop_gap_turns (turn_id text primary key, gap_id text not null)",
+            f"create table if not exists ragloop_replays (turn_id text primary key, at {f} not null, "
+            "answered integer not null)",
+            f"create table if not exists ragloop_handoffs (handoff_id text primary key, turn_id text not null, "
+            f"principal text not null, at {f} not null, packet text not null, resolution text)",
         ]
 
     # --- operations ---------------------------------------------------------------------------------------
@@ -232,13 +266,18 @@ class SQLBackend:
             cur.execute(self._sql("delete from ragloop_turns where at < ?"), (before,))
             gone = int(cur.rowcount or 0)
             cur.execute(self._sql("delete from ragloop_feedback where at < ?"), (before,))
+            for table in ("ragloop_gap_turns", "ragloop_replays"):  # what pointed at the turns that went
+                cur.execute(f"delete from {table} where turn_id not in (select turn_id from ragloop_turns)")
             return gone
 
         result: int = self._run(True, work)
         return result
 
-    def turns(self, since: float, until: float, *, brief_answered: bool = False) -> list[LoggedTurn]:
-        """Every turn with ``since <= at < until``, oldest first (ties by turn id), with its latest feedback.
+    def turns(
+        self, since: float, until: float, *, brief_answered: bool = False, latest: int | None = None
+    ) -> list[LoggedTurn]:
+        """Every turn with ``since <= at < until``, oldest first (ties by turn id), with its latest feedback; with
+        ``latest``, only the latest that many of them.
 
         With ``brief_answered``, a turn answered in full (``context`` or ``direct``) and not rated down comes back
         without its queries, rewrites and hits (what ``ragloop gaps`` never reads of it): a report of 100k turns
@@ -247,18 +286,41 @@ class SQLBackend:
 
         def work(conn: Any) -> list[LoggedTurn]:
             cur = conn.cursor()
+            where = f"select {_TURN_COLUMNS} from ragloop_turns where at >= ? and at < ?"
+            if latest is None:
+                cur.execute(self._sql(f"{where} order by at, turn_id"), (since, until))
+                rows = cur.fetchall()
+            else:
+                cur.execute(self._sql(f"{where} order by at desc, turn_id desc limit ?"), (since, until, latest))
+                rows = cur.fetchall()[::-1]
+            first = min((float(r[1]) for r in rows), default=until)
             cur.execute(
-                self._sql(f"select {_TURN_COLUMNS} from ragloop_turns where at >= ? and at < ? order by at, turn_id"),
-                (since, until),
-            )
-            rows = cur.fetchall()
-            cur.execute(
-                self._sql("select turn_id, rating, comment from ragloop_feedback where at >= ? order by at"), (since,)
+                self._sql("select turn_id, rating, comment from ragloop_feedback where at >= ? order by at"),
+                (since if latest is None else first,),
             )
             rated = {str(t): (r, c) for t, r, c in cur.fetchall()}
             return [_logged(row, rated, brief_answered) for row in rows]
 
         result: list[LoggedTurn] = self._run(False, work)
+        return result
+
+    def turn(self, turn_id: str) -> LoggedTurn | None:
+        """One stored turn with its latest feedback (``None``: no such turn)."""
+
+        def work(conn: Any) -> LoggedTurn | None:
+            cur = conn.cursor()
+            cur.execute(self._sql(f"select {_TURN_COLUMNS} from ragloop_turns where turn_id = ?"), (turn_id,))
+            row = cur.fetchone()
+            if row is None:
+                return None
+            cur.execute(
+                self._sql("select turn_id, rating, comment from ragloop_feedback where turn_id = ? order by at"),
+                (turn_id,),
+            )
+            rated = {str(t): (r, c) for t, r, c in cur.fetchall()}
+            return _logged(row, rated)
+
+        result: LoggedTurn | None = self._run(False, work)
         return result
 
     def close(self) -> None:

@@ -1,0 +1,168 @@
+"""Gap grouping on a planted-topic log: are all paraphrases of an unanswerable topic put in one gap?
+
+Three topics the bundled sample knowledge base does not answer (a whiteboard, Trello import, video calls), four
+paraphrases each, written for this benchmark and never used to choose a threshold (the grouping defaults come
+from ``bench_gaps.py``'s development topics), are asked through the offline chat over the sample (hash embedder)
+by several users over a week, mixed with the sample's answerable questions; every turn goes to a SQLite turn log.
+The report is then built exactly as ``ragloop gaps --turn-log … --since … --min-turns 2`` builds it (terms only,
+the default), and for each planted topic it prints the rank of the report topic holding most of its paraphrases,
+how many of its 4 paraphrases that topic holds, and whether any other question landed in it.
+
+It asserts nothing; it prints the table with the load average and writes
+``benchmarks/results/bench_gap_topics.json`` and ``.txt``.
+
+Usage: ``nice python benchmarks/bench_gap_topics.py``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+PLANTED: dict[str, list[str]] = {
+    "whiteboard": [
+        "Is there a whiteboard feature?",
+        "Can I draw on a whiteboard in Lumen?",
+        "Whiteboard for brainstorming with my team?",
+        "How do I open a shared whiteboard?",
+    ],
+    "trello": [
+        "Can I import my boards from Trello?",
+        "Trello import?",
+        "How do I move from Trello to Lumen?",
+        "Does the importer bring over Trello cards?",
+    ],
+    "video": [
+        "Can I start a video call from a task?",
+        "Is there built-in video calling?",
+        "Video meetings inside Lumen?",
+        "How do I call a teammate by video?",
+    ],
+}
+START = 1_746_403_200.0  # 2025-05-05 00:00 UTC
+DAYS = 7
+
+
+def _traffic(seed: int = 5) -> list[tuple[float, str, str]]:
+    """(at, user, question): each paraphrase asked 3 times by different users, and the answerable questions."""
+    from ragloop.sample import sample_questions_path
+
+    rng = random.Random(seed)
+    users = [f"key:user{i:02d}" for i in range(30)]
+    out = []
+    for questions in PLANTED.values():
+        for q in questions:
+            for user in rng.sample(users, 3):
+                out.append((START + rng.random() * DAYS * 86_400, user, q))
+    lines = sample_questions_path().read_text(encoding="utf-8").splitlines()
+    answerable = [q["question"] for q in map(json.loads, lines) if q["kind"] != "greeting" and q["expected_sources"]]
+    for q in answerable * 2:
+        out.append((START + rng.random() * DAYS * 86_400, rng.choice(users), q))
+    return sorted(out)
+
+
+def measure() -> dict[str, Any]:
+    """Log the traffic, build the report as ``ragloop gaps`` does, score each planted topic."""
+    from ragloop.chat import ChatRAG
+    from ragloop.cli import main
+    from ragloop.gaps import build_report
+    from ragloop.sample import sample_kb_path
+    from ragloop.turn import Turn
+    from ragloop.turnlog import TurnLog
+
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert main(["index", str(sample_kb_path()), "--out", str(tmp / "index"), "--embedder", "hash"]) == 0
+        clock = {"now": START}
+        log = TurnLog.open(f"sqlite:{tmp / 'turns.db'}", clock=lambda: clock["now"])
+        rag = ChatRAG(Turn.from_index(tmp / "index"), turn_log=log)
+        traffic = _traffic()
+
+        async def run() -> list[str]:
+            outcomes = []
+            for at, user, question in traffic:
+                clock["now"] = at
+                outcomes.append((await rag.ask(question, principal=user)).outcome)
+            await rag.aclose()
+            return outcomes
+
+        outcomes = anyio.run(run)
+        reader = TurnLog.open(f"sqlite:{tmp / 'turns.db'}")
+        turns = reader.turns(START, START + DAYS * 86_400, brief_answered=True)
+        reader.close()
+    report = build_report(turns, since=START, until=START + DAYS * 86_400, min_turns=2, max_topics=20)
+    question_of = {t.row.turn_id: t.row.question for t in turns}
+    planted_of = {q: name for name, qs in PLANTED.items() for q in qs}
+    rows = []
+    for name, questions in PLANTED.items():
+        held = []
+        for topic in report.topics:
+            inside = {question_of[t] for t in topic.turn_ids}
+            held.append((len(inside & set(questions)), topic, inside))
+        count, topic, inside = max(held, key=lambda h: (h[0], -h[1].rank))
+        others = sorted(q for q in inside if planted_of.get(q) != name)  # type: ignore[arg-type]
+        rows.append(
+            {
+                "topic": name,
+                "rank": topic.rank,
+                "label": topic.label,
+                "paraphrases_grouped": count,
+                "of": len(questions),
+                "other_questions_in_it": others,
+                "outcomes": dict(topic.outcomes),
+            }
+        )
+    return {
+        "turns": len(turns),
+        "gap_outcomes": {o: outcomes.count(o) for o in sorted(set(outcomes))},
+        "topics_listed": len(report.topics),
+        "method": report.method,
+        "planted": rows,
+        "load": os.getloadavg(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run it and write the results."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=RESULTS / "bench_gap_topics.json")
+    args = parser.parse_args(argv)
+    result = measure()
+    meta = {"python": platform.python_version(), "cpus": os.cpu_count(), "command": " ".join(sys.argv)}
+    lines = [
+        f"planted-topic grouping: {result['turns']} logged turns (outcomes {result['gap_outcomes']}), "
+        f"{result['topics_listed']} topics listed; {result['method']}",
+        f"{'topic':<12} {'rank':>4}  {'grouped':>7}  label / other questions in its topic",
+    ]
+    for r in result["planted"]:
+        others = "; ".join(r["other_questions_in_it"]) or "none"
+        lines.append(
+            f"{r['topic']:<12} {r['rank']:>4}  {r['paraphrases_grouped']:>3}/{r['of']:<3}  {r['label']} / {others}"
+        )
+    one, five, fifteen = result["load"]
+    lines.append(f"load average {one:.2f} {five:.2f} {fifteen:.2f}; {meta['cpus']} CPUs; Python {meta['python']}")
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"result": result, "meta": meta}, indent=2) + "\n", encoding="utf-8")
+    args.out.with_suffix(".txt").write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

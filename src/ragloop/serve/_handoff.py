@@ -1,0 +1,297 @@
+"""Hand-off to a person: ``POST /v1/handoff`` and ``POST /v1/handoff/{id}/resolution`` (needs a turn log).
+
+``POST /v1/handoff {"turn_id", "note"?}`` hands one of the caller's own turns that found no full answer (``none``,
+``partial``) or was rated down to a person (an answered one is a 409): the hand-off is stored
+in the turn log's database with its packet (question, conversation as far as the log keeps it — the question
+alone —, what was searched, what was missing, the nearest pages, the turn id, its gap id once ``ragloop gaps``
+grouped it) and, with a webhook, the packet is POSTed there as JSON, signed ``X-Ragloop-Signature:
+sha256=<HMAC-SHA256 of the body with the shared secret>``, in the background after the response (retried with
+exponential backoff; never holding up a turn or this request). 202 with the hand-off id.
+
+``POST /v1/handoff/{id}/resolution {"answer", "agent"}`` (same key) writes the person's answer as a **draft** page,
+``<drafts>/handoff-<id>.md``, markdown with front matter (question, answer, agent, date, gap, turn, hand-off), which
+``ragloop index --include-drafts`` indexes: a reviewed answer then closes its gap on the next replay. A hand-off is
+resolved once (409 after). Walls: another key's turn or hand-off is a 404, as an unknown one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import json
+import re
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import attrs
+import httpx
+from attrs import frozen
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ragloop._log import get_logger
+from ragloop.errors import ConfigError
+from ragloop.serve._stream import Rejected
+from ragloop.turnlog import hash_identity
+
+if TYPE_CHECKING:
+    from ragloop.turnlog import LoggedTurn, TurnLog
+
+__all__ = ["Handoff", "HandoffRoutes", "Webhook", "handoff_packet", "resolution_page", "sign"]
+
+log = get_logger("ragloop.serve.handoff")
+_MAX_NOTE = 2_000
+_MAX_ANSWER = 20_000
+_ID = re.compile(r"^h-[0-9a-f]{16}$")
+
+
+def sign(body: bytes, secret: bytes) -> str:
+    """The signature header's value: ``sha256=`` and the hex HMAC-SHA256 of ``body`` under ``secret``."""
+    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+@frozen
+class Handoff:
+    """Where hand-offs go.
+
+    Attributes:
+        drafts: The folder resolutions are written to as draft pages (created if missing).
+        url: The webhook that receives each packet (``None``: stored only).
+        secret: The shared secret the webhook's signature is made with (required with ``url``).
+        attempts: Deliveries tried per packet.
+        backoff_s: Wait before the second attempt; doubled each time after.
+        timeout_s: Time limit of one attempt.
+        max_pending: Packets being delivered at once; one more is stored, not sent, and counted as dropped.
+    """
+
+    drafts: Path
+    url: str | None = None
+    secret: bytes | None = attrs.field(default=None, repr=False)
+    attempts: int = 4
+    backoff_s: float = 0.5
+    timeout_s: float = 5.0
+    max_pending: int = 64
+
+    def __attrs_post_init__(self) -> None:
+        if self.url is not None and not self.secret:
+            raise ValueError("a hand-off webhook needs a shared secret to sign its packets (RAGLOOP_HANDOFF_SECRET)")
+
+
+class Webhook:
+    """Delivers packets to :attr:`Handoff.url`, bounded, retried, counted; never raises."""
+
+    def __init__(self, handoff: Handoff, client: httpx.AsyncClient | None = None) -> None:
+        self.handoff = handoff
+        self.client = client
+        self.pending = 0
+        #: Packets delivered, given up on after every attempt, and not sent (too many pending).
+        self.counts = {"delivered": 0, "failed": 0, "dropped": 0}
+
+    def admit(self) -> bool:
+        """Take a delivery slot; ``False`` (counted as dropped) when :attr:`Handoff.max_pending` are in flight."""
+        if self.pending >= self.handoff.max_pending:
+            self.counts["dropped"] += 1
+            return False
+        self.pending += 1
+        return True
+
+    async def deliver(self, packet: Mapping[str, Any]) -> bool:
+        """POST ``packet`` (after :meth:`admit`), retrying a refused, failed or slow attempt with backoff."""
+        h = self.handoff
+        assert h.url is not None and h.secret is not None
+        body = json.dumps(packet, ensure_ascii=False, sort_keys=True).encode("utf-8")
+        headers = {
+            "content-type": "application/json",
+            "x-ragloop-signature": sign(body, h.secret),
+            "x-ragloop-handoff": str(packet.get("handoff_id", "")),
+        }
+        client = self.client or httpx.AsyncClient()
+        try:
+            wait = h.backoff_s
+            for attempt in range(1, h.attempts + 1):
+                try:
+                    with anyio.fail_after(h.timeout_s):
+                        r = await client.post(h.url, content=body, headers=headers, timeout=h.timeout_s)
+                    if 200 <= r.status_code < 300:
+                        self.counts["delivered"] += 1
+                        return True
+                    why = f"status {r.status_code}"
+                except (httpx.HTTPError, TimeoutError) as exc:
+                    why = type(exc).__name__
+                log.warning("handoff.webhook_retry", attempt=attempt, reason=why, handoff=packet.get("handoff_id"))
+                if attempt < h.attempts:
+                    await anyio.sleep(wait)
+                    wait *= 2
+            self.counts["failed"] += 1
+            return False
+        finally:
+            self.pending -= 1
+            if self.client is None:
+                await client.aclose()
+
+
+def _owner_of(log_: TurnLog, principal: str) -> str:
+    policy = log_.policy
+    return hash_identity(principal, policy.identity_salt) if policy.hash_identities else principal
+
+
+def handoff_packet(turn: LoggedTurn, handoff_id: str, gap_id: str | None, note: str | None) -> dict[str, Any]:
+    """What a person needs to answer the turn: question, conversation, searches, what was missing, nearest pages."""
+    row = turn.row
+    return {
+        "handoff_id": handoff_id,
+        "turn_id": row.turn_id,
+        "gap_id": gap_id,
+        "question": row.question,
+        "conversation": [{"role": "user", "content": row.question}] if row.question is not None else [],
+        "outcome": row.outcome,
+        "rating": turn.rating,
+        "searched": [q.text for q in row.queries],
+        "missing": list(row.missing) or list(row.unfound),
+        "nearest_pages": [{"source": h.source, "title": h.title, "confidence": h.confidence} for h in row.hits[:5]],
+        "note": note,
+        "at": dt.datetime.fromtimestamp(row.at, dt.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def _front(value: str) -> str:
+    """A front-matter scalar: one line, quoted as JSON (a YAML subset)."""
+    return json.dumps(" ".join(value.split()), ensure_ascii=False)
+
+
+def resolution_page(packet: Mapping[str, Any], answer: str, agent: str, when: dt.datetime) -> str:
+    """The draft page of a resolved hand-off: front matter, the question as its title, the answer."""
+    question = str(packet.get("question") or "(question not kept)")
+    fields = {
+        "question": question,
+        "agent": agent,
+        "date": when.date().isoformat(),
+        "gap": str(packet.get("gap_id") or ""),
+        "turn": str(packet.get("turn_id") or ""),
+        "handoff": str(packet.get("handoff_id") or ""),
+        "draft": "true",
+    }
+    front = "\n".join(f"{k}: {_front(v)}" for k, v in fields.items())
+    title = " ".join(question.split()).lstrip("#").strip() or "Answer"
+    return f"---\n{front}\n---\n# {title}\n\n{answer.strip()}\n"
+
+
+def _text(body: Mapping[str, Any], name: str, limit: int, required: bool) -> str | None:
+    value = body.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value.strip() or len(value) > limit:
+        raise Rejected(400, f"{name} must be a non-empty string of at most {limit:,} characters", param=name)
+    return value
+
+
+async def _read(call: Any, *args: Any) -> Any:
+    """``call(*args)`` on the log's database in a thread: a log not written yet reads as empty (``None``); a
+    database that cannot be reached is a 503."""
+    try:
+        return await anyio.to_thread.run_sync(call, *args)
+    except ConfigError:  # no turn written yet: the file (or the tables) do not exist
+        return None
+    except Exception as exc:  # noqa: BLE001 — the driver's own errors (a dead database): a 503, never a traceback
+        log.warning("handoff.log_unavailable", error=type(exc).__name__)
+        raise Rejected(
+            503, "the turn log cannot be reached just now; try again later", kind="server_error",
+            code="turn_log_unavailable",
+        ) from None  # fmt: skip
+
+
+def _log_of(rag: Any) -> TurnLog:
+    turn_log: TurnLog | None = getattr(rag, "turn_log", None)
+    if turn_log is None:
+        raise Rejected(404, "this server keeps no turn log, so there is no turn to hand off (serve --turn-log URL)")
+    return turn_log
+
+
+async def create_handoff(
+    rag: Any, webhook: Webhook | None, body: Mapping[str, Any], principal: str
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Store a hand-off of ``principal``'s turn; the response body, and the packet when the webhook is to get it."""
+    unknown = sorted(set(body) - {"turn_id", "note"})
+    if unknown:
+        raise Rejected(400, f"unknown field {unknown[0]!r:.60}; send turn_id and an optional note", param=unknown[0])
+    turn_id = _text(body, "turn_id", 128, True)
+    note = _text(body, "note", _MAX_NOTE, False)
+    assert turn_id is not None
+    turn_log = _log_of(rag)
+    backend = turn_log.backend
+    turn = await _read(backend.turn, turn_id)
+    if turn is None or turn.row.principal != _owner_of(turn_log, principal):
+        raise Rejected(404, f"no turn {turn_id!r:.80} of yours to hand off", param="turn_id", code="unknown_turn")
+    if turn.row.outcome not in ("none", "partial") and turn.rating != "down":
+        raise Rejected(
+            409,
+            f"turn {turn_id} was answered ({turn.row.outcome}); a turn is handed off when it found no full answer "
+            "or after a thumbs-down (POST /v1/feedback rating 'down')",
+            param="turn_id",
+            code="answered",
+        )
+    handoff_id = "h-" + secrets.token_hex(8)
+    gap_id = await _read(backend.gap_of, turn_id)
+    packet = handoff_packet(turn, handoff_id, gap_id, turn_log.policy.scrub(note) if note else None)
+    text = json.dumps(packet, ensure_ascii=False)
+    owner = _owner_of(turn_log, principal)
+    at = turn_log.clock()
+    await _read(lambda: backend.save_handoff(handoff_id, turn_id, owner, at, text))
+    send = webhook is not None and webhook.admit()
+    state = "queued" if send else ("not_configured" if webhook is None else "dropped")
+    return {"handoff_id": handoff_id, "turn_id": turn_id, "gap_id": gap_id, "webhook": state}, packet if send else None
+
+
+async def resolve(rag: Any, handoff: Handoff, handoff_id: str, body: Mapping[str, Any], principal: str) -> Path:
+    """Write ``principal``'s hand-off's answer as a draft page; its path."""
+    unknown = sorted(set(body) - {"answer", "agent"})
+    if unknown:
+        raise Rejected(400, f"unknown field {unknown[0]!r:.60}; send answer and agent", param=unknown[0])
+    answer = _text(body, "answer", _MAX_ANSWER, True)
+    agent = _text(body, "agent", 200, True)
+    assert answer is not None and agent is not None
+    turn_log = _log_of(rag)
+    found = await _read(turn_log.backend.handoff, handoff_id) if _ID.match(handoff_id) else None
+    if found is None or found[0] != _owner_of(turn_log, principal):
+        raise Rejected(404, f"no hand-off {handoff_id!r:.40} of yours", code="unknown_handoff")
+    when = dt.datetime.fromtimestamp(turn_log.clock(), dt.UTC)
+    page = resolution_page(json.loads(found[1]), answer, agent, when)
+    resolution = json.dumps({"agent": agent, "at": when.isoformat(timespec="seconds")})
+    if not await _read(turn_log.backend.resolve_handoff, handoff_id, resolution):
+        raise Rejected(409, f"hand-off {handoff_id} is already resolved", code="already_resolved")
+    handoff.drafts.mkdir(parents=True, exist_ok=True)
+    path = handoff.drafts / f"handoff-{handoff_id}.md"
+    await anyio.Path(path).write_text(page, encoding="utf-8")
+    return path
+
+
+class HandoffRoutes:
+    """The two endpoints over one app's request checks and chat."""
+
+    def __init__(self, checks: Any, rag: Any, handoff: Handoff, metrics: Any = None) -> None:
+        self.checks = checks
+        self.rag = rag
+        self.handoff = handoff
+        self.webhook = Webhook(handoff) if handoff.url is not None else None
+        if metrics is not None and self.webhook is not None:
+            metrics.watch_handoffs(lambda: self.webhook.counts if self.webhook else {})
+
+    async def create(self, request: Request) -> Response:
+        """``POST /v1/handoff``: 202 and the hand-off id; the webhook is called after the response is sent."""
+        principal = self.checks.authorize(request)
+        body = await self.checks.read_json(request)
+        out, packet = await create_handoff(self.rag, self.webhook, body, principal.name)
+        task = BackgroundTask(self.webhook.deliver, packet) if packet is not None and self.webhook else None
+        return JSONResponse(out, status_code=202, background=task)
+
+    async def resolution(self, request: Request) -> Response:
+        """``POST /v1/handoff/{id}/resolution``: 201 and the draft page's name."""
+        principal = self.checks.authorize(request)
+        body = await self.checks.read_json(request)
+        path = await resolve(self.rag, self.handoff, request.path_params["handoff_id"], body, principal.name)
+        return JSONResponse({"status": "resolved", "draft": path.name}, status_code=201)

@@ -1,0 +1,160 @@
+"""The turn log's version 2 tables: the gaps' lifecycle and the hand-offs (mixed into :class:`SQLBackend`).
+
+See :mod:`ragloop.turnlog._sql` for the tables; every method runs through the backend's ``_run`` (its lock, its
+one connection) and opens the log for writing, which migrates a version 1 log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from attrs import frozen
+
+__all__ = ["GapBook", "GapRecord", "LifecycleTables"]
+
+
+@frozen
+class GapRecord:
+    """A content gap as the log remembers it between runs of ``ragloop gaps``.
+
+    Attributes:
+        gap_id: Its stable id.
+        label: Its label when last seen.
+        status: ``open``, ``fixed`` or ``reopened``.
+        status_at: When it took that status (seconds since the epoch).
+        first_seen: Its earliest turn.
+        last_seen: Its latest turn.
+    """
+
+    gap_id: str
+    label: str
+    status: str
+    status_at: float
+    first_seen: float
+    last_seen: float
+
+
+@frozen
+class GapBook:
+    """Everything the log remembers about gaps.
+
+    Attributes:
+        gaps: Gap id → its record.
+        members: Turn id → the gap it belongs to.
+        replays: Turn id → ``(when, answered)`` of its latest replay marked with ``--mark-gaps``.
+    """
+
+    gaps: Mapping[str, GapRecord]
+    members: Mapping[str, str]
+    replays: Mapping[str, tuple[float, bool]]
+
+
+class LifecycleTables:
+    """Reading and writing the version 2 tables; needs the backend's ``_run`` and ``_sql``."""
+
+    def _run(self, create: bool, work: Any) -> Any:
+        raise NotImplementedError
+
+    def _sql(self, text: str) -> str:
+        raise NotImplementedError
+
+    def gap_book(self) -> GapBook:
+        """What the log remembers about gaps (empty for a log no ``ragloop gaps`` has run on)."""
+
+        def work(conn: Any) -> GapBook:
+            cur = conn.cursor()
+            cur.execute("select gap_id, label, status, status_at, first_seen, last_seen from ragloop_gaps")
+            gaps = {str(r[0]): GapRecord(str(r[0]), str(r[1]), str(r[2]), *map(float, r[3:])) for r in cur.fetchall()}
+            cur.execute("select turn_id, gap_id from ragloop_gap_turns")
+            members = {str(t): str(g) for t, g in cur.fetchall()}
+            cur.execute("select turn_id, at, answered from ragloop_replays")
+            replays = {str(t): (float(at), bool(a)) for t, at, a in cur.fetchall()}
+            return GapBook(gaps, members, replays)
+
+        result: GapBook = self._run(True, work)
+        return result
+
+    def save_gaps(self, records: Sequence[GapRecord], members: Mapping[str, str]) -> None:
+        """Insert or update gap records and turn memberships, in one transaction."""
+        gap_sql = self._sql(
+            "insert into ragloop_gaps (gap_id, label, status, status_at, first_seen, last_seen) "
+            "values (?, ?, ?, ?, ?, ?) on conflict (gap_id) do update set label = excluded.label, "
+            "status = excluded.status, status_at = excluded.status_at, first_seen = excluded.first_seen, "
+            "last_seen = excluded.last_seen"
+        )
+        member_sql = self._sql(
+            "insert into ragloop_gap_turns (turn_id, gap_id) values (?, ?) "
+            "on conflict (turn_id) do update set gap_id = excluded.gap_id"
+        )
+
+        def work(conn: Any) -> None:
+            cur = conn.cursor()
+            if records:
+                cur.executemany(
+                    gap_sql, [(r.gap_id, r.label, r.status, r.status_at, r.first_seen, r.last_seen) for r in records]
+                )
+            if members:
+                cur.executemany(member_sql, sorted(members.items()))
+
+        self._run(True, work)
+
+    def record_replays(self, replays: Sequence[tuple[str, float, bool]]) -> None:
+        """Remember ``(turn id, when, answered)`` of replayed turns (a turn's latest replay replaces the last)."""
+        sql = self._sql(
+            "insert into ragloop_replays (turn_id, at, answered) values (?, ?, ?) "
+            "on conflict (turn_id) do update set at = excluded.at, answered = excluded.answered"
+        )
+
+        def work(conn: Any) -> None:
+            conn.cursor().executemany(sql, [(t, at, int(a)) for t, at, a in replays])
+
+        self._run(True, work)
+
+    def gap_of(self, turn_id: str) -> str | None:
+        """The gap ``turn_id`` belongs to, if ``ragloop gaps`` put it in one."""
+
+        def work(conn: Any) -> str | None:
+            cur = conn.cursor()
+            cur.execute(self._sql("select gap_id from ragloop_gap_turns where turn_id = ?"), (turn_id,))
+            found = cur.fetchone()
+            return None if found is None else str(found[0])
+
+        result: str | None = self._run(True, work)
+        return result
+
+    def save_handoff(self, handoff_id: str, turn_id: str, principal: str, at: float, packet: str) -> None:
+        """Store a new hand-off (its packet as JSON text)."""
+        sql = self._sql(
+            "insert into ragloop_handoffs (handoff_id, turn_id, principal, at, packet) values (?, ?, ?, ?, ?)"
+        )
+        self._run(True, lambda conn: conn.cursor().execute(sql, (handoff_id, turn_id, principal, at, packet)))
+
+    def handoff(self, handoff_id: str) -> tuple[str, str, str | None] | None:
+        """``(principal, packet, resolution)`` of a hand-off (``None``: no such hand-off)."""
+
+        def work(conn: Any) -> tuple[str, str, str | None] | None:
+            cur = conn.cursor()
+            cur.execute(
+                self._sql("select principal, packet, resolution from ragloop_handoffs where handoff_id = ?"),
+                (handoff_id,),
+            )
+            found = cur.fetchone()
+            return None if found is None else (str(found[0]), str(found[1]), found[2])
+
+        result: tuple[str, str, str | None] | None = self._run(True, work)
+        return result
+
+    def resolve_handoff(self, handoff_id: str, resolution: str) -> bool:
+        """Record the resolution of an unresolved hand-off; ``False`` when it was already resolved."""
+
+        def work(conn: Any) -> bool:
+            cur = conn.cursor()
+            cur.execute(
+                self._sql("update ragloop_handoffs set resolution = ? where handoff_id = ? and resolution is null"),
+                (resolution, handoff_id),
+            )
+            return bool(cur.rowcount)
+
+        result: bool = self._run(True, work)
+        return result
