@@ -10,21 +10,26 @@ a run without ``--meta`` owns only the documents indexed without it (the empty s
 :meth:`Scope.apply` gives a run's chunks what that means on disk: the scope's pairs in their metadata (so a
 filter on ``tenant`` finds them) and, for a non-empty scope, chunk ids qualified by the scope, so that the same
 text in two scopes is two chunks.
+
+:class:`Corpus` is the other side of the same wall: every chunk's text with its metadata, so that what a turn
+derives from the corpus (term statistics, the mined glossary, calibration) can be computed over the chunks a
+caller's filters let it find (:meth:`Corpus.visible`), never over another tenant's.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 from attrs import field, frozen
 
 from ragloop.errors import ConfigError
+from ragloop.retrievers.filters import Filters, matches_metadata
 from ragloop.state import Chunk
 
-__all__ = ["Scope"]
+__all__ = ["Corpus", "Scope"]
 
 
 def _pairs(value: Iterable[tuple[str, str]] | Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -98,3 +103,58 @@ class Scope:
             return list(chunks)
         pairs = dict(self.pairs)
         return [attrs.evolve(c, id=self.chunk_id(c.id), metadata={**c.meta(), **pairs}) for c in chunks]
+
+
+def _strings(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _mappings(value: Iterable[Mapping[str, str]]) -> tuple[Mapping[str, str], ...]:
+    return tuple(value)
+
+
+@frozen(eq=False)
+class Corpus:
+    """Every chunk's text and metadata, in one order: what corpus statistics are computed from, per scope.
+
+    Attributes:
+        texts: The chunk texts.
+        metadata: Each chunk's metadata (same order as ``texts``).
+    """
+
+    texts: tuple[str, ...] = field(converter=_strings)
+    metadata: tuple[Mapping[str, str], ...] = field(converter=_mappings, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        if len(self.texts) != len(self.metadata):
+            raise ConfigError(f"a corpus needs one metadata per text, got {len(self.texts)} and {len(self.metadata)}")
+
+    @classmethod
+    def of(cls, chunks: Iterable[Chunk]) -> Corpus:
+        """The corpus of ``chunks`` (their texts and metadata)."""
+        listed = list(chunks)
+        return cls(tuple(c.text for c in listed), tuple(dict(c.metadata) for c in listed))
+
+    @classmethod
+    def from_texts(cls, texts: Iterable[str]) -> Corpus:
+        """A corpus of texts without metadata (every filter hides all of it, no filter shows all of it)."""
+        listed = tuple(texts)
+        return cls(listed, tuple({} for _ in listed))
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @property
+    def has_metadata(self) -> bool:
+        """True when some chunk has metadata (only then can a filter show part of the corpus)."""
+        return any(self.metadata)
+
+    def visible(self, filters: Filters | None) -> tuple[int, ...]:
+        """Positions of the chunks a search with ``filters`` can find (all of them without filters)."""
+        if not filters:
+            return tuple(range(len(self.texts)))
+        return tuple(i for i, meta in enumerate(self.metadata) if matches_metadata(meta, filters))
+
+    def texts_at(self, positions: Sequence[int]) -> list[str]:
+        """The texts at ``positions``, in that order."""
+        return [self.texts[i] for i in positions]
