@@ -165,6 +165,20 @@ class TestCachedGrader:
         await flaky.grade("ttl", hit)
         assert FailingOpen.calls == 2
 
+    async def test_a_verdict_is_kept_per_caller_scope(self) -> None:
+        """The same passage and query graded in two scopes is graded twice (an offline grader's statistics are
+        the scope's), and once per scope after that."""
+        from ragloop.llm.scoped import turn_scope
+
+        grader = FakeGrader()
+        cached = CachedGrader(grader, MemoryCache(), model="m")
+        hit = make_hit("Keys expire.")
+        for tenant in ("acme", "globex", "acme", "globex"):
+            with turn_scope({"tenant": (tenant,)}):
+                await cached.grade("ttl", hit)
+        await cached.grade("ttl", hit)
+        assert len(grader.calls) == 3
+
 
 class TestIndexVersion:
     def test_content_changes_the_version(self) -> None:
