@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 
 import anyio
@@ -13,7 +14,14 @@ from hypothesis import strategies as st
 
 from ragloop.errors import ConfigError
 from ragloop.llm.offline import OfflineAnswerer, OfflineDecider
-from ragloop.llm.scoped import ScopedAnswerer, ScopedDecider, ScopedKnowledge, current_scope, turn_scope
+from ragloop.llm.scoped import (
+    MAX_CONCURRENT_BUILDS,
+    ScopedAnswerer,
+    ScopedDecider,
+    ScopedKnowledge,
+    current_scope,
+    turn_scope,
+)
 from ragloop.retrievers.scope import Corpus
 from ragloop.state import ContextBlock, PageContext
 from ragloop.text.terms import CorpusStats
@@ -100,6 +108,33 @@ class TestScopedKnowledge:
             assert await known.acurrent() is first and known.current() is first
         assert len(built) == 3
         assert await known.acurrent() is known.base  # outside a turn: the whole corpus
+
+    async def test_at_most_two_scopes_build_at_once(self) -> None:
+        """Many new scopes at once (a caller sending distinct narrowing filters) build at most
+        MAX_CONCURRENT_BUILDS at a time, so the worker threads other callers' searches need stay free."""
+        corpus = Corpus(tuple(str(i) for i in range(8)), tuple({"t": str(i)} for i in range(8)))
+        running, peak = [0], [0]
+        lock = threading.Lock()
+
+        def build(texts: Sequence[str]) -> Seen:
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+            time.sleep(0.05)
+            with lock:
+                running[0] -= 1
+            return Seen(tuple(texts), threading.get_ident())
+
+        known = ScopedKnowledge(corpus, build)
+
+        async def turn(i: int) -> None:
+            with turn_scope({"t": (str(i),)}):
+                assert (await known.acurrent()).texts == (str(i),)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(8):
+                tg.start_soon(turn, i)
+        assert known.builds == 8 and 1 <= peak[0] <= MAX_CONCURRENT_BUILDS
 
     async def test_child_tasks_of_a_turn_see_its_scope(self) -> None:
         """The scope reaches the turn's child tasks (the grade node grades in a task group)."""

@@ -1,7 +1,7 @@
 """A grader that remembers its verdicts (:mod:`ragloop.caches`).
 
 A verdict is keyed by the query, the SHA-256 of the passage's text, the grading model and the turn's scope
-(:func:`~ragloop.llm.scoped.current_scope`: an offline grader's statistics are the scope's, so a verdict
+(:func:`~ragloop.retrievers.scope.current_scope`: an offline grader's statistics are the scope's, so a verdict
 given under one tenant's statistics is never handed to another): the same passage graded for the same query by
 the same model in the same scope is not graded again. Fail-open verdicts are never stored (they say
 the grader failed, not what it thought). For a query graded in one call, only the passages the cache misses are
@@ -16,7 +16,7 @@ import anyio
 
 from ragloop.caches import Cache, cache_key, content_hash
 from ragloop.llm.protocols import BatchGrader, Grader
-from ragloop.llm.scoped import current_scope
+from ragloop.retrievers.scope import current_scope
 from ragloop.state import Hit, Verdict
 from ragloop.usage import record_cache
 

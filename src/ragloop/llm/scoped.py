@@ -10,34 +10,38 @@ exactly the chunks its searches can find. :class:`ScopedKnowledge` builds the co
 chunks one scope can see (:meth:`~ragloop.retrievers.scope.Corpus.visible`), on the first turn of that scope,
 and keeps them for the next turns (``max_scopes`` of them, least recently used first out); the judges of a
 scope that sees every chunk (no filters, or filters every chunk passes) are the ones built at start-up. Scopes
-that see the same chunks share one build. The build runs in a worker thread, off the event loop.
+that see the same chunks share one build. The build runs in a worker thread, off the event loop, and at most
+:data:`MAX_CONCURRENT_BUILDS` run at once in a process: a caller that sends many distinct narrowing filters
+waits for its own builds and cannot take every worker thread the other callers' searches need.
 
-:func:`turn_scope` installs the running turn's filters in a context variable (the turn graph does, around
-every run); the scoped judges (:class:`ScopedDecider`, :class:`ScopedGrader`, :class:`ScopedRewriter`,
-:class:`ScopedBridger`, :class:`ScopedAnswerer`) look the turn's judges up once per turn and hand every call
-to them. Outside a turn (a judge called directly) the scope is empty: the whole corpus, as before.
+:func:`~ragloop.retrievers.scope.turn_scope` installs the running turn's filters in a context variable (the
+turn graph does, around every run); the scoped judges (:class:`ScopedDecider`, :class:`ScopedGrader`,
+:class:`ScopedRewriter`, :class:`ScopedBridger`, :class:`ScopedAnswerer`) look the turn's judges up once per
+turn and hand every call to them. Outside a turn (a judge called directly) the scope is empty: the whole
+corpus, as before.
 """
 
 from __future__ import annotations
 
 import array
 import contextlib
-import contextvars
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+import anyio
 import anyio.to_thread
-from attrs import define, field
+from attrs import define
 
 from ragloop.errors import ConfigError
 from ragloop.retrievers.filters import FilterKey, Filters, filter_key
-from ragloop.retrievers.scope import Corpus
+from ragloop.retrievers.scope import Corpus, current_scope, running_scope, turn_scope
 from ragloop.state import Abstention, ContextBlock, Decision, Hit, Message, Outcome, PageContext, Verdict
 
 __all__ = [
+    "MAX_CONCURRENT_BUILDS",
     "ScopedAnswerer",
     "ScopedBridger",
     "ScopedDecider",
@@ -46,37 +50,26 @@ __all__ = [
     "ScopedRewriter",
     "current_scope",
     "turn_scope",
-]
+]  # current_scope and turn_scope live in ragloop.retrievers.scope (the caches below the judges read them too)
 
 T = TypeVar("T")
 
-
-@define(eq=False)
-class _TurnScope:
-    """The running turn's scope and the judges each :class:`ScopedKnowledge` resolved for it."""
-
-    filters: Filters
-    key: FilterKey
-    resolved: dict[int, Any] = field(factory=dict)
+#: Scope builds that may run at once in a process (each is CPU work in a worker thread).
+MAX_CONCURRENT_BUILDS = 2
+# A thread semaphore taken without blocking (and polled): it works in every event loop and backend at once.
+_build_slots = threading.BoundedSemaphore(MAX_CONCURRENT_BUILDS)
 
 
-_turn: contextvars.ContextVar[_TurnScope | None] = contextvars.ContextVar("ragloop_scope", default=None)
-
-
-@contextlib.contextmanager
-def turn_scope(filters: Filters | None) -> Iterator[None]:
-    """Install ``filters`` as the scope of the code (and its child tasks and threads) run inside the block."""
-    token = _turn.set(_TurnScope(dict(filters or {}), filter_key(filters or {})))
+@contextlib.asynccontextmanager
+async def _build_slot() -> AsyncIterator[None]:
+    delay = 0.001
+    while not _build_slots.acquire(blocking=False):
+        await anyio.sleep(delay)
+        delay = min(delay * 2, 0.05)
     try:
         yield
     finally:
-        _turn.reset(token)
-
-
-def current_scope() -> FilterKey:
-    """The running turn's scope as a hashable key: ``()`` without filters or outside a turn."""
-    turn = _turn.get()
-    return turn.key if turn is not None else ()
+        _build_slots.release()
 
 
 def _signature(positions: Sequence[int]) -> bytes:
@@ -156,7 +149,7 @@ class ScopedKnowledge(Generic[T]):
 
     def current(self) -> T:
         """The running turn's knowledge, resolved once per turn (built in this thread when not kept)."""
-        turn = _turn.get()
+        turn = running_scope()
         if turn is None or not turn.key:
             return self.base
         found = turn.resolved.get(id(self))
@@ -166,14 +159,15 @@ class ScopedKnowledge(Generic[T]):
 
     async def acurrent(self) -> T:
         """:meth:`current`, with a build (or the first look at a new scope) in a worker thread."""
-        turn = _turn.get()
+        turn = running_scope()
         if turn is None or not turn.key:
             return self.base
         found = turn.resolved.get(id(self))
         if found is None:
             known, kept = self._cached(turn.key)
             if not known or kept is None:
-                kept = await anyio.to_thread.run_sync(self._build, turn.key, turn.filters)
+                async with _build_slot():
+                    kept = await anyio.to_thread.run_sync(self._build, turn.key, turn.filters)
             found = turn.resolved[id(self)] = kept
         return found
 

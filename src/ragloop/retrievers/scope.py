@@ -13,23 +13,28 @@ text in two scopes is two chunks.
 
 :class:`Corpus` is the other side of the same wall: every chunk's text with its metadata, so that what a turn
 derives from the corpus (term statistics, the mined glossary, calibration) can be computed over the chunks a
-caller's filters let it find (:meth:`Corpus.visible`), never over another tenant's.
+caller's filters let it find (:meth:`Corpus.visible`), never over another tenant's. :func:`turn_scope` installs
+the running turn's filters (its scope) in a context variable, for what derives or caches knowledge per scope
+(the scoped judges, the grade and embedding caches) to read with :func:`current_scope`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import attrs
-from attrs import field, frozen
+from attrs import define, field, frozen
 
 from ragloop.errors import ConfigError
-from ragloop.retrievers.filters import Filters, matches_metadata
+from ragloop.retrievers.filters import FilterKey, Filters, filter_key, matches_metadata
 from ragloop.state import Chunk
 
-__all__ = ["Corpus", "Scope"]
+__all__ = ["Corpus", "RunningScope", "Scope", "current_scope", "running_scope", "turn_scope"]
 
 
 def _pairs(value: Iterable[tuple[str, str]] | Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -158,3 +163,43 @@ class Corpus:
     def texts_at(self, positions: Sequence[int]) -> list[str]:
         """The texts at ``positions``, in that order."""
         return [self.texts[i] for i in positions]
+
+
+@define(eq=False)
+class RunningScope:
+    """The running turn's scope (its filters) and what was resolved for it during the turn.
+
+    Attributes:
+        filters: The turn's filters, canonical.
+        key: The same as a hashable key (``()``: no filters).
+        resolved: Per-turn memo of what scoped components looked up (keyed by their ``id``).
+    """
+
+    filters: Filters
+    key: FilterKey
+    resolved: dict[int, Any] = field(factory=dict)
+
+
+_running: contextvars.ContextVar[RunningScope | None] = contextvars.ContextVar("ragloop_scope", default=None)
+
+
+@contextlib.contextmanager
+def turn_scope(filters: Filters | None) -> Iterator[RunningScope]:
+    """Install ``filters`` as the scope of the code (and its child tasks and threads) run inside the block."""
+    running = RunningScope(dict(filters or {}), filter_key(filters or {}))
+    token = _running.set(running)
+    try:
+        yield running
+    finally:
+        _running.reset(token)
+
+
+def running_scope() -> RunningScope | None:
+    """The running turn's scope, or ``None`` outside a turn."""
+    return _running.get()
+
+
+def current_scope() -> FilterKey:
+    """The running turn's scope as a hashable key: ``()`` without filters or outside a turn."""
+    running = _running.get()
+    return running.key if running is not None else ()

@@ -10,7 +10,6 @@ from typing import Unpack
 from ragloop.freshness import Freshness
 from ragloop.llm.cached import CachedGrader
 from ragloop.llm.protocols import Answerer
-from ragloop.llm.scoped import turn_scope
 from ragloop.nodes.answer import Abstainer, Answer, Extractive
 from ragloop.nodes.decide import Decide
 from ragloop.nodes.grade import Grade
@@ -22,6 +21,7 @@ from ragloop.nodes.rewrite import Rewrite
 from ragloop.policy import ANSWER, DECIDE, PLAN
 from ragloop.retrievers.base import Retriever
 from ragloop.retrievers.cached import CachedEmbedder, CachedRetriever
+from ragloop.retrievers.scope import turn_scope
 from ragloop.runner import Graph, Node
 from ragloop.state import TurnState
 from ragloop.turn.options import TurnWiring, require
