@@ -13,7 +13,9 @@ it). Two chats over the same index:
 
 It reports the chats' start-up time, each tenant's first turn (``cold``: the scope's build included) and the
 median of the warm turns, asked round-robin (before, after, before, …) so machine load hits both alike; the
-load average is printed beside every figure. It asserts nothing; it writes ``benchmarks/results/bench_scope.json``.
+load average is printed beside every figure. The two chats' judges see different statistics, so a turn may take
+another path in each (a rewrite more or less): the mean number of steps and the share of turns whose path is
+the same are reported beside the times. It asserts nothing; it writes ``benchmarks/results/bench_scope.json``.
 
 Usage: ``python benchmarks/bench_scope.py [--tenants 8] [--rounds 3] [--out PATH]``
 """
@@ -73,10 +75,13 @@ def before_chat(index: KnowledgeIndex) -> ChatRAG:
     )
 
 
-async def _turn(rag: ChatRAG, question: str, tenant: str) -> float:
+async def _turn(rag: ChatRAG, question: str, tenant: str, paths: list[tuple[str, ...]] | None = None) -> float:
     t0 = time.perf_counter()
-    await rag.ask(question, filters={"tenant": tenant})
-    return time.perf_counter() - t0
+    reply = await rag.ask(question, filters={"tenant": tenant})
+    took = time.perf_counter() - t0
+    if paths is not None:
+        paths.append(reply.record.path)
+    return took
 
 
 async def run(tenants: int, rounds: int) -> dict[str, Any]:
@@ -103,11 +108,13 @@ async def run(tenants: int, rounds: int) -> dict[str, Any]:
         cold["after"].append(await _turn(after, questions[0], tenant))
     cold_load = _load()
     warm: dict[str, list[float]] = {"before": [], "after": []}
+    paths: dict[str, list[tuple[str, ...]]] = {"before": [], "after": []}
     for _ in range(rounds):
         for tenant in names:
             for q in questions:
-                warm["before"].append(await _turn(before, q, tenant))
-                warm["after"].append(await _turn(after, q, tenant))
+                warm["before"].append(await _turn(before, q, tenant, paths["before"]))
+                warm["after"].append(await _turn(after, q, tenant, paths["after"]))
+    same = sum(a == b for a, b in zip(paths["before"], paths["after"], strict=True)) / len(paths["after"])
     warm_load = _load()
     ms = {
         k: {"cold": [round(1000 * s, 2) for s in cold[k]], "warm_median": 1000 * statistics.median(warm[k])}
@@ -133,6 +140,8 @@ async def run(tenants: int, rounds: int) -> dict[str, Any]:
             "before_median": round(ms["before"]["warm_median"], 3),
             "after_median": round(ms["after"]["warm_median"], 3),
             "after_over_before": round(ms["after"]["warm_median"] / ms["before"]["warm_median"], 3),
+            "mean_steps": {k: round(statistics.mean(len(p) for p in v), 2) for k, v in paths.items()},
+            "same_path_share": round(same, 3),
             "load": warm_load,
         },
         "scope_builds": decider.decider.knowledge.builds,
