@@ -136,6 +136,29 @@ class TestScopedKnowledge:
                 tg.start_soon(turn, i)
         assert known.builds == 8 and 1 <= peak[0] <= MAX_CONCURRENT_BUILDS
 
+    async def test_a_cancelled_turn_stops_waiting_and_its_build_is_kept(self) -> None:
+        """A turn cancelled while its scope builds (its deadline, a client gone) returns at once; the build
+        finishes in its thread, is kept for the scope's next turn and gives its slot back."""
+        corpus = Corpus(("a", "b", "c"), ({"t": "1"}, {"t": "2"}, {"t": "3"}))
+        gate = threading.Event()
+
+        def build(texts: Sequence[str]) -> Seen:
+            gate.wait(5)
+            return Seen(tuple(texts), threading.get_ident())
+
+        known = ScopedKnowledge(corpus, build, base=Seen(corpus.texts, 0))
+        with anyio.move_on_after(0.05) as scope, turn_scope({"t": ("1",)}):
+            await known.acurrent()
+        assert scope.cancelled_caught and known.builds == 0
+        gate.set()
+        with anyio.fail_after(5):
+            while known.builds < 1:
+                await anyio.sleep(0.01)
+        with turn_scope({"t": ("1",)}):
+            assert (await known.acurrent()).texts == ("a",) and known.builds == 1
+        with anyio.fail_after(5), turn_scope({"t": ("2",)}):  # the slot came back: more builds run
+            assert (await known.acurrent()).texts == ("b",)
+
     async def test_child_tasks_of_a_turn_see_its_scope(self) -> None:
         """The scope reaches the turn's child tasks (the grade node grades in a task group)."""
         seen: list[object] = []

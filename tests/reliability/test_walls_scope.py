@@ -110,6 +110,14 @@ class TestLocalIndex:
         got = await rag.ask(QUESTION, filters={"tenant": "acme"})
         assert any("quantum lattice relay" in q.text for q in got.record.queries), got.record.queries
 
+    async def test_a_scope_that_finds_nothing_knows_nothing(self) -> None:
+        """A tenant with no pages yet gets an honest "not found", built from an empty corpus, with no trace of
+        anyone else's pages (and its first turn does not fail on the empty statistics)."""
+        rag = qlr_rag()
+        got = await rag.ask(QUESTION, filters={"tenant": "initech"})
+        assert got.outcome == "none" and not got.citations and not got.record.errors
+        assert traces(everything(got)) == [], everything(got)
+
     async def test_untenanted_pages_stay_visible_to_an_unfiltered_caller(self) -> None:
         """A caller without filters reads every page, untenanted ones included, with the whole corpus's
         statistics, as before; a tenant reads its own pages only."""

@@ -24,7 +24,6 @@ corpus, as before.
 from __future__ import annotations
 
 import array
-import contextlib
 import hashlib
 import threading
 from collections import OrderedDict
@@ -60,16 +59,34 @@ MAX_CONCURRENT_BUILDS = 2
 _build_slots = threading.BoundedSemaphore(MAX_CONCURRENT_BUILDS)
 
 
-@contextlib.asynccontextmanager
-async def _build_slot() -> AsyncIterator[None]:
+class _Abandoned(Exception):
+    """The waiting turn gave its build slot back before the worker thread started."""
+
+
+async def _in_build_slot(fn: Callable[[], T]) -> T:
+    """``fn()`` in a worker thread once a build slot is free. The thread gives the slot back when ``fn`` ends,
+    so a turn cancelled meanwhile (its deadline, a client gone) stops waiting at once while the build goes on
+    and is kept for the scope's next turn, and no more than :data:`MAX_CONCURRENT_BUILDS` ever run."""
     delay = 0.001
     while not _build_slots.acquire(blocking=False):
         await anyio.sleep(delay)
         delay = min(delay * 2, 0.05)
+    owner = threading.Lock()  # whoever takes it gives the slot back: the thread, or the turn if it never ran
+
+    def run() -> T:
+        if not owner.acquire(blocking=False):
+            raise _Abandoned
+        try:
+            return fn()
+        finally:
+            _build_slots.release()
+
     try:
-        yield
-    finally:
-        _build_slots.release()
+        return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
+    except BaseException:
+        if owner.acquire(blocking=False):  # cancelled before the thread started: it never will build
+            _build_slots.release()
+        raise
 
 
 def _signature(positions: Sequence[int]) -> bytes:
@@ -166,8 +183,7 @@ class ScopedKnowledge(Generic[T]):
         if found is None:
             known, kept = self._cached(turn.key)
             if not known or kept is None:
-                async with _build_slot():
-                    kept = await anyio.to_thread.run_sync(self._build, turn.key, turn.filters)
+                kept = await _in_build_slot(lambda: self._build(turn.key, turn.filters))
             found = turn.resolved[id(self)] = kept
         return found
 
