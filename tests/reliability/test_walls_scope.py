@@ -170,6 +170,32 @@ class TestServer:
                 r = await client.post("/api/chat", headers=acme, json={"message": "What is the relay pairing token?"})
                 assert r.status_code == 200 and "ACME-QLR-7731" in r.text, r.text  # acme reads its own page
 
+    async def test_mcp_tells_globex_nothing_of_qlr(self) -> None:
+        """Over /mcp (the SDK's streamable-HTTP client, the globex key), ``ask`` and ``search`` hold no acme-only
+        word (before: ``ask``'s ``missing`` carried acme's expansion)."""
+        pytest.importorskip("mcp")
+        import httpx2
+        from mcp import Client
+        from mcp.client.streamable_http import streamable_http_client
+
+        from ragloop.serve import IndexDocuments
+
+        index = KnowledgeIndex.build(qlr_chunks(), HashEmbedder(128))
+        app = create_app(
+            ChatRAG.from_index(index), settings=ServeSettings(keys=(ACME, GLOBEX)), documents=IndexDocuments(index)
+        )
+        with serving(app, lifespan="on") as url:
+            headers = {"authorization": f"Bearer {GLOBEX.key}"}
+            async with (
+                httpx2.AsyncClient(headers=headers, timeout=30) as http,
+                Client(streamable_http_client(url + "/mcp", http_client=http)) as mcp,
+            ):
+                asked = await mcp.call_tool("ask", {"question": QUESTION})
+                found = await mcp.call_tool("search", {"query": QUESTION})
+        for result in (asked, found):
+            text = json.dumps([result.structured_content, [getattr(c, "text", "") for c in result.content]])
+            assert traces(text) == [], text
+
 
 class TestPostgresStore:
     async def test_globex_learns_nothing_of_acmes_abbreviation_on_the_store(
