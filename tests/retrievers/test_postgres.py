@@ -11,8 +11,11 @@ import attrs
 import pytest
 
 from ragloop.errors import ConfigError, IndexError_
+from ragloop.retrievers.bm25 import BM25Retriever
+from ragloop.retrievers.dense import DenseRetriever
 from ragloop.retrievers.embed import HashEmbedder
 from ragloop.retrievers.filters import normalize_filters
+from ragloop.retrievers.hybrid import HybridRetriever
 from ragloop.retrievers.index import KnowledgeIndex
 from ragloop.retrievers.ingest import ingest_path
 from ragloop.retrievers.metadata import with_metadata
@@ -155,13 +158,22 @@ class TestUpdates:
 
 class TestFilters:
     async def test_equality_and_set_membership(self, pg_url: str, collection: str, sample_chunks: list[Chunk]) -> None:
-        """Filters keep only matching chunks, in the store and in the local index alike."""
+        """Filters keep only matching chunks, in the store and in the local index alike. The store scores a
+        filtered search with the collection's BM25 statistics (left shared by issue 30, see docs/serving.md),
+        which is what the local hybrid retriever does when it is not told the indexed texts (no ``text_of``)."""
         tagged = [
             attrs.evolve(c, metadata={**c.meta(), "version": "2" if c.doc_id.startswith("s") else "1"})
             for c in sample_chunks
         ]
         embedder = HashEmbedder(256)
-        local = KnowledgeIndex.build(tagged, embedder)
+        built = KnowledgeIndex.build(tagged, embedder)
+        by_id = {c.id: c for c in built.chunks}
+        local = HybridRetriever(
+            BM25Retriever(built.bm25, by_id),
+            DenseRetriever(built.dense, built.embedder, by_id),
+            weights=built.weights,
+            rrf_k=built.rrf_k,
+        )
         async with PostgresStore(pg_url, embedder, collection=collection) as store:
             await store.sync(tagged)
             for raw in ({"version": "2"}, {"path": ["sso-saml.md", "api-keys.md"]}, {"tenant": "other"}):
