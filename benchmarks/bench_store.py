@@ -522,8 +522,11 @@ async def _scale_run(
         exact = PostgresStore(
             url, store.embedder, collection=store.collection, pool_size=2, exact_knn_max=10**9, create=False
         )
+        # issue 30's "before": a filtered search scored with the whole collection's BM25 statistics
+        shared = PostgresStore(url, store.embedder, collection=store.collection, scope_statistics=False, create=False)
         fil = {
             "store": lambda q, f: store.search(q, 10, f),
+            "store, collection statistics": lambda q, f: shared.search(q, 10, f),
             "store, exact k-NN forced": lambda q, f: exact.search(q, 10, f),
             "raw-or": lambda q, f: raw_or.search(q, 10, f),
         }
@@ -535,6 +538,7 @@ async def _scale_run(
             }
         finally:
             await exact.aclose()
+            await shared.aclose()
         single = out["single"]["ms"]
         out["ratios"] = {
             "store_minus_raw_or_p50_ms": round(single["store"]["p50"] - single["raw-or"]["p50"], 3),

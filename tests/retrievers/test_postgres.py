@@ -11,11 +11,8 @@ import attrs
 import pytest
 
 from ragloop.errors import ConfigError, IndexError_
-from ragloop.retrievers.bm25 import BM25Retriever
-from ragloop.retrievers.dense import DenseRetriever
 from ragloop.retrievers.embed import HashEmbedder
 from ragloop.retrievers.filters import normalize_filters
-from ragloop.retrievers.hybrid import HybridRetriever
 from ragloop.retrievers.index import KnowledgeIndex
 from ragloop.retrievers.ingest import ingest_path
 from ragloop.retrievers.metadata import with_metadata
@@ -158,22 +155,14 @@ class TestUpdates:
 
 class TestFilters:
     async def test_equality_and_set_membership(self, pg_url: str, collection: str, sample_chunks: list[Chunk]) -> None:
-        """Filters keep only matching chunks, in the store and in the local index alike. The store scores a
-        filtered search with the collection's BM25 statistics (left shared by issue 30, see docs/serving.md),
-        which is what the local hybrid retriever does when it is not told the indexed texts (no ``text_of``)."""
+        """Filters keep only matching chunks, in the store and in the local index alike, scored alike: with the
+        statistics of the chunks the filters match (issue 30)."""
         tagged = [
             attrs.evolve(c, metadata={**c.meta(), "version": "2" if c.doc_id.startswith("s") else "1"})
             for c in sample_chunks
         ]
         embedder = HashEmbedder(256)
-        built = KnowledgeIndex.build(tagged, embedder)
-        by_id = {c.id: c for c in built.chunks}
-        local = HybridRetriever(
-            BM25Retriever(built.bm25, by_id),
-            DenseRetriever(built.dense, built.embedder, by_id),
-            weights=built.weights,
-            rrf_k=built.rrf_k,
-        )
+        local = KnowledgeIndex.build(tagged, embedder)
         async with PostgresStore(pg_url, embedder, collection=collection) as store:
             await store.sync(tagged)
             for raw in ({"version": "2"}, {"path": ["sso-saml.md", "api-keys.md"]}, {"tenant": "other"}):
@@ -185,6 +174,36 @@ class TestFilters:
                     meta = hit.chunk.meta()
                     assert all(meta[key] in values for key, values in filters.items())
             assert await store.search("anything", k=5, filters={"tenant": ("other",)}) == []
+
+    async def test_a_tenant_scores_as_in_a_collection_of_its_own(
+        self, pg_url: str, collection: str, sample_chunks: list[Chunk]
+    ) -> None:
+        """globex's hits, scores and confidences are the same whether or not acme's chunks share the collection
+        (before issue 30: the collection's chunk count, mean length and document frequencies scored every
+        tenant's search, so acme's word counts moved globex's ranking); its second search reads no statistics
+        it already has."""
+        acme = [attrs.evolve(c, metadata={**c.meta(), "tenant": "acme"}) for c in sample_chunks]
+        half = sample_chunks[: len(sample_chunks) // 2]
+        globex = [
+            attrs.evolve(c, id=c.id + "-g", doc_id="g/" + c.doc_id, metadata={**c.meta(), "tenant": "globex"})
+            for c in half
+        ]
+        only = {"tenant": ("globex",)}
+        async with _store(pg_url, collection) as both, _store(pg_url, collection + "_alone") as alone:
+            await both.sync([*acme, *globex])
+            await alone.sync(globex)
+            for query in ("single sign-on API key", "invoice billing plan seats", "audit log retention"):
+                got = await both.search(query, k=8, filters=only)
+                want = await alone.search(query, k=8, filters=only)
+                assert got and [(h.id, round(h.score, 9), round(h.confidence, 6), h.ranks) for h in got] == [
+                    (h.id, round(h.score, 9), round(h.confidence, 6), h.ranks) for h in want
+                ], query
+                assert [round(h.scores["bm25"], 6) for h in got if "bm25" in h.scores] == [
+                    round(h.scores["bm25"], 6) for h in want if "bm25" in h.scores
+                ]
+            cached = len(both._scope_stats.entries)
+            await both.search("single sign-on API key", k=8, filters=only)
+            assert len(both._scope_stats.entries) == cached
 
     async def test_filters_on_an_empty_or_metadata_free_collection(self, pg_url: str, collection: str) -> None:
         """An empty collection: a filter finds nothing, no error; chunks without metadata: every key is unknown."""

@@ -65,10 +65,17 @@ class Store(Protocol):
     repaired: tuple[str, ...]
     url: str
     _keys: frozenset[str] | None
+    scope_statistics: bool
+    _scope_stats: Any
 
     @property
     def embedder(self) -> Embedder:
         """The collection's embedder."""
+        ...
+
+    @property
+    def version(self) -> str:
+        """The collection's version as last seen."""
         ...
 
     async def _run(self, fn: Callable[[AsyncConnection[Any]], Any]) -> Any: ...

@@ -13,6 +13,7 @@ from ragloop.retrievers.filters import Filters
 from ragloop.retrievers.postgres import _schema, _search, _sync
 from ragloop.retrievers.postgres._common import _APP, StoreInfo, psycopg_module
 from ragloop.retrievers.postgres._conn import Connections
+from ragloop.retrievers.postgres._scope import ScopeStatsCache
 from ragloop.retrievers.scope import Corpus, Scope
 from ragloop.retrievers.update import MAX_REMOVED_SHARE, SyncSummary
 from ragloop.state import Chunk, Hit
@@ -52,6 +53,9 @@ class PostgresStore:
         b: BM25 length normalisation.
         stem: Stem words (Snowball English), as the local index does by default.
         create: Create the tables (and the ``vector`` extension, when allowed) if missing.
+        scope_statistics: A filtered search scores BM25 with the statistics of the chunks its filters match
+            (their count, mean length, document frequencies), read once per scope and collection version, so
+            one tenant's scores and ranks do not move with another's word counts; ``False``: the collection's.
     """
 
     def __init__(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
@@ -75,6 +79,7 @@ class PostgresStore:
         b: float = 0.75,
         stem: bool = True,
         create: bool = True,
+        scope_statistics: bool = True,
     ) -> None:
         if not _NAME.match(collection):
             raise ConfigError(
@@ -108,6 +113,8 @@ class PostgresStore:
         self.b = b
         self.tokenizer = Tokenizer(stem=stem)
         self.create = create
+        self.scope_statistics = scope_statistics
+        self._scope_stats = ScopeStatsCache()
         self._conn = Connections(
             url,
             pool_size=pool_size,
