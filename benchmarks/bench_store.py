@@ -27,7 +27,8 @@ Runs a real PostgreSQL 16 + pgvector (the ``pgserver`` wheel) and measures:
 
    Then ``--concurrency`` searches at a time through a pool of ``--pool-size`` connections, store and raw-or
    in turn for ``--rounds`` rounds; and filtered searches (one tenant, one group): latency and the share that
-   filled k.
+   filled k, with the store scoring by the filtered chunks' own BM25 statistics (the default, issue 30) beside
+   the same store scoring by the collection's (``store, collection statistics``).
 4. **Where the time goes**, per search: the statements (round trips) the server ran and their server time
    (from the server's statement log, switched on for a short pass), this process's CPU, the server's CPU (all
    backends), and, in the concurrent runs, the pool's wait per connection request.
