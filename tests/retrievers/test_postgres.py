@@ -205,6 +205,35 @@ class TestFilters:
             await both.search("single sign-on API key", k=8, filters=only)
             assert len(both._scope_stats.entries) == cached
 
+    async def test_a_scope_statistics_timeout_scores_with_the_collections(
+        self, pg_url: str, collection: str, sample_chunks: list[Chunk], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Reading a scope's statistics past the statement timeout (a very broad filter on a huge collection)
+        does not fail the search: it is scored with the collection's statistics and counted; any other
+        failure is the search's."""
+        import psycopg
+
+        from ragloop.errors import RetrievalError
+        from ragloop.retrievers.postgres import _scope
+
+        async def timed_out(*args: Any) -> Any:
+            raise RetrievalError("ran past statement_timeout_s") from psycopg.errors.QueryCanceled("timeout")
+
+        async def broken(*args: Any) -> Any:
+            raise RetrievalError("the Postgres store failed")
+
+        only = {"tenant": ("acme",)}
+        async with _store(pg_url, collection) as store, _store(pg_url, collection, scope_statistics=False) as shared:
+            await store.sync(sample_chunks)
+            want = await shared.search("single sign-on", k=5, filters=only)
+            monkeypatch.setattr(_scope, "scope_stats", timed_out)
+            got = await store.search("single sign-on", k=5, filters=only)
+            assert [(h.id, h.score) for h in got] == [(h.id, h.score) for h in want] and want
+            assert store.scope_stats_fallbacks == 1
+            monkeypatch.setattr(_scope, "scope_stats", broken)
+            with pytest.raises(RetrievalError, match="store failed"):
+                await store.search("single sign-on", k=5, filters=only)
+
     async def test_filters_on_an_empty_or_metadata_free_collection(self, pg_url: str, collection: str) -> None:
         """An empty collection: a filter finds nothing, no error; chunks without metadata: every key is unknown."""
         from ragloop.errors import UnknownFilterKey

@@ -66,6 +66,7 @@ class Store(Protocol):
     url: str
     _keys: frozenset[str] | None
     scope_statistics: bool
+    scope_stats_fallbacks: int
     _scope_stats: Any
 
     @property

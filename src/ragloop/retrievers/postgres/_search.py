@@ -25,7 +25,9 @@ tenant (1 %) and on a quarter of the collection.
 **A filter's own statistics** (issue 30). A filtered search scores BM25 with the chunk count, mean length,
 document frequencies and highest term weights of the chunks its filters match (:mod:`._scope` reads them once
 per scope, version and term), so that one tenant's scores, ranks and confidences are those of a collection of
-its own; the collection's document frequencies still order the lexical budget (how much a search reads).
+its own; the collection's document frequencies still order the lexical budget (how much a search reads). Should
+reading them run past the statement timeout (a very broad filter on a very large collection), that search is
+scored with the collection's statistics instead, and ``PostgresStore.scope_stats_fallbacks`` counts it.
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ragloop.errors import RetrievalError
 from ragloop.retrievers.filters import Filters, check_filter_keys
 from ragloop.retrievers.hybrid import hybrid_confidence
-from ragloop.retrievers.postgres._common import Store
+from ragloop.retrievers.postgres._common import Store, psycopg_module
 from ragloop.state import Chunk, Hit
 
 if TYPE_CHECKING:
@@ -279,10 +282,19 @@ async def search(store: Store, query: str, k: int = 10, filters: Filters | None 
         assert filters is not None
         from ragloop.retrievers.postgres._scope import scope_stats
 
-        seen = await scope_stats(store, filters, list(counts))
-        params["sn"], params["savgdl"] = seen.n, seen.avgdl
-        params["sdf"] = [seen.terms.get(t, (0, 0.0))[0] for t in counts]
-        params["smax"] = [seen.terms.get(t, (0, 0.0))[1] for t in counts]
+        try:
+            seen = await scope_stats(store, filters, list(counts))
+        except RetrievalError as exc:
+            if not isinstance(exc.__cause__, psycopg_module().errors.QueryCanceled):
+                raise
+            # A very broad filter on a very large collection: score this search with the collection's
+            # statistics (ranking only; the filter still holds) rather than fail it, and count it.
+            store.scope_stats_fallbacks += 1
+            scoped = False
+        else:
+            params["sn"], params["savgdl"] = seen.n, seen.avgdl
+            params["sdf"] = [seen.terms.get(t, (0, 0.0))[0] for t in counts]
+            params["smax"] = [seen.terms.get(t, (0, 0.0))[1] for t in counts]
     sql = search_sql(store.collection, shape, wider and not shape, scoped)
 
     async def go(conn: AsyncConnection[Any]) -> list[Any]:

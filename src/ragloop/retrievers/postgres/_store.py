@@ -114,6 +114,9 @@ class PostgresStore:
         self.tokenizer = Tokenizer(stem=stem)
         self.create = create
         self.scope_statistics = scope_statistics
+        #: Filtered searches scored with the collection's statistics because reading their scope's ran past
+        #: the statement timeout (see ``scope_statistics``).
+        self.scope_stats_fallbacks = 0
         self._scope_stats = ScopeStatsCache()
         self._conn = Connections(
             url,
