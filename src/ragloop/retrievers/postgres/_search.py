@@ -110,7 +110,7 @@ def search_sql(collection: str, shape: tuple[int, ...], wider: bool = False, sco
     knn as materialized (
         select * from (
             select f.doc_id, f.chunk_id, f.dist from fkeys f where (select yes from small)
-            order by f.dist limit %(depth)s
+            order by f.dist, f.chunk_id collate "C" limit %(depth)s -- ties at the cut by id, as the local index
         ) exact
         union all
         select * from (
