@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from attrs import define, field
@@ -92,14 +92,15 @@ def _sql(t: dict[str, str], fsql: str) -> str:
     """
 
 
-async def scope_stats(store: Store, filters: Filters, terms: Sequence[str]) -> ScopeStats:
-    """The statistics of the chunks ``filters`` match, with every one of ``terms`` (at least one) known.
+async def scope_stats(
+    store: Store, filters: Filters, terms: Sequence[str], where: tuple[str, Mapping[str, str]]
+) -> ScopeStats:
+    """The statistics of the chunks ``filters`` match, with every one of ``terms`` (at least one) known;
+    ``where`` is the filters' SQL condition on chunks ``c`` and its parameters (``_search.filter_sql``).
 
     Raises:
-        psycopg.Error: As a search raises it (the store's connection handling retries and wraps it).
+        RetrievalError: As a search raises it (the store's connection handling retries and wraps it).
     """
-    from ragloop.retrievers.postgres._search import filter_sql
-
     cache: ScopeStatsCache = store._scope_stats
     key = (store.version, filter_key(filters))
     kept = cache.get(key)
@@ -112,7 +113,7 @@ async def scope_stats(store: Store, filters: Filters, terms: Sequence[str]) -> S
     missing = [t for t in wanted if kept is None or t not in kept.terms]
     if kept is not None and not missing:
         return kept
-    fsql, fparams = filter_sql(filters, "c")
+    fsql, fparams = where
     params: dict[str, Any] = {"terms": missing, "k1": store.k1, "b": store.b, **fparams}
     sql = _sql(store._t, fsql)
 

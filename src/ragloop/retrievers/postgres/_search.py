@@ -42,6 +42,7 @@ import numpy as np
 from ragloop.errors import RetrievalError
 from ragloop.retrievers.filters import Filters, check_filter_keys
 from ragloop.retrievers.hybrid import hybrid_confidence
+from ragloop.retrievers.postgres import _scope
 from ragloop.retrievers.postgres._common import Store, psycopg_module
 from ragloop.state import Chunk, Hit
 
@@ -280,10 +281,8 @@ async def search(store: Store, query: str, k: int = 10, filters: Filters | None 
     scoped = bool(shape) and bool(counts) and store.scope_statistics
     if scoped:
         assert filters is not None
-        from ragloop.retrievers.postgres._scope import scope_stats
-
         try:
-            seen = await scope_stats(store, filters, list(counts))
+            seen = await _scope.scope_stats(store, filters, list(counts), filter_sql(filters, "c"))
         except RetrievalError as exc:
             if not isinstance(exc.__cause__, psycopg_module().errors.QueryCanceled):
                 raise
