@@ -27,7 +27,8 @@ Runs a real PostgreSQL 16 + pgvector (the ``pgserver`` wheel) and measures:
 
    Then ``--concurrency`` searches at a time through a pool of ``--pool-size`` connections, store and raw-or
    in turn for ``--rounds`` rounds; and filtered searches (one tenant, one group): latency and the share that
-   filled k.
+   filled k, with the store scoring by the filtered chunks' own BM25 statistics (the default, issue 30) beside
+   the same store scoring by the collection's (``store, collection statistics``).
 4. **Where the time goes**, per search: the statements (round trips) the server ran and their server time
    (from the server's statement log, switched on for a short pass), this process's CPU, the server's CPU (all
    backends), and, in the concurrent runs, the pool's wait per connection request.
@@ -522,8 +523,11 @@ async def _scale_run(
         exact = PostgresStore(
             url, store.embedder, collection=store.collection, pool_size=2, exact_knn_max=10**9, create=False
         )
+        # issue 30's "before": a filtered search scored with the whole collection's BM25 statistics
+        shared = PostgresStore(url, store.embedder, collection=store.collection, scope_statistics=False, create=False)
         fil = {
             "store": lambda q, f: store.search(q, 10, f),
+            "store, collection statistics": lambda q, f: shared.search(q, 10, f),
             "store, exact k-NN forced": lambda q, f: exact.search(q, 10, f),
             "raw-or": lambda q, f: raw_or.search(q, 10, f),
         }
@@ -535,6 +539,7 @@ async def _scale_run(
             }
         finally:
             await exact.aclose()
+            await shared.aclose()
         single = out["single"]["ms"]
         out["ratios"] = {
             "store_minus_raw_or_p50_ms": round(single["store"]["p50"] - single["raw-or"]["p50"], 3),

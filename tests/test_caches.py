@@ -142,6 +142,27 @@ class TestCachedEmbedder:
         assert seen == [["alpha", "beta"], ["gamma"]]
         assert np.allclose(b[0], a[1]) and b.shape == (2, inner.dim)
 
+    async def test_a_vector_is_kept_per_caller_scope(self) -> None:
+        """Inside a scoped turn the same text is embedded once per scope: a tenant cannot tell from a cache
+        hit's speed that another tenant asked the same words."""
+        from ragloop.retrievers.scope import turn_scope
+
+        inner = HashEmbedder()
+        seen: list[list[str]] = []
+
+        class Counting:
+            name, dim = inner.name, inner.dim
+
+            async def embed(self, texts: list[str]) -> np.ndarray:  # type: ignore[type-arg]
+                seen.append(list(texts))
+                return await inner.embed(texts)
+
+        cached = CachedEmbedder(Counting(), MemoryCache())
+        for tenant in ("acme", "globex", "acme"):
+            with turn_scope({"tenant": (tenant,)}):
+                await cached.embed(["reset password"])
+        assert seen == [["reset password"], ["reset password"]]
+
 
 class TestCachedGrader:
     async def test_fail_open_is_never_cached_and_content_is_the_key(self) -> None:
@@ -164,6 +185,20 @@ class TestCachedGrader:
         await flaky.grade("ttl", hit)
         await flaky.grade("ttl", hit)
         assert FailingOpen.calls == 2
+
+    async def test_a_verdict_is_kept_per_caller_scope(self) -> None:
+        """The same passage and query graded in two scopes is graded twice (an offline grader's statistics are
+        the scope's), and once per scope after that."""
+        from ragloop.llm.scoped import turn_scope
+
+        grader = FakeGrader()
+        cached = CachedGrader(grader, MemoryCache(), model="m")
+        hit = make_hit("Keys expire.")
+        for tenant in ("acme", "globex", "acme", "globex"):
+            with turn_scope({"tenant": (tenant,)}):
+                await cached.grade("ttl", hit)
+        await cached.grade("ttl", hit)
+        assert len(grader.calls) == 3
 
 
 class TestIndexVersion:

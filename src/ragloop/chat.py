@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     import openai
 
     from ragloop.retrievers.index import KnowledgeIndex
+    from ragloop.retrievers.scope import Corpus
     from ragloop.turnlog import Rating, TurnLog
 
 __all__ = ["MAX_QUESTION_CHARS", "AskOptions", "ChatRAG", "Reply", "ReplyReady", "client_url", "validate_question"]
@@ -249,11 +250,13 @@ class ChatRAG:
     def from_retriever(
         cls,
         retriever: Retriever,
-        texts: Sequence[str],
+        texts: Sequence[str] | Corpus,
         llm: openai.AsyncOpenAI | None = None,
         **options: Unpack[RetrieverOptions],
     ) -> ChatRAG:
-        """A chat over any retriever; ``texts`` (every chunk's text) feed the offline judges' corpus statistics.
+        """A chat over any retriever; ``texts`` (every chunk's text, or a
+        :class:`~ragloop.retrievers.scope.Corpus` with their metadata, so that each caller's judges know only the
+        chunks its filters find) feed the offline judges' corpus statistics.
 
         ``ChatRAG(Turn.from_retriever(retriever, texts, llm, **options))``: see
         :meth:`~ragloop.turn.builder.Turn.from_retriever` and :class:`~ragloop.turn.options.RetrieverOptions`.

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from ragloop.errors import IndexError_
-from ragloop.retrievers.bm25 import BM25Index, BM25Retriever, Tokenizer
-from tests.retrievers._corpus import CHUNKS
+from ragloop.retrievers.bm25 import MAX_SCOPES, BM25Index, BM25Retriever, Tokenizer
+from ragloop.state import Chunk
+from tests.retrievers._corpus import CHUNKS, TEXTS
 
 
 def _index(**kw: object) -> BM25Index:
@@ -77,3 +78,51 @@ async def test_retriever_hits_carry_rank_and_score() -> None:
     hits = await r.search("two-factor login code", 2)
     assert hits[0].id == "c6" and hits[0].ranks == {"bm25": 1}
     assert hits[0].scores == {"bm25": hits[0].score}
+
+
+class TestScopeStatistics:
+    """A filtered search scores with the statistics of the chunks its filters find (issue 30)."""
+
+    @staticmethod
+    def _tenants() -> tuple[list[Chunk], list[Chunk]]:
+        a = [Chunk(id=f"a{i}", text=t, metadata={"tenant": "a"}) for i, t in enumerate(TEXTS[:5])]
+        b = [Chunk(id=f"b{i}", text=t, metadata={"tenant": "b"}) for i, t in enumerate(TEXTS[1:])]
+        return a, b
+
+    @staticmethod
+    def _retriever(chunks: list[Chunk], *, scoped: bool = True) -> BM25Retriever:
+        index = BM25Index()
+        index.build([c.id for c in chunks], [c.text for c in chunks])
+        return BM25Retriever(index, {c.id: c for c in chunks}, text_of=(lambda c: c.text) if scoped else None)
+
+    def test_another_tenants_chunks_change_nothing(self) -> None:
+        """b's hits, scores and confidences are those of an index of b's chunks alone (before: a's chunks moved
+        b's IDF and best possible scores)."""
+        a, b = self._tenants()
+        both, alone = self._retriever([*a, *b]), self._retriever(b)
+        for query in ("download past invoices billing", "redis sorted set scores", "login code"):
+            got = both.search_sync(query, 5, {"tenant": ("b",)})
+            want = alone.search_sync(query, 5, {"tenant": ("b",)})
+            assert [(h.id, h.score, h.confidence) for h in got] == [(h.id, h.score, h.confidence) for h in want]
+            assert got, query
+
+    def test_without_the_indexed_texts_the_whole_index_statistics_serve(self) -> None:
+        """A retriever not told how chunks were indexed masks the whole index's scores, as before."""
+        a, b = self._tenants()
+        plain = self._retriever([*a, *b], scoped=False)
+        scores, _ = plain.index.scores("login code")
+        hits = plain.search_sync("login code", 5, {"tenant": ("b",)})
+        assert hits and all(h.id.startswith("b") for h in hits)
+        assert hits[0].score == pytest.approx(float(scores[plain.index.chunk_ids.index(hits[0].id)]))
+
+    def test_a_scope_index_is_built_once_and_kept_within_bounds(self) -> None:
+        """The second search of a scope reuses its index; at most MAX_SCOPES are kept."""
+        chunks = [Chunk(id=f"c{i}", text=f"word{i} common text", metadata={"t": str(i)}) for i in range(40)]
+        r = self._retriever(chunks)
+        r.search_sync("common", 3, {"t": ("1",)})
+        first = r.scope_index(r.mask({"t": ("1",)}))[1]
+        r.search_sync("common", 3, {"t": ("1",)})
+        assert r.scope_index(r.mask({"t": ("1",)}))[1] is first
+        for i in range(40):
+            r.search_sync("common", 3, {"t": (str(i),)})
+        assert len(r._scoped) == MAX_SCOPES

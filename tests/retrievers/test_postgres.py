@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +156,8 @@ class TestUpdates:
 
 class TestFilters:
     async def test_equality_and_set_membership(self, pg_url: str, collection: str, sample_chunks: list[Chunk]) -> None:
-        """Filters keep only matching chunks, in the store and in the local index alike."""
+        """Filters keep only matching chunks, in the store and in the local index alike, scored alike: with the
+        statistics of the chunks the filters match (issue 30)."""
         tagged = [
             attrs.evolve(c, metadata={**c.meta(), "version": "2" if c.doc_id.startswith("s") else "1"})
             for c in sample_chunks
@@ -173,6 +175,70 @@ class TestFilters:
                     meta = hit.chunk.meta()
                     assert all(meta[key] in values for key, values in filters.items())
             assert await store.search("anything", k=5, filters={"tenant": ("other",)}) == []
+
+    async def test_a_tenant_scores_as_in_a_collection_of_its_own(
+        self, pg_url: str, collection: str, sample_chunks: list[Chunk]
+    ) -> None:
+        """globex's hits, scores and confidences are the same whether or not acme's chunks share the collection
+        (before issue 30: the collection's chunk count, mean length and document frequencies scored every
+        tenant's search, so acme's word counts moved globex's ranking); its second search reads no statistics
+        it already has."""
+        acme = [attrs.evolve(c, metadata={**c.meta(), "tenant": "acme"}) for c in sample_chunks]
+        half = sample_chunks[: len(sample_chunks) // 2]
+        globex = [
+            attrs.evolve(c, id=c.id + "-g", doc_id="g/" + c.doc_id, metadata={**c.meta(), "tenant": "globex"})
+            for c in half
+        ]
+        only = {"tenant": ("globex",)}
+        async with _store(pg_url, collection) as both, _store(pg_url, collection + "_alone") as alone:
+            await both.sync([*acme, *globex])
+            await alone.sync(globex)
+            words = sorted({w for c in half for w in c.text.lower().split() if w.isalpha() and len(w) > 3})
+            draw = random.Random(30)
+            queries = ["single sign-on API key", "invoice billing plan seats", "audit log retention"]
+            queries += [" ".join(draw.sample(words, draw.randint(1, 5))) for _ in range(20)]
+            for query in queries:
+                got = await both.search(query, k=8, filters=only)
+                want = await alone.search(query, k=8, filters=only)
+                assert got or query not in queries[:3], query
+                assert [(h.id, round(h.score, 9), round(h.confidence, 6), h.ranks) for h in got] == [
+                    (h.id, round(h.score, 9), round(h.confidence, 6), h.ranks) for h in want
+                ], query
+                assert [round(h.scores["bm25"], 6) for h in got if "bm25" in h.scores] == [
+                    round(h.scores["bm25"], 6) for h in want if "bm25" in h.scores
+                ]
+            cached = len(both._scope_stats.entries)
+            await both.search("single sign-on API key", k=8, filters=only)
+            assert len(both._scope_stats.entries) == cached
+
+    async def test_a_scope_statistics_timeout_scores_with_the_collections(
+        self, pg_url: str, collection: str, sample_chunks: list[Chunk], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Reading a scope's statistics past the statement timeout (a very broad filter on a huge collection)
+        does not fail the search: it is scored with the collection's statistics and counted; any other
+        failure is the search's."""
+        import psycopg
+
+        from ragloop.errors import RetrievalError
+        from ragloop.retrievers.postgres import _scope
+
+        async def timed_out(*args: Any) -> Any:
+            raise RetrievalError("ran past statement_timeout_s") from psycopg.errors.QueryCanceled("timeout")
+
+        async def broken(*args: Any) -> Any:
+            raise RetrievalError("the Postgres store failed")
+
+        only = {"tenant": ("acme",)}
+        async with _store(pg_url, collection) as store, _store(pg_url, collection, scope_statistics=False) as shared:
+            await store.sync(sample_chunks)
+            want = await shared.search("single sign-on", k=5, filters=only)
+            monkeypatch.setattr(_scope, "scope_stats", timed_out)
+            got = await store.search("single sign-on", k=5, filters=only)
+            assert [(h.id, h.score) for h in got] == [(h.id, h.score) for h in want] and want
+            assert store.scope_stats_fallbacks == 1
+            monkeypatch.setattr(_scope, "scope_stats", broken)
+            with pytest.raises(RetrievalError, match="store failed"):
+                await store.search("single sign-on", k=5, filters=only)
 
     async def test_filters_on_an_empty_or_metadata_free_collection(self, pg_url: str, collection: str) -> None:
         """An empty collection: a filter finds nothing, no error; chunks without metadata: every key is unknown."""

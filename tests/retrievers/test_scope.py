@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ragloop.errors import ConfigError
-from ragloop.retrievers.scope import Scope
+from ragloop.retrievers.scope import Corpus, Scope
 from ragloop.state import Chunk
 
 pairs = st.dictionaries(st.text(min_size=1, max_size=8).filter(str.strip), st.text(max_size=8), max_size=4)
@@ -48,3 +48,30 @@ class TestScope:
         assert scope.describe() == "tenant=acme, version=2"
         assert scope.filters() == {"tenant": ("acme",), "version": ("2",)}
         assert Scope.of(None).describe() == "(no scope)" and Scope.of(scope) is scope
+
+
+class TestCorpus:
+    def test_visible_is_what_a_filtered_search_can_find(self) -> None:
+        """Positions of the chunks whose metadata passes the filters (a chunk without the key never does)."""
+        corpus = Corpus.of(
+            [
+                Chunk("a", "one", metadata={"tenant": "acme"}),
+                Chunk("b", "two", metadata={"tenant": "globex"}),
+                Chunk("c", "three"),
+            ]
+        )
+        assert corpus.has_metadata and len(corpus) == 3
+        assert corpus.visible({"tenant": ("acme",)}) == (0,)
+        assert corpus.visible({"tenant": ("acme", "globex")}) == (0, 1)
+        assert corpus.visible(None) == corpus.visible({}) == (0, 1, 2)
+        assert corpus.texts_at((2, 0)) == ["three", "one"]
+
+    def test_texts_without_metadata(self) -> None:
+        """Plain texts are a corpus without metadata: no filter shows any of it."""
+        corpus = Corpus.from_texts(["x", "y"])
+        assert not corpus.has_metadata and corpus.visible({"tenant": ("acme",)}) == ()
+
+    def test_one_metadata_per_text(self) -> None:
+        """Texts and metadata of different lengths are refused with both counts."""
+        with pytest.raises(ConfigError, match="2 and 1"):
+            Corpus(("x", "y"), ({},))

@@ -1,7 +1,9 @@
 """A grader that remembers its verdicts (:mod:`ragloop.caches`).
 
-A verdict is keyed by the query, the SHA-256 of the passage's text and the grading model: the same passage
-graded for the same query by the same model is not graded again. Fail-open verdicts are never stored (they say
+A verdict is keyed by the query, the SHA-256 of the passage's text, the grading model and the turn's scope
+(:func:`~ragloop.retrievers.scope.current_scope`: an offline grader's statistics are the scope's, so a verdict
+given under one tenant's statistics is never handed to another): the same passage graded for the same query by
+the same model in the same scope is not graded again. Fail-open verdicts are never stored (they say
 the grader failed, not what it thought). For a query graded in one call, only the passages the cache misses are
 sent (:class:`~ragloop.llm.protocols.BatchGrader`); when every passage hits, no call is made.
 """
@@ -14,6 +16,7 @@ import anyio
 
 from ragloop.caches import Cache, cache_key, content_hash
 from ragloop.llm.protocols import BatchGrader, Grader
+from ragloop.retrievers.scope import current_scope
 from ragloop.state import Hit, Verdict
 from ragloop.usage import record_cache
 
@@ -21,7 +24,7 @@ __all__ = ["CachedGrader"]
 
 
 class CachedGrader:
-    """``inner`` with its verdicts cached under ``(query, content hash, model)``.
+    """``inner`` with its verdicts cached under ``(query, content hash, model, scope)``.
 
     Args:
         inner: The grader (batch-capable or not; a plain one is called per missed passage, concurrently).
@@ -34,7 +37,8 @@ class CachedGrader:
         self.model = model or str(getattr(inner, "model", type(inner).__name__))
 
     def _key(self, query: str, hit: Hit) -> str:
-        return cache_key("grade", query, content_hash(hit.text), self.model)
+        scope = [[k, list(v)] for k, v in current_scope()]
+        return cache_key("grade", query, content_hash(hit.text), self.model, *([scope] if scope else []))
 
     async def grade(self, query: str, hit: Hit) -> Verdict:
         """The cached verdict, or the inner grader's (stored unless it failed open)."""

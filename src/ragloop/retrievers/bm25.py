@@ -9,12 +9,21 @@ BM25 score divided by the query's *best possible* score in this corpus — the s
 of the highest score each term reaches in any chunk — times the share of query terms the corpus knows. A
 chunk that matches every query term as strongly as any chunk does scores 1; one that matches only common
 words scores near 0.
+
+**Statistics per scope.** Given the text each chunk was indexed with (``text_of``), a filtered search scores
+with the statistics of the chunks the filters let it find — their IDF, mean length and best possible scores —
+from a BM25 index over just those chunks, built on the first search of that scope and kept for the next ones
+(:data:`MAX_SCOPES` of them). A tenant's scores, ranks and confidences are then what they would be in an index
+of its own: no other tenant's documents move them, or can be read back from them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Mapping, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +38,10 @@ from ragloop.retrievers.filters import FilterKey, Filters, check_filter_keys, fi
 from ragloop.state import Chunk, Hit
 from ragloop.text import has_snowball, stem, tokenize
 
-__all__ = ["BM25Index", "BM25Retriever", "Tokenizer"]
+__all__ = ["MAX_SCOPES", "BM25Index", "BM25Retriever", "Tokenizer"]
+
+#: Scopes whose own BM25 index a :class:`BM25Retriever` keeps (least recently used dropped first).
+MAX_SCOPES = 32
 
 
 class Tokenizer:
@@ -192,13 +204,25 @@ class BM25Retriever:
         index: The BM25 index.
         chunks: Chunk id → chunk.
         name: Key used in ``Hit.ranks``/``Hit.scores``.
+        text_of: The text each chunk was indexed with; given, a filtered search scores with the statistics of
+            the chunks its filters find (see the module docstring); ``None``: with the whole index's.
     """
 
-    def __init__(self, index: BM25Index, chunks: Mapping[str, Chunk], *, name: str = "bm25") -> None:
+    def __init__(
+        self,
+        index: BM25Index,
+        chunks: Mapping[str, Chunk],
+        *,
+        name: str = "bm25",
+        text_of: Callable[[Chunk], str] | None = None,
+    ) -> None:
         self.index = index
         self.chunks = chunks
         self.name = name
+        self.text_of = text_of
         self._masks: dict[FilterKey, npt.NDArray[np.float32]] = {}
+        self._scoped: OrderedDict[bytes, tuple[npt.NDArray[np.intp], BM25Index]] = OrderedDict()
+        self._scoped_lock = threading.Lock()
         self._keys: frozenset[str] | None = None
         self._keys_read = False
 
@@ -217,8 +241,46 @@ class BM25Retriever:
         if not filters:
             return self.to_hits(self.index.search_sync(query, k))
         check_filter_keys(filters, self.metadata_keys())
-        scores, best = self.index.scores(query)
-        return self.to_hits(self.index.top(scores * self.mask(filters), best, k))
+        scores, best = self.scores(query, filters)
+        return self.to_hits(self.index.top(scores, best, k))
+
+    def scores(self, query: str, filters: Filters | None) -> tuple[npt.NDArray[np.float32], float]:
+        """Every index position's BM25 score for ``query`` among the chunks matching ``filters`` (0 for the
+        others) and the query's best possible score there, with that scope's statistics when ``text_of`` is
+        given (the whole index's otherwise)."""
+        scores, best = self.index.scores(query) if not filters else self._scope_scores(query, filters)
+        return scores, best
+
+    def _scope_scores(self, query: str, filters: Filters) -> tuple[npt.NDArray[np.float32], float]:
+        mask = self.mask(filters)
+        if self.text_of is None or bool(mask.all()):
+            scores, best = self.index.scores(query)
+            return scores * mask, best
+        positions, sub = self.scope_index(mask)
+        out = np.zeros(len(self.index), dtype=np.float32)
+        sub_scores, best = sub.scores(query)
+        out[positions] = sub_scores
+        return out, best
+
+    def scope_index(self, mask: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.intp], BM25Index]:
+        """The index positions ``mask`` keeps and a BM25 index over just those chunks (built once, then kept)."""
+        positions = np.flatnonzero(mask)
+        sig = hashlib.blake2b(positions.astype(np.int64).tobytes(), digest_size=16).digest()
+        with self._scoped_lock:
+            found = self._scoped.get(sig)
+            if found is not None:
+                self._scoped.move_to_end(sig)
+                return found
+        assert self.text_of is not None
+        ids = [self.index.chunk_ids[i] for i in positions.tolist()]
+        tok = self.index.tokenizer
+        sub = BM25Index(k1=self.index.k1, b=self.index.b, stem=tok.stem, stopwords=tok.stopwords)
+        sub.build(ids, [self.text_of(self.chunks[cid]) for cid in ids])
+        with self._scoped_lock:
+            self._scoped[sig] = (positions, sub)
+            while len(self._scoped) > MAX_SCOPES:
+                self._scoped.popitem(last=False)
+        return positions, sub
 
     def mask(self, filters: Filters) -> npt.NDArray[np.float32]:
         """1.0 for the index positions whose chunk matches ``filters``, 0.0 elsewhere (cached per filter)."""

@@ -18,6 +18,7 @@ import numpy.typing as npt
 
 from ragloop.caches import Cache, cache_key
 from ragloop.retrievers.base import Embedder, Retriever, search_with_filters
+from ragloop.retrievers.scope import current_scope
 from ragloop.state import Hit
 from ragloop.usage import record_cache
 
@@ -67,7 +68,9 @@ class CachedRetriever:
 
 
 class CachedEmbedder:
-    """``inner`` with each text's vector cached under ``(inner.name, text)``; only the misses are embedded."""
+    """``inner`` with each text's vector cached under ``(inner.name, text)`` and, inside a scoped turn, its scope
+    (:func:`~ragloop.retrievers.scope.current_scope`: a tenant never learns from a hit's speed that another one
+    asked the same words); only the misses are embedded."""
 
     def __init__(self, inner: Embedder, cache: Cache[npt.NDArray[np.float32]]) -> None:
         self.inner, self.cache = inner, cache
@@ -75,7 +78,8 @@ class CachedEmbedder:
 
     async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         """An ``(len(texts), dim)`` array: cached rows, and the inner embedder's rows for the rest."""
-        keys = [cache_key("embedding", self.name, t) for t in texts]
+        scope = [[k, list(v)] for k, v in current_scope()]
+        keys = [cache_key("embedding", self.name, t, *([scope] if scope else [])) for t in texts]
         rows: list[npt.NDArray[np.float32] | None] = [self.cache.get(k) for k in keys]
         missing = [i for i, row in enumerate(rows) if row is None]
         record_cache("embedding", len(texts) - len(missing))

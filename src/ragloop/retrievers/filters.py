@@ -30,6 +30,7 @@ __all__ = [
     "check_retriever_filters",
     "filter_key",
     "matches",
+    "matches_metadata",
     "metadata_keys",
     "normalize_filters",
 ]
@@ -85,7 +86,11 @@ def matches(chunk: Chunk, filters: Filters) -> bool:
     """True when the chunk's metadata has, for every filter key, one of the allowed values."""
     if not filters:
         return True
-    meta = dict(chunk.metadata)
+    return matches_metadata(dict(chunk.metadata), filters)
+
+
+def matches_metadata(meta: Mapping[str, str], filters: Filters) -> bool:
+    """:func:`matches` on a chunk's metadata as a mapping (what a search with ``filters`` can find)."""
     return all(meta.get(key) in values for key, values in filters.items())
 
 

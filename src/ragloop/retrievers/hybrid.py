@@ -185,9 +185,7 @@ class HybridRetriever:
     def _lexical(
         self, query: str, depth: int, filters: Filters | None
     ) -> tuple[list[tuple[str, float, float]], npt.NDArray[np.float32], float]:
-        all_scores, best = self.bm25.index.scores(query)
-        if filters:  # chunks that do not match score 0
-            all_scores = all_scores * self.bm25.mask(filters)
+        all_scores, best = self.bm25.scores(query, filters)  # chunks that do not match score 0
         return self.bm25.index.top(all_scores, best, depth), all_scores, best
 
     def metadata_keys(self) -> frozenset[str] | None:

@@ -561,7 +561,7 @@ class KnowledgeIndex:
         found = self._retrievers.get(mode)
         if found is not None:
             return found
-        bm25 = BM25Retriever(self.bm25, self._by_id)
+        bm25 = BM25Retriever(self.bm25, self._by_id, text_of=index_text)  # a filtered search: its scope's IDF
         dense = DenseRetriever(self.dense, self.embedder, self._by_id)
         made: Retriever
         if mode == "bm25":

@@ -24,6 +24,7 @@ from ragloop.errors import ConfigError, GraphError
 from ragloop.policy import EDGES, RoutingPolicy, most_runs
 from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.live import LiveSource
+from ragloop.retrievers.scope import Corpus
 from ragloop.retrievers.sources import DocumentSource, LiveLookupSource, Source
 from ragloop.runner import END, Graph, Node
 from ragloop.turn.judges import Judges
@@ -138,7 +139,7 @@ class Turn:
     def from_retriever(
         cls,
         retriever: Retriever,
-        texts: Sequence[str],
+        texts: Sequence[str] | Corpus,
         llm: openai.AsyncOpenAI | None = None,
         **options: Unpack[RetrieverOptions],
     ) -> Turn:
@@ -146,7 +147,9 @@ class Turn:
 
         Args:
             retriever: Where to search.
-            texts: Every chunk's text: the offline judges' corpus statistics.
+            texts: Every chunk's text: the offline judges' corpus statistics. Pass a
+                :class:`~ragloop.retrievers.scope.Corpus` (texts with their metadata) when callers are scoped by
+                filters (tenants): each turn's judges then know only the chunks its filters let it find.
             llm: An ``openai.AsyncOpenAI`` client; ``None`` runs the offline judges (no model, no network).
             **options: See :class:`~ragloop.turn.options.RetrieverOptions`.
 
@@ -207,16 +210,16 @@ class Turn:
             searched = KnowledgeIndex(idx.chunks, idx.bm25, idx.dense, cached, weights=idx.weights, rrf_k=idx.rrf_k)
         retriever = searched.retriever(opts.pop("mode", "hybrid"))
         opts.update(embedder=idx.embedder, index_version=lambda: idx.version)
-        return cls.from_retriever(retriever, [c.text for c in idx.chunks], llm, **opts)
+        return cls.from_retriever(retriever, Corpus.of(idx.chunks), llm, **opts)
 
     @classmethod
     def from_store(cls, url: str, llm: openai.AsyncOpenAI | None = None, **options: Unpack[StoreOptions]) -> Turn:
         """A turn over a PostgreSQL collection written by ``ragloop index DIR --store URL`` (``[postgres]`` extra).
 
         Every replica of a service can point at the same database. The store's statement timeout is the
-        turn's ``settings.retrieve_timeout_s``. This call reads the collection's texts (for the offline judges)
-        on a connection of its own; the connection pool opens on the first search, in the event loop that
-        serves, and ``ChatRAG.aclose`` closes it.
+        turn's ``settings.retrieve_timeout_s``. This call reads the collection's texts and metadata (for the offline
+        judges, per caller scope) on a connection of its own; the connection pool opens on the first search, in
+        the event loop that serves, and ``ChatRAG.aclose`` closes it.
 
         Args:
             url: ``postgresql://`` URL of a database with the ``vector`` extension.
@@ -246,12 +249,12 @@ class Turn:
         )
 
         # A thread of its own: this works whether or not the caller is inside an event loop.
-        def read() -> list[str]:
-            return anyio.run(store.prepare)
+        def read() -> Corpus:
+            return anyio.run(store.prepare_corpus)
 
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            texts = pool.submit(read).result()
-        turn = cls.from_retriever(store, texts, llm, embedder=store.embedder, **opts)
+            corpus = pool.submit(read).result()
+        turn = cls.from_retriever(store, corpus, llm, embedder=store.embedder, **opts)
         turn._store = store
         return turn
 

@@ -11,14 +11,23 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from attrs import frozen
+from attrs import evolve, frozen
 
 from ragloop.errors import ConfigError
 from ragloop.llm.planner import OfflinePlanner, Planner, SchemaSource
 from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
+from ragloop.llm.scoped import (
+    ScopedAnswerer,
+    ScopedBridger,
+    ScopedDecider,
+    ScopedGrader,
+    ScopedKnowledge,
+    ScopedRewriter,
+)
 from ragloop.nodes.answer import Verifier
 from ragloop.retrievers.base import Embedder
 from ragloop.retrievers.live import LiveSource
+from ragloop.retrievers.scope import Corpus
 from ragloop.retrievers.sources import Source
 
 if TYPE_CHECKING:
@@ -28,6 +37,15 @@ __all__ = ["Judges", "PlanModel"]
 
 #: Decide queries at most, as :class:`~ragloop.turn.TurnSettings` sets it by default.
 _MAX_QUERIES = 4
+#: Scopes whose corpus-derived judges are kept (see :class:`~ragloop.llm.scoped.ScopedKnowledge`).
+_MAX_SCOPES = 32
+
+
+def _texts(texts: Sequence[str] | Corpus) -> tuple[Sequence[str], Corpus | None]:
+    """The texts, and the corpus to scope by when they come with metadata (``None``: nothing to scope)."""
+    if isinstance(texts, Corpus):
+        return texts.texts, texts if texts.has_metadata else None
+    return texts, None
 
 
 @frozen
@@ -65,6 +83,8 @@ class Judges:
         fallback_planner: Used when ``planner`` fails or plans something invalid.
         plan_model: The model :meth:`planners` plans with when ``planner`` is not given; ``None``: offline.
         offline_only: True when no judge calls a model (what :meth:`offline` builds).
+        knowledge: The corpus-derived judges per caller scope, when the judges were built from a
+            :class:`~ragloop.retrievers.scope.Corpus` with metadata (``None``: one set for every caller).
     """
 
     decider: Decider
@@ -79,45 +99,69 @@ class Judges:
     fallback_planner: Planner | None = None
     plan_model: PlanModel | None = None
     offline_only: bool = False
+    knowledge: ScopedKnowledge[Judges] | None = None
 
     @classmethod
     def offline(
         cls,
-        texts: Sequence[str],
+        texts: Sequence[str] | Corpus,
         *,
         glossary: Mapping[str, str] | None = None,
         max_queries: int = _MAX_QUERIES,
         embedder: Embedder | None = None,
+        max_scopes: int = _MAX_SCOPES,
     ) -> Judges:
         """The offline judges over a corpus: no model, no network.
 
+        Given a :class:`~ragloop.retrievers.scope.Corpus` (texts with metadata), every turn's judges know only
+        the chunks its filters let it find: statistics, mined glossary, calibration and "never mentioned"
+        checks are built per scope (:class:`~ragloop.llm.scoped.ScopedKnowledge`). Plain texts give one set of
+        judges for every caller.
+
         Args:
-            texts: Every chunk's text: the corpus statistics the judges score with.
+            texts: Every chunk's text (or the corpus, with metadata): the statistics the judges score with.
             glossary: Extra abbreviations (``{"SSO": "single sign-on"}``), over those mined from the texts.
             max_queries: Most queries the decider makes (``TurnSettings.max_queries``).
             embedder: The index's embedder, for the verifier's semantic support check.
+            max_scopes: Most caller scopes whose judges are kept at once.
         """
         from ragloop.llm.offline import OfflineAnswerer, OfflineDecider, OfflineGrader, OfflineRewriter
         from ragloop.llm.offline.bridge import OfflineBridger
         from ragloop.llm.offline.verify import OfflineVerifier
         from ragloop.text.terms import CorpusStats
 
-        stats = CorpusStats.from_texts(texts)
-        return cls(
-            decider=OfflineDecider(stats, glossary=dict(glossary or {}), max_queries=max_queries),
-            grader=OfflineGrader.calibrate(stats, texts),
-            rewriter=OfflineRewriter(stats),
-            answerer=OfflineAnswerer(stats),
-            bridger=OfflineBridger(stats),  # with a model, the model decider writes bridge queries itself
-            verifier=OfflineVerifier(embedder=embedder),
-            offline_only=True,
+        def build(visible: Sequence[str]) -> Judges:
+            stats = CorpusStats.from_texts(visible)
+            return cls(
+                decider=OfflineDecider(stats, glossary=dict(glossary or {}), max_queries=max_queries),
+                grader=OfflineGrader.calibrate(stats, visible),
+                rewriter=OfflineRewriter(stats),
+                answerer=OfflineAnswerer(stats),
+                bridger=OfflineBridger(stats),  # with a model, the model decider writes bridge queries itself
+                verifier=OfflineVerifier(embedder=embedder),
+                offline_only=True,
+            )
+
+        plain, corpus = _texts(texts)
+        base = build(plain)
+        if corpus is None:
+            return base
+        known = ScopedKnowledge(corpus, build, base=base, max_scopes=max_scopes)
+        return evolve(
+            base,
+            decider=ScopedDecider(known, "decider"),
+            grader=ScopedGrader(known, "grader"),
+            rewriter=ScopedRewriter(known, "rewriter"),
+            answerer=ScopedAnswerer(known, "answerer"),
+            bridger=ScopedBridger(known, "bridger"),
+            knowledge=known,
         )
 
     @classmethod
     def openai(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
         cls,
         client: openai.AsyncOpenAI,
-        texts: Sequence[str],
+        texts: Sequence[str] | Corpus,
         *,
         fast_model: str | None,
         answer_model: str | None = None,
@@ -126,11 +170,15 @@ class Judges:
         max_queries: int = _MAX_QUERIES,
         grade_max_chars: int = 2000,
         max_tokens: Mapping[str, int | None] | None = None,
+        max_scopes: int = _MAX_SCOPES,
     ) -> Judges:
         """Model judges through an OpenAI-compatible client, the offline decider and answerer behind them.
 
         ``fast_model`` decides, grades, rewrites and plans; ``answer_model`` (default: ``fast_model``) answers.
-        A failing model still yields an answer: the offline decider and answerer take over.
+        A failing model still yields an answer: the offline decider and answerer take over. Given a
+        :class:`~ragloop.retrievers.scope.Corpus`, the glossary the model decider is shown and the offline
+        fallbacks are the turn's scope's (as in :meth:`offline`); the other model judges see only the turn's
+        own passages.
 
         Args:
             client: An ``openai.AsyncOpenAI`` client (built, configured and closed by the caller).
@@ -142,6 +190,7 @@ class Judges:
             max_queries: Most queries the offline decider makes.
             grade_max_chars: Chunk text budget of a grade request.
             max_tokens: Output caps by judge name over the defaults (see ``OpenAIJudges.create``).
+            max_scopes: Most caller scopes whose glossary and fallbacks are kept at once.
 
         Raises:
             ConfigError: No ``fast_model``.
@@ -152,7 +201,8 @@ class Judges:
         from ragloop.llm.openai import OpenAIJudges
         from ragloop.text.terms import CorpusStats
 
-        stats = CorpusStats.from_texts(texts)
+        plain, corpus = _texts(texts)
+        stats = CorpusStats.from_texts(plain)
         offline_decider = OfflineDecider(stats, glossary=dict(glossary or {}), max_queries=max_queries)
         model = OpenAIJudges.create(
             client,
@@ -163,7 +213,7 @@ class Judges:
             grade_max_chars=grade_max_chars,
             max_tokens=max_tokens,
         )
-        return cls(
+        base = cls(
             decider=model.decider,
             grader=model.grader,
             rewriter=model.rewriter,
@@ -171,6 +221,23 @@ class Judges:
             fallback_decider=offline_decider,
             fallback_answerer=OfflineAnswerer(stats),
             plan_model=PlanModel(client, fast_model, timeout_s, compat=model.decider.compat),
+        )
+        if corpus is None:
+            return base
+
+        def build(visible: Sequence[str]) -> Judges:
+            scoped = CorpusStats.from_texts(visible)
+            fallback = OfflineDecider(scoped, glossary=dict(glossary or {}), max_queries=max_queries)
+            decider = evolve(model.decider, glossary=fallback.terms_glossary)  # the same client and compat
+            return evolve(base, decider=decider, fallback_decider=fallback, fallback_answerer=OfflineAnswerer(scoped))
+
+        known = ScopedKnowledge(corpus, build, base=base, max_scopes=max_scopes)
+        return evolve(
+            base,
+            decider=ScopedDecider(known, "decider"),
+            fallback_decider=ScopedDecider(known, "fallback_decider"),
+            fallback_answerer=ScopedAnswerer(known, "fallback_answerer"),
+            knowledge=known,
         )
 
     def planners(self, sources: Mapping[str, Source], live: Sequence[LiveSource]) -> tuple[Planner, Planner | None]:

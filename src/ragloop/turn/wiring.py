@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Unpack
 
 from ragloop.freshness import Freshness
@@ -20,7 +21,9 @@ from ragloop.nodes.rewrite import Rewrite
 from ragloop.policy import ANSWER, DECIDE, PLAN
 from ragloop.retrievers.base import Retriever
 from ragloop.retrievers.cached import CachedEmbedder, CachedRetriever
+from ragloop.retrievers.scope import turn_scope
 from ragloop.runner import Graph, Node
+from ragloop.state import TurnState
 from ragloop.turn.options import TurnWiring, require
 from ragloop.turn.record import turn_record
 from ragloop.turn.settings import TurnSettings
@@ -131,6 +134,14 @@ def _version_of(retriever: Retriever) -> Callable[[], str] | None:
     return lambda: str(getattr(retriever, "version", ""))
 
 
+@contextlib.contextmanager
+def turn_context(state: TurnState) -> Iterator[None]:
+    """What every run of a turn graph runs inside: the turn's usage meter and its scope (its filters, which the
+    scoped judges of :mod:`ragloop.llm.scoped` know the corpus by)."""
+    with metering(state.usage), turn_scope(state.filters):
+        yield
+
+
 def build_graph(
     nodes: Mapping[str, Node],
     settings: TurnSettings = TurnSettings(),
@@ -158,5 +169,5 @@ def build_graph(
         # the plan step precedes the longest regular turn
         max_steps=settings.max_steps + (1 if planned else 0) + extra_steps,
         summarize=functools.partial(turn_record, prices=settings.prices) if settings.prices else turn_record,
-        context=lambda state: metering(state.usage),
+        context=turn_context,
     )

@@ -65,10 +65,18 @@ class Store(Protocol):
     repaired: tuple[str, ...]
     url: str
     _keys: frozenset[str] | None
+    scope_statistics: bool
+    scope_stats_fallbacks: int
+    _scope_stats: Any
 
     @property
     def embedder(self) -> Embedder:
         """The collection's embedder."""
+        ...
+
+    @property
+    def version(self) -> str:
+        """The collection's version as last seen."""
         ...
 
     async def _run(self, fn: Callable[[AsyncConnection[Any]], Any]) -> Any: ...

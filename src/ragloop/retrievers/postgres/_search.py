@@ -21,6 +21,13 @@ the lowest share that takes this path, pgvector's largest beam of 1,000 still ho
 BM25 candidates are taken eight times as wide and then filtered. The exact k-NN costs in proportion to the
 matches and the beam costs about the same whatever the filter; ``benchmarks/bench_store.py`` times both on one
 tenant (1 %) and on a quarter of the collection.
+
+**A filter's own statistics** (issue 30). A filtered search scores BM25 with the chunk count, mean length,
+document frequencies and highest term weights of the chunks its filters match (:mod:`._scope` reads them once
+per scope, version and term), so that one tenant's scores, ranks and confidences are those of a collection of
+its own; the collection's document frequencies still order the lexical budget (how much a search reads). Should
+reading them run past the statement timeout (a very broad filter on a very large collection), that search is
+scored with the collection's statistics instead, and ``PostgresStore.scope_stats_fallbacks`` counts it.
 """
 
 from __future__ import annotations
@@ -32,9 +39,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ragloop.errors import RetrievalError
 from ragloop.retrievers.filters import Filters, check_filter_keys
 from ragloop.retrievers.hybrid import hybrid_confidence
-from ragloop.retrievers.postgres._common import Store
+from ragloop.retrievers.postgres import _scope
+from ragloop.retrievers.postgres._common import Store, psycopg_module
 from ragloop.state import Chunk, Hit
 
 if TYPE_CHECKING:
@@ -68,9 +77,10 @@ def filter_sql(filters: Filters | None, alias: str) -> tuple[str, dict[str, str]
 
 
 @functools.lru_cache(maxsize=256)
-def search_sql(collection: str, shape: tuple[int, ...], wider: bool = False) -> str:
+def search_sql(collection: str, shape: tuple[int, ...], wider: bool = False, scoped: bool = False) -> str:
     """The search statement of ``collection`` for filters of ``shape`` (values per key; ``()``: no filter);
-    ``wider``: the search is deeper than the session's HNSW beam.
+    ``wider``: the search is deeper than the session's HNSW beam; ``scoped``: BM25 scores with the filtered
+    chunks' statistics, passed as parameters (``sn``, ``savgdl``, ``sdf``, ``smax``: see :mod:`._scope`).
 
     The text depends only on these, so each connection prepares it once per shape.
     """
@@ -86,7 +96,7 @@ def search_sql(collection: str, shape: tuple[int, ...], wider: bool = False) -> 
         filtered = f"""
     -- the exact limit grows with the collection so that pgvector's largest beam still holds 2k matches
     thr as materialized (
-        select greatest(%(exact_max)s, ceil(2 * %(k)s * n::float8 / {MAX_EF_SEARCH}))::int as rows from st
+        select greatest(%(exact_max)s, ceil(2 * %(k)s * total_n::float8 / {MAX_EF_SEARCH}))::int as rows from st
     ),
     fkeys as materialized (
         select c.doc_id, c.chunk_id, c.embedding <=> %(vec)s as dist from {t["chunks"]} c where {fsql}
@@ -94,14 +104,14 @@ def search_sql(collection: str, shape: tuple[int, ...], wider: bool = False) -> 
     ),
     small as materialized (select count(*) <= (select rows from thr) as yes from fkeys),
     beam as materialized (
-        select least({MAX_EF_SEARCH}, greatest(%(ef_min)s, ceil(2 * %(depth)s * n::float8 / (thr.rows + 1))))::int
+        select least({MAX_EF_SEARCH}, greatest(%(ef_min)s, ceil(2 * %(depth)s * total_n::float8 / (thr.rows + 1))))::int
             as ef from st, thr
     ),"""
         knn = f"""
     knn as materialized (
         select * from (
             select f.doc_id, f.chunk_id, f.dist from fkeys f where (select yes from small)
-            order by f.dist limit %(depth)s
+            order by f.dist, f.chunk_id collate "C" limit %(depth)s -- ties at the cut by id, as the local index
         ) exact
         union all
         select * from (
@@ -142,9 +152,25 @@ def search_sql(collection: str, shape: tuple[int, ...], wider: bool = False) -> 
                 where p0.term = d.term and p0.doc_id = {{doc}} and p0.chunk_id = {{chunk}} offset 0
             ) p
         )"""
-    return f"""
+    if scoped:  # n, avgdl, df and max_w of the filtered chunks; the collection's df still orders the budget
+        stats = f"""
     with st as materialized (
-        select n, greatest(total_len::float8 / nullif(n, 0), 1e-9) as avgdl, xmin::text as version
+        select %(sn)s::bigint as n, %(savgdl)s::float8 as avgdl, xmin::text as version, n as total_n
+        from {t["stats"]}
+    ),
+    qt as materialized (
+        select q.term, q.cnt::float8 as cnt, ln(1 + (st.n - q.sdf + 0.5) / (q.sdf + 0.5))::float8 as idf,
+            q.smax as max_w, st.avgdl, tm.df,
+            coalesce(sum(tm.df) over (order by tm.df, q.term rows between unbounded preceding and 1 preceding), 0)
+                as before
+        from unnest(%(terms)s::text[], %(cnts)s::int[], %(sdf)s::int[], %(smax)s::float8[]) as q(term, cnt, sdf, smax)
+        join {t["terms"]} tm on tm.term = q.term and tm.df > 0 cross join st
+        where q.sdf > 0
+    ),"""
+    else:
+        stats = f"""
+    with st as materialized (
+        select n, greatest(total_len::float8 / nullif(n, 0), 1e-9) as avgdl, xmin::text as version, n as total_n
         from {t["stats"]}
     ),
     qt as materialized (
@@ -154,8 +180,9 @@ def search_sql(collection: str, shape: tuple[int, ...], wider: bool = False) -> 
                 as before
         from unnest(%(terms)s::text[], %(cnts)s::int[]) as q(term, cnt)
         join {t["terms"]} tm on tm.term = q.term and tm.df > 0 cross join st
-    ),
-    budget as materialized (select greatest(%(budget)s, %(budget_share)s * st.n) as rows from st),
+    ),"""
+    return f"""{stats}
+    budget as materialized (select greatest(%(budget)s, %(budget_share)s * st.total_n) as rows from st),
     kept as materialized (select qt.* from qt, budget where before = 0 or before + df <= budget.rows),
     dropped as materialized (
         select qt.* from qt, budget where not (before = 0 or before + df <= budget.rows)
@@ -251,7 +278,23 @@ async def search(store: Store, query: str, k: int = 10, filters: Filters | None 
     if shape:
         params["exact_max"] = store.exact_knn_max
         params["widen"] = _WIDEN
-    sql = search_sql(store.collection, shape, wider and not shape)
+    scoped = bool(shape) and bool(counts) and store.scope_statistics
+    if scoped:
+        assert filters is not None
+        try:
+            seen = await _scope.scope_stats(store, filters, list(counts), filter_sql(filters, "c"))
+        except RetrievalError as exc:
+            if not isinstance(exc.__cause__, psycopg_module().errors.QueryCanceled):
+                raise
+            # A very broad filter on a very large collection: score this search with the collection's
+            # statistics (ranking only; the filter still holds) rather than fail it, and count it.
+            store.scope_stats_fallbacks += 1
+            scoped = False
+        else:
+            params["sn"], params["savgdl"] = seen.n, seen.avgdl
+            params["sdf"] = [seen.terms.get(t, (0, 0.0))[0] for t in counts]
+            params["smax"] = [seen.terms.get(t, (0, 0.0))[1] for t in counts]
+    sql = search_sql(store.collection, shape, wider and not shape, scoped)
 
     async def go(conn: AsyncConnection[Any]) -> list[Any]:
         return await (await conn.execute(sql, params, prepare=True)).fetchall()

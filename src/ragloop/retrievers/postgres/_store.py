@@ -13,7 +13,8 @@ from ragloop.retrievers.filters import Filters
 from ragloop.retrievers.postgres import _schema, _search, _sync
 from ragloop.retrievers.postgres._common import _APP, StoreInfo, psycopg_module
 from ragloop.retrievers.postgres._conn import Connections
-from ragloop.retrievers.scope import Scope
+from ragloop.retrievers.postgres._scope import ScopeStatsCache
+from ragloop.retrievers.scope import Corpus, Scope
 from ragloop.retrievers.update import MAX_REMOVED_SHARE, SyncSummary
 from ragloop.state import Chunk, Hit
 
@@ -52,6 +53,9 @@ class PostgresStore:
         b: BM25 length normalisation.
         stem: Stem words (Snowball English), as the local index does by default.
         create: Create the tables (and the ``vector`` extension, when allowed) if missing.
+        scope_statistics: A filtered search scores BM25 with the statistics of the chunks its filters match
+            (their count, mean length, document frequencies), read once per scope and collection version, so
+            one tenant's scores and ranks do not move with another's word counts; ``False``: the collection's.
     """
 
     def __init__(  # noqa: PLR0913 — configuration by keyword arguments (STYLE habit 7)
@@ -75,6 +79,7 @@ class PostgresStore:
         b: float = 0.75,
         stem: bool = True,
         create: bool = True,
+        scope_statistics: bool = True,
     ) -> None:
         if not _NAME.match(collection):
             raise ConfigError(
@@ -108,6 +113,11 @@ class PostgresStore:
         self.b = b
         self.tokenizer = Tokenizer(stem=stem)
         self.create = create
+        self.scope_statistics = scope_statistics
+        #: Filtered searches scored with the collection's statistics because reading their scope's ran past
+        #: the statement timeout (see ``scope_statistics``).
+        self.scope_stats_fallbacks = 0
+        self._scope_stats = ScopeStatsCache()
         self._conn = Connections(
             url,
             pool_size=pool_size,
@@ -174,6 +184,21 @@ class PostgresStore:
             ConfigError: As :meth:`open` raises it (no ``vector`` extension).
             IndexError_: As :meth:`open` raises it (a missing collection, another embedder or schema version).
         """
+        corpus = await self._prepare("text" if texts else None)
+        return list(corpus.texts)
+
+    async def prepare_corpus(self) -> Corpus:
+        """:meth:`prepare`, reading every chunk's text with its metadata: the offline judges' corpus, which they
+        know per caller scope (a tenant's judges learn nothing from another tenant's chunks).
+
+        Raises:
+            StoreUnavailable: As :meth:`open` raises it (the server cannot be reached).
+            ConfigError: As :meth:`open` raises it (no ``vector`` extension).
+            IndexError_: As :meth:`open` raises it (a missing collection, another embedder or schema version).
+        """
+        return await self._prepare("text, metadata")
+
+    async def _prepare(self, columns: str | None) -> Corpus:
         psycopg = psycopg_module()
         try:
             conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, application_name=_APP)
@@ -189,10 +214,16 @@ class PostgresStore:
             except psycopg.Error as exc:
                 raise RetrievalError(f"the Postgres store failed: {self._conn.hidden(str(exc))}") from exc
             self._checked = True
-            if not texts:
-                return []
-            rows = await (await conn.execute(f"select text from {self._t['chunks']} order by doc_id, seq")).fetchall()
-            return [r[0] for r in rows]
+            if columns is None:
+                return Corpus((), ())
+            sql = f"select {columns} from {self._t['chunks']} order by doc_id, seq"
+            rows = await (await conn.execute(sql)).fetchall()
+            if columns == "text":
+                return Corpus.from_texts(r[0] for r in rows)
+            return Corpus(
+                tuple(r[0] for r in rows),
+                tuple({str(k): str(v) for k, v in (r[1] or {}).items()} for r in rows),
+            )
 
     async def _check_once(self) -> None:
         if not self._checked:
