@@ -297,14 +297,15 @@ def _wait_up(base: str, proc: subprocess.Popen[str]) -> httpx.Response:
 
 class TestServeOptions:
     def test_sessions_option(self, tmp_path: Path) -> None:
-        """--sessions takes memory, sqlite:PATH or a postgresql:// URL; anything else is a one-line error."""
+        """--sessions takes memory, sqlite:PATH or a postgresql:// URL (with the session quota of the flags);
+        anything else is a one-line error."""
         from ragloop.cli.serve import _sessions
         from ragloop.errors import ConfigError
-        from ragloop.serve import MemorySessionStore, SQLiteSessionStore
+        from ragloop.serve import MemorySessionStore, SessionQuota, SQLiteSessionStore
 
         assert isinstance(_sessions("memory"), MemorySessionStore)
-        store = _sessions(f"sqlite:{tmp_path / 's.sqlite'}")
-        assert isinstance(store, SQLiteSessionStore)
+        store = _sessions(f"sqlite:{tmp_path / 's.sqlite'}", SessionQuota(per_owner=5, idle_s=60))
+        assert isinstance(store, SQLiteSessionStore) and store.quota == SessionQuota(per_owner=5, idle_s=60)
         anyio.run(store.aclose)
         with pytest.raises(ConfigError, match="--sessions must be memory, sqlite:PATH or a postgresql:// URL"):
             _sessions("redis://x")
@@ -373,3 +374,23 @@ class TestServeAccess:
 
         assert main(["serve", "--header-timeout", "0", "--index", "/nonexistent"]) == 2
         assert "header_timeout_s must be a positive number" in capsys.readouterr().err
+
+    @pytest.mark.parametrize(
+        ("flag", "value", "says"),
+        [
+            ("--sessions-per-key", "0", "session quotas must be at least 1"),
+            ("--session-idle", "nan", "idle_s must be a positive number"),
+            ("--mcp-sessions-per-key", "0", "mcp_sessions_per_key must be a whole number"),
+            ("--max-concurrency-per-key", "0", "max_turns_per_key must be a whole number"),
+            ("--feedback-per-minute", "-1", "feedback_per_key must be a whole number"),
+        ],
+    )
+    def test_a_per_key_limit_that_cannot_work_is_refused(
+        self, flag: str, value: str, says: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A per-key limit flag of 0, a negative or NaN: exit 2, one line naming the setting."""
+        from ragloop.cli import main
+
+        assert main(["serve", flag, value, "--index", "/nonexistent"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err

@@ -186,7 +186,7 @@ class _Tools:
         turn = _Turn(arguments["question"], history, None, None, None, "question", principal, tuple(filters.items()))
         server, metrics = self.server, self.server.metrics
         try:
-            server.take_slot()
+            server.take_slot(principal.name)
         except Rejected as exc:
             metrics.requests.labels(endpoint="mcp.ask", status=str(exc.status)).inc()
             return _tool_error(exc.message)
@@ -218,7 +218,7 @@ class _Tools:
             metrics.turns_failed.inc()
             return _tool_error(_INTERNAL)
         finally:
-            server.release_slot()
+            server.release_slot(principal.name)
             metrics.requests.labels(endpoint="mcp.ask", status=status).inc()
 
     async def _run(self, ctx: ServerRequestContext[Any, Any], turn: _Turn) -> Reply | None:
@@ -355,7 +355,7 @@ def create_mcp_server(
         principal: Who every call runs as (its tenant and filters wall in every search).
         source_url: Maps a source to a link, as for :func:`~ragloop.serve.create_app`.
     """
-    state = _Server(rag, settings, MemorySessionStore(limits=settings.history), source_url, {})
+    state = _Server(rag, settings, MemorySessionStore(settings.history, settings.session_quota), source_url, {})
     return build_mcp_server(state, documents, principal=principal)
 
 
