@@ -91,7 +91,7 @@ class ServeSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
                 raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
-        if self.deadline_s is not None and not self.deadline_s > 0:
+        if self.deadline_s is not None and (isinstance(self.deadline_s, bool) or not self.deadline_s > 0):
             raise ConfigError(f"deadline_s must be a positive number of seconds or None, got {self.deadline_s}")
         if self.max_messages < 1:
             raise ConfigError(f"max_messages must be at least 1 (the question), got {self.max_messages}")
