@@ -12,6 +12,7 @@ import anyio
 import httpx2
 import pytest
 from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
@@ -79,6 +80,30 @@ class TestStdio:
         assert "What is SCIM?" in prompt.messages[0].content.text  # type: ignore[union-attr]
         assert unknown.value.code == -32602 and "unknown tool 'delete_everything'" in str(unknown.value)
         assert bad.value.code == -32602 and "k:" in str(bad.value) and "500" in str(bad.value)
+
+    async def test_an_unknown_filter_key_is_said_as_such_with_no_traceback(
+        self, sample_cache: Path, tmp_path: Path
+    ) -> None:
+        """search and ask with a misspelt filter key over stdio: an invalid-params error naming the key and the
+        known ones (before: "the knowledge base is unavailable … retry" and a 110-line traceback on stderr)."""
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "ragloop.cli", "mcp", "--no-plan", "--cache-dir", str(sample_cache)],
+            env={"PATH": "/usr/bin:/bin", "HOME": str(sample_cache)},
+        )
+        errors: list[MCPError] = []
+        with (tmp_path / "stderr.txt").open("w+") as errlog:
+            async with Client(stdio_client(params, errlog=errlog)) as client:
+                for tool, arguments in (("search", {"query": "keys"}), ("ask", {"question": "How do I rotate keys?"})):
+                    with pytest.raises(MCPError) as failed:
+                        await client.call_tool(tool, {**arguments, "filters": {"tenatn": ["acme"]}})
+                    errors.append(failed.value)
+            errlog.seek(0)
+            stderr = errlog.read()
+        for error in errors:
+            assert error.code == -32602 and "tenatn" in str(error) and "known keys" in str(error), str(error)
+            assert "unavailable" not in str(error)
+        assert "Traceback" not in stderr and "mcp search failed" not in stderr, stderr
 
     def test_stdout_carries_only_the_protocol(self, sample_cache: Path) -> None:
         """`ragloop mcp` writes its status lines to stderr: stdout holds only JSON-RPC lines."""

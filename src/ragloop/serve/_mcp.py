@@ -31,7 +31,7 @@ from mcp.shared.exceptions import MCPError
 
 from ragloop._log import get_logger
 from ragloop.chat import ReplyReady
-from ragloop.errors import RagloopError
+from ragloop.errors import InputError, RagloopError
 from ragloop.events import Progress
 from ragloop.serve._documents import Documents
 from ragloop.serve._mcp_schemas import ASK_INPUT, ASK_OUTPUT, PROMPT, SEARCH_INPUT, SEARCH_OUTPUT, prompt_text
@@ -156,6 +156,9 @@ class _Tools:
         try:
             with anyio.fail_after(self.server.settings.deadline_s):
                 hits = await self.documents.search(arguments["query"], int(arguments.get("k", 5)), filters)
+        except InputError as exc:  # a filter key no document has: the caller's mistake, said as such
+            metrics.requests.labels(endpoint="mcp.search", status="400").inc()
+            raise _invalid(f"filters: {exc}") from None
         except Exception:  # a store outage or a timeout: the model reads the reason, the log has the details
             log.exception("mcp search failed")
             metrics.requests.labels(endpoint="mcp.search", status="503").inc()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
@@ -14,7 +15,7 @@ import attrs
 
 from ragloop._log import get_logger
 from ragloop.chat import ReplyReady, client_url
-from ragloop.errors import InputError
+from ragloop.errors import InputError, UnknownFilterKey
 from ragloop.events import Event, EventStream, NodeFinished, Progress, Token
 from ragloop.serve._metrics import Metrics
 from ragloop.serve._outage import searches, store_unavailable
@@ -33,6 +34,17 @@ log = get_logger("ragloop.serve")
 
 #: The refusal of a turn whose every document search failed: it would otherwise answer "found nothing".
 STORE_DOWN = "the knowledge base is unavailable (every search of this turn failed); retry in a moment"
+
+
+_PYTHON_ADVICE = re.compile(r"[,;]?\s*(?:or )?pass a larger \w+ to ChatRAG|[,;]?\s*e\.g\. rag\.\w+\(.*?\)(?=$|[;.])")
+
+
+def for_clients(message: str, param: str) -> str:
+    """A library error's message as an HTTP client should read it: the Python advice (``rag.ask(...)``, a
+    ``ChatRAG`` argument) left out, since such a client can neither call nor configure that."""
+    if message.startswith("question is empty"):
+        return f"the question ({param}) is empty or only control characters: send the user's message"
+    return _PYTHON_ADVICE.sub("", message).rstrip(" ,;") or message
 
 
 def _clean(reply: Reply) -> Reply:
@@ -355,19 +367,24 @@ class _Server:
         try:  # ChatRAG.stream checks its input when called; an override written as a generator checks it later
             stream = self._stream(turn)
         except InputError as exc:
-            self.metrics.rejected.labels(reason="invalid").inc()
-            raise Rejected(400, str(exc), param=turn.question_param) from None
+            raise self._invalid(exc, turn) from None
         view = _TurnView(self, turn)
         async with aclosing(stream):
             try:
                 event: Event | None = await anext(stream)
             except InputError as exc:
-                self.metrics.rejected.labels(reason="invalid").inc()
-                raise Rejected(400, str(exc), param=turn.question_param) from None
+                raise self._invalid(exc, turn) from None
             while event is not None:
                 for shown in await view.show(event):
                     yield shown
                 event = await anext(stream, None)
+
+    def _invalid(self, exc: InputError, turn: _Turn) -> Rejected:
+        """The 400 for input the chat refused: ``param`` names the field at fault, the message is for an HTTP
+        client (no Python advice)."""
+        self.metrics.rejected.labels(reason="invalid").inc()
+        param = "filters" if isinstance(exc, UnknownFilterKey) else turn.question_param
+        return Rejected(400, for_clients(str(exc), param), param=param)
 
     async def reply(self, turn: _Turn) -> Reply:
         """Run ``turn`` (prepared) to its end: the reply, shown as :meth:`events` shows it."""
