@@ -66,6 +66,26 @@ _LT_RUN = re.compile(rf"[{LT_LIKE}](?:{_GAP}[{LT_LIKE}]){{2,}}")
 #: The fence keyword in any case, with any non-alphanumeric characters (or none) between its letters.
 _KEYWORD = re.compile(r"[\W_]*".join("untrusted") + r"[\W_]*" + r"[\W_]*".join("context"), re.IGNORECASE)
 _ATTR_UNSAFE = re.compile(r"[<>]")
+#: Chat-template control tokens a server may parse out of plain text (ChatML ``<|im_start|>``, Llama 3
+#: ``<|eot_id|>``, ``<|endoftext|>``), tool-call and turn tags (Hermes/Qwen ``</tool_call>``, Gemma
+#: ``<start_of_turn>``, ``<think>``, ``<s>``) and Llama 2's ``[INST]`` and ``<<SYS>>``.
+_PIPE_TOKEN = re.compile(r"<\s*\|([^|<>\n]{0,48})\|\s*>")
+_TEMPLATE_TAG = re.compile(
+    r"<\s*(/?)\s*(tool_call|tool_response|tools|function_call|start_of_turn|end_of_turn|think|s|im_start|im_end)"
+    r"\s*>",
+    re.IGNORECASE,
+)
+_LLAMA2 = re.compile(r"\[\s*(/?)\s*INST\s*\]|<<\s*(/?)\s*SYS\s*>>", re.IGNORECASE)
+
+
+def _template_tokens(text: str) -> str:
+    """``text`` with chat-template control tokens spelled so no tokenizer reads them as control (``[|im_start|]``,
+    ``[/tool_call]``, ``(INST)``), their words kept for the reader."""
+    text = _PIPE_TOKEN.sub(lambda m: f"[|{m.group(1)}|]", text)
+    text = _TEMPLATE_TAG.sub(lambda m: f"[{m.group(1)}{m.group(2)}]", text)
+    return _LLAMA2.sub(
+        lambda m: f"({m.group(1) or m.group(2) or ''}{'INST' if m.group(0).lstrip()[0] == '[' else 'SYS'})", text
+    )
 
 
 def new_nonce() -> str:
@@ -78,14 +98,16 @@ def neutralise(text: str) -> str:
 
     NFKC-folds the text (fullwidth ``＜`` becomes ``<``), drops invisible format characters (zero-width
     spaces, joiners, soft hyphens), escapes every run of three or more ``<``-like characters as ``&lt;``
-    entities, and replaces the words ``untrusted context`` (any case, any separators between the letters)
-    with ``[fence word]``.
+    entities, replaces the words ``untrusted context`` (any case, any separators between the letters)
+    with ``[fence word]``, and respells chat-template control tokens (``<|im_start|>`` → ``[|im_start|]``,
+    ``</tool_call>`` → ``[/tool_call]``, ``[INST]`` → ``(INST)``) so that a server parsing special tokens out of
+    the prompt never sees a turn or tool call the document wrote.
     Ordinary text, including code with ``<<`` or ``>>>``, is otherwise left alone.
     """
     folded = unicodedata.normalize("NFKC", text).translate(_MULTI_LT)
     visible = "".join(ch for ch in folded if unicodedata.category(ch) != "Cf")
     escaped = _LT_RUN.sub(lambda m: "&lt;" * sum(c in LT_LIKE for c in m.group()), visible)
-    return _KEYWORD.sub("[fence word]", escaped)
+    return _KEYWORD.sub("[fence word]", _template_tokens(escaped))
 
 
 def truncate(text: str, max_chars: int) -> str:
