@@ -105,6 +105,57 @@ class TestStdio:
             assert "unavailable" not in str(error)
         assert "Traceback" not in stderr and "mcp search failed" not in stderr, stderr
 
+    def test_a_line_over_the_cap_is_refused_with_an_error_and_the_next_is_served(self, sample_cache: Path) -> None:
+        """`ragloop mcp --max-line-bytes 4000`: a 200 KB tools/call gets an error answer under its own id (not
+        a hang, not 200 KB in memory), stderr says why, and the next call is answered."""
+        import json
+        import subprocess
+
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ragloop.cli", "mcp", "--no-plan", "--cache-dir", str(sample_cache),
+             "--max-line-bytes", "4000"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert proc.stdin is not None and proc.stdout is not None
+        init = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+        huge = {"name": "search", "arguments": {"query": "x" * 200_000}}
+        for message in (
+            {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init},
+            {"jsonrpc": "2.0", "method": "notifications/initialized"},
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": huge},
+            {"jsonrpc": "2.0", "id": 3, "method": "tools/list"},
+        ):
+            proc.stdin.write(json.dumps(message) + "\n")
+        proc.stdin.flush()
+        answers = {}
+        try:
+            while len(answers) < 3:
+                line = proc.stdout.readline()
+                assert line, "ragloop mcp closed stdout early"
+                answer = json.loads(line)
+                answers[answer.get("id")] = answer
+        finally:
+            _, err = proc.communicate(timeout=60)  # closes stdin: the server ends
+        assert "error" in answers[2] and "result" in answers[3]
+        assert {t["name"] for t in answers[3]["result"]["tools"]} == {"ask", "search"}
+        assert "over 4,000 bytes (--max-line-bytes)" in err
+
+    def test_capped_lines_read_a_long_line_in_pieces(self) -> None:
+        """CappedLines: lines under the cap pass unchanged; one over it becomes the stand-in call with its id
+        (or a notification without one), the rest of it skipped, and the next line is intact."""
+        import io
+
+        from ragloop.cli.mcp import CappedLines
+
+        raw = b'{"id": 1}\n' + b'{"jsonrpc": "2.0", "id": "a-7", "params": "' + b"y" * 300_000 + b'"}\n'
+        raw += b"z" * 5_000 + b"\n" + b'{"id": 2}\n'
+        lines = CappedLines(io.BytesIO(raw), max_bytes=100)
+        read = [lines.read_line() for _ in range(5)]
+        assert read[0] == '{"id": 1}\n' and read[3] == '{"id": 2}\n' and read[4] is None
+        assert read[1] == '{"jsonrpc": "2.0", "id": "a-7", "method": "ragloop/line_too_long"}\n'
+        assert read[2] == '{"jsonrpc": "2.0", "method": "notifications/ragloop/line_too_long"}\n'
+        assert lines.dropped == 2
+
     def test_stdout_carries_only_the_protocol(self, sample_cache: Path) -> None:
         """`ragloop mcp` writes its status lines to stderr: stdout holds only JSON-RPC lines."""
         request = (
