@@ -277,6 +277,7 @@ class Answer:
                         else "\n\n(The answer was cut off by an error; it may be incomplete.)"
                     )
                     await say(state, note)
+                    state.outcome = "partial" if state.outcome == "context" else state.outcome  # a cut reply
                     break
         else:
             if not state.answer:
@@ -301,6 +302,7 @@ class Answer:
             _choose(state, self.max_blocks, self.abstainer, self.ranking)
         if state.answer:
             await say(state, CUT_BY_TIME)
+            state.outcome = "partial" if state.outcome == "context" else state.outcome  # the reply is cut short
         else:
             text = self._compose(state)
             if not text:
