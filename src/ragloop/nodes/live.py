@@ -9,6 +9,7 @@ import attrs
 from attrs import define, field
 
 from ragloop._log import get_logger
+from ragloop.errors import error_text
 from ragloop.events import Progress
 from ragloop.policy import EDGES, LIVE, RoutingPolicy, is_short, next_step
 from ragloop.retrievers.live import LiveSource, lookup_for, record_hit, split_matches
@@ -56,7 +57,7 @@ class Live:
                 with anyio.fail_after(self.timeout_s):
                     records = list(await lookup_for(source, q_text, ids, caller))
             except Exception as exc:  # noqa: BLE001 — fail-open: a down source must not sink the turn
-                error = f"{type(exc).__name__}: {exc}"
+                error = f"{error_text(exc)}"
                 log.warning("live.failed", source=source.name, error=error)
                 state.live.append(LiveLookup(q_text, source.name, ids, error=error))
                 return
