@@ -394,3 +394,45 @@ class TestServeAccess:
         assert main(["serve", flag, value, "--index", "/nonexistent"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and says in err
+
+
+class TestWriteTimeout:
+    def test_a_client_that_never_reads_is_disconnected_after_the_write_timeout(self) -> None:
+        """A client that sends a request and reads nothing: once the socket buffers are full, the write waits
+        write_timeout_s (1 s) and the connection is aborted — the app sees the client gone, the client's socket
+        is reset (before: the response's write waited for ever, holding the socket, its descriptor and, in
+        ragloop's app, a turn slot)."""
+        import socket
+        import threading
+
+        from ragloop.serve import h11_protocol
+
+        gone = threading.Event()
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+            async with anyio.create_task_group() as tg:
+
+                async def listen() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    gone.set()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(listen)
+                for _ in range(100_000):  # 6.5 GB at most: far more than any socket buffer holds
+                    await send({"type": "http.response.body", "body": b"x" * 65_536, "more_body": True})
+
+        with serving(app, http=h11_protocol(write_timeout_s=1.0)) as url:
+            port = int(url.rsplit(":", 1)[1])
+            with socket.socket() as client:
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                client.connect(("127.0.0.1", port))
+                client.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                # The bound: the 1 s write timeout, after the kernel's buffers (a few MB) fill, with a wide margin.
+                assert gone.wait(30), "the server still writes to a client that reads nothing"
+                client.settimeout(30)
+                with pytest.raises((ConnectionResetError, BrokenPipeError)):
+                    while client.recv(1 << 20):  # what was buffered, then the reset
+                        pass
+                    raise ConnectionResetError("closed")  # an orderly close counts too: the server let go

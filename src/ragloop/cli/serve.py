@@ -65,6 +65,8 @@ def add_serve(sub: Any) -> None:
     )
     p.add_argument("--header-timeout", type=float, default=10.0, metavar="S", help="request head timeout (10 s)")
     p.add_argument("--body-timeout", type=float, default=10.0, metavar="S", help="request body timeout (10 s)")
+    p.add_argument("--write-timeout", type=float, default=30.0, metavar="S",
+                   help="a client that reads none of its response for S seconds is disconnected (30 s)")  # fmt: skip
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN", help="allow this browser origin")
     p.add_argument("--source-base-url", metavar="URL", help="link citations to URL + source (e.g. your docs site)")
     p.add_argument("--no-page", action="store_true", help="do not serve the chat page at /")
@@ -259,7 +261,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         page=not args.no_page,
         mcp=not args.no_mcp,
     )
-    http = h11_protocol(header_timeout_s=args.header_timeout)
+    http = h11_protocol(header_timeout_s=args.header_timeout, write_timeout_s=args.write_timeout)
     rag, client, documents = build_with_documents(_chat_args(args))  # as `ragloop ask` builds it
     sessions = _sessions(args.sessions, settings.session_quota)
     app = create_app(
