@@ -386,6 +386,20 @@ class TestLiveRecordSize:
         assert any("record 1234 cut from 5,000,042 to 8,000 characters" in e for e in reply.record.errors)
         assert all(len(b.text) <= 8_002 for b in reply.blocks) and len(reply.text) < 20_100
 
+    async def test_a_megabyte_title_and_link_are_cut_and_recorded(self) -> None:
+        """A ticket whose title and URL are a megabyte each: the title reaches the answer's blocks cut to 300
+        characters, the link is dropped, the cut is in the record, the client's reply stays small."""
+        from ragloop.retrievers.live import LiveRecord
+        from ragloop.testing import FakeLiveSource
+
+        title, url = "Ticket #1234: " + "T" * 1_000_000, "https://t.example/" + "u" * 1_000_000
+        body = "Status: open. SAML sign-in fails for the Sydney office since the certificate rotation."
+        fake = FakeLiveSource({"1234": LiveRecord("tickets", "1234", title, body, url=url)})
+        reply = await _ticket_rag_fake(fake).ask("status of ticket #1234")
+        assert any("record 1234 title or url cut to size" in e for e in reply.record.errors)
+        assert reply.blocks and all(len(b.title) <= 301 and len(b.source) < 100 for b in reply.blocks)
+        assert len(str(reply.client_dict())) < 20_000
+
 
 class TestCallerOnThePlanPath:
     async def test_plan_lookups_carry_the_caller(self) -> None:
