@@ -54,6 +54,12 @@ class TestValidation:
         with pytest.raises(InputError, match="deadline_s must be a positive number"):
             await rag.ask("hi", deadline_s=-1)
 
+    @pytest.mark.parametrize("deadline", [True, False, float("nan"), float("inf"), 0, "5"])
+    async def test_a_deadline_that_is_not_a_number_of_seconds_is_refused(self, rag: ChatRAG, deadline: object) -> None:
+        """deadline_s=True (an int to Python, a one-second deadline to the turn) is refused like any non-number."""
+        with pytest.raises(InputError, match="deadline_s must be a positive number of seconds"):
+            await rag.ask("hi", deadline_s=deadline)  # type: ignore[arg-type]
+
     async def test_junk_url_is_harmless(self, rag: ChatRAG) -> None:
         """A junk page URL still yields an answer."""
         reply = await rag.ask("How long are deleted tasks kept in the trash?", page_url="::::not a url/%%%")

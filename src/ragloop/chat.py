@@ -329,7 +329,8 @@ class ChatRAG:
 
     def _deadline(self, deadline_s: float | None) -> float | None:
         value = self.settings.deadline_s if deadline_s is None else deadline_s
-        if value is not None and (not isinstance(value, int | float) or not math.isfinite(value) or value <= 0):
+        number = isinstance(value, int | float) and not isinstance(value, bool)  # True: not a 1 s deadline
+        if value is not None and (not number or not math.isfinite(value) or value <= 0):
             raise InputError(f"deadline_s must be a positive number of seconds, got {value!r}")
         return value
 

@@ -45,6 +45,7 @@ __all__ = [
     "StoreUnavailable",
     "TurnLogError",
     "UnknownFilterKey",
+    "error_text",
 ]
 
 
@@ -133,3 +134,21 @@ class JudgeOutputError(JudgeError):
 
 class JudgeTruncated(JudgeOutputError):
     """A judge's output stopped at its output cap (``finish_reason="length"``); what arrived may be incomplete."""
+
+
+_SILENT = {"TimeoutError": "timed out", "CancelledError": "cancelled", "Cancelled": "cancelled"}
+
+
+def error_text(exc: BaseException, max_chars: int = 300) -> str:
+    """``exc`` as the decision record shows it: ``Type: short message``, on one line and at most ``max_chars``.
+
+    A group holding one exception is unwrapped (a task group around one failing call); an exception without a
+    message says what it is (``TimeoutError: timed out``) rather than ``TimeoutError: ``.
+    """
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    name = type(exc).__name__
+    message = " ".join(str(exc).split()) or _SILENT.get(name, "(no message)")
+    if len(message) > max_chars:
+        message = message[: max_chars - 1].rstrip() + "…"
+    return f"{name}: {message}"

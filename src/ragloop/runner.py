@@ -33,7 +33,7 @@ import anyio
 from attrs import evolve
 
 from ragloop._log import get_logger
-from ragloop.errors import GraphError, RagloopError, RouteError
+from ragloop.errors import GraphError, RagloopError, RouteError, error_text
 from ragloop.events import Event, EventStream, NodeFinished, NodeStarted, RunFinished, RunResult, Sink, Step, StoppedBy
 from ragloop.mermaid import flowchart
 
@@ -325,5 +325,5 @@ async def _salvage(salvage: Callable[[Any], Awaitable[None]], state: Any, budget
         with anyio.move_on_after(budget, shield=True) as scope:
             await salvage(state)
     except Exception as exc:  # noqa: BLE001 — a failing salvage must not lose the run's result: it is recorded
-        return f"; salvage failed: {type(exc).__name__}: {exc}"
+        return f"; salvage failed: {error_text(exc)}"
     return "; salvage timed out" if scope.cancelled_caught else "; salvaged"

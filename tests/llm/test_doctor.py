@@ -137,3 +137,19 @@ class TestToolsProbeWording:
         async with ScriptedOpenAIServer(script=[reply("To rotate a key, use npm.")]) as server, server.client() as c:
             unknown = await _tools(c, "m", 16)
         assert unknown.detail.startswith("dropped")
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_cli_redacts_the_credentials_in_openai_base_url(
+    as_json: bool, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OPENAI_BASE_URL with user info (``http://user:password@host``): the report shows ``***@``, never the
+    password, as text and as JSON."""
+    script = [tool_calls([("search", {"query": "q"})]), json_reply({"answer": "yes"}), stream("Hi"), reply("a")]
+    with ScriptedOpenAIServer(script=script) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url.replace("http://", "http://ops:Tr0ub4dor-pw@"))
+        monkeypatch.setenv("RAGLOOP_MODEL", "m")
+        main(["doctor", *(["--json"] if as_json else [])])
+    out = capsys.readouterr()
+    assert "Tr0ub4dor-pw" not in out.out + out.err
+    assert "http://***@127.0.0.1" in out.out

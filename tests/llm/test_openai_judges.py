@@ -115,16 +115,20 @@ class TestDecider:
     async def test_prompt_carries_page_glossary_and_history(
         self, server: ScriptedOpenAIServer, client: openai.AsyncOpenAI
     ) -> None:
-        """The system prompt names the page and glossary; history precedes the question."""
+        """The system prompt carries the glossary; the page travels fenced (the system prompt's nonce) in the
+        question's message, never in the system prompt; history precedes the question."""
         server.enqueue(tool_calls([("search", {"query": "Redis time to live"})]))
         history = [Message("user", "what is redis?"), Message("assistant", "An in-memory store.")]
         decider = OpenAIDecider(client, "fast", glossary={"TTL": "time to live"})
         await decider.decide("how does its TTL work?", history, PAGE)
         messages = server.requests[0].messages
         assert messages[0]["role"] == "system"
-        assert "Keyspace | Redis" in messages[0]["content"] and '"TTL": "time to live"' in messages[0]["content"]
+        assert "Keyspace | Redis" not in messages[0]["content"] and '"TTL": "time to live"' in messages[0]["content"]
         assert [m["role"] for m in messages[1:]] == ["user", "assistant", "user"]
-        assert messages[-1]["content"] == "how does its TTL work?"
+        nonce = re.search(r"id=page nonce=(\w+)", messages[0]["content"])
+        assert nonce is not None and messages[-1]["content"].endswith(">>>\n\nhow does its TTL work?")
+        assert f"id=page nonce={nonce.group(1)}>>>" in messages[-1]["content"]
+        assert '"title": "Keyspace | Redis"' in messages[-1]["content"]
 
     async def test_no_tool_call_is_a_direct_reply(
         self, server: ScriptedOpenAIServer, client: openai.AsyncOpenAI

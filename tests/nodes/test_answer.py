@@ -77,6 +77,21 @@ class TestAnswer:
         state.graded.append(Graded("a", make_hit("x", chunk_id="x"), Verdict("relevant")))
         await turn_node("answer", answerer=FakeAnswerer(fail_after=1), fallback=FakeAnswerer())(state)
         assert state.answer.startswith("context:") and "cut off" in state.answer
+        assert state.outcome == "partial"  # a reply cut short is never reported as a whole answer
+
+    async def test_a_reply_cut_at_the_output_cap_is_partial(self) -> None:
+        """The model stops at its output cap (JudgeTruncated) after some tokens: the reply keeps them, says it
+        was cut at the output limit, and its outcome is partial, never context."""
+        from ragloop.errors import JudgeTruncated
+
+        class Capped:
+            async def answer(self, *args: object, **kwargs: object) -> AsyncIterator[str]:
+                yield "Keys rotate [1] every"
+                raise JudgeTruncated("finish_reason length")
+
+        state = _answered()
+        await turn_node("answer", answerer=Capped())(state)
+        assert "output limit" in state.answer and state.outcome == "partial"
 
 
 class _Stalls:
@@ -117,12 +132,13 @@ async def _run_past_deadline(node: object, state: TurnState) -> tuple[list[str],
 
 class TestSalvage:
     async def test_streamed_tokens_kept_once_and_a_note_added(self) -> None:
-        """Cut mid-stream by the deadline: the tokens already sent stay, none is sent twice, a note says why."""
+        """Cut mid-stream by the deadline: the tokens already sent stay, none is sent twice, a note says why, and
+        the outcome is partial (before: context, as if the answer were whole)."""
         node = turn_node("answer", answerer=_Stalls("Keys ", "rotate [1] "))
         tokens, state, error = await _run_past_deadline(node, _answered())
         assert tokens == ["Keys ", "rotate [1] ", CUT_BY_TIME]
         assert state.answer == ("Keys rotate [1] " + CUT_BY_TIME).strip()
-        assert state.outcome == "context" and [c.chunk_id for c in state.citations] == ["k"]
+        assert state.outcome == "partial" and [c.chunk_id for c in state.citations] == ["k"]  # cut: not context
         assert "salvaged" in error
 
     async def test_nothing_streamed_gives_the_extractive_answer(self) -> None:

@@ -102,7 +102,9 @@ async def test_scripted_server_sees_payloads_only_inside_the_fence() -> None:
     count("injection_requests_checked", len(fenced))
     count("injection_blocks_checked", total)
     decide = next(r for r in requests if r.judge == "decide")
-    assert "<<<" not in str(decide.messages[0]["content"])  # the page title was neutralised too
+    system, user = str(decide.messages[0]["content"]), str(decide.messages[-1]["content"])
+    assert "ignore previous instructions" not in system  # the page is fenced in the user's message
+    assert user.count("<<<END_UNTRUSTED_CONTEXT") == 1 and "ignore previous instructions" in user  # title neutralised
     assert reply.text.startswith("Deleted tasks stay in the trash for 30 days")
 
 

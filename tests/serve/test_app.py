@@ -228,6 +228,47 @@ class TestValidation:
         assert r.status_code == 400 and r.json()["error"]["param"] == "history"
 
 
+class TestErrorsNameTheTrueCause:
+    async def test_an_unknown_filter_key_is_param_filters_on_every_endpoint(self) -> None:
+        """A misspelt filter key is a 400 whose param is "filters" (before: messages[0].content), naming the
+        known keys, on chat completions, /api/chat and responses."""
+        from ragloop.retrievers.embed import HashEmbedder
+        from ragloop.retrievers.index import KnowledgeIndex
+
+        chunk = Chunk("c1", "Rotate keys in the console.", "keys.md", "Keys", metadata=(("tenant", "acme"),))
+        rag = ChatRAG.from_index(KnowledgeIndex.build([chunk], HashEmbedder()))
+        filters = {"tenatn": ["acme"]}
+        async with asgi_client(create_app(rag)) as client:
+            answers = [
+                await client.post("/v1/chat/completions", json={**_question("rotate keys"), "filters": filters}),
+                await client.post("/api/chat", json={"message": "rotate keys", "filters": filters}),
+                await client.post("/v1/responses", json={"input": "rotate keys", "filters": filters}),
+            ]
+        for r in answers:
+            error = r.json()["error"]
+            assert r.status_code == 400 and error["param"] == "filters", r.text
+            assert "tenatn" in error["message"] and "known keys" in error["message"]
+
+    @pytest.mark.parametrize("question", ["   ", "\x1b[31m\x1b[0m"])
+    async def test_an_http_client_gets_no_python_advice(self, rag: ChatRAG, question: str) -> None:
+        """An empty question (or one of escape sequences only) says so in HTTP terms, with no "rag.ask(...)"."""
+        async with asgi_client(create_app(rag)) as client:
+            r = await client.post("/v1/chat/completions", json=_question(question))
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["param"] == "messages[0].content"
+        assert "empty" in error["message"] and "rag." not in error["message"] and "ChatRAG" not in error["message"]
+
+    def test_python_advice_is_cut_from_any_library_message(self) -> None:
+        """for_clients drops the ChatRAG-argument advice and keeps the rest of the sentence."""
+        from ragloop.serve._server import for_clients
+
+        long = (
+            "question is 9,000 characters; the limit is 8,000. "
+            "Shorten it, or pass a larger max_question_chars to ChatRAG."
+        )
+        assert for_clients(long, "input") == "question is 9,000 characters; the limit is 8,000. Shorten it."
+
+
 class _NewlineAnswerer:
     """Streams tokens that contain newlines and SSE-looking text."""
 

@@ -12,6 +12,7 @@ import anyio
 import httpx2
 import pytest
 from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
@@ -79,6 +80,81 @@ class TestStdio:
         assert "What is SCIM?" in prompt.messages[0].content.text  # type: ignore[union-attr]
         assert unknown.value.code == -32602 and "unknown tool 'delete_everything'" in str(unknown.value)
         assert bad.value.code == -32602 and "k:" in str(bad.value) and "500" in str(bad.value)
+
+    async def test_an_unknown_filter_key_is_said_as_such_with_no_traceback(
+        self, sample_cache: Path, tmp_path: Path
+    ) -> None:
+        """search and ask with a misspelt filter key over stdio: an invalid-params error naming the key and the
+        known ones (before: "the knowledge base is unavailable … retry" and a 110-line traceback on stderr)."""
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "ragloop.cli", "mcp", "--no-plan", "--cache-dir", str(sample_cache)],
+            env={"PATH": "/usr/bin:/bin", "HOME": str(sample_cache)},
+        )
+        errors: list[MCPError] = []
+        with (tmp_path / "stderr.txt").open("w+") as errlog:
+            async with Client(stdio_client(params, errlog=errlog)) as client:
+                for tool, arguments in (("search", {"query": "keys"}), ("ask", {"question": "How do I rotate keys?"})):
+                    with pytest.raises(MCPError) as failed:
+                        await client.call_tool(tool, {**arguments, "filters": {"tenatn": ["acme"]}})
+                    errors.append(failed.value)
+            errlog.seek(0)
+            stderr = errlog.read()
+        for error in errors:
+            assert error.code == -32602 and "tenatn" in str(error) and "known keys" in str(error), str(error)
+            assert "unavailable" not in str(error)
+        assert "Traceback" not in stderr and "mcp search failed" not in stderr, stderr
+
+    def test_a_line_over_the_cap_is_refused_with_an_error_and_the_next_is_served(self, sample_cache: Path) -> None:
+        """`ragloop mcp --max-line-bytes 4000`: a 200 KB tools/call gets an error answer under its own id (not
+        a hang, not 200 KB in memory), stderr says why, and the next call is answered."""
+        import json
+        import subprocess
+
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ragloop.cli", "mcp", "--no-plan", "--cache-dir", str(sample_cache),
+             "--max-line-bytes", "4000"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert proc.stdin is not None and proc.stdout is not None
+        init = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+        huge = {"name": "search", "arguments": {"query": "x" * 200_000}}
+        for message in (
+            {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init},
+            {"jsonrpc": "2.0", "method": "notifications/initialized"},
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": huge},
+            {"jsonrpc": "2.0", "id": 3, "method": "tools/list"},
+        ):
+            proc.stdin.write(json.dumps(message) + "\n")
+        proc.stdin.flush()
+        answers = {}
+        try:
+            while len(answers) < 3:
+                line = proc.stdout.readline()
+                assert line, "ragloop mcp closed stdout early"
+                answer = json.loads(line)
+                answers[answer.get("id")] = answer
+        finally:
+            _, err = proc.communicate(timeout=60)  # closes stdin: the server ends
+        assert "error" in answers[2] and "result" in answers[3]
+        assert {t["name"] for t in answers[3]["result"]["tools"]} == {"ask", "search"}
+        assert "over 4,000 bytes (--max-line-bytes)" in err
+
+    def test_capped_lines_read_a_long_line_in_pieces(self) -> None:
+        """CappedLines: lines under the cap pass unchanged; one over it becomes the stand-in call with its id
+        (or a notification without one), the rest of it skipped, and the next line is intact."""
+        import io
+
+        from ragloop.cli.mcp import CappedLines
+
+        raw = b'{"id": 1}\n' + b'{"jsonrpc": "2.0", "id": "a-7", "params": "' + b"y" * 300_000 + b'"}\n'
+        raw += b"z" * 5_000 + b"\n" + b'{"id": 2}\n'
+        lines = CappedLines(io.BytesIO(raw), max_bytes=100)
+        read = [lines.read_line() for _ in range(5)]
+        assert read[0] == '{"id": 1}\n' and read[3] == '{"id": 2}\n' and read[4] is None
+        assert read[1] == '{"jsonrpc": "2.0", "id": "a-7", "method": "ragloop/line_too_long"}\n'
+        assert read[2] == '{"jsonrpc": "2.0", "method": "notifications/ragloop/line_too_long"}\n'
+        assert lines.dropped == 2
 
     def test_stdout_carries_only_the_protocol(self, sample_cache: Path) -> None:
         """`ragloop mcp` writes its status lines to stderr: stdout holds only JSON-RPC lines."""

@@ -11,13 +11,17 @@ from ragloop.serve._scrub import TextScrubber, scrub
 #: Pieces that make escape sequences (and near misses) when strung together.
 _PIECES = st.sampled_from(
     ["\x1b", "[", "]", "31m", "0;title", "8;;https://x.example", "\x07", "\x9b", "\x9d", "\x9c", "\\", "P", "(",
-     "B", "?25l", "a", "ü", "语", "\n", "\r", "\t", "\x00", "\x7f", "\x85", " "]
+     "B", "?25l", "a", "ü", "语", "\n", "\r", "\t", "\x00", "\x7f", "\x85", " ", "\u202e", "\u2066", "\u2069",
+     "\u200d"]
 )  # fmt: skip
 _TEXT = st.lists(st.one_of(_PIECES, st.text(max_size=5)), max_size=40).map("".join)
 
 
 def _controls(text: str) -> list[str]:
-    return [c for c in text if (ord(c) < 0x20 and c not in "\t\n") or 0x7F <= ord(c) <= 0x9F]
+    return [c for c in text if (ord(c) < 0x20 and c not in "\t\n") or 0x7F <= ord(c) <= 0x9F or c in _BIDI]
+
+
+_BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 
 
 class TestScrub:
@@ -37,6 +41,9 @@ class TestScrub:
             ("nul\x00 del\x7f nel\x85", "nul del nel"),
             ("keeps\nnewlines\tand tabs, ü, 语, 🔑", "keeps\nnewlines\tand tabs, ü, 语, 🔑"),
             ("dangling \x1b", "dangling "),
+            ("invoice\u202egpj.exe", "invoicegpj.exe"),  # Trojan Source: a right-to-left override
+            ("\u2066isolated\u2069 \u202aembedded\u202c \u202blr\u202d", "isolated embedded lr"),
+            ("zero\u200dwidth joiner stays", "zero\u200dwidth joiner stays"),  # emoji sequences need it
         ],
     )
     def test_examples(self, raw: str, clean: str) -> None:

@@ -1,14 +1,15 @@
-"""Session stores: the history caps, LRU eviction, and the SQLite and Postgres stores behind the same protocol."""
+"""Session stores: the history caps, per-owner quotas and idle expiry, and the SQLite and Postgres stores."""
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragloop.errors import ConfigError
@@ -16,6 +17,8 @@ from ragloop.serve import (
     MemorySessionStore,
     PostgresSessionStore,
     SessionLimits,
+    SessionQuota,
+    SessionsFull,
     SessionStore,
     SQLiteSessionStore,
 )
@@ -42,9 +45,9 @@ class TestSessionLimits:
 
 
 class TestMemoryStore:
-    async def test_least_recently_used_session_is_evicted(self) -> None:
-        """Over max_sessions, the session used longest ago goes first; reading a session renews it."""
-        store = MemorySessionStore(max_sessions=2)
+    async def test_over_its_cap_an_owner_loses_its_own_least_recently_used_session(self) -> None:
+        """Over quota.per_owner, the owner's session used longest ago goes first; reading one renews it."""
+        store = MemorySessionStore(quota=SessionQuota(per_owner=2))
         for sid in ("a", "b"):
             await store.create("u", sid)
             await store.append("u", sid, [Message("user", sid)])
@@ -52,7 +55,74 @@ class TestMemoryStore:
         await store.create("u", "c")
         assert await store.load("u", "b") is None
         assert await store.load("u", "a") == (Message("user", "a"),)
-        assert len(store) == 2
+        assert len(store) == 2 and store.counts.get("sessions", "evicted") == 1
+
+    async def test_one_owner_flooding_the_default_store_never_evicts_another_owners_session(self) -> None:
+        """With the default settings, 10,001 sessions of one key (past the old global cap) leave another key's
+        conversation intact; the flooder keeps only its own newest 1,000."""
+        store = MemorySessionStore()
+        await store.create("bob", "mine")
+        await store.append("bob", "mine", [Message("user", "bob's question")])
+        for i in range(10_001):
+            await store.create("mallory", f"s{i}")
+        assert await store.load("bob", "mine") == (Message("user", "bob's question"),)
+        assert store.sessions_of("mallory") == 1_000 and await store.load("mallory", "s10000") == ()
+        assert await store.load("mallory", "s0") is None
+
+    async def test_a_full_store_refuses_a_new_session_and_drops_no_one(self) -> None:
+        """At quota.total, create raises SessionsFull (the API's 429); every kept session stays readable."""
+        store = MemorySessionStore(quota=SessionQuota(per_owner=5, total=3))
+        for owner in ("a", "b", "c"):
+            await store.create(owner, "s")
+        with pytest.raises(SessionsFull, match="3 conversations"):
+            await store.create("d", "s")
+        assert [await store.load(o, "s") for o in "abc"] == [(), (), ()]
+        assert store.counts.get("sessions", "refused") == 1
+
+    async def test_an_idle_session_is_gone_and_frees_its_room(self) -> None:
+        """A session unused for idle_s reads as unknown, cannot be appended to, and no longer counts."""
+        now = [0.0]
+        store = MemorySessionStore(quota=SessionQuota(per_owner=2, idle_s=60, total=2), clock=lambda: now[0])
+        await store.create("a", "old")
+        now[0] = 30.0
+        await store.create("b", "fresh")
+        now[0] = 61.0
+        assert await store.load("a", "old") is None
+        assert await store.append("a", "old", [Message("user", "x")]) is False
+        assert await store.create("c", "new") is True  # the idle one's room, not b's
+        assert await store.load("b", "fresh") == () and len(store) == 2
+        assert store.counts.get("sessions", "expired") == 1
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 6), st.booleans()), max_size=60))
+    def test_a_create_never_takes_another_owners_session(self, ops: list[tuple[str, int, bool]]) -> None:
+        """Any sequence of creates and loads: each owner within its cap, the store within its total, and a
+        session disappears only by its own owner's create (or the store refuses)."""
+        quota = SessionQuota(per_owner=3, total=7)
+
+        async def run() -> None:
+            store = MemorySessionStore(quota=quota)
+            held: dict[str, set[str]] = {o: set() for o in "abc"}
+            for owner, n, create in ops:
+                sid = f"s{n}"
+                if create:
+                    try:
+                        await store.create(owner, sid)
+                    except SessionsFull:
+                        assert len(store) == quota.total
+                        continue
+                    held[owner].add(sid)
+                elif await store.load(owner, sid) is None:
+                    held[owner].discard(sid)
+                for other, sids in held.items():
+                    alive = {x for x in sids if await store.load(other, x) is not None}
+                    if other != owner or not create:
+                        assert alive == sids, "a session vanished without its owner starting one"
+                    held[other] = alive
+                    assert store.sessions_of(other) <= quota.per_owner
+                assert len(store) <= quota.total
+
+        anyio.run(run)
 
     async def test_owners_and_ids_together_find_a_session(self) -> None:
         """Memory: the owner isolation every store shares."""
@@ -116,10 +186,56 @@ class _Shared:
             assert again is not None and len(again) == 4
 
 
+_QUOTA = SessionQuota(per_owner=3, idle_s=3_600, total=6)
+
+
+async def _quotas(store: SessionStore, sql: Callable[[str], Awaitable[list[tuple[Any, ...]]]]) -> None:
+    """The per-owner cap, the total and idle expiry, checked against the rows of the real table (``sql``)."""
+    await store.create("bob", "b1")
+    await store.append("bob", "b1", [Message("user", "bob's question")])
+    for i in range(5):  # alice over her cap of 3: her own two oldest go
+        assert await store.create("alice", f"a{i}") is True
+    assert await store.load("bob", "b1") == (Message("user", "bob's question"),)
+    assert [await store.load("alice", f"a{i}") is not None for i in range(5)] == [False, False, True, True, True]
+    assert await sql("select owner, count(*) from ragloop_sessions group by owner order by owner") == [
+        ("alice", 3),
+        ("bob", 1),
+    ]
+    await store.create("carol", "c0")
+    await store.create("carol", "c1")  # 6 in all: the total
+    with pytest.raises(SessionsFull):
+        await store.create("dave", "d0")
+    assert await store.load("bob", "b1") is not None and await store.load("carol", "c0") == ()
+    await sql("update ragloop_sessions set updated = {two_hours_ago} where owner = 'bob'")
+    assert await store.load("bob", "b1") is None  # idle past idle_s: gone before its row is
+    assert await store.append("bob", "b1", [Message("user", "late")]) is False
+    assert await store.create("dave", "d0") is True  # bob's idle row is deleted and makes the room
+    owners = await sql("select owner from ragloop_sessions order by owner")
+    assert [o for (o,) in owners] == ["alice"] * 3 + ["carol"] * 2 + ["dave"]
+    counts = store.counts  # type: ignore[attr-defined]
+    assert (counts.get("sessions", "evicted"), counts.get("sessions", "refused")) == (2, 1)
+    assert counts.get("sessions", "expired") == 1
+
+
 class TestSQLiteStore(_Shared):
     async def test_sqlite_store(self, tmp_path: Path) -> None:
         """SQLite: capped history, concurrent appends, owner isolation, persistence across reopen."""
         await self.check(lambda: _sqlite(tmp_path), "s1")
+
+    async def test_quotas_per_owner_and_in_all_and_idle_rows_deleted(self, tmp_path: Path) -> None:
+        """SQLite: an owner over its cap loses its own oldest rows, never another's; a full table refuses;
+        an idle session's row is deleted."""
+        path = tmp_path / "q.sqlite"
+        store = SQLiteSessionStore(path, quota=_QUOTA)
+
+        async def sql(statement: str) -> list[tuple[Any, ...]]:
+            with sqlite3.connect(path) as conn:
+                return conn.execute(statement.format(two_hours_ago="updated - 7200")).fetchall()
+
+        try:
+            await _quotas(store, sql)
+        finally:
+            await store.aclose()
 
     def test_an_empty_table_of_an_older_ragloop_is_migrated(self, tmp_path: Path) -> None:
         """The old ragloop_sessions (id the only key, no owner) with no rows becomes the owned table."""
@@ -156,6 +272,24 @@ class TestPostgresStore(_Shared):
         """Postgres (a real server): capped history, concurrent appends, owner isolation, persistence."""
         await _pg_drop(pg_url)
         await self.check(lambda: _postgres(pg_url), "s1")
+
+    async def test_quotas_per_owner_and_in_all_and_idle_rows_deleted(self, pg_url: str) -> None:
+        """Postgres (a real server): the same quotas as SQLite, the same rows left in the table."""
+        import psycopg
+
+        await _pg_drop(pg_url)
+        store = PostgresSessionStore(pg_url, quota=_QUOTA, wait_s=5)
+
+        async def sql(statement: str) -> list[tuple[Any, ...]]:
+            async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+                cur = await conn.execute(statement.format(two_hours_ago="now() - interval '2 hours'"))  # type: ignore[arg-type]
+                return await cur.fetchall() if cur.description else []
+
+        try:
+            await _quotas(store, sql)
+        finally:
+            await store.aclose()
+            await _pg_drop(pg_url)
 
     async def test_an_older_table_is_migrated_when_empty_and_refused_with_sessions(self, pg_url: str) -> None:
         """Old table with a row: refused (ConfigError, row kept); emptied: migrated to the owned table."""

@@ -297,14 +297,15 @@ def _wait_up(base: str, proc: subprocess.Popen[str]) -> httpx.Response:
 
 class TestServeOptions:
     def test_sessions_option(self, tmp_path: Path) -> None:
-        """--sessions takes memory, sqlite:PATH or a postgresql:// URL; anything else is a one-line error."""
+        """--sessions takes memory, sqlite:PATH or a postgresql:// URL (with the session quota of the flags);
+        anything else is a one-line error."""
         from ragloop.cli.serve import _sessions
         from ragloop.errors import ConfigError
-        from ragloop.serve import MemorySessionStore, SQLiteSessionStore
+        from ragloop.serve import MemorySessionStore, SessionQuota, SQLiteSessionStore
 
         assert isinstance(_sessions("memory"), MemorySessionStore)
-        store = _sessions(f"sqlite:{tmp_path / 's.sqlite'}")
-        assert isinstance(store, SQLiteSessionStore)
+        store = _sessions(f"sqlite:{tmp_path / 's.sqlite'}", SessionQuota(per_owner=5, idle_s=60))
+        assert isinstance(store, SQLiteSessionStore) and store.quota == SessionQuota(per_owner=5, idle_s=60)
         anyio.run(store.aclose)
         with pytest.raises(ConfigError, match="--sessions must be memory, sqlite:PATH or a postgresql:// URL"):
             _sessions("redis://x")
@@ -373,3 +374,65 @@ class TestServeAccess:
 
         assert main(["serve", "--header-timeout", "0", "--index", "/nonexistent"]) == 2
         assert "header_timeout_s must be a positive number" in capsys.readouterr().err
+
+    @pytest.mark.parametrize(
+        ("flag", "value", "says"),
+        [
+            ("--sessions-per-key", "0", "session quotas must be at least 1"),
+            ("--session-idle", "nan", "idle_s must be a positive number"),
+            ("--mcp-sessions-per-key", "0", "mcp_sessions_per_key must be a whole number"),
+            ("--max-concurrency-per-key", "0", "max_turns_per_key must be a whole number"),
+            ("--feedback-per-minute", "-1", "feedback_per_key must be a whole number"),
+        ],
+    )
+    def test_a_per_key_limit_that_cannot_work_is_refused(
+        self, flag: str, value: str, says: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A per-key limit flag of 0, a negative or NaN: exit 2, one line naming the setting."""
+        from ragloop.cli import main
+
+        assert main(["serve", flag, value, "--index", "/nonexistent"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err
+
+
+class TestWriteTimeout:
+    def test_a_client_that_never_reads_is_disconnected_after_the_write_timeout(self) -> None:
+        """A client that sends a request and reads nothing: once the socket buffers are full, the write waits
+        write_timeout_s (1 s) and the connection is aborted — the app sees the client gone, the client's socket
+        is reset (before: the response's write waited for ever, holding the socket, its descriptor and, in
+        ragloop's app, a turn slot)."""
+        import socket
+        import threading
+
+        from ragloop.serve import h11_protocol
+
+        gone = threading.Event()
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+            async with anyio.create_task_group() as tg:
+
+                async def listen() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    gone.set()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(listen)
+                for _ in range(100_000):  # 6.5 GB at most: far more than any socket buffer holds
+                    await send({"type": "http.response.body", "body": b"x" * 65_536, "more_body": True})
+
+        with serving(app, http=h11_protocol(write_timeout_s=1.0)) as url:
+            port = int(url.rsplit(":", 1)[1])
+            with socket.socket() as client:
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                client.connect(("127.0.0.1", port))
+                client.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                # The bound: the 1 s write timeout, after the kernel's buffers (a few MB) fill, with a wide margin.
+                assert gone.wait(30), "the server still writes to a client that reads nothing"
+                client.settimeout(30)
+                with pytest.raises((ConnectionResetError, BrokenPipeError)):
+                    while client.recv(1 << 20):  # what was buffered, then the reset
+                        pass
+                    raise ConnectionResetError("closed")  # an orderly close counts too: the server let go

@@ -8,6 +8,7 @@ import math
 import struct
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
 import openai
@@ -77,6 +78,41 @@ class TestChat:
         assert json.loads(first.choices[0].message.content or "") == {"label": "relevant"}
         second = await client.chat.completions.create(model="m", messages=USER)
         assert second.choices == []
+
+    @pytest.mark.parametrize(
+        "body",
+        [
+            {"choices": None},
+            {"choices": "none"},
+            {"choices": [None, {"message": None}, {"message": {"tool_calls": None}}]},
+            {"choices": [{"message": {"tool_calls": [None, {"function": None}]}}]},
+        ],
+    )
+    async def test_a_malformed_scripted_body_is_sent_and_the_server_keeps_serving(
+        self, server: ScriptedOpenAIServer, client: openai.AsyncOpenAI, body: dict[str, Any]
+    ) -> None:
+        """A scripted body with "choices": null (or other wrong shapes) reaches the client as written, with its
+        usage, and the next request is answered (before: the handler raised and the client got no answer)."""
+        server.enqueue(ScriptedResponse(body=body), reply("still here"))
+        raw = await client.with_options(max_retries=0).chat.completions.with_raw_response.create(
+            model="m", messages=USER
+        )
+        assert raw.http_response.status_code == 200 and "usage" in raw.http_response.json()
+        after = await client.chat.completions.create(model="m", messages=USER)
+        assert after.choices[0].message.content == "still here"
+
+    async def test_a_malformed_streamed_chunk_is_sent_and_counted_as_nothing(
+        self, server: ScriptedOpenAIServer, client: openai.AsyncOpenAI
+    ) -> None:
+        """A streamed chunk with "choices": null does not stop the stream or the server."""
+        chunks = ('{"choices": null}', '{"choices": [{"delta": "x"}]}', '{"choices": [{"delta": {"content": "ok"}}]}')
+        server.enqueue(ScriptedResponse(chunks=chunks), reply("next"))
+        async with client.with_options(max_retries=0).chat.completions.with_streaming_response.create(
+            model="m", messages=USER, stream=True
+        ) as response:
+            text = await response.http_response.aread()
+        assert b'"content": "ok"' in text and b"[DONE]" in text
+        assert (await client.chat.completions.create(model="m", messages=USER)).choices[0].message.content == "next"
 
     async def test_matcher_after_script(self, client: openai.AsyncOpenAI) -> None:
         """The script is used first, then the matcher sees each request."""

@@ -238,27 +238,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     finally:
-        if configured:
-            import structlog
-
-            structlog.reset_defaults()
+        if configured is not None:
+            configured()
     return status
 
 
-def _configure_logging() -> bool:
+def _configure_logging() -> Callable[[], None] | None:
     """Send structlog warnings and worse to stderr (stdout carries results), unless the host configured it.
 
-    Returns True when this call configured structlog (``main`` resets it afterwards, so that calling
-    ``main`` in-process leaves no global state behind).
+    One short, redacted line per event, storms counted (:mod:`ragloop.cli._logging`). Returns the function that
+    undoes it (``main`` calls it afterwards, so that calling ``main`` in-process leaves no global state behind).
     """
-    import logging
+    from ragloop.cli._logging import configure
 
-    import structlog
-
-    if structlog.is_configured():
-        return False
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-    )
-    return True
+    return configure()

@@ -53,10 +53,7 @@ def cmd_doctor_store(args: argparse.Namespace) -> int:
     from ragloop.retrievers.postgres import diagnose_store
 
     report = anyio.run(diagnose_store, args.store, args.collection)
-    if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
-    else:
-        print("\n".join(report.lines()))
+    _print(json.dumps(report.as_dict(), indent=2) if args.json else "\n".join(report.lines()))
     return 0 if report.healthy else 1
 
 
@@ -86,8 +83,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             return await diagnose(client, model, max_tokens=args.max_tokens)
 
     report = anyio.run(run)
-    if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
-    else:
-        print("\n".join(report.lines()))
+    _print(json.dumps(report.as_dict(), indent=2) if args.json else "\n".join(report.lines()))
     return 0 if report.decide_mode != "offline" else 1
+
+
+def _print(text: str) -> None:
+    """Print a report with credentials redacted (the endpoint's user info, keys an error message quoted)."""
+    from ragloop._redact import hide_password
+
+    print(hide_password(text))

@@ -41,6 +41,7 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
     p.add_argument("--max-concurrency", type=int, default=64, metavar="N", help="turns at once; more get 429")
+    add_quota_options(p)
     p.add_argument(
         "--sessions",
         default="memory",
@@ -64,6 +65,8 @@ def add_serve(sub: Any) -> None:
     )
     p.add_argument("--header-timeout", type=float, default=10.0, metavar="S", help="request head timeout (10 s)")
     p.add_argument("--body-timeout", type=float, default=10.0, metavar="S", help="request body timeout (10 s)")
+    p.add_argument("--write-timeout", type=float, default=30.0, metavar="S",
+                   help="a client that reads none of its response for S seconds is disconnected (30 s)")  # fmt: skip
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN", help="allow this browser origin")
     p.add_argument("--source-base-url", metavar="URL", help="link citations to URL + source (e.g. your docs site)")
     p.add_argument("--no-page", action="store_true", help="do not serve the chat page at /")
@@ -88,6 +91,29 @@ def add_serve(sub: Any) -> None:
         help="uvicorn log level (default warning)",
     )
     p.set_defaults(func=cmd_serve)
+
+
+def add_quota_options(p: argparse.ArgumentParser) -> None:
+    """The per-key limits (docs/serving.md, "Per-key limits"); each has a ``ServeSettings`` twin."""
+    q = p.add_argument_group("per-key limits (one key never spends another's share)")
+    q.add_argument(
+        "--max-concurrency-per-key",
+        type=int,
+        metavar="N",
+        help="turns one key may run at once (default: --max-concurrency shared over the keys, up to a quarter)",
+    )
+    q.add_argument("--sessions-per-key", type=int, default=1_000, metavar="N",
+                   help="sessions one key keeps; its own oldest goes over it (1000)")  # fmt: skip
+    q.add_argument("--max-sessions", type=int, default=100_000, metavar="N",
+                   help="sessions kept in all; a new one gets 429 over it (100000)")  # fmt: skip
+    q.add_argument("--session-idle", type=float, default=86_400.0, metavar="S",
+                   help="a session with no turn for S seconds is deleted (86400: a day)")  # fmt: skip
+    q.add_argument("--mcp-sessions-per-key", type=int, default=100, metavar="N",
+                   help="MCP sessions one key may hold open; another initialize gets 429 (100)")  # fmt: skip
+    q.add_argument("--mcp-idle", type=float, default=1_800.0, metavar="S",
+                   help="an MCP session with no request for S seconds is closed (1800)")  # fmt: skip
+    q.add_argument("--feedback-per-minute", type=int, default=60, metavar="N",
+                   help="ratings one key may send per minute; more get 429 (60)")  # fmt: skip
 
 
 def add_knowledge_options(p: argparse.ArgumentParser) -> None:
@@ -166,16 +192,17 @@ def _access(args: argparse.Namespace, keys: int) -> tuple[tuple[str, ...], str]:
     return hosts, who
 
 
-def _sessions(where: str) -> Any:
+def _sessions(where: str, quota: Any = None) -> Any:
     from ragloop.errors import ConfigError
-    from ragloop.serve import MemorySessionStore, PostgresSessionStore, SQLiteSessionStore
+    from ragloop.serve import MemorySessionStore, PostgresSessionStore, SessionQuota, SQLiteSessionStore
 
+    quota = quota if quota is not None else SessionQuota()
     if where == "memory":
-        return MemorySessionStore()
+        return MemorySessionStore(quota=quota)
     if where.startswith("sqlite:"):
-        return SQLiteSessionStore(where.removeprefix("sqlite:"))
+        return SQLiteSessionStore(where.removeprefix("sqlite:"), quota=quota)
     if where.startswith(("postgresql://", "postgres://")):
-        return PostgresSessionStore(where)
+        return PostgresSessionStore(where, quota=quota)
     raise ConfigError(f"--sessions must be memory, sqlite:PATH or a postgresql:// URL, got {where!r}")
 
 
@@ -244,13 +271,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         if not hasattr(ChatRAG, "from_store"):
             raise ConfigError("this ragloop has no Postgres knowledge store yet; use --index DIR")
-    from ragloop.serve import CleanExitServer, h11_protocol, load_keys
+    from ragloop.serve import CleanExitServer, SessionQuota, h11_protocol, load_keys
 
     env_keys = _api_keys(os.environ.get("RAGLOOP_API_KEYS", ""))
     file_keys = load_keys(args.keys) if args.keys else ()
     hosts, who = _access(args, len(env_keys) + len(file_keys))
     settings = ServeSettings(  # before the index loads: a bad setting fails in a moment
         max_concurrent_turns=args.max_concurrency,
+        max_turns_per_key=args.max_concurrency_per_key,
+        session_quota=SessionQuota(per_owner=args.sessions_per_key, idle_s=args.session_idle, total=args.max_sessions),
+        mcp_sessions_per_key=args.mcp_sessions_per_key,
+        mcp_idle_s=args.mcp_idle,
+        feedback_per_key=args.feedback_per_minute,
         deadline_s=args.deadline,
         api_keys=env_keys,
         keys=file_keys,
@@ -261,9 +293,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         mcp=not args.no_mcp,
     )
     handoff = _handoff(args)
-    http = h11_protocol(header_timeout_s=args.header_timeout)
+    http = h11_protocol(header_timeout_s=args.header_timeout, write_timeout_s=args.write_timeout)
     rag, client, documents = build_with_documents(_chat_args(args))  # as `ragloop ask` builds it
-    sessions = _sessions(args.sessions)
+    sessions = _sessions(args.sessions, settings.session_quota)
     app = create_app(
         rag,
         settings=settings,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -78,6 +79,7 @@ def add_index_options(p: argparse.ArgumentParser) -> None:
         "--meta",
         action="append",
         default=[],
+        type=meta_item("--meta"),
         metavar="KEY=VALUE",
         help="metadata for every chunk (e.g. tenant=acme, version=2.1); repeatable",
     )
@@ -124,6 +126,61 @@ def parse_pairs(items: Sequence[str], what: str) -> dict[str, str]:
     return out
 
 
+#: Metadata keys ragloop sets per document or chunk: one value given to every chunk would be a lie about each.
+RESERVED_META = frozenset({"path", "anchor", "url", "permalink"})
+_META_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+MAX_META_VALUE = 256
+
+
+def _meta_pair(item: str, what: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    key, value = key.strip(), value.strip()
+    if not sep or not key:
+        raise ConfigError(f"{what} {item!r:.80} is not KEY=VALUE (e.g. {what} tenant=acme)")
+    if not _META_KEY.fullmatch(key):
+        raise ConfigError(
+            f"{what} key {key!r:.80} must start with a letter or _ and hold only letters, digits, _ . - "
+            "(at most 64 characters)"
+        )
+    if key in RESERVED_META:
+        raise ConfigError(
+            f"{what} {key}=… is refused: ragloop sets {key!r} for each document itself "
+            f"({', '.join(sorted(RESERVED_META))} are reserved); use another key"
+        )
+    if not value or len(value) > MAX_META_VALUE or not value.isprintable():
+        raise ConfigError(
+            f"{what} {key}=… must have a value of 1 to {MAX_META_VALUE} printable characters (no control "
+            f"characters), got {value!r:.80}"
+        )
+    return key, value
+
+
+def meta_item(what: str) -> Any:
+    """An argparse ``type`` for ``what`` (``--meta``, ``--scope``): refuses a bad pair when the command line is
+    read, before any file is."""
+
+    def check(item: str) -> str:
+        try:
+            _meta_pair(item, what)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return item
+
+    return check
+
+
+def parse_meta(items: Sequence[str], what: str) -> dict[str, str]:
+    """``--meta`` / ``--scope`` pairs, checked: a key is a name (letters, digits, ``_ . -``, at most 64, not one
+    ragloop sets itself such as ``path``), given once; a value is 1 to 256 printable characters."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, value = _meta_pair(item, what)
+        if key in out:
+            raise ConfigError(f"{what} {key} is given twice ({out[key]!r:.40} and {value!r:.40}); give it once")
+        out[key] = value
+    return out
+
+
 def parse_filters(items: Sequence[str]) -> dict[str, tuple[str, ...]]:
     """``--filter`` values as retriever filters: ``version=1,2`` allows either value."""
     from ragloop.retrievers.filters import normalize_filters
@@ -154,7 +211,7 @@ def attach_metadata(args: argparse.Namespace, chunks: Sequence[Chunk]) -> list[C
     return with_metadata(
         chunks,
         root if root.is_dir() else None,
-        extra={**parse_pairs(args.meta, "--meta"), **dict(index_scope(args).pairs)},
+        extra={**parse_meta(args.meta, "--meta"), **dict(index_scope(args).pairs)},
         url_base=args.url_base,
     )
 
@@ -163,10 +220,11 @@ def index_scope(args: argparse.Namespace) -> Scope:
     """The run's scope: ``--scope`` pairs when given (each agreeing with ``--meta``), else the ``--meta`` pairs."""
     from ragloop.retrievers.scope import Scope
 
-    meta = parse_pairs(getattr(args, "meta", []), "--meta")
     given = parse_pairs(getattr(args, "scope", []), "--scope")
     if "path" in given:
         raise ConfigError("--scope path=… would give every document the same path; scope by another key (tenant=…)")
+    meta = parse_meta(getattr(args, "meta", []), "--meta")
+    given = parse_meta(getattr(args, "scope", []), "--scope")
     if not given:
         return Scope(meta)
     for key, value in given.items():

@@ -26,6 +26,7 @@ import anyio
 import openai
 from attrs import asdict, frozen
 
+from ragloop._redact import hide_password
 from ragloop.llm import prompts
 
 __all__ = ["DoctorReport", "Probe", "diagnose"]
@@ -292,4 +293,5 @@ async def diagnose(client: openai.AsyncOpenAI, model: str, *, max_tokens: int = 
         "offline": "the offline decider (neither tool calls nor json_schema work)",
     }[mode]
     probes.append(Probe("decide mode", "ok" if mode != "offline" else "warn", f"{mode}: {why}"))
-    return DoctorReport(str(client.base_url), model, tuple(probes), mode, slots)
+    # The endpoint as printed: a URL's user info (``https://user:pw@host``) never reaches the report.
+    return DoctorReport(hide_password(str(client.base_url)), model, tuple(probes), mode, slots)

@@ -8,6 +8,7 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
+from ragloop.errors import error_text
 from ragloop.events import Correction, Token
 from ragloop.runner import emit
 from ragloop.state import ContextBlock, TurnState, Verification
@@ -46,7 +47,7 @@ async def verify_reply(verifier: Verifier, state: TurnState, blocks: Sequence[Co
     try:
         found = await verifier.verify(state.question, state.answer, state.blocks if blocks is None else blocks)
     except Exception as exc:  # noqa: BLE001 — fail-open: an unverified reply is still the reply
-        state.errors.append(f"answer: verify: {type(exc).__name__}: {exc}")
+        state.errors.append(f"answer: verify: {error_text(exc)}")
         return
     if found.unsupported:
         await _take_back(state, found.unsupported, "not supported by the cited passages")

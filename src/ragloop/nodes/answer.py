@@ -14,7 +14,7 @@ import attrs
 from attrs import define, field
 
 from ragloop._log import get_logger
-from ragloop.errors import JudgeTruncated
+from ragloop.errors import JudgeTruncated, error_text
 from ragloop.events import Progress
 from ragloop.freshness import Freshness, stale_note, stale_sources
 from ragloop.llm.protocols import Answerer
@@ -188,7 +188,7 @@ def abstain(abstainer: Abstainer, state: TurnState) -> None:
     try:
         found = abstainer.abstain(state.question, state.blocks, final_ranking(state) if state.searches else [])
     except Exception as exc:  # noqa: BLE001 — fail-open: without a verdict the reply is written as before
-        state.errors.append(f"answer: abstain: {type(exc).__name__}: {exc}")
+        state.errors.append(f"answer: abstain: {error_text(exc)}")
         return
     if found is None:
         return
@@ -268,7 +268,7 @@ class Answer:
                 await self._stream(judge, state, history)
                 break
             except Exception as exc:  # noqa: BLE001 — fail-open: the caller always gets an answer, or an honest note of the failure
-                state.errors.append(f"answer: {type(exc).__name__}: {exc}")
+                state.errors.append(f"answer: {error_text(exc)}")
                 log.warning("answer.failed", error=str(exc), chars_sent=len(state.answer))
                 if state.answer:
                     note = (
@@ -277,6 +277,7 @@ class Answer:
                         else "\n\n(The answer was cut off by an error; it may be incomplete.)"
                     )
                     await say(state, note)
+                    state.outcome = "partial" if state.outcome == "context" else state.outcome  # a cut reply
                     break
         else:
             if not state.answer:
@@ -301,6 +302,7 @@ class Answer:
             _choose(state, self.max_blocks, self.abstainer, self.ranking)
         if state.answer:
             await say(state, CUT_BY_TIME)
+            state.outcome = "partial" if state.outcome == "context" else state.outcome  # the reply is cut short
         else:
             text = self._compose(state)
             if not text:
@@ -321,7 +323,7 @@ class Answer:
                 state.question, state.blocks, state.outcome or "none", missing=state.missing, direct_reply=reply
             )
         except Exception as exc:  # noqa: BLE001 — fail-open: salvage must still end the reply, with the note
-            state.errors.append(f"answer: salvage: {type(exc).__name__}: {exc}")
+            state.errors.append(f"answer: salvage: {error_text(exc)}")
             return ""
 
     async def _stream(self, judge: Answerer, state: TurnState, history: Sequence[Message]) -> None:

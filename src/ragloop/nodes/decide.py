@@ -5,6 +5,7 @@ from __future__ import annotations
 from attrs import define, field
 
 from ragloop._log import get_logger
+from ragloop.errors import error_text
 from ragloop.events import Progress
 from ragloop.llm.protocols import Decider
 from ragloop.nodes.retrieve import content_key
@@ -71,7 +72,7 @@ class Decide:
             try:
                 return await judge.decide(state.question, state.history, state.page)
             except Exception as exc:  # noqa: BLE001 — fail-open: any decider failure falls back; the turn must still answer
-                state.errors.append(f"decide: {type(exc).__name__}: {exc}")
+                state.errors.append(f"decide: {error_text(exc)}")
                 log.warning("decide.failed", error=str(exc))
         # Both judges failed: searching the question as asked is the honest default.
         return Decision(queries=(state.question,), reason="decider failed; searching the question as asked")

@@ -8,6 +8,7 @@ import anyio
 from attrs import define, field
 
 from ragloop._log import get_logger
+from ragloop.errors import error_text
 from ragloop.events import Progress
 from ragloop.llm.budget import time_left
 from ragloop.llm.protocols import BatchGrader, Grader
@@ -42,7 +43,7 @@ async def grade_all(
             except TimeoutError:
                 verdict = Verdict("relevant", reason=f"grader timed out after {timeout_s}s", fail_open=True)
             except Exception as exc:  # noqa: BLE001 — fail-open: a grader failure keeps the chunk (better extra than lost)
-                verdict = Verdict("relevant", reason=f"grader failed: {type(exc).__name__}: {exc}", fail_open=True)
+                verdict = Verdict("relevant", reason=f"grader failed: {error_text(exc)}", fail_open=True)
         out[i] = Graded(query, hit, verdict)
 
     async with anyio.create_task_group() as tg:
@@ -76,7 +77,7 @@ async def grade_batches(
             except TimeoutError:
                 failed = f"grader timed out after {timeout_s}s"
             except Exception as exc:  # noqa: BLE001 — fail-open: a grader failure keeps the chunks
-                failed = f"grader failed: {type(exc).__name__}: {exc}"
+                failed = f"grader failed: {error_text(exc)}"
         for j, hit in enumerate(hits):
             verdict = verdicts[j] if failed is None and j < len(verdicts) else None
             if verdict is None:

@@ -6,6 +6,7 @@ import anyio
 from attrs import define, field
 
 from ragloop._log import get_logger
+from ragloop.errors import error_text
 from ragloop.events import Progress
 from ragloop.llm.protocols import Bridger
 from ragloop.policy import EDGES, HOP, RoutingPolicy, next_step
@@ -45,7 +46,7 @@ class Hop:
             with anyio.fail_after(self.timeout_s):
                 query = await self.bridger.follow_up(state.question, found, list(state.queries))
         except Exception as exc:  # noqa: BLE001 — fail-open: a failed hop only means no extra context
-            query, failure = None, f"bridger failed: {type(exc).__name__}: {exc}"
+            query, failure = None, f"bridger failed: {error_text(exc)}"
         query = " ".join(query.split()) if query else None
         accepted = bool(query) and query not in state.queries
         reason = failure or ("follow-up from the relevant passages" if accepted else "no follow-up needed")

@@ -9,6 +9,7 @@ import attrs
 from attrs import define, field
 
 from ragloop._log import get_logger
+from ragloop.errors import error_text
 from ragloop.events import Progress
 from ragloop.policy import EDGES, LIVE, RoutingPolicy, is_short, next_step
 from ragloop.retrievers.live import LiveSource, lookup_for, record_hit, split_matches
@@ -18,6 +19,9 @@ from ragloop.state import Graded, LiveLookup, TurnState, Verdict
 __all__ = ["Live", "record_hit", "split_matches"]
 
 log = get_logger("ragloop.nodes.live")
+#: A record's title and link are one line each: longer ones are cut (a title) or dropped (a link), recorded.
+_MAX_TITLE_CHARS = 300
+_MAX_URL_CHARS = 2_000
 
 #: Longest live record text handed to the answer by default (characters).
 MAX_RECORD_CHARS = 8_000
@@ -56,7 +60,7 @@ class Live:
                 with anyio.fail_after(self.timeout_s):
                     records = list(await lookup_for(source, q_text, ids, caller))
             except Exception as exc:  # noqa: BLE001 — fail-open: a down source must not sink the turn
-                error = f"{type(exc).__name__}: {exc}"
+                error = f"{error_text(exc)}"
                 log.warning("live.failed", source=source.name, error=error)
                 state.live.append(LiveLookup(q_text, source.name, ids, error=error))
                 return
@@ -74,6 +78,10 @@ class Live:
                         f"{self.max_record_chars:,} characters"
                     )
                     record = attrs.evolve(record, text=record.text[: self.max_record_chars] + " …")
+                if len(record.title) > _MAX_TITLE_CHARS or len(record.url or "") > _MAX_URL_CHARS:
+                    state.errors.append(f"live: {source.name} record {record.id[:40]} title or url cut to size")
+                    url = record.url if len(record.url or "") <= _MAX_URL_CHARS else None
+                    record = attrs.evolve(record, title=record.title[:_MAX_TITLE_CHARS] + "…", url=url)
                 hit = record_hit(record, q_text)
                 query.hits.append(hit)
                 verdict = Verdict("relevant", reason=f"{source.name}: exact id {record.id}", score=1.0)

@@ -28,7 +28,7 @@ from attrs import define, field, frozen
 
 from ragloop._log import get_logger
 from ragloop._redact import bounded
-from ragloop.errors import JudgeTimeout, PlanError, QueryRefused
+from ragloop.errors import JudgeTimeout, PlanError, QueryRefused, error_text
 from ragloop.events import Progress
 from ragloop.llm.budget import CallBudget, time_left
 from ragloop.plan import Fate, FateStatus, Plan, PlanRun, SubQuery, WaveRun, build_waves, dependents, fill
@@ -190,7 +190,7 @@ class _Executor:
             except QueryRefused as exc:
                 status, reason = "refused", str(exc)
             except Exception as exc:  # noqa: BLE001 - one failing sub-query never cancels its siblings
-                status, reason = "failed", f"{type(exc).__name__}: {exc}"
+                status, reason = "failed", f"{error_text(exc)}"
             else:
                 self.results[sub.id] = result
                 count, detail = len(result.hits), result.detail
@@ -346,7 +346,7 @@ class PlanNode:
                 _validate(plan, names, max_subqueries=self.max_subqueries)
                 return plan, judge.name if judge is self.planner else f"fallback: {judge.name}"
             except PlanError as exc:  # quotes the model's ids, which a server ignoring the output cap can inflate
-                state.errors.append(f"plan: {bounded(str(exc), 1_000)}")
+                state.errors.append(f"plan: {error_text(exc, 1_000)}")
                 log.warning("plan.invalid", planner=judge.name, error=str(exc))
             except Exception as exc:  # noqa: BLE001 - a failing planner falls back; the turn must still answer
                 state.errors.append(f"plan: {type(exc).__name__}: {bounded(str(exc), 1_000)}")

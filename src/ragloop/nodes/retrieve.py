@@ -12,6 +12,7 @@ import attrs
 from attrs import define, field
 
 from ragloop._log import get_logger
+from ragloop.errors import error_text
 from ragloop.events import Progress
 from ragloop.policy import ANSWER, EDGES, GRADE, RETRIEVE
 from ragloop.retrievers.base import Retriever, search_with_filters
@@ -81,10 +82,9 @@ def _needs_anchor(state: TurnState, pending: Sequence[str]) -> bool:
 
 
 def _describe(exc: BaseException) -> str:
-    """``"Type: message"`` of the error itself, not of the task group wrapping it (hybrid search runs two tasks)."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return f"{type(exc).__name__}: {exc}"
+    """``"Type: short message"`` of the error itself, not of the task group wrapping it (hybrid search runs two
+    tasks)."""
+    return error_text(exc)
 
 
 @define

@@ -8,6 +8,7 @@ import anyio
 from attrs import define, field
 
 from ragloop._log import get_logger
+from ragloop.errors import error_text
 from ragloop.events import Progress
 from ragloop.llm.guards import query_problem
 from ragloop.llm.protocols import Rewriter
@@ -71,7 +72,7 @@ class Rewrite:
                 if problem is None and self.embedder is not None:
                     problem = await self._semantic_repeat(candidate, tried)
             except Exception as exc:  # noqa: BLE001 — fail-open: a failed rewrite ends this query's search, honestly
-                candidate, problem = "", f"rewriter failed: {type(exc).__name__}: {exc}"
+                candidate, problem = "", f"rewriter failed: {error_text(exc)}"
             state.rewrites.append(
                 RewriteAttempt(q.text, q.root, q.attempt + 1, candidate, problem is None, problem or "new angle")
             )

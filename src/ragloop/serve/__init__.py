@@ -26,6 +26,7 @@ from ragloop.serve._app import create_app
 from ragloop.serve._documents import Document, Documents, IndexDocuments, StoreDocuments
 from ragloop.serve._handoff import Handoff, sign
 from ragloop.serve._principals import ANONYMOUS, ApiKey, Principal, load_keys
+from ragloop.serve._quota import SessionQuota, SessionsFull
 from ragloop.serve._sessions import MemorySessionStore, SessionLimits, SessionStore
 from ragloop.serve._sessions_sql import PostgresSessionStore, SQLiteSessionStore
 from ragloop.serve._settings import ServeSettings
@@ -48,7 +49,9 @@ __all__ = [
     "SQLiteSessionStore",
     "ServeSettings",
     "SessionLimits",
+    "SessionQuota",
     "SessionStore",
+    "SessionsFull",
     "StoreDocuments",
     "create_app",
     "create_mcp_server",

@@ -107,7 +107,7 @@ def create_app(  # noqa: PLR0913 — every collaborator of the app, by keyword
         model_check = _openai_probe(llm)
     if store_check is None and getattr(rag, "store", None) is not None:
         store_check = _store_probe(rag)
-    store = sessions if sessions is not None else MemorySessionStore(limits=settings.history)
+    store = sessions if sessions is not None else MemorySessionStore(settings.history, settings.session_quota)
     checks = {name: check for name, check in (("model", model_check), ("store", store_check)) if check is not None}
     checks["sessions"] = _sessions_probe(store)
     server = _Server(rag, settings, store, source_url, checks)
@@ -154,7 +154,7 @@ def create_app(  # noqa: PLR0913 — every collaborator of the app, by keyword
         from ragloop.serve._mcp import build_mcp_server
         from ragloop.serve._mcp_http import McpEndpoint
 
-        endpoint = McpEndpoint(build_mcp_server(server, documents), h.checks, server.metrics)
+        endpoint = McpEndpoint(build_mcp_server(server, documents), h.checks, server.metrics, server.quota_counts)
         routes.append(Route("/mcp", endpoint))
 
         @asynccontextmanager

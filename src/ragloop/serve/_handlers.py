@@ -62,15 +62,19 @@ class _Handlers:
         return route
 
     def turn_response(
-        self, endpoint: str, write: Callable[[Start, Body], Awaitable[None]], stream_error: Callable[[Rejected], bytes]
+        self,
+        endpoint: str,
+        principal: str,
+        write: Callable[[Start, Body], Awaitable[None]],
+        stream_error: Callable[[Rejected], bytes],
     ) -> TurnResponse:
-        """A response holding one turn slot while ``write`` runs, under the hard deadline.
+        """A response holding one of ``principal``'s turn slots while ``write`` runs, under the hard deadline.
 
         ``stream_error`` renders the last frame written when the turn fails after the stream started (a store
         outage, a server error, the deadline, the server shutting down).
         """
         server, metrics = self.server, self.metrics
-        server.take_slot()
+        server.take_slot(principal)
         status = {"code": ""}
 
         async def produce(start: Start, body: Body) -> None:
@@ -105,7 +109,7 @@ class _Handlers:
             metrics.turns_cancelled.inc()
 
         def done() -> None:
-            server.release_slot()
+            server.release_slot(principal)
             metrics.requests.labels(endpoint=endpoint, status=status["code"] or "500").inc()
 
         return TurnResponse(produce, on_disconnect=cancelled, on_done=done)
@@ -116,7 +120,7 @@ class _Handlers:
         turn, stream, include_usage = self.checks.openai_turn(await self.checks.read_json(request), principal)
         completion = _Completion(self.server, turn, include_usage)
         return self.turn_response(
-            "chat.completions", completion.stream if stream else completion.once, _completion_error
+            "chat.completions", principal.name, completion.stream if stream else completion.once, _completion_error
         )
 
     async def api_chat(self, request: Request) -> Response | TurnResponse:
@@ -134,25 +138,27 @@ class _Handlers:
             async def write_ui(start: Start, out: Body) -> None:
                 await ai_sdk_stream(self.server, turn, start, out)
 
-            return self.turn_response("api.chat.ai-sdk", write_ui, ai_sdk_error)
+            return self.turn_response("api.chat.ai-sdk", principal.name, write_ui, ai_sdk_error)
         turn = self.checks.api_turn(body, principal)
 
         async def write(start: Start, out: Body) -> None:
             await _api_stream(self.server, turn, start, out)
 
-        return self.turn_response("api.chat", write, _api_error)
+        return self.turn_response("api.chat", principal.name, write, _api_error)
 
     async def responses(self, request: Request) -> Response | TurnResponse:
         """``POST /v1/responses`` (the OpenAI Responses API)."""
         principal = self.checks.authorize(request)
         asked = responses_request(self.checks, await self.checks.read_json(request), principal)
         response = _Response(self.server, asked)
-        return self.turn_response("responses", response.stream if asked.stream else response.once, response.failed)
+        write = response.stream if asked.stream else response.once
+        return self.turn_response("responses", principal.name, write, response.failed)
 
     async def feedback(self, request: Request) -> Response:
         """``POST /v1/feedback``: a rating of one of the caller's turns (another principal's turn is a 404)."""
         principal = self.checks.authorize(request)
         body = await self.checks.read_json(request)
+        self.server.count_feedback(principal.name)
         return await feedback_response(self.server.rag, body, principal.name, self.metrics)
 
     async def healthz(self, request: Request) -> Response:

@@ -31,7 +31,7 @@ from mcp.shared.exceptions import MCPError
 
 from ragloop._log import get_logger
 from ragloop.chat import ReplyReady
-from ragloop.errors import RagloopError
+from ragloop.errors import InputError, RagloopError
 from ragloop.events import Progress
 from ragloop.serve._documents import Documents
 from ragloop.serve._mcp_schemas import ASK_INPUT, ASK_OUTPUT, PROMPT, SEARCH_INPUT, SEARCH_OUTPUT, prompt_text
@@ -156,6 +156,9 @@ class _Tools:
         try:
             with anyio.fail_after(self.server.settings.deadline_s):
                 hits = await self.documents.search(arguments["query"], int(arguments.get("k", 5)), filters)
+        except InputError as exc:  # a filter key no document has: the caller's mistake, said as such
+            metrics.requests.labels(endpoint="mcp.search", status="400").inc()
+            raise _invalid(f"filters: {exc}") from None
         except Exception:  # a store outage or a timeout: the model reads the reason, the log has the details
             log.exception("mcp search failed")
             metrics.requests.labels(endpoint="mcp.search", status="503").inc()
@@ -186,7 +189,7 @@ class _Tools:
         turn = _Turn(arguments["question"], history, None, None, None, "question", principal, tuple(filters.items()))
         server, metrics = self.server, self.server.metrics
         try:
-            server.take_slot()
+            server.take_slot(principal.name)
         except Rejected as exc:
             metrics.requests.labels(endpoint="mcp.ask", status=str(exc.status)).inc()
             return _tool_error(exc.message)
@@ -218,7 +221,7 @@ class _Tools:
             metrics.turns_failed.inc()
             return _tool_error(_INTERNAL)
         finally:
-            server.release_slot()
+            server.release_slot(principal.name)
             metrics.requests.labels(endpoint="mcp.ask", status=status).inc()
 
     async def _run(self, ctx: ServerRequestContext[Any, Any], turn: _Turn) -> Reply | None:
@@ -355,7 +358,7 @@ def create_mcp_server(
         principal: Who every call runs as (its tenant and filters wall in every search).
         source_url: Maps a source to a link, as for :func:`~ragloop.serve.create_app`.
     """
-    state = _Server(rag, settings, MemorySessionStore(limits=settings.history), source_url, {})
+    state = _Server(rag, settings, MemorySessionStore(settings.history, settings.session_quota), source_url, {})
     return build_mcp_server(state, documents, principal=principal)
 
 

@@ -5,7 +5,7 @@ Two apps in one process (or one app created twice by a test) therefore never cla
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -71,6 +71,15 @@ class Metrics:
     def watch_handoffs(self, counts: Callable[[], Mapping[str, int]]) -> None:
         """Expose the hand-off webhook's deliveries by result (``delivered``, ``failed``, ``dropped``)."""
         self.registry.register(_HandoffCollector(counts))
+
+    def watch_quotas(
+        self,
+        events: Callable[[], Iterable[tuple[tuple[str, str], int]]],
+        limits: Callable[[], Mapping[str, float]],
+    ) -> None:
+        """Expose quota events (``ragloop_quota_events_total{limit, action}``: ``refused``, ``evicted``,
+        ``expired``) and the configured limits (``ragloop_quota_limit{limit}``), both read at scrape."""
+        self.registry.register(_QuotaCollector(events, limits))
 
     def observe_record(self, outcome: str, record: dict[str, Any]) -> None:
         """Count a finished turn from its reply's outcome and its decision record (read defensively)."""
@@ -138,3 +147,30 @@ class _HandoffCollector:
         for result, n in sorted(self.counts().items()):
             family.add_metric([result], n)
         yield family
+
+
+class _QuotaCollector:
+    """Quota events and limits, read when ``/metrics`` is scraped."""
+
+    def __init__(
+        self, events: Callable[[], Iterable[tuple[tuple[str, str], int]]], limits: Callable[[], Mapping[str, float]]
+    ) -> None:
+        self.events = events
+        self.limits = limits
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        events = CounterMetricFamily(
+            "ragloop_quota_events",
+            "Per-principal quota events by limit and action (refused, evicted: a principal's own oldest, expired).",
+            labels=["limit", "action"],
+        )
+        for (limit, action), count in self.events():
+            events.add_metric([limit, action], count)
+        yield events
+        limits = GaugeMetricFamily("ragloop_quota_limit", "Configured quota limits.", labels=["limit"])
+        for name, value in sorted(self.limits().items()):
+            limits.add_metric([name], value)
+        yield limits

@@ -3,10 +3,11 @@
 A model (or a document it quotes) can emit bytes that a terminal or a log viewer obeys: ANSI CSI sequences
 (``ESC [ 31 m``, cursor moves, screen clears), OSC strings (``ESC ] 8 ; ; url BEL`` hyperlinks, ``ESC ] 52``
 clipboard writes, window titles), DCS/APC/PM/SOS strings, C1 controls (U+0080–U+009F, among them the one-character
-CSI U+009B and OSC U+009D), carriage returns that overwrite a line, and other C0 controls. :class:`TextScrubber`
-drops all of them — whole sequences, not just their ``ESC`` — and keeps newlines, tabs and every printable
-character. It is a state machine fed piece by piece, so a sequence split across two streamed tokens is still
-removed whole: scrubbing the tokens one by one gives exactly the scrubbed whole text (a property test checks it).
+CSI U+009B and OSC U+009D), carriage returns that overwrite a line, other C0 controls, and the bidirectional
+controls (U+202A–U+202E, U+2066–U+2069) that reorder what a reader sees. :class:`TextScrubber` drops all of them
+— whole sequences, not just their ``ESC`` — and keeps newlines, tabs and every printable character. It is a state
+machine fed piece by piece, so a sequence split across two streamed tokens is still removed whole: scrubbing the
+tokens one by one gives exactly the scrubbed whole text (a property test checks it).
 """
 
 from __future__ import annotations
@@ -26,9 +27,16 @@ _ESC_STRINGS = frozenset("]PX^_")  # OSC, DCS, SOS, PM, APC after ESC
 
 
 def _control(ch: str) -> bool:
-    """A character that is dropped outside a sequence: C0 (but tab and newline), DEL and C1."""
+    """A character that is dropped outside a sequence: C0 (but tab and newline), DEL, C1 and the bidirectional
+    embedding, override and isolate controls (U+202A–U+202E, U+2066–U+2069), which reorder what a reader sees
+    ("Trojan Source": ``\u202e`` makes ``txt.exe`` read as ``exe.txt``)."""
     code = ord(ch)
-    return (code < 0x20 and ch not in "\t\n") or 0x7F <= code <= 0x9F
+    return (
+        (code < 0x20 and ch not in "\t\n")
+        or 0x7F <= code <= 0x9F
+        or 0x202A <= code <= 0x202E
+        or 0x2066 <= code <= 0x2069
+    )
 
 
 class TextScrubber:

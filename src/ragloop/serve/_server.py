@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
@@ -13,10 +15,11 @@ import attrs
 
 from ragloop._log import get_logger
 from ragloop.chat import ReplyReady, client_url
-from ragloop.errors import InputError
+from ragloop.errors import InputError, UnknownFilterKey
 from ragloop.events import Event, EventStream, NodeFinished, Progress, Token
 from ragloop.serve._metrics import Metrics
 from ragloop.serve._outage import searches, store_unavailable
+from ragloop.serve._quota import KeyedRate, KeyedSlots, QuotaCounts, SessionQuota, SessionsFull
 from ragloop.serve._scrub import TextScrubber, scrub
 from ragloop.serve._sessions import SessionStore
 from ragloop.serve._settings import ServeSettings
@@ -31,6 +34,17 @@ log = get_logger("ragloop.serve")
 
 #: The refusal of a turn whose every document search failed: it would otherwise answer "found nothing".
 STORE_DOWN = "the knowledge base is unavailable (every search of this turn failed); retry in a moment"
+
+
+_PYTHON_ADVICE = re.compile(r"[,;]?\s*(?:or )?pass a larger \w+ to ChatRAG|[,;]?\s*e\.g\. rag\.\w+\(.*?\)(?=$|[;.])")
+
+
+def for_clients(message: str, param: str) -> str:
+    """A library error's message as an HTTP client should read it: the Python advice (``rag.ask(...)``, a
+    ``ChatRAG`` argument) left out, since such a client can neither call nor configure that."""
+    if message.startswith("question is empty"):
+        return f"the question ({param}) is empty or only control characters: send the user's message"
+    return _PYTHON_ADVICE.sub("", message).rstrip(" ,;") or message
 
 
 def _clean(reply: Reply) -> Reply:
@@ -132,34 +146,96 @@ class _Server:
         self.checks = checks
         self.metrics = Metrics()
         self.metrics.watch_turn_log(lambda: getattr(self.rag, "turn_log", None))
-        self.active = 0
+        self.slots = KeyedSlots(settings.max_concurrent_turns, settings.turns_per_key())
+        self.feedback_rate = KeyedRate(settings.feedback_per_key, settings.feedback_window_s)
+        #: Refusals by the per-key limits of the serve layer (slots, MCP sessions, feedback), for ``/metrics``.
+        self.quota_counts = QuotaCounts()
+        self.metrics.watch_quotas(self._quota_events, self._quota_limits)
         #: Set by :meth:`shut_down`: new turns get 503 and the turns in flight are cancelled.
         self.closing = False
         self.in_flight: set[anyio.CancelScope] = set()
         self._ready_at = float("-inf")
         self._ready: tuple[bool, dict[str, str]] = (False, {})
 
-    def take_slot(self) -> None:
+    def _quota_events(self) -> list[tuple[tuple[str, str], int]]:
+        store_counts = getattr(self.sessions, "counts", None)  # a store of one's own may keep none
+        return [*self.quota_counts.items(), *(store_counts.items() if isinstance(store_counts, QuotaCounts) else ())]
+
+    def _quota_limits(self) -> dict[str, float]:
+        s = self.settings
+        quota = getattr(self.sessions, "quota", None)
+        quota = quota if isinstance(quota, SessionQuota) else None
+        limits: dict[str, float] = {
+            "turn_slots": s.max_concurrent_turns,
+            "turn_slots_per_key": self.slots.per_key,
+            "mcp_sessions_per_key": s.mcp_sessions_per_key,
+            "mcp_sessions": s.mcp_max_sessions,
+            "mcp_idle_seconds": s.mcp_idle_s,
+            "feedback_per_key": s.feedback_per_key,
+            "feedback_window_seconds": s.feedback_window_s,
+        }
+        if quota is not None:
+            limits |= {"sessions_per_key": quota.per_owner, "sessions": quota.total}
+            limits["session_idle_seconds"] = quota.idle_s
+        return limits
+
+    @property
+    def active(self) -> int:
+        """Turns in flight now, of every principal."""
+        return self.slots.active
+
+    def take_slot(self, principal: str) -> None:
+        """Take one of ``principal``'s turn slots, or raise :class:`Rejected` 429 (503 while shutting down)."""
+        retry = {"retry-after": str(self.settings.retry_after_s)}
         if self.closing:
             raise Rejected(
                 503, "the server is shutting down; retry on another replica or in a moment", kind="server_error",
-                code="shutting_down", headers={"retry-after": str(self.settings.retry_after_s)},
+                code="shutting_down", headers=retry,
             )  # fmt: skip
-        limit = self.settings.max_concurrent_turns
-        if self.active >= limit:
+        refused = self.slots.take(principal)
+        if refused == "total":
             self.metrics.rejected.labels(reason="busy").inc()
+            self.quota_counts.add("turn_slots", "refused")
             raise Rejected(
                 429,
-                f"server busy: {limit} turns in flight (the limit); retry after {self.settings.retry_after_s} s",
+                f"server busy: {self.slots.total} turns in flight (the limit); retry after "
+                f"{self.settings.retry_after_s} s",
                 kind="rate_limit_error",
                 code="busy",
-                headers={"retry-after": str(self.settings.retry_after_s)},
+                headers=retry,
             )
-        self.active += 1
+        if refused == "per_key":
+            self.metrics.rejected.labels(reason="key_busy").inc()
+            self.quota_counts.add("turn_slots_per_key", "refused")
+            raise Rejected(
+                429,
+                f"this API key has {self.slots.per_key} turns in flight, its share of the server's "
+                f"{self.slots.total} (max_turns_per_key); retry after {self.settings.retry_after_s} s",
+                kind="rate_limit_error",
+                code="key_busy",
+                headers=retry,
+            )
         self.metrics.in_flight.inc()
 
-    def release_slot(self) -> None:
-        self.active -= 1
+    def count_feedback(self, principal: str) -> None:
+        """Count one feedback request of ``principal``'s, or raise :class:`Rejected` 429 over its rate."""
+        wait = self.feedback_rate.allow(principal)
+        if wait is not None:
+            self.metrics.rejected.labels(reason="feedback_per_key").inc()
+            self.quota_counts.add("feedback_per_key", "refused")
+            s = self.settings
+            raise Rejected(
+                429,
+                f"this API key sent {s.feedback_per_key} ratings in {s.feedback_window_s:g} s (feedback_per_key); "
+                f"retry in {math.ceil(wait)} s",
+                kind="rate_limit_error",
+                code="feedback_rate",
+                headers={"retry-after": str(max(1, math.ceil(wait)))},
+            )
+
+    def release_slot(self, principal: str) -> None:
+        """Give back one of ``principal``'s turn slots."""
+        self.slots.release(principal)
         self.metrics.in_flight.dec()
 
     @contextmanager
@@ -222,6 +298,15 @@ class _Server:
             sid = chosen if chosen is not None else secrets.token_urlsafe(18)
             try:
                 created = await self.sessions.create(owner, sid)
+            except SessionsFull as exc:  # the store is full; no one else's session is dropped for this one
+                self.metrics.rejected.labels(reason="sessions_full").inc()
+                raise Rejected(
+                    429,
+                    str(exc),
+                    kind="rate_limit_error",
+                    code="sessions_full",
+                    headers={"retry-after": str(max(self.settings.retry_after_s, 60))},
+                ) from None
             except Exception:  # logged; the client asked for a session it cannot have now
                 log.exception("session store failed", session_store=type(self.sessions).__name__)
                 self.metrics.session_errors.inc()
@@ -282,19 +367,24 @@ class _Server:
         try:  # ChatRAG.stream checks its input when called; an override written as a generator checks it later
             stream = self._stream(turn)
         except InputError as exc:
-            self.metrics.rejected.labels(reason="invalid").inc()
-            raise Rejected(400, str(exc), param=turn.question_param) from None
+            raise self._invalid(exc, turn) from None
         view = _TurnView(self, turn)
         async with aclosing(stream):
             try:
                 event: Event | None = await anext(stream)
             except InputError as exc:
-                self.metrics.rejected.labels(reason="invalid").inc()
-                raise Rejected(400, str(exc), param=turn.question_param) from None
+                raise self._invalid(exc, turn) from None
             while event is not None:
                 for shown in await view.show(event):
                     yield shown
                 event = await anext(stream, None)
+
+    def _invalid(self, exc: InputError, turn: _Turn) -> Rejected:
+        """The 400 for input the chat refused: ``param`` names the field at fault, the message is for an HTTP
+        client (no Python advice)."""
+        self.metrics.rejected.labels(reason="invalid").inc()
+        param = "filters" if isinstance(exc, UnknownFilterKey) else turn.question_param
+        return Rejected(400, for_clients(str(exc), param), param=param)
 
     async def reply(self, turn: _Turn) -> Reply:
         """Run ``turn`` (prepared) to its end: the reply, shown as :meth:`events` shows it."""

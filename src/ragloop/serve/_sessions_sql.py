@@ -4,6 +4,11 @@ Both keep the table ``ragloop_sessions (owner, id, messages, updated)`` with the
 session is found by its owner and its id together, never by the id alone. A table written by an older ragloop
 (``id`` alone the key, no ``owner``) is migrated when it is empty and refused, with nothing changed, when it
 holds sessions: their owners are unknown, and guessing would hand one user's conversation to another.
+
+Both enforce a :class:`~ragloop.serve.SessionQuota` when a session starts, in one transaction (Postgres: under a
+per-owner advisory lock, so replicas agree): rows idle past ``idle_s`` are deleted, the owner's own least
+recently used rows go when it is at ``per_owner``, and a table at ``total`` refuses the new one
+(:class:`~ragloop.serve.SessionsFull`). A read never returns a session idle past ``idle_s``, deleted yet or not.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +24,7 @@ import anyio
 import anyio.to_thread
 
 from ragloop.errors import ConfigError
+from ragloop.serve._quota import QuotaCounts, SessionQuota, SessionsFull
 from ragloop.serve._sessions import SessionLimits, decode, encode
 from ragloop.state import Message
 
@@ -29,6 +35,7 @@ __all__ = ["PostgresSessionStore", "SQLiteSessionStore"]
 
 _COLUMNS = frozenset({"owner", "id", "messages", "updated"})
 _LIMITS = SessionLimits()
+_QUOTA = SessionQuota()
 
 
 def _unowned(where: str, rows: int, fix: str) -> ConfigError:
@@ -52,14 +59,27 @@ class SQLiteSessionStore:
     Args:
         path: The database file (created with its table when missing).
         limits: History caps per session.
+        quota: Sessions per principal and in all, and the idle time after which a session is deleted.
+        clock: Seconds since the epoch (a test can drive it).
 
     Raises:
         ConfigError: The file cannot be opened, or holds an older table with sessions that have no owner.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, limits: SessionLimits = _LIMITS) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        limits: SessionLimits = _LIMITS,
+        quota: SessionQuota = _QUOTA,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.path = Path(path)
         self.limits = limits
+        self.quota = quota
+        self.clock = clock
+        #: Sessions evicted, expired and refused, for ``/metrics``.
+        self.counts = QuotaCounts()
         self._lock = threading.Lock()
         try:
             self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -88,24 +108,58 @@ class SQLiteSessionStore:
                 "create table if not exists ragloop_sessions (owner text not null, id text not null, "
                 "messages text not null, updated real not null, primary key (owner, id))"
             )
+            self._conn.execute("create index if not exists ragloop_sessions_idle on ragloop_sessions (updated)")
+            self._conn.execute(
+                "create index if not exists ragloop_sessions_owner_idle on ragloop_sessions (owner, updated)"
+            )
         except BaseException:
             self._conn.execute("rollback")
             raise
         self._conn.execute("commit")
 
     def _create(self, owner: str, session_id: str) -> bool:
+        q, now = self.quota, self.clock()
         with self._lock:
-            cur = self._conn.execute(
-                "insert into ragloop_sessions (owner, id, messages, updated) values (?, ?, '[]', ?) "
-                "on conflict (owner, id) do nothing",
-                (owner, session_id, time.time()),
-            )
-            return cur.rowcount == 1
+            self._conn.execute("begin immediate")
+            try:
+                expired = self._conn.execute(
+                    "delete from ragloop_sessions where updated <= ?", (now - q.idle_s,)
+                ).rowcount
+                self.counts.add("sessions", "expired", expired)
+                if self._conn.execute(
+                    "select 1 from ragloop_sessions where owner = ? and id = ?", (owner, session_id)
+                ).fetchone():
+                    self._conn.execute("commit")
+                    return False
+                held = self._conn.execute("select count(*) from ragloop_sessions where owner = ?", (owner,))
+                over = held.fetchone()[0] - q.per_owner + 1
+                if over > 0:  # the owner's own least recently used sessions make room, never another's
+                    self._conn.execute(
+                        "delete from ragloop_sessions where owner = ? and id in (select id from ragloop_sessions "
+                        "where owner = ? order by updated, id limit ?)",
+                        (owner, owner, over),
+                    )
+                    self.counts.add("sessions", "evicted", over)
+                full = self._conn.execute("select count(*) from ragloop_sessions").fetchone()[0] >= q.total
+                if not full:
+                    self._conn.execute(
+                        "insert into ragloop_sessions (owner, id, messages, updated) values (?, ?, '[]', ?)",
+                        (owner, session_id, now),
+                    )
+            except BaseException:
+                self._conn.execute("rollback")
+                raise
+            self._conn.execute("commit")
+        if full:
+            self.counts.add("sessions", "refused")
+            raise SessionsFull(q.full_message())
+        return True
 
     def _load(self, owner: str, session_id: str) -> tuple[Message, ...] | None:
         with self._lock:
             row = self._conn.execute(
-                "select messages from ragloop_sessions where owner = ? and id = ?", (owner, session_id)
+                "select messages from ragloop_sessions where owner = ? and id = ? and updated > ?",
+                (owner, session_id, self.clock() - self.quota.idle_s),
             ).fetchone()
         return decode(row[0]) if row else None
 
@@ -113,14 +167,16 @@ class SQLiteSessionStore:
         with self._lock:
             self._conn.execute("begin immediate")
             try:
+                now = self.clock()
                 row = self._conn.execute(
-                    "select messages from ragloop_sessions where owner = ? and id = ?", (owner, session_id)
+                    "select messages from ragloop_sessions where owner = ? and id = ? and updated > ?",
+                    (owner, session_id, now - self.quota.idle_s),
                 ).fetchone()
                 if row is not None:
                     history = self.limits.cap((*decode(row[0]), *messages))
                     self._conn.execute(
                         "update ragloop_sessions set messages = ?, updated = ? where owner = ? and id = ?",
-                        (encode(history), time.time(), owner, session_id),
+                        (encode(history), now, owner, session_id),
                     )
             except BaseException:
                 self._conn.execute("rollback")
@@ -163,6 +219,7 @@ class PostgresSessionStore:
     Args:
         conninfo: A ``postgresql://`` URI or libpq connection string.
         limits: History caps per session.
+        quota: Sessions per principal and in all, and the idle time after which a session is deleted.
         max_connections: Size of the connection pool.
         wait_s: Longest wait for a connection; a store that is down then fails the load or save quickly
             (the turn answers without history) instead of holding the turn to its deadline.
@@ -173,6 +230,7 @@ class PostgresSessionStore:
         conninfo: str,
         *,
         limits: SessionLimits = _LIMITS,
+        quota: SessionQuota = _QUOTA,
         max_connections: int = 10,
         wait_s: float = 5.0,
     ) -> None:
@@ -181,6 +239,9 @@ class PostgresSessionStore:
         except ImportError as exc:
             raise ConfigError("PostgresSessionStore needs psycopg: pip install 'ragloop[serve,postgres]'") from exc
         self.limits = limits
+        self.quota = quota
+        #: Sessions evicted, expired and refused (by this replica), for ``/metrics``.
+        self.counts = QuotaCounts()
         self._pool: Any = AsyncConnectionPool(
             conninfo, min_size=1, max_size=max_connections, open=False, timeout=wait_s
         )
@@ -217,22 +278,55 @@ class PostgresSessionStore:
             "create table if not exists ragloop_sessions (owner text not null, id text not null, "
             "messages jsonb not null, updated timestamptz not null default now(), primary key (owner, id))"
         )
+        await conn.execute("create index if not exists ragloop_sessions_idle on ragloop_sessions (updated)")
+        await conn.execute(
+            "create index if not exists ragloop_sessions_owner_idle on ragloop_sessions (owner, updated)"
+        )
 
     async def create(self, owner: str, session_id: str) -> bool:
-        """Start an empty session; ``False`` when ``owner`` has one by that id."""
-        async with await self._connection() as conn:
+        """Start an empty session; ``False`` when ``owner`` has one by that id.
+
+        Over ``quota.per_owner`` the owner's own least recently used sessions are deleted; a table holding
+        ``quota.total`` raises :class:`SessionsFull` (replicas starting sessions at the same moment may pass
+        the total by one each: the per-owner count is exact, under the owner's lock).
+        """
+        q = self.quota
+        async with await self._connection() as conn, conn.transaction():
+            await conn.execute("select pg_advisory_xact_lock(hashtext(%s))", ("ragloop_sessions:" + owner,))
             cur = await conn.execute(
-                "insert into ragloop_sessions (owner, id, messages) values (%s, %s, '[]'::jsonb) "
-                "on conflict (owner, id) do nothing returning 1",
-                (owner, session_id),
+                "delete from ragloop_sessions where updated <= now() - make_interval(secs => %s)", (q.idle_s,)
             )
-            return await cur.fetchone() is not None
+            self.counts.add("sessions", "expired", cur.rowcount)
+            cur = await conn.execute("select 1 from ragloop_sessions where owner = %s and id = %s", (owner, session_id))
+            if await cur.fetchone() is not None:
+                return False
+            cur = await conn.execute("select count(*) from ragloop_sessions where owner = %s", (owner,))
+            over = (await cur.fetchone())[0] - q.per_owner + 1
+            if over > 0:  # the owner's own least recently used sessions make room, never another's
+                await conn.execute(
+                    "delete from ragloop_sessions where owner = %s and id in (select id from ragloop_sessions "
+                    "where owner = %s order by updated, id limit %s)",
+                    (owner, owner, over),
+                )
+                self.counts.add("sessions", "evicted", over)
+            full = (await (await conn.execute("select count(*) from ragloop_sessions")).fetchone())[0] >= q.total
+            if not full:
+                await conn.execute(
+                    "insert into ragloop_sessions (owner, id, messages) values (%s, %s, '[]'::jsonb)",
+                    (owner, session_id),
+                )
+        if full:
+            self.counts.add("sessions", "refused")
+            raise SessionsFull(q.full_message())
+        return True
 
     async def load(self, owner: str, session_id: str) -> tuple[Message, ...] | None:
         """The session's history; ``None`` when ``owner`` has no session by that id."""
         async with await self._connection() as conn:
             cur = await conn.execute(
-                "select messages::text from ragloop_sessions where owner = %s and id = %s", (owner, session_id)
+                "select messages::text from ragloop_sessions where owner = %s and id = %s "
+                "and updated > now() - make_interval(secs => %s)",
+                (owner, session_id, self.quota.idle_s),
             )
             row = await cur.fetchone()
         return decode(row[0]) if row else None
@@ -244,8 +338,9 @@ class PostgresSessionStore:
         """
         async with await self._connection() as conn, conn.transaction():
             cur = await conn.execute(
-                "select messages::text from ragloop_sessions where owner = %s and id = %s for update",
-                (owner, session_id),
+                "select messages::text from ragloop_sessions where owner = %s and id = %s "
+                "and updated > now() - make_interval(secs => %s) for update",
+                (owner, session_id, self.quota.idle_s),
             )
             row = await cur.fetchone()
             if row is None:

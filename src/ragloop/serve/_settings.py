@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 from attrs import field, frozen
 
 from ragloop.errors import ConfigError
 from ragloop.serve._principals import ApiKey, KeyRing
+from ragloop.serve._quota import SessionQuota
 from ragloop.serve._sessions import SessionLimits
 
 
@@ -15,6 +18,20 @@ class ServeSettings:
 
     Attributes:
         max_concurrent_turns: Turns that may run at once; one more gets 429 with ``Retry-After``.
+        max_turns_per_key: Turns one principal may run at once (429 ``key_busy`` over it), so that one key
+            never takes every slot. ``None``: ``max_concurrent_turns`` shared out over the configured
+            principals, up to four: all of them for one principal, half for two, a third for three, a quarter
+            for four or more (rounded up).
+        session_quota: Sessions per principal (over it the principal's own oldest session goes), in all (over
+            it: 429) and their idle expiry, for the default in-memory store (``ragloop serve`` passes it to
+            the SQL stores too).
+        mcp_sessions_per_key: MCP sessions (``/mcp``) one principal may hold open; one more ``initialize``
+            gets 429 ``too_many_sessions`` until one closes (DELETE) or goes idle.
+        mcp_max_sessions: MCP sessions open in all (the SDK's own cap; 503 over it).
+        mcp_idle_s: An MCP session with no request for this long is closed.
+        feedback_per_key: Feedback requests one principal may make per ``feedback_window_s`` (429 over it), so
+            one key cannot fill the turn log's feedback table.
+        feedback_window_s: The window of ``feedback_per_key``, in seconds.
         retry_after_s: The ``Retry-After`` value sent with 429, in seconds.
         deadline_s: Time limit of one turn (the turn then answers with what it has); ``None``: the rag's own.
         deadline_grace_s: A turn still running this long after ``deadline_s`` is stuck: it is cancelled and
@@ -38,6 +55,13 @@ class ServeSettings:
     """
 
     max_concurrent_turns: int = 64
+    max_turns_per_key: int | None = None
+    session_quota: SessionQuota = field(factory=SessionQuota)
+    mcp_sessions_per_key: int = 100
+    mcp_max_sessions: int = 1_000
+    mcp_idle_s: float = 1_800.0
+    feedback_per_key: int = 60
+    feedback_window_s: float = 60.0
     retry_after_s: int = 1
     deadline_s: float | None = 60.0
     deadline_grace_s: float = 15.0
@@ -59,7 +83,15 @@ class ServeSettings:
     def __attrs_post_init__(self) -> None:
         if self.max_concurrent_turns < 1:
             raise ConfigError(f"max_concurrent_turns must be at least 1, got {self.max_concurrent_turns}")
-        if self.deadline_s is not None and not self.deadline_s > 0:
+        for name in ("max_turns_per_key", "mcp_sessions_per_key", "mcp_max_sessions", "feedback_per_key"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name} must be a whole number of at least 1, got {value!r}")
+        for name in ("mcp_idle_s", "feedback_window_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.deadline_s is not None and (isinstance(self.deadline_s, bool) or not self.deadline_s > 0):
             raise ConfigError(f"deadline_s must be a positive number of seconds or None, got {self.deadline_s}")
         if self.max_messages < 1:
             raise ConfigError(f"max_messages must be at least 1 (the question), got {self.max_messages}")
@@ -70,6 +102,13 @@ class ServeSettings:
         if not self.tenant_key:
             raise ConfigError("tenant_key must name a metadata key, e.g. 'tenant'")
         self.keyring()  # a bad key, a repeated key or a principal with two scopes fails here, not on a request
+
+    def turns_per_key(self) -> int:
+        """The turn slots one principal may hold (``max_turns_per_key``, or its default share)."""
+        if self.max_turns_per_key is not None:
+            return min(self.max_turns_per_key, self.max_concurrent_turns)
+        principals = min(len(self.keyring().principals()), 4)
+        return max(1, math.ceil(self.max_concurrent_turns / max(principals, 1)))
 
     def keyring(self) -> KeyRing:
         """Every configured key (``api_keys`` and ``keys``) with its principal."""

@@ -7,7 +7,10 @@ neither uvicorn (0.54) nor h11 has a head timeout (h11's ``max_incomplete_event_
 :func:`h11_protocol` is uvicorn's h11 protocol with a head timer: armed when a connection opens and after each
 response, disarmed when a whole request head has arrived; when it fires the connection is closed. (A body that
 trickles in is the app's ``body_timeout_s``; one the app never reads is cut by the same timer, re-armed after the
-response.) Use it with your own uvicorn as ``uvicorn.Config(app, http=h11_protocol(header_timeout_s=10))``.
+response.) It also has a write timeout: a client that stops reading its response (a stream it never consumes)
+holds a socket, a descriptor and, through the app, a turn slot for as long as it likes; a write that waits
+``write_timeout_s`` for the client to read aborts the connection instead. Use it with your own uvicorn as
+``uvicorn.Config(app, http=h11_protocol(header_timeout_s=10, write_timeout_s=30))``.
 
 uvicorn re-raises a caught SIGINT or SIGTERM once it has shut down, so the process ends by the signal (exit code
 130, or killed by SIGTERM) even after a clean shutdown. :class:`CleanExitServer` calls ``on_signal`` (the app
@@ -25,6 +28,7 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ragloop.errors import ConfigError
@@ -32,10 +36,29 @@ from ragloop.errors import ConfigError
 __all__ = ["CleanExitServer", "h11_protocol"]
 
 
-def h11_protocol(*, header_timeout_s: float = 10.0) -> type[asyncio.Protocol]:
-    """uvicorn's h11 protocol with a request-head timeout of ``header_timeout_s`` seconds (see the module)."""
+class _TimedFlow(FlowControl):
+    """uvicorn's write flow control with a deadline: a write that waits ``timeout_s`` for the client to read
+    aborts the connection (socket and descriptor freed at once; the app sees the client gone)."""
+
+    def __init__(self, transport: asyncio.Transport, timeout_s: float) -> None:
+        super().__init__(transport)
+        self.timeout_s = timeout_s
+
+    async def drain(self) -> None:
+        try:
+            await asyncio.wait_for(self._is_writable_event.wait(), self.timeout_s)
+        except TimeoutError:
+            self._transport.abort()  # close() would wait for the unread buffer to drain: forever
+            self.resume_writing()
+
+
+def h11_protocol(*, header_timeout_s: float = 10.0, write_timeout_s: float = 30.0) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol with a request-head timeout of ``header_timeout_s`` seconds and a write timeout of
+    ``write_timeout_s`` (see the module)."""
     if not header_timeout_s > 0:
         raise ConfigError(f"header_timeout_s must be a positive number of seconds, got {header_timeout_s}")
+    if not write_timeout_s > 0:
+        raise ConfigError(f"write_timeout_s must be a positive number of seconds, got {write_timeout_s}")
 
     class HeadTimeoutProtocol(H11Protocol):
         _head_timer: asyncio.TimerHandle | None = None
@@ -56,6 +79,7 @@ def h11_protocol(*, header_timeout_s: float = 10.0) -> type[asyncio.Protocol]:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self.flow = _TimedFlow(transport, write_timeout_s)
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:

@@ -259,18 +259,31 @@ def _with_envelope(payload: str, envelope: Mapping[str, Any]) -> str:
     return payload
 
 
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def _delta_text(payload: str) -> str:
+    """The content of one streamed chunk, read defensively: a scripted chunk may be deliberately malformed
+    (``"choices": null``, a string delta); the server then counts nothing instead of failing."""
     try:
         obj = json.loads(payload)
-        return "".join(str(c.get("delta", {}).get("content") or "") for c in obj.get("choices", []))
-    except (ValueError, AttributeError):
+    except ValueError:
         return ""
+    return "".join(str(_dict(_dict(c).get("delta")).get("content") or "") for c in _list(_dict(obj).get("choices")))
 
 
 def _completion_text(body: Mapping[str, Any]) -> str:
+    """The text of a completion body (for the usage estimate), read as defensively as :func:`_delta_text`."""
     parts: list[str] = []
-    for choice in body.get("choices", []):
-        message = choice.get("message", {})
+    for choice in _list(body.get("choices")):
+        message = _dict(_dict(choice).get("message"))
         parts.append(str(message.get("content") or ""))
-        parts += [str(call["function"]["arguments"]) for call in message.get("tool_calls", [])]
+        parts += [
+            str(_dict(_dict(call).get("function")).get("arguments") or "") for call in _list(message.get("tool_calls"))
+        ]
     return " ".join(parts)

@@ -139,13 +139,14 @@ class OpenAIDecider:
     def _messages(
         self, question: str, history: Sequence[Message], page: PageContext, json_mode: bool
     ) -> list[dict[str, Any]]:
-        system = prompts.decide_system_prompt(page, self.glossary)
+        nonce = prompts.new_nonce()
+        system = prompts.decide_system_prompt(page, self.glossary, nonce)
         if json_mode:
-            system = prompts.decide_json_system_prompt(page, self.glossary)
+            system = prompts.decide_json_system_prompt(page, self.glossary, nonce)
         return [
             {"role": "system", "content": system},
             *prompts.history_messages(history, self.max_history),
-            {"role": "user", "content": question},
+            {"role": "user", "content": prompts.decide_user_prompt(question, page, nonce)},
         ]
 
     async def decide(self, question: str, history: Sequence[Message], page: PageContext) -> Decision:
