@@ -86,7 +86,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
     check_rebuild(args)  # nor drop documents of other scopes (tenants) that --out holds
     embedder = make_embedder(args.embedder, args.embedder_base_url)
     result = ingest_for_index(args, embedder)
-    embedding = Progress(f"embedding ({embedder.name})")
+    embedding = Progress(f"embedding ({embedder.name})", quiet=args.quiet)
     try:
         index = build_index(attach_metadata(args, result.chunks), embedder, embedding, scope=index_scope(args))
     finally:
