@@ -190,7 +190,7 @@ def _load(data: bytes, fmt: str, warnings: list[str]) -> tuple[str, str, list[Bl
     if raw.startswith("\ufeff"):
         raw = raw[1:]
     if fmt == "html":
-        title, blocks = html_blocks(raw)
+        title, blocks = html_blocks(raw, warnings)
         return clean_title(title), raw, blocks, encoding
     if fmt == "rst":
         title, blocks = rst_blocks(raw)

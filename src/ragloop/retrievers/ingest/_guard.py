@@ -91,7 +91,8 @@ def parse_file(task: FileTask) -> Document | Skip:
     if chars > task.max_text_chars:
         return _too_much_text(item.source, chars, task.max_text_chars)
     if not any(b.kind != "heading" for b in blocks):
-        return Skip(item.source, EMPTY_REASON)
+        why = next((w for w in item.warnings if w.startswith("cleaning removed")), "")
+        return Skip(item.source, f"{EMPTY_REASON}: {why}" if why else EMPTY_REASON)
     return evolve(item, text="", blocks=tuple(blocks))
 
 
