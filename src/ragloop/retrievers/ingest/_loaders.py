@@ -12,8 +12,8 @@ faster on the same files, the same words out).
 - DOCX: paragraphs in body order; ``Title`` and ``Heading N`` styles become headings, list styles list items,
   preformatted/code styles code blocks; tables become markdown rows.
 - RST: parsed by docutils without reading any other file and without raw HTML; sections become headings
-  with their ids, literal blocks code, tables rows, lists items. Sphinx-only roles and directives stay as
-  their text.
+  with their ids, literal blocks code, tables rows, lists items. Sphinx's roles and directives are rendered
+  as readable text (:mod:`ragloop.retrievers.ingest._sphinx`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ragloop.retrievers.ingest._blocks import Block, LoaderError, MissingExtra, clean_code, clean_inline
+from ragloop.retrievers.ingest._sphinx import sphinx_markup
 from ragloop.retrievers.ingest._types import MAX_PDF_STREAM_BYTES, MAX_ZIP_MEMBER_BYTES, MAX_ZIP_TOTAL_BYTES
 
 __all__ = ["check_zip", "docx_blocks", "pdf_blocks", "rst_blocks"]
@@ -304,7 +305,8 @@ def rst_blocks(text: str) -> tuple[str, list[Block]]:
         "doctitle_xform": False,  # the top section stays a section (level 1), its subsections level 2
         "warning_stream": io.StringIO(),
     }
-    tree = publish_doctree(text, settings_overrides=settings)
+    with sphinx_markup():  # Sphinx's roles and directives read as text, not dropped (see _sphinx)
+        tree = publish_doctree(text, settings_overrides=settings)
     blocks: list[Block] = []
     _RstWalker(nodes, blocks).walk(tree, 0)
     title = next((b.text for b in blocks if b.kind == "heading"), "")

@@ -36,7 +36,7 @@ __all__ = ["Explained", "chunk_document", "document_blocks", "explain_file", "in
 
 _log = get_logger("ragloop.retrievers.ingest")
 #: Changes whenever the same file would give other chunks or indexed text (cached sample indexes key on it).
-INGEST_VERSION = "4"
+INGEST_VERSION = "5"
 
 
 def chunk_document(
