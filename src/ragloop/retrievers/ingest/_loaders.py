@@ -5,8 +5,10 @@ without one, :class:`~ragloop.retrievers.ingest._blocks.MissingExtra` says which
 skipped with that reason. pypdf was chosen over pdfminer.six by measurement (``benchmarks/bench_extract.py``:
 faster on the same files, the same words out).
 
-- PDF: one text block per paragraph of each page, carrying its page number (citations link
-  ``file.pdf#page=N``); the document outline (bookmarks) gives the headings; the metadata title, the title.
+- PDF: pypdf's lines shaped into paragraphs, list items and headings (:mod:`ragloop.retrievers.ingest._pdf`:
+  hyphenation joined, running heads and page numbers removed, outline headings where they point, contents
+  pages skipped), each block carrying its page number (citations link ``file.pdf#page=N``); the metadata
+  title, the title.
   What pypdf logs while it reads (``incorrect startxref pointer``…) is collected for the ingestion's warning
   report instead of reaching stderr through Python's last-resort handler (the library prints nothing).
 - DOCX: paragraphs in body order; ``Title`` and ``Heading N`` styles become headings, list styles list items,
@@ -27,12 +29,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from ragloop.retrievers.ingest._blocks import Block, LoaderError, MissingExtra, clean_code, clean_inline
+from ragloop.retrievers.ingest._pdf import shape_pages
 from ragloop.retrievers.ingest._sphinx import sphinx_markup
 from ragloop.retrievers.ingest._types import MAX_PDF_STREAM_BYTES, MAX_ZIP_MEMBER_BYTES, MAX_ZIP_TOTAL_BYTES
 
 __all__ = ["check_zip", "docx_blocks", "pdf_blocks", "rst_blocks"]
 
-_PARAGRAPHS = re.compile(r"\n[ \t]*\n")
 _HEADING_STYLE = re.compile(r"^(?:heading|überschrift|titre)\s*([1-9])$", re.I)
 
 
@@ -132,14 +134,7 @@ def _read_pdf(pypdf: Any, error: type[Exception], data: bytes) -> tuple[str, lis
         if reader.is_encrypted and not reader.decrypt(""):
             raise LoaderError("encrypted PDF (needs a password); decrypt it to index it")
         headings = _outline(reader)
-        blocks: list[Block] = []
-        for number, page in enumerate(reader.pages, start=1):
-            blocks.extend(headings.get(number, ()))
-            text = page.extract_text() or ""
-            for para in _PARAGRAPHS.split(text.replace("\r\n", "\n")):
-                line = clean_inline(para)
-                if line:
-                    blocks.append(Block("text", line, page=number))
+        blocks = shape_pages([page.extract_text() or "" for page in reader.pages], headings)
         meta = reader.metadata
         title = clean_inline(str(meta.title)) if meta is not None and meta.title else ""
     except (error, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
