@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,26 @@ class TestIndexSummary:
         out = capsys.readouterr().out
         assert "skipped 2: 1 binary, 1 unsupported type" in out  # ties in file order
         assert "[unsupported type]" in out and "logo.png" in out and "[binary]" in out
+
+    def test_summary_names_the_runtime_and_its_threads(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The build summary says which runtime embedded and with how many threads (never more than the cores this
+        process may use), and the CPU seconds beside the wall seconds; --json carries the same."""
+        import os
+
+        docs = _docs(tmp_path / "docs")
+        argv = ["index", str(docs), "--embedder", "minilm", "--quiet"]
+        assert main([*argv, "--out", str(tmp_path / "kb")]) == 0
+        out = capsys.readouterr().out
+        cores = len(os.sched_getaffinity(0))
+        threads = min(cores, 4)
+        assert re.search(rf"384-dim, (onnxruntime|openvino) with {threads} threads\)", out), out
+        assert re.search(r"in [\d.]+s \([\d.]+ CPU-s, file readers included\)", out), out
+        assert main([*argv, "--out", str(tmp_path / "kb2"), "--json"]) == 0
+        record = json.loads(capsys.readouterr().out)
+        assert record["runtime"] in ("onnxruntime", "openvino") and record["threads"] == threads
+        assert record["cpu_seconds"] > 0
 
     def test_include_and_exclude(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """--include and --exclude choose the files; what they leave out is counted, not reported as skipped."""

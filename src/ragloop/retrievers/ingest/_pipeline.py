@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -167,7 +168,7 @@ def _parsed(
         FileTask(os.fspath(f), os.fspath(root), limits.max_file_bytes, limits.max_text_chars, limits.clean_budget_s)
         for f in files
     )
-    if workers == 0:
+    if workers == 0 or sys.platform == "win32":  # the pool's pipes are POSIX descriptors
         for task in tasks:
             try:
                 yield parse_file(task)
@@ -230,8 +231,8 @@ def ingest_path(  # noqa: PLR0913 — keyword-only limits, each with its default
         clean_budget_s: Seconds cleaning one document may take (``None``: no limit).
         max_text_chars: Most characters of text one file may produce (a larger one is skipped).
         budget: Wall time and memory one file may spend in its worker (default :class:`Budget`: 30 s, 512 MB).
-        workers: Worker processes (default: one per core this process may use; ``0``: read in this process,
-            without the time and memory budgets).
+        workers: Worker processes (default: one per core this process may use; ``0``, and always on Windows:
+            read in this process, without the time and memory budgets).
 
     Returns:
         The chunks, counts, skips and elapsed seconds.
