@@ -144,3 +144,15 @@ class TestCleanup:
         )
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == ["started", "files", "1"]
+
+
+class TestBudgetBySize:
+    def test_a_larger_task_gets_more_time(self) -> None:
+        """With seconds per MB, a task's wall budget grows with its size: a 2 s sleep fits a 1 s budget plus
+        4 MB at 1 s per MB, and times out without the size."""
+        budget = Budget(seconds=1, seconds_per_mb=1.0)
+        tasks = [("sleep", 2), ("sleep", 2)]
+        sizes = iter([4 << 20, 0])
+        got = [r for _, r in run_isolated(act, tasks, budget=budget, workers=1, size=lambda _: next(sizes))]
+        assert got == [2, Failure("timeout", "1 s")]
+        assert budget.seconds_for(16 << 20) == 17 and Budget(seconds=None).seconds_for(1 << 30) is None

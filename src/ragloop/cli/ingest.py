@@ -60,7 +60,7 @@ def add_ingest_options(p: argparse.ArgumentParser) -> None:
         type=_positive,
         default=30.0,
         metavar="SECONDS",
-        help="most seconds one file may take to read; a slower one is skipped (default 30)",
+        help="seconds one file may take to read, plus 10 s per MB of the file; a slower one is skipped (default 30)",
     )
     p.add_argument(
         "--file-memory",
@@ -94,9 +94,12 @@ def _count(text: str) -> int:
 
 def _budget(args: argparse.Namespace) -> Any:
     from ragloop.retrievers.ingest import Budget
+    from ragloop.retrievers.ingest._guard import FILE_BUDGET
 
     return Budget(
-        seconds=getattr(args, "file_timeout", 30.0), memory_bytes=int(getattr(args, "file_memory", 512.0) * (1 << 20))
+        seconds=getattr(args, "file_timeout", 30.0),
+        memory_bytes=int(getattr(args, "file_memory", 512.0) * (1 << 20)),
+        seconds_per_mb=FILE_BUDGET.seconds_per_mb,
     )
 
 

@@ -24,7 +24,20 @@ from ragloop.retrievers.ingest._isolate import Budget, Failure
 from ragloop.retrievers.ingest._loaders import rst_blocks
 from ragloop.retrievers.ingest._types import MAX_FILE_BYTES, MAX_TEXT_CHARS, SUFFIXES, Document, Skip, safe_name
 
-__all__ = ["EMPTY_REASON", "FileTask", "document_blocks", "failure_reason", "parse_file"]
+__all__ = ["EMPTY_REASON", "FILE_BUDGET", "FileTask", "document_blocks", "failure_reason", "file_size", "parse_file"]
+
+#: What reading one file may spend by default: 30 s plus 10 s per MB of the file (a 16 MB manual gets 190 s, a
+#: 70 KB file that only pretends to be work 30 s), and 512 MB of address space.
+FILE_BUDGET = Budget(seconds=30.0, memory_bytes=512 << 20, seconds_per_mb=10.0)
+
+
+def file_size(task: FileTask) -> int:
+    """The size of a task's file (0 when it cannot be read: the worker reports why)."""
+    try:
+        return os.stat(task.path).st_size
+    except OSError:
+        return 0
+
 
 _FORMAT_NAMES = {"pdf": "PDF", "docx": "DOCX", "html": "HTML", "rst": "reStructuredText"}
 #: The skip reason of a file that has no text once cleaned.

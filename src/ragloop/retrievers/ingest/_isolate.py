@@ -47,11 +47,20 @@ class Budget:
     Attributes:
         seconds: Wall-clock seconds from hand-out to result (``None``: no limit).
         memory_bytes: Address space the worker may map (``RLIMIT_AS``; ``None``: no limit). It counts the
-            interpreter and the imported loaders too (about 100 MB).
+            interpreter and the imported loaders too (about 70 MB).
+        seconds_per_mb: Seconds more per MB of a task's size (:func:`run_isolated`'s ``size``): a large
+            legitimate file gets longer than a small one that only pretends to be hard work.
     """
 
     seconds: float | None = 30.0
-    memory_bytes: int | None = 1 << 30
+    memory_bytes: int | None = 512 << 20
+    seconds_per_mb: float = 0.0
+
+    def seconds_for(self, size: int) -> float | None:
+        """The wall-time budget of a task of ``size`` bytes (``None``: no limit)."""
+        if self.seconds is None:
+            return None
+        return self.seconds + self.seconds_per_mb * size / (1 << 20)
 
 
 @frozen
@@ -87,12 +96,12 @@ def _worker_main() -> None:  # pragma: no cover — runs in the worker process
 
 
 def _serve(tasks: Connection, replies: Connection) -> None:  # pragma: no cover — runs in the worker process
-    """A worker's loop: its first message is ``(fn, memory_bytes, seconds)``; then each task gets
+    """A worker's loop: its first message is ``(fn, memory_bytes)``; then each ``(task, seconds)`` gets
     ``(True, result, False)`` or ``(False, Failure, exits)`` back (``exits``: the worker ends after it, as
     after a ``MemoryError``); ``None`` or a closed pipe ends it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        fn, memory_bytes, seconds = tasks.recv()
+        fn, memory_bytes = tasks.recv()
     except (EOFError, OSError):
         return
     limits = _limits()
@@ -101,11 +110,12 @@ def _serve(tasks: Connection, replies: Connection) -> None:  # pragma: no cover 
             limits.setrlimit(limits.RLIMIT_AS, (memory_bytes, memory_bytes))
     while True:
         try:
-            task = tasks.recv()
+            message = tasks.recv()
         except (EOFError, OSError):
             return
-        if task is None:
+        if message is None:
             return
+        task, seconds = message
         if seconds is not None and limits is not None:
             # A backstop should the caller die mid-task: CPU time past the wall budget ends the worker.
             used = limits.getrusage(limits.RUSAGE_SELF)
@@ -177,7 +187,7 @@ def _spawn(fn: Callable[[Any], Any], budget: Budget) -> _Worker:
     process.stdout.close()
     worker = _Worker(process, tasks, replies)
     with contextlib.suppress(OSError):  # it died at once: its first task finds out
-        tasks.send((fn, budget.memory_bytes, budget.seconds))
+        tasks.send((fn, budget.memory_bytes))
     return worker
 
 
@@ -199,6 +209,7 @@ def run_isolated(  # noqa: C901, PLR0912, PLR0915 — one scheduling loop, kept 
     budget: Budget = Budget(),
     workers: int | None = None,
     window: int | None = None,
+    size: Callable[[T], int] | None = None,
 ) -> Iterator[tuple[T, R | Failure]]:
     """Call ``fn(task)`` for each task in worker processes; yield ``(task, result or Failure)`` in task order.
 
@@ -208,14 +219,16 @@ def run_isolated(  # noqa: C901, PLR0912, PLR0915 — one scheduling loop, kept 
         budget: Wall time and memory per task (:class:`Budget`).
         workers: Worker processes (default :func:`default_workers`; fewer when there are fewer tasks).
         window: Most tasks handed out past the oldest unfinished one (default ``4 * workers``).
+        size: A task's size in bytes, for :attr:`Budget.seconds_per_mb` (default: every task 0).
 
     Yields:
         Each task with its result, or with a :class:`Failure` (see the module docstring).
     """
-    size = max(1, workers if workers is not None else default_workers())
-    ahead = max(size, window if window is not None else 4 * size)
+    most = max(1, workers if workers is not None else default_workers())
+    ahead = max(most, window if window is not None else 4 * most)
     source = iter(tasks)
     queued: dict[int, T] = {}
+    allowed: dict[int, float | None] = {}  # each handed-out task's wall-time budget
     done: dict[int, R | Failure] = {}
     pool: list[_Worker] = []
     idle: list[_Worker] = []
@@ -238,7 +251,7 @@ def run_isolated(  # noqa: C901, PLR0912, PLR0915 — one scheduling loop, kept 
 
     try:
         while True:
-            while not exhausted and handed < emitted + ahead and (idle or len(pool) < size):
+            while not exhausted and handed < emitted + ahead and (idle or len(pool) < most):
                 try:
                     task = next(source)
                 except StopIteration:
@@ -246,13 +259,15 @@ def run_isolated(  # noqa: C901, PLR0912, PLR0915 — one scheduling loop, kept 
                     break
                 worker = idle.pop() if idle else start()
                 queued[handed] = task
+                limit = budget.seconds_for(size(task) if size is not None else 0)
+                allowed[handed] = limit
                 try:
-                    worker.tasks.send(task)
+                    worker.tasks.send((task, limit))
                 except (OSError, ValueError):  # it died before the task reached it: never blame the task
                     replace(worker)
                     worker = start()
                     try:
-                        worker.tasks.send(task)
+                        worker.tasks.send((task, limit))
                     except (OSError, ValueError) as exc:
                         worker.index = handed
                         retire(worker, Failure("crash", f"no worker could be started ({exc})"))
@@ -260,9 +275,10 @@ def run_isolated(  # noqa: C901, PLR0912, PLR0915 — one scheduling loop, kept 
                         handed += 1
                         continue
                 worker.index = handed
-                worker.deadline = time.monotonic() + budget.seconds if budget.seconds is not None else float("inf")
+                worker.deadline = time.monotonic() + limit if limit is not None else float("inf")
                 handed += 1
             while emitted in done:
+                allowed.pop(emitted, None)
                 yield queued.pop(emitted), done.pop(emitted)
                 emitted += 1
             if exhausted and emitted == handed:
@@ -296,7 +312,7 @@ def run_isolated(  # noqa: C901, PLR0912, PLR0915 — one scheduling loop, kept 
                     retire(worker, Failure("crash", _signal_name(worker.process.returncode)))
                     replace(worker)
                 elif now >= worker.deadline:
-                    retire(worker, Failure("timeout", f"{budget.seconds:g} s"))
+                    retire(worker, Failure("timeout", f"{allowed[worker.index]:.3g} s"))
                     replace(worker)
     finally:
         for worker in pool:

@@ -17,7 +17,15 @@ from ragloop.retrievers.ingest._blocks import Block, render
 from ragloop.retrievers.ingest._chunk import Piece, check_limits, chunk_blocks, chunk_id
 from ragloop.retrievers.ingest._files import _walk
 from ragloop.retrievers.ingest._globs import FileFilter
-from ragloop.retrievers.ingest._guard import EMPTY_REASON, FileTask, document_blocks, failure_reason, parse_file
+from ragloop.retrievers.ingest._guard import (
+    EMPTY_REASON,
+    FILE_BUDGET,
+    FileTask,
+    document_blocks,
+    failure_reason,
+    file_size,
+    parse_file,
+)
 from ragloop.retrievers.ingest._isolate import Budget, Failure, run_isolated
 from ragloop.retrievers.ingest._tokens import Tokenizer, default_tokenizer
 from ragloop.retrievers.ingest._types import (
@@ -142,7 +150,7 @@ def explain_file(
     file = Path(path).resolve()
     tok = tokenizer or default_tokenizer()
     limits = FileTask("", "", clean_budget_s=CLEAN_BUDGET_S)
-    item = next(_parsed([file], file.parent, budget or Budget(), workers, limits))
+    item = next(_parsed([file], file.parent, budget or FILE_BUDGET, workers, limits))
     if isinstance(item, Skip):
         return Explained(os.fspath(path), item.reason, "", "", "", "", ())
     chunks = _chunks(item, item.blocks, tok, max_tokens, max_chars)
@@ -175,7 +183,7 @@ def _parsed(
             except Exception as exc:  # noqa: BLE001 — a loader's exception is the file's skip, as in a worker
                 yield failure_reason(task.path, Failure("error", f"{type(exc).__name__}: {exc}"[:500]), budget)
         return
-    for task, outcome in run_isolated(parse_file, tasks, budget=budget, workers=workers):
+    for task, outcome in run_isolated(parse_file, tasks, budget=budget, workers=workers, size=file_size):
         yield failure_reason(task.path, outcome, budget) if isinstance(outcome, Failure) else outcome
 
 
@@ -230,7 +238,8 @@ def ingest_path(  # noqa: PLR0913 — keyword-only limits, each with its default
         max_line_bytes: Longest BEIR corpus line read, in bytes.
         clean_budget_s: Seconds cleaning one document may take (``None``: no limit).
         max_text_chars: Most characters of text one file may produce (a larger one is skipped).
-        budget: Wall time and memory one file may spend in its worker (default :class:`Budget`: 30 s, 512 MB).
+        budget: Wall time and memory one file may spend in its worker (default ``FILE_BUDGET``: 30 s plus 10 s
+            per MB of the file, 512 MB).
         workers: Worker processes (default: one per core this process may use; ``0``, and always on Windows:
             read in this process, without the time and memory budgets).
 
@@ -281,7 +290,7 @@ def ingest_path(  # noqa: PLR0913 — keyword-only limits, each with its default
         if not items:
             raise InputError(f"found no files to read under {os.fspath(path)!r} ({select.excluded} excluded)")
         limits = FileTask("", "", max_file_bytes, max_text_chars, clean_budget_s)
-        parsed = _parsed([i for i in items if isinstance(i, Path)], base, budget or Budget(), workers, limits)
+        parsed = _parsed([i for i in items if isinstance(i, Path)], base, budget or FILE_BUDGET, workers, limits)
         outcomes = (item if isinstance(item, Skip) else next(parsed) for item in items)
         total = len(items)
     for done, outcome in enumerate(outcomes, start=1):
