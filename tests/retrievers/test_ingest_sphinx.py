@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragloop.retrievers.ingest import Document, ingest_path, read_document, render
+from ragloop.retrievers.ingest import Document, explain_file, ingest_path, read_document, render
 from ragloop.retrievers.ingest._loaders import rst_blocks
 from ragloop.retrievers.ingest._sphinx import built_page, is_sphinx_source, role_text
 from ragloop.retrievers.metadata import with_metadata
@@ -141,6 +141,14 @@ class TestSphinxSources:
         assert {c.source for c in linked} == {"library/argparse.html"}
         assert linked[0].url == "https://docs.python.org/3/library/argparse.html#argparse-parser"
         assert not any(":class:" in c.text or ":meth:" in c.text for c in linked)
+
+    def test_explain_reads_a_source_copy_as_its_site_would(self, tmp_path: Path) -> None:
+        """`--explain` on a source copy reads it as RST (as a build of the whole site does), not as plain text."""
+        (tmp_path / "_sources").mkdir()
+        (tmp_path / "_sources" / "page.rst.txt").write_text(PAGE)
+        found = explain_file(tmp_path / "_sources" / "page.rst.txt")
+        assert found.fmt == "rst" and found.cleaned.startswith("# argparse --- Parser")
+        assert found.chunks and {c.source for c, _ in found.chunks} == {"page.html"}
 
     @pytest.mark.skipif(not (PYTHON_DOC / "_sources").exists(), reason="python3-doc is not installed")
     def test_pythons_argparse_source_has_no_raw_roles(self) -> None:

@@ -150,7 +150,9 @@ def explain_file(
     file = Path(path).resolve()
     tok = tokenizer or default_tokenizer()
     limits = FileTask("", "", clean_budget_s=CLEAN_BUDGET_S)
-    item = next(_parsed([file], file.parent, budget or FILE_BUDGET, workers, limits))
+    # A Sphinx source copy is read from its site's folder, so it is read as RST and names its built page.
+    root = next((p.parent for p in file.parents if p.name == "_sources"), file.parent)
+    item = next(_parsed([file], root, budget or FILE_BUDGET, workers, limits))
     if isinstance(item, Skip):
         return Explained(os.fspath(path), item.reason, "", "", "", "", ())
     chunks = _chunks(item, item.blocks, tok, max_tokens, max_chars)
