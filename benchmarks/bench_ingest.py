@@ -19,6 +19,10 @@ whole-build ratios reference/new. The load average is printed beside each build.
 
 Run: ``nice .venv/bin/python benchmarks/bench_ingest.py --corpus fastapi=../shared/data/fastapi-docs
 --corpus python3-doc=/usr/share/doc/python3/html --include '*.html'``
+
+``--compare-runtimes`` builds each corpus with the new pipeline twice instead, on ONNX Runtime and on OpenVINO
+(interleaved children, load printed before each), and reports wall and CPU seconds per stage, peak RSS and the
+least cosine between the two runs' vectors.
 """
 
 from __future__ import annotations
@@ -169,14 +173,24 @@ def child_reference(path: str, include: list[str], threads: int) -> dict[str, An
     }
 
 
-def child_new(path: str, include: list[str], threads: int) -> dict[str, Any]:
-    """The new build: token-sized chunks, MiniLMEmbedder (OpenVINO when installed), BM25 and faiss."""
+def _children_cpu() -> float:
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def child_new(
+    path: str, include: list[str], threads: int, runtime: str = "auto", vectors_out: str = ""
+) -> dict[str, Any]:
+    """The new build: token-sized chunks read in worker processes, MiniLMEmbedder on ``runtime``, BM25 and faiss.
+    CPU seconds include the file-reading workers'."""
+    import numpy as np
+
     from ragloop.retrievers.embed import MiniLMEmbedder
     from ragloop.retrievers.index import KnowledgeIndex, index_text
     from ragloop.retrievers.ingest import ingest_path
 
-    embedder = MiniLMEmbedder(threads=threads)
-    started, cpu0 = time.perf_counter(), time.process_time()
+    embedder = MiniLMEmbedder(threads=threads, runtime=runtime)
+    started, cpu0, kids0 = time.perf_counter(), time.process_time(), _children_cpu()
     result = ingest_path(path, tokenizer=embedder.tokenizer, max_tokens=256, include=include)
     ingest_s = time.perf_counter() - started
     texts = [index_text(c) for c in result.chunks]
@@ -186,8 +200,11 @@ def child_new(path: str, include: list[str], threads: int) -> dict[str, Any]:
     t = time.perf_counter()
     KnowledgeIndex._assemble(list(result.chunks), vectors, embedder, hnsw_threshold=50_000, stem=True)
     index_s = time.perf_counter() - t
-    cpu_s = time.process_time() - cpu0
+    readers_cpu = _children_cpu() - kids0
+    cpu_s = time.process_time() - cpu0 + readers_cpu
     tokens = sum(len(s) + 2 for s in embedder.tokenizer.token_spans(texts))
+    if vectors_out:
+        np.save(vectors_out, vectors)
     return {
         "docs": result.files,
         "chunks": len(result.chunks),
@@ -196,19 +213,30 @@ def child_new(path: str, include: list[str], threads: int) -> dict[str, Any]:
         "embed_s": embed_s,
         "index_s": index_s,
         "runtime": embedder.runtime,
+        "threads": embedder.threads,
         "cpu_s": cpu_s,
+        "readers_cpu_s": readers_cpu,
         "embed_cpu_s": embed_cpu,
         "texts": texts,
     }
 
 
-def _run_child(side: str, path: Path, include: list[str], threads: int, ref_src: Path | None) -> dict[str, Any]:
+def _run_child(
+    side: str,
+    path: Path,
+    include: list[str],
+    threads: int,
+    ref_src: Path | None,
+    runtime: str = "auto",
+    vectors: str = "",
+) -> dict[str, Any]:
     env = dict(os.environ)
     if ref_src is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(ref_src), str(ROOT / "src")])
     with tempfile.NamedTemporaryFile("r", suffix=".json") as out:
         cmd = [sys.executable, __file__, "--child", side, "--child-path", str(path), "--child-out", out.name]
-        cmd += [f"--include={p}" for p in include] + ["--threads", str(threads)]
+        cmd += [f"--include={p}" for p in include] + ["--threads", str(threads), "--runtime", runtime]
+        cmd += ["--child-vectors", vectors] if vectors else []
         load = _load()
         started = time.perf_counter()
         subprocess.run(cmd, check=True, env=env)
@@ -244,15 +272,28 @@ def main() -> None:
     p.add_argument("--reference-rev", default=REFERENCE_REV)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", default=str(RESULTS / "bench_ingest.json"))
+    p.add_argument("--runtime", default="auto", choices=("auto", "onnxruntime", "openvino"))
+    p.add_argument(
+        "--compare-runtimes",
+        action="store_true",
+        help="build each corpus twice with the new pipeline, on ONNX Runtime then OpenVINO, side by side (no "
+        "reference build); also compares their vectors",
+    )
     p.add_argument("--child", choices=("reference", "new"), help=argparse.SUPPRESS)
     p.add_argument("--child-path", help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
+    p.add_argument("--child-vectors", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        run = child_reference if args.child == "reference" else child_new
-        record = run(args.child_path, args.include, args.threads)
+        if args.child == "reference":
+            record = child_reference(args.child_path, args.include, args.threads)
+        else:
+            record = child_new(args.child_path, args.include, args.threads, args.runtime, args.child_vectors)
         record["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         Path(args.child_out).write_text(json.dumps(record))
+        return
+    if args.compare_runtimes:
+        _compare_runtimes(args)
         return
     report: dict[str, Any] = {"reference_rev": args.reference_rev, "threads": args.threads, "corpora": {}}
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -280,6 +321,61 @@ def main() -> None:
         print(json.dumps(report))
         return
     _print(report)
+
+
+def _compare_runtimes(args: argparse.Namespace) -> None:
+    """The new build on ONNX Runtime and on OpenVINO, interleaved, each in its own child: wall and CPU seconds
+    of each stage, peak RSS, load before each, and the least cosine between the two runs' vectors."""
+    import numpy as np
+
+    report: dict[str, Any] = {"threads": args.threads, "cores": os.cpu_count(), "corpora": {}}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        for spec in args.corpus or ["fastapi=../shared/data/fastapi-docs"]:
+            name, _, where = spec.partition("=")
+            path = _subset(Path(where), args.include, args.limit_docs, tmp)
+            sides = {}
+            for runtime in ("onnxruntime", "openvino"):
+                vectors = str(tmp / f"{name}-{runtime}.npy")
+                sides[runtime] = _run_child("new", path, [], args.threads, None, runtime, vectors)
+            ort, ov = (np.load(str(tmp / f"{name}-{r}.npy")) for r in ("onnxruntime", "openvino"))
+            cosine = float(np.min(np.sum(ort * ov, axis=1))) if len(ort) else 1.0
+            report["corpora"][name] = {
+                "path": where,
+                "include": args.include,
+                "limit_docs": args.limit_docs,
+                **sides,
+                "min_cosine": cosine,
+                "embed_ratio": sides["onnxruntime"]["embed_s"] / sides["openvino"]["embed_s"],
+                "embed_cpu_ratio": sides["onnxruntime"]["embed_cpu_s"] / sides["openvino"]["embed_cpu_s"],
+                "build_ratio": sides["onnxruntime"]["build_s"] / sides["openvino"]["build_s"],
+            }
+    report["load_after"] = _load()
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    for name, corpus in report["corpora"].items():
+        print(f"{name} ({corpus['path']}, include {corpus['include']}, limit {corpus['limit_docs'] or 'none'}):")
+        print(f"  {'':<18}{'onnxruntime':>18}{'openvino':>18}")
+        for key, fmt in (
+            ("docs", "d"),
+            ("chunks", "d"),
+            ("threads", "d"),
+            ("ingest_s", ".1f"),
+            ("readers_cpu_s", ".1f"),
+            ("embed_s", ".1f"),
+            ("embed_cpu_s", ".1f"),
+            ("build_s", ".1f"),
+            ("cpu_s", ".1f"),
+            ("peak_rss_mb", ".0f"),
+            ("load_before", "s"),
+        ):
+            ort, ov = format(corpus["onnxruntime"][key], fmt), format(corpus["openvino"][key], fmt)
+            print(f"  {key:<18}{ort:>18}{ov:>18}")
+        print(
+            f"  onnxruntime/openvino: embedding {corpus['embed_ratio']:.2f}x wall, {corpus['embed_cpu_ratio']:.2f}x "
+            f"CPU; whole build {corpus['build_ratio']:.2f}x; least cosine between their vectors "
+            f"{corpus['min_cosine']:.4f}"
+        )
+    print(f"load average after: {report['load_after']}")
 
 
 def _print(report: dict[str, Any]) -> None:

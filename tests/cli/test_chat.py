@@ -93,6 +93,25 @@ class TestTerminalOutput:
         assert any(box in shown for box in "━─┃│")
         assert "]52;" not in shown and "\x1b[2J" not in shown and "\x07" not in shown and "\u202e" not in shown
 
+    @pytest.mark.parametrize(
+        ("question", "shown"),
+        [
+            ("hello there", "(direct: answered without searching the sources)"),
+            ("What is the airspeed velocity of an unladen swallow?", "(none: the sources do not answer this)"),
+        ],
+    )
+    def test_a_reply_that_is_not_context_shows_its_outcome(self, question: str, shown: str) -> None:
+        """A greeting's direct reply and an unanswerable question's reply each say their outcome on a line of
+        their own; a full answer from the sources says nothing more."""
+        reply = _reply(question)
+        out = io.StringIO()
+        Terminal.detect(environ={}, out=out, err=io.StringIO()).finish(reply)
+        assert reply.outcome in shown and shown in out.getvalue().splitlines()
+        full = _reply()
+        out = io.StringIO()
+        Terminal.detect(environ={}, out=out, err=io.StringIO()).finish(full)
+        assert full.outcome == "context" and "(context" not in out.getvalue()
+
     def test_sources_are_a_short_numbered_list(self) -> None:
         """Each cited source once, numbered, with its link."""
         reply = _reply()

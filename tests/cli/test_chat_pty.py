@@ -150,10 +150,17 @@ class TestInterrupts:
         # The cancelled turn left no trace in the conversation the next question carried.
         assert not any("slow" in str(m.get("content")) for m in answers[-1].messages[1:-1])
 
-    def test_ctrl_c_at_an_empty_prompt_exits_cleanly(self, tmp_path: Path, index_dir: Path) -> None:
-        """Ctrl-C at an empty prompt ends the chat with status 0 and no traceback."""
+    def test_ctrl_c_at_an_empty_prompt_clears_the_line_and_stays(self, tmp_path: Path, index_dir: Path) -> None:
+        """Ctrl-C at an empty prompt clears the line and prompts again, as Python's REPL and bash do; the first
+        time it says how to leave, the second time it does not; Ctrl-D then leaves with status 0."""
         child = _spawn(tmp_path, index_dir)
         child.sendintr()
+        child.expect_exact("(to leave: Ctrl-D or /quit)")
+        child.expect_exact(PROMPT)
+        child.sendintr()
+        child.expect_exact(PROMPT)
+        assert "to leave" not in (child.before or "")
+        child.sendeof()
         assert _ended(child) == 0
         assert "Traceback" not in (child.before or "")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,26 @@ class TestIndexSummary:
         out = capsys.readouterr().out
         assert "skipped 2: 1 binary, 1 unsupported type" in out  # ties in file order
         assert "[unsupported type]" in out and "logo.png" in out and "[binary]" in out
+
+    def test_summary_names_the_runtime_and_its_threads(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """The build summary says which runtime embedded and with how many threads (never more than the cores this
+        process may use), and the CPU seconds beside the wall seconds; --json carries the same."""
+        import os
+
+        docs = _docs(tmp_path / "docs")
+        argv = ["index", str(docs), "--embedder", "minilm", "--quiet"]
+        assert main([*argv, "--out", str(tmp_path / "kb")]) == 0
+        out = capsys.readouterr().out
+        cores = len(os.sched_getaffinity(0))
+        threads = min(cores, 4)
+        assert re.search(rf"384-dim, (onnxruntime|openvino) with {threads} threads\)", out), out
+        assert re.search(r"in [\d.]+s \([\d.]+ CPU-s, file readers included\)", out), out
+        assert main([*argv, "--out", str(tmp_path / "kb2"), "--json"]) == 0
+        record = json.loads(capsys.readouterr().out)
+        assert record["runtime"] in ("onnxruntime", "openvino") and record["threads"] == threads
+        assert record["cpu_seconds"] > 0
 
     def test_include_and_exclude(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         """--include and --exclude choose the files; what they leave out is counted, not reported as skipped."""
@@ -128,14 +149,57 @@ class TestProgress:
         assert "\rembedding: 1/4 (" in text and "left)" in text and "\rembedding: 4/4" in text
         assert text.endswith("\n")
 
-    def test_pipe_gets_nothing(self) -> None:
-        """When the stream is not a terminal (a pipe, a log file) nothing is written."""
+    def test_a_short_run_on_a_pipe_gets_nothing(self) -> None:
+        """When the stream is not a terminal and the work ends within the first seconds, nothing is written."""
         pipe = io.StringIO()
-        bar = Progress("reading", stream=pipe, every_s=0.0)
+        clock = _Clock()
+        bar = Progress("reading", stream=pipe, every_s=0.0, clock=clock)
+        clock.now = 1.0
         bar(1, 2)
         bar(2, 2)
         bar.close()
         assert pipe.getvalue() == ""
+
+    def test_a_long_run_on_a_pipe_gets_plain_lines_every_10_percent_or_10_s(self) -> None:
+        """Not a terminal (CI, nohup, a log file): plain lines, no carriage return or escape, one per 10 % step
+        or per 10 s when steps are slow, each with the rate and the time left, and a last line at the end."""
+        pipe = io.StringIO()
+        clock = _Clock()
+        bar = Progress("reading", stream=pipe, clock=clock)
+        for done in range(1, 201):  # 200 files at 2 a second: a 10 % step every 10 s
+            clock.now += 0.5
+            bar(done, 200)
+        bar.close()
+        lines = pipe.getvalue().splitlines()
+        assert "\r" not in pipe.getvalue() and "\x1b" not in pipe.getvalue()
+        assert lines[0] == "reading: 20/200 (10%, 2.0/s, 1:30 left)"
+        assert len(lines) == 10 and lines[-1] == "reading: 200/200 (100%, 2.0/s, 100s)"
+        slow = io.StringIO()
+        clock = _Clock()
+        bar = Progress("embedding", stream=slow, clock=clock)
+        for done in range(1, 4):  # 1,000 items at one each 6 s: a line every ~10 s, not every 10 %
+            clock.now += 6.0
+            bar(done, 1000)
+        assert slow.getvalue().splitlines() == ["embedding: 2/1000 (0%, 0.2/s, 99:48 left)"]
+
+    def test_quiet_writes_nothing_anywhere(self) -> None:
+        """``quiet=True`` (``--quiet``) silences a terminal and a pipe alike."""
+        for stream in (io.StringIO(), _Terminal()):
+            clock = _Clock()
+            bar = Progress("reading", stream=stream, quiet=True, clock=clock)
+            for done in range(1, 101):
+                clock.now += 1.0
+                bar(done, 100)
+            bar.close()
+            assert stream.getvalue() == ""
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 class TestOpenAIEmbedder:

@@ -120,3 +120,67 @@ class TestCLI:
         assert main(["serve", "--index", "/nonexistent", "--port", "0"]) == 2
         err = capsys.readouterr().err
         assert needle in err and "ключ" not in err and err.count("\n") == 1
+
+
+HEAVY = ("numpy", "scipy", "bm25s", "faiss", "onnxruntime", "openvino", "pypdf", "docx", "docutils", "openai")
+
+
+def _subcommands() -> list[str]:
+    from ragloop.cli._main import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return sorted(sub.choices)  # type: ignore[arg-type]
+
+
+def _nested(name: str) -> list[list[str]]:
+    """``[name]`` and, for a command with subcommands of its own (``gaps list``…), each of those."""
+    from ragloop.cli._main import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    found = [[name]]
+    for action in sub.choices[name]._actions:  # type: ignore[index]
+        if action.choices and action.__class__.__name__ == "_SubParsersAction":
+            found += [[name, child] for child in sorted(action.choices)]
+    return found
+
+
+class TestHelp:
+    @pytest.mark.parametrize("command", [c for name in _subcommands() for c in _nested(name)], ids=" ".join)
+    def test_every_subcommand_help_prints_and_exits_0(
+        self, command: list[str], capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """`ragloop COMMAND --help` prints its usage and exits 0 (a `%` in a help string made `index --help`
+        a traceback)."""
+        with pytest.raises(SystemExit) as done:
+            main([*command, "--help"])
+        assert done.value.code == 0
+        out = capsys.readouterr().out
+        assert out.startswith("usage: ragloop " + " ".join(command))
+
+    def test_the_removed_share_in_help_is_the_real_cap(self) -> None:
+        """The share `index --help` quotes for --prune is the cap the update enforces."""
+        from ragloop.cli.store import REMOVED_SHARE_SHOWN
+        from ragloop.retrievers.update import MAX_REMOVED_SHARE
+
+        assert REMOVED_SHARE_SHOWN == MAX_REMOVED_SHARE
+
+    @pytest.mark.parametrize("argv", [["--version"], ["--help"], ["index", "--help"], ["chat", "--help"]], ids=str)
+    def test_version_and_help_import_nothing_heavy(self, argv: list[str]) -> None:
+        """`ragloop --version`, `--help` and a subcommand's `--help` import none of the retrieval stack or the
+        loaders (numpy, scipy, bm25s, faiss, onnxruntime, openvino, pypdf, docx, docutils, openai)."""
+        import subprocess
+        import sys
+
+        code = (
+            "import sys\n"
+            "from ragloop.cli import main\n"
+            "try:\n"
+            f"    main({argv!r})\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})), file=sys.stderr)\n"
+        )
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+        assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr

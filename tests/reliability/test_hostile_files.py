@@ -19,11 +19,14 @@ import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+import anyio
 import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -31,6 +34,7 @@ from hypothesis import strategies as st
 
 from ragloop.cli import main
 from ragloop.retrievers.index import KnowledgeIndex
+from tests.reliability import _hostile_docs
 from tests.strategies import tiny_beir
 
 SECRET = "SECRET-OUTSIDE-THE-FOLDER"
@@ -304,3 +308,77 @@ def test_corpus_records_are_json(hostile_run: HostileRun) -> None:
     assert lines
     for line in lines:
         json.loads(line.decode("utf-8"))
+
+
+# --- hostile documents: one file never ends or stalls the run (issue 31) --------------------------------------
+
+GOOD_WORDS = {
+    "good.md": "espresso descaling",
+    "good.docx": "webhook retries",
+    "good.pdf": "invoices monthly",
+}
+
+
+def hostile_documents(folder: Path) -> dict[str, str]:
+    """Good files beside every hostile document of :mod:`tests.reliability._hostile_docs`; returns each hostile
+    file's expected skip kind."""
+    folder.mkdir()
+    (folder / "good.md").write_text("# Guide\n\nThe espresso machine needs descaling every month.\n")
+    _hostile_docs.good_docx(folder, "The webhook retries five times with backoff.")
+    _hostile_docs.good_pdf(folder, "Invoices are sent monthly by email.")
+    _hostile_docs.merged_cells_docx(folder)
+    _hostile_docs.gridspan_docx(folder)
+    _hostile_docs.bomb_docx(folder)
+    _hostile_docs.huge_stream_pdf(folder)
+    _hostile_docs.operators_pdf(folder)
+    _hostile_docs.one_line_words(folder)
+    return {
+        "merged-cells.docx": "unreadable",
+        "gridspan.docx": "too large",
+        "bomb.docx": "too large",
+        "huge-stream.pdf": "too large",
+        "operators.pdf": "too large",
+        "one-line.txt": "too large",
+    }
+
+
+class TestHostileDocuments:
+    def test_good_and_hostile_files_index_in_one_run(self, tmp_path: Path) -> None:
+        """A folder of good files plus a DOCX with inconsistent merged cells, a 2,000,000-column span, a zip
+        bomb, a PDF with a 70 MB compressed string, one with ten million text operators, and 15 MB of words on
+        one line indexes in one `ragloop index` run: exit 0, every file a chunk source or one skip with its
+        reason, the good files searchable, in bounded time and memory (each of these ended the run, ran for
+        minutes or needed 1.3–4.2 GB before)."""
+        docs = tmp_path / "docs"
+        expected = hostile_documents(docs)
+        measure = (
+            "import resource, subprocess, sys\n"
+            "done = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=300)\n"
+            "print(done.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+            "print(done.stdout, end='')\n"
+            "sys.stderr.write(done.stderr)\n"
+        )
+        argv = [sys.executable, "-m", "ragloop.cli", "index", str(docs), "--out", str(tmp_path / "kb")]
+        argv += ["--embedder", "hash", "--json", "--file-timeout", "20"]
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-c", measure, *argv], capture_output=True, text=True, timeout=400, check=False
+        )
+        seconds = time.monotonic() - started
+        head, _, body = done.stdout.partition("\n")
+        rc, maxrss_kb = (int(x) for x in head.split())
+        assert rc == 0, done.stderr
+        record = json.loads(body)
+        kinds = {Path(s["path"]).name: s["kind"] for s in record["skips"]}
+        assert kinds == expected, record["skips"]
+        assert record["files"] == len(GOOD_WORDS)
+        assert record["files"] + record["skipped"] == len(list(docs.iterdir()))  # every file accounted for
+        # Each hostile file is refused by a cap or a budget; the slowest possible run is one 20 s budget per
+        # file on one core, so 400 s holds at any load; the biggest process stays far under the 1.3 GB the
+        # one-line file alone needed before.
+        assert seconds < 400
+        assert maxrss_kb < 1 << 20, f"{maxrss_kb / 1024:.0f} MB"
+        index = KnowledgeIndex.load(tmp_path / "kb")
+        for name, words in GOOD_WORDS.items():
+            hits = anyio.run(index.search, words, 3, "bm25")
+            assert hits and hits[0].chunk.doc_id == name, (name, [h.chunk.doc_id for h in hits])

@@ -30,6 +30,7 @@ from tests.retrievers._docs import write_docx, write_pdf
 from tests.strategies import markup_text, words
 
 FIXTURES = Path(__file__).parent / "fixtures" / "docs"
+PYTHON_DOC = Path("/usr/share/doc/python3/html/library")
 
 
 def cleaned(name: str) -> str:
@@ -110,6 +111,100 @@ class TestHtmlMainContent:
             '<span style="display: none">c</span></article>'
         )
         assert render(html_blocks(page)[1]) == "shown"
+
+
+class TestBoilerplateByStructure:
+    def test_a_section_about_cookies_is_content(self) -> None:
+        """Sphinx's ids and classes that hold the word 'cookie' or 'consent' (http.cookiejar's sections) keep their
+        text: boilerplate is never recognised by a word in an id or class."""
+        page = (
+            '<div class="body" role="main"><section id="http-cookiejar-cookie-handling">'
+            "<h1>http.cookiejar — Cookie handling</h1><p>The module defines classes for cookies.</p>"
+            '<section id="cookiejar-and-filecookiejar-objects"><h2>CookieJar objects</h2>'
+            '<dl class="py class"><dt id="http.cookiejar.CookieJar">class CookieJar</dt>'
+            "<dd><p>Stores HTTP cookies.</p></dd></dl>"
+            '<div class="consent-notes"><p>Consent is the user\'s.</p></div></section></section></div>'
+        )
+        assert render(html_blocks(page)[1]) == (
+            "# http.cookiejar — Cookie handling\n\nThe module defines classes for cookies.\n\n"
+            "## CookieJar objects\n\nclass CookieJar\n\nStores HTTP cookies.\n\nConsent is the user's."
+        )
+
+    @pytest.mark.parametrize(
+        "banner",
+        [
+            '<div style="position: fixed; bottom: 0">We use trackers. <button>Accept</button></div>',
+            '<div class="bar-x1">We use trackers. <button>Accept</button><button>Reject</button></div>',
+            '<div role="dialog"><p>Subscribe to our newsletter.</p><a role="button" href="/s">Subscribe</a></div>',
+            '<section aria-modal="true"><p>Choose a region.</p><input type="submit" value="OK"></section>',
+        ],
+        ids=["inline-fixed", "styled-fixed", "dialog-role", "aria-modal"],
+    )
+    def test_an_overlay_with_buttons_is_a_banner(self, banner: str) -> None:
+        """An overlay (fixed or sticky position, inline or from the page's style; a dialog role; aria-modal)
+        holding buttons and little text is dropped, whatever its words."""
+        page = (
+            "<html><head><style>.bar-x1 { position: fixed; bottom: 0 } p { color: red }</style></head>"
+            f"<body><main><h1>Webhooks</h1><p>Webhooks retry five times.</p>{banner}</main></body></html>"
+        )
+        assert render(html_blocks(page)[1]) == "# Webhooks\n\nWebhooks retry five times."
+
+    def test_a_fixed_note_without_buttons_and_a_long_overlay_are_content(self) -> None:
+        """A sticky note with no button, and a dialog holding a page's worth of text, are not banners."""
+        long = "The whole policy text. " * 80
+        page = (
+            '<main><div style="position: sticky; top: 0"><p>Version 2.1 of the API.</p></div>'
+            f'<div role="dialog"><p>{long}</p><button>Close</button></div></main>'
+        )
+        text = render(html_blocks(page)[1])
+        assert text.startswith("Version 2.1 of the API.\n\nThe whole policy text.") and text.count("policy") == 80
+
+    def test_texinfo_navigation_lines_and_permalink_marks_are_dropped(self) -> None:
+        """Texinfo's 'Next: … Previous: … Up: …' line and '¶' links go; a sentence with a 'next' link stays."""
+        page = (
+            '<body><div class="nav-panel"><p>Next: <a href="Tar.html" accesskey="n" rel="next">Tar</a>, '
+            'Previous: <a href="Intro.html" accesskey="p" rel="prev">Intro</a>, '
+            'Up: <a href="index.html" accesskey="u" rel="up">Top</a> &nbsp; [<a href="index.html#SEC_Contents" '
+            'rel="contents">Contents</a>]</p></div><hr>'
+            '<h2 class="chapter" id="Usage">2 Usage<a class="copiable-link" href="#Usage"> \u00b6</a></h2>'
+            '<p>Read the <a href="Tar.html" rel="next">next chapter</a> first.</p></body>'
+        )
+        assert render(html_blocks(page)[1]) == "## 2 Usage\n\nRead the next chapter first."
+
+    def test_a_page_losing_most_of_its_text_is_reported_with_the_rule(self) -> None:
+        """A page that cleaning empties or halves gets one note naming the share and the rule that took it."""
+        links = "".join(f'<li><a href="p{i}.html">Reference page number {i}</a></li>' for i in range(20))
+        notes: list[str] = []
+        html_blocks(f"<main><p>Pages.</p><ul>{links}</ul></main>", notes)
+        assert notes == [
+            "cleaning removed 99% of the 416 characters of the page's main text, most by: lists and tables that "
+            "are almost all links (410)"
+        ]
+        kept: list[str] = []
+        html_blocks("<main><p>Plenty of real text here.</p><nav>Home</nav></main>", kept)
+        assert kept == []
+
+    def test_an_emptied_page_is_skipped_naming_the_rule(self, tmp_path: Path) -> None:
+        """An index page that is all links is skipped as empty, and the reason says which rule emptied it."""
+        links = "".join(f'<li><a href="p{i}.html">Page {i}</a></li>' for i in range(10))
+        (tmp_path / "genindex.html").write_text(f"<main><ul>{links}</ul></main>")
+        (tmp_path / "ok.md").write_text("# OK\n\nText.\n")
+        skipped = dict(ingest_path(tmp_path).skipped)
+        reason = skipped[next(iter(skipped))]
+        assert reason.startswith("empty after cleaning")
+        assert "cleaning removed all of the 50 characters" in reason and "almost all links" in reason
+
+    @pytest.mark.skipif(not PYTHON_DOC.exists(), reason="python3-doc is not installed")
+    def test_pythons_cookie_pages_are_indexed(self) -> None:
+        """Debian's python3-doc: http.cookiejar and http.cookies keep their content (both were emptied by
+        `[id*=cookie]`), and urllib.request keeps its HTTPCookieProcessor sections."""
+        for name, term in (
+            ("http.cookiejar.html", "FileCookieJar"),
+            ("http.cookies.html", "SimpleCookie"),
+            ("urllib.request.html", "HTTPCookieProcessor"),
+        ):
+            text = render(html_blocks((PYTHON_DOC / name).read_text())[1])
+            assert len(text) > 5000 and term in text, name
 
 
 class TestHostileHtml:

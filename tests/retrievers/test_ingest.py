@@ -247,7 +247,8 @@ class TestLoadBeir:
 
 class TestIngestPath:
     def test_folder_ingested_deduplicated_with_progress(self, tmp_path: Path) -> None:
-        """Identical chunks are stored once; empty and non-UTF-8 files are skipped; progress is reported."""
+        """Identical chunks are stored once; empty and non-UTF-8 files are skipped; progress counts every file
+        (read in workers, so a skipped one is a step too)."""
         (tmp_path / "a.md").write_text("# A\n\nShared paragraph.\n\n# B\n\nOnly in a.", encoding="utf-8")
         (tmp_path / "b.md").write_text("# A\n\nShared paragraph.", encoding="utf-8")
         (tmp_path / "empty.html").write_text("<script>x()</script><img src='logo.png' alt='logo'>", encoding="utf-8")
@@ -261,7 +262,7 @@ class TestIngestPath:
             ("bad.txt", True),
             ("empty.html", True),
         ]
-        assert calls == [(1, 3), (2, 3), (3, 3)]
+        assert calls == [(1, 4), (2, 4), (3, 4), (4, 4)]
 
     def test_beir_file_and_folder_detected(self, tmp_path: Path) -> None:
         """A folder with corpus.jsonl and the file itself are both read as BEIR."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import IO, TYPE_CHECKING
 
 from ragloop.errors import ConfigError
@@ -76,41 +77,89 @@ def embedder_for_index(directory: str, base_url: str | None = None) -> Embedder 
 
 
 class Progress:
-    """``done/total``, rate and time left on one line of a terminal; silent when the stream is not a terminal.
+    """Progress of long work on stderr: ``done/total``, rate and time left.
+
+    On a terminal, one line redrawn in place. Elsewhere (a pipe, CI, ``nohup``, a log file) plain lines, no
+    carriage returns: none in the first :attr:`quiet_s` seconds (a short run stays silent), then one at every
+    10 % step or every :attr:`every_plain_s` seconds, whichever comes first, and a last one at the end.
+    ``quiet=True`` writes nothing at all.
 
     Args:
         desc: What is being counted (``"reading"``, ``"embedding (minilm-l6-v2-int8)"``).
         stream: Where to write (default stderr).
-        every_s: Least seconds between two redraws.
+        every_s: Least seconds between two redraws on a terminal.
+        quiet: Write nothing.
+        clock: Seconds, monotonic (tests pass a fake one).
     """
 
-    def __init__(self, desc: str, *, stream: IO[str] | None = None, every_s: float = 0.5) -> None:
+    #: Seconds before the first plain line.
+    quiet_s = 2.0
+    #: Most seconds between two plain lines.
+    every_plain_s = 10.0
+
+    def __init__(
+        self,
+        desc: str,
+        *,
+        stream: IO[str] | None = None,
+        every_s: float = 0.5,
+        quiet: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.desc = desc
         self.stream = stream if stream is not None else sys.stderr
         self.every_s = every_s
+        self.quiet = quiet
+        self.clock = clock
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self._started = time.monotonic()
+        self._started = clock()
         self._last = -1.0
         self._drawn = False
+        self._step = 0  # the last 10 % step a plain line reported
+        self._plain = 0  # plain lines written
+        self._seen = (0, 0)
 
-    def __call__(self, done: int, total: int) -> None:
-        if not self.tty:
-            return
-        now = time.monotonic()
-        if done < total and now - self._last < self.every_s:
-            return
-        self._last = now
+    def _line(self, done: int, total: int, now: float) -> str:
         elapsed = now - self._started
         rate = done / elapsed if elapsed > 0 else 0.0
         left = (total - done) / rate if rate > 0 else 0.0
         eta = f"{int(left // 60)}:{int(left % 60):02d} left" if done < total else f"{elapsed:.0f}s"
-        self.stream.write(f"\r{self.desc}: {done}/{total} ({rate:.1f}/s, {eta})\x1b[K")
+        share = f" {100 * done // total}%," if total and not self.tty else ""
+        return f"{self.desc}: {done}/{total} ({share} {rate:.1f}/s, {eta})".replace("( ", "(")
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.quiet:
+            return
+        now = self.clock()
+        self._seen = (done, total)
+        if not self.tty:
+            self._plain_line(done, total, now)
+            return
+        if done < total and now - self._last < self.every_s:
+            return
+        self._last = now
+        self.stream.write(f"\r{self._line(done, total, now)}\x1b[K")
         self.stream.flush()
         self._drawn = True
 
+    def _plain_line(self, done: int, total: int, now: float) -> None:
+        step = 10 * done // total if total else 0
+        if now - self._started < self.quiet_s or done >= total:
+            return
+        if step > self._step or now - max(self._last, self._started) >= self.every_plain_s:
+            self._step, self._last = step, now
+            self.stream.write(self._line(done, total, now) + "\n")
+            self.stream.flush()
+            self._plain += 1
+
     def close(self) -> None:
-        """End the progress line."""
+        """End the progress: a newline on a terminal; the final count where plain lines were written."""
         if self._drawn:
             self.stream.write("\n")
             self.stream.flush()
             self._drawn = False
+        if self._plain and not self.quiet:
+            done, total = self._seen
+            self.stream.write(self._line(done, total, self.clock()) + "\n")
+            self.stream.flush()
+            self._plain = 0

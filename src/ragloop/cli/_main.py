@@ -87,7 +87,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
     check_rebuild(args)  # nor drop documents of other scopes (tenants) that --out holds
     embedder = make_embedder(args.embedder, args.embedder_base_url)
     result = ingest_for_index(args, embedder)
-    embedding = Progress(f"embedding ({embedder.name})")
+    embedding = Progress(f"embedding ({embedder.name})", quiet=args.quiet)
     try:
         index = build_index(attach_metadata(args, result.chunks), embedder, embedding, scope=index_scope(args))
     finally:
@@ -97,13 +97,36 @@ def _cmd_index(args: argparse.Namespace) -> int:
     if args.json:
         from ragloop.cli.ingest import summary_dict
 
-        record = {**summary_dict(result), "to": str(out), "embedder": embedder.name, "seconds": round(seconds, 2)}
+        record = {
+            **summary_dict(result),
+            "to": str(out),
+            "embedder": embedder.name,
+            "runtime": getattr(embedder, "runtime", None),
+            "threads": getattr(embedder, "threads", None),
+            "seconds": round(seconds, 2),
+            "cpu_seconds": round(_cpu_seconds(), 2),
+        }
         print(json.dumps(record, ensure_ascii=False))
         return 0
-    print(f"indexed {result.files} files into {len(index.chunks)} chunks in {seconds:.1f}s → {out}")
-    print(f"embedder {embedder.name} ({embedder.dim}-dim), dense index {index.dense.kind}")
+    print(
+        f"indexed {result.files} files into {len(index.chunks)} chunks in {seconds:.1f}s "
+        f"({_cpu_seconds():.1f} CPU-s, file readers included) → {out}"
+    )
+    runs = getattr(embedder, "runtime", None)
+    on = f", {runs} with {getattr(embedder, 'threads', '?')} threads" if runs else ""
+    print(f"embedder {embedder.name} ({embedder.dim}-dim{on}), dense index {index.dense.kind}")
     print_skips(result)
     return 0
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of the children it waited for (the file-reading workers)."""
+    try:
+        import resource
+    except ImportError:  # Windows: this process only
+        return time.process_time()
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 # --- search -------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The ingestion half of ``ragloop index``: which files, how chunks are cut, which embedder, what is reported.
 
 ``--include``/``--exclude`` globs, ``--max-tokens``/``--max-chars``, ``--embedder openai:MODEL`` with
-``--embedder-base-url``, ``--explain FILE`` (what one file becomes), a progress line with an ETA on a terminal
-(nothing when stderr is piped), and the summary of every file left out, by reason, in text and ``--json``.
+``--embedder-base-url``, ``--explain FILE`` (what one file becomes), the per-file budgets (``--workers``,
+``--file-timeout``, ``--file-memory``), progress with an ETA (redrawn on a terminal, plain lines elsewhere,
+nothing with ``--quiet``), and the summary of every file left out, by reason, in text and ``--json``.
 Kept apart from :mod:`ragloop.cli._main` and :mod:`ragloop.cli.store` (both call it; it imports neither).
 """
 
@@ -60,6 +61,55 @@ def add_ingest_options(p: argparse.ArgumentParser) -> None:
         help="also index _drafts/ folders (answers to hand-offs that `ragloop serve --handoff-drafts` wrote)",
     )
     p.add_argument("--explain", metavar="FILE", help="show what FILE becomes (cleaned text and chunks); writes nothing")
+    p.add_argument(
+        "--workers", type=_count, default=None, metavar="N", help="processes reading files (default: one per core)"
+    )
+    p.add_argument(
+        "--file-timeout",
+        type=_positive,
+        default=30.0,
+        metavar="SECONDS",
+        help="seconds one file may take to read, plus 10 s per MB of the file; a slower one is skipped (default 30)",
+    )
+    p.add_argument(
+        "--file-memory",
+        type=_positive,
+        default=512.0,
+        metavar="MB",
+        help="most memory (MB of address space) reading one file may use; over it, the file is skipped (default 512)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {text!r}")
+    return value
+
+
+def _budget(args: argparse.Namespace) -> Any:
+    from ragloop.retrievers.ingest import Budget
+    from ragloop.retrievers.ingest._guard import FILE_BUDGET
+
+    return Budget(
+        seconds=getattr(args, "file_timeout", 30.0),
+        memory_bytes=int(getattr(args, "file_memory", 512.0) * (1 << 20)),
+        seconds_per_mb=FILE_BUDGET.seconds_per_mb,
+    )
 
 
 def build_index(chunks: Any, embedder: Embedder, progress: Any, *, scope: Any = None) -> Any:
@@ -100,7 +150,7 @@ def ingest_for_index(args: argparse.Namespace, embedder: Embedder | None = None)
     from ragloop.retrievers.ingest import ingest_path
 
     max_tokens, tokenizer = _limits(args, embedder)
-    reading = Progress("reading")
+    reading = Progress("reading", quiet=getattr(args, "quiet", False))
     try:
         result = ingest_path(
             args.path,
@@ -110,6 +160,8 @@ def ingest_for_index(args: argparse.Namespace, embedder: Embedder | None = None)
             include=getattr(args, "include", ()),
             exclude=[*getattr(args, "exclude", ()), *(() if getattr(args, "include_drafts", False) else DRAFTS)],
             progress=reading,
+            budget=_budget(args),
+            workers=getattr(args, "workers", None),
         )
     finally:
         reading.close()
@@ -185,7 +237,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     embedder = make_embedder(args.embedder, args.embedder_base_url) if args.embedder != "auto" else None
     max_tokens, tokenizer = _limits(args, embedder)
-    found = explain_file(args.explain, max_tokens=max_tokens, tokenizer=tokenizer, max_chars=args.max_chars)
+    found = explain_file(
+        args.explain, max_tokens=max_tokens, tokenizer=tokenizer, max_chars=args.max_chars, budget=_budget(args)
+    )
     if getattr(args, "json", False):
         record = {
             "path": found.path,

@@ -67,6 +67,11 @@ def add_filter_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+#: ``ragloop.retrievers.update.MAX_REMOVED_SHARE``, written here so that building the parser (``--help``) imports
+#: no retrieval code (numpy, faiss, bm25s); tests/cli/test_main.py checks the two agree.
+REMOVED_SHARE_SHOWN = 0.2
+
+
 def add_index_options(p: argparse.ArgumentParser) -> None:
     """The store and update options of ``ragloop index``."""
     add_store_options(p)
@@ -90,8 +95,6 @@ def add_index_options(p: argparse.ArgumentParser) -> None:
 
 def _add_scope_options(p: argparse.ArgumentParser) -> None:
     """``--scope``, ``--dry-run`` and ``--prune``/``--yes`` of ``ragloop index``."""
-    from ragloop.retrievers.update import MAX_REMOVED_SHARE
-
     p.add_argument(
         "--scope",
         action="append",
@@ -110,7 +113,7 @@ def _add_scope_options(p: argparse.ArgumentParser) -> None:
         "--yes",
         action="store_true",
         dest="prune",
-        help=f"allow removing more than {MAX_REMOVED_SHARE:.0%} of the scope's documents (refused without it), or "
+        help=f"allow removing more than {REMOVED_SHARE_SHOWN:.0%}% of the scope's documents (refused without it), or "
         "replacing a local index that holds other scopes",
     )
 
@@ -291,7 +294,7 @@ def cmd_index_store(args: argparse.Namespace, url: str) -> int:
     scope = index_scope(args)  # a contradictory --scope is refused before any work
     result, chunks = _ingest(args)
     embedder = make_embedder(args.embedder)
-    embedding = Progress(f"embedding ({embedder.name})")
+    embedding = Progress(f"embedding ({embedder.name})", quiet=getattr(args, "quiet", False))
 
     repaired: tuple[str, ...] = ()
 
@@ -353,7 +356,7 @@ def cmd_index_update(args: argparse.Namespace) -> int:
     if args.dry_run:
         _report(_plan(old, chunks, scope, args.prune), result, str(out), args.json)
         return 0
-    embedding = Progress(f"embedding ({old.embedder.name})")
+    embedding = Progress(f"embedding ({old.embedder.name})", quiet=getattr(args, "quiet", False))
     try:
         index, summary = update_index(old, chunks, scope=scope, prune=args.prune, progress=embedding)
     finally:

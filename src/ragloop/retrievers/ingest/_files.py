@@ -13,6 +13,7 @@ from ragloop.retrievers.ingest._decode import Undecodable, decode_text
 from ragloop.retrievers.ingest._globs import FileFilter
 from ragloop.retrievers.ingest._html import html_blocks
 from ragloop.retrievers.ingest._loaders import docx_blocks, pdf_blocks, rst_blocks
+from ragloop.retrievers.ingest._sphinx import built_page, is_sphinx_source
 from ragloop.retrievers.ingest._types import _MD_H1, MAX_FILE_BYTES, SUFFIXES, Document, Skip, _Refused, safe_name
 
 # --- loading a folder ----------------------------------------------------------------------------------
@@ -139,7 +140,8 @@ def read_document(path: Path, root: Path, *, max_file_bytes: int = MAX_FILE_BYTE
     """Read one file as a :class:`Document`, or explain in a :class:`Skip` why it cannot be used.
 
     Text is decoded as UTF-8, else by its byte-order mark, else by detection (latin-1, UTF-16, Shift-JIS…);
-    stray NUL bytes are removed. PDF, DOCX, HTML and RST are read into blocks here by their loaders.
+    stray NUL bytes are removed. PDF, DOCX, HTML and RST are read into blocks here by their loaders. A Sphinx
+    source copy (``_sources/…/x.rst.txt``) is read as RST, its source (what citations name) the built page.
 
     Args:
         path: The file; its suffix picks the format (see :data:`SUFFIXES`).
@@ -148,7 +150,9 @@ def read_document(path: Path, root: Path, *, max_file_bytes: int = MAX_FILE_BYTE
         max_file_bytes: Largest file read.
     """
     where = safe_name(os.fspath(path))
-    fmt = SUFFIXES.get(path.suffix.lower())
+    relative = path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
+    sphinx = is_sphinx_source(relative)
+    fmt = "rst" if sphinx else SUFFIXES.get(path.suffix.lower())
     if fmt is None:
         shown = safe_name(path.suffix) or "(no suffix)"
         return Skip(where, f"unsupported type {shown!r}; ragloop reads {', '.join(SUFFIXES)}")
@@ -156,7 +160,7 @@ def read_document(path: Path, root: Path, *, max_file_bytes: int = MAX_FILE_BYTE
         data = _read_inside(path, root, max_file_bytes)
     except _Refused as refused:
         return Skip(where, str(refused))
-    doc_id = safe_name(path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name)
+    doc_id = safe_name(relative)
     warnings: list[str] = []
     try:
         title, text, blocks, encoding = _load(data, fmt, warnings)
@@ -169,7 +173,7 @@ def read_document(path: Path, root: Path, *, max_file_bytes: int = MAX_FILE_BYTE
         id=doc_id,
         title=title or safe_name(path.stem),
         text=text,
-        source=doc_id,
+        source=safe_name(built_page(relative)) if sphinx else doc_id,
         fmt=fmt,
         blocks=tuple(blocks),
         encoding=encoding,
@@ -190,7 +194,7 @@ def _load(data: bytes, fmt: str, warnings: list[str]) -> tuple[str, str, list[Bl
     if raw.startswith("\ufeff"):
         raw = raw[1:]
     if fmt == "html":
-        title, blocks = html_blocks(raw)
+        title, blocks = html_blocks(raw, warnings)
         return clean_title(title), raw, blocks, encoding
     if fmt == "rst":
         title, blocks = rst_blocks(raw)

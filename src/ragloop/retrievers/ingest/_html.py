@@ -6,8 +6,14 @@ What a documentation generator wraps around the content never reaches the index:
   Material, Docusaurus), ``main``, ``#content``; the whole ``<body>`` only when the page has none of these.
 - Inside it, navigation is dropped: ``nav``, ``aside``, ``footer``, navigation/search/banner roles, the
   generators' sidebars, tables of contents, breadcrumbs, previous/next and "edit this page" links, heading
-  permalinks (``¶``), cookie and consent banners, hidden elements (``hidden``, ``aria-hidden``,
-  ``display: none``), forms and buttons, and link lists whose text is almost all links (a toctree, an index).
+  permalinks (``¶``), navigation lines (Texinfo's "Next: … Up: …"), hidden elements (``hidden``,
+  ``aria-hidden``, ``display: none``), forms and buttons, and link lists whose text is almost all links (a
+  toctree, an index).
+- Banners (cookie consent, newsletters) are recognised by structure: an overlay (a dialog role, ``aria-modal``,
+  or a fixed or sticky position, inline or from the page's ``<style>``) holding buttons and little text. Never
+  by a word in an id or class: a page or section about cookies is content.
+- A page that cleaning empties, or that loses more than half of its main text, gets a note naming the rules
+  that removed the most (the ingestion's warnings, or the reason it was skipped).
 - Entities are decoded once, by the parser. ``<pre>`` becomes a code block verbatim (indentation, ``# comment``
   lines and ``<stdin>`` kept); headings come only from ``<h1>``–``<h6>``, with the id of the heading (or of its
   permalink, or of the ``<section>`` it opens) as the anchor; tables become markdown rows; inline ``<code>`` is
@@ -28,24 +34,46 @@ __all__ = ["html_blocks"]
 
 #: Where a page's main content is, most specific first.
 _MAIN = ("[role=main]", "main article", "article", "main", "#main-content", "#content", ".content", "body")
-#: Never content, wherever it is.
-_DROP_TAGS = (
-    "script, style, noscript, template, svg, head, iframe, form, button, input, select, textarea, canvas, "
-    "object, embed, nav, aside, footer, dialog"
+#: Never text a reader sees: removed before the page's text is measured.
+_INVISIBLE = "script, style, noscript, template, svg, head"
+#: What is never content, wherever it is, by rule: each rule's name is what a report of lost text names.
+#: Only element names, roles, ARIA state and the generators' own class names: never a word inside an id or class
+#: (``[id*=cookie]`` matched Sphinx's section ids on Python's http.cookiejar page and emptied it).
+_RULES = (
+    (
+        "navigation and form elements (nav, aside, footer, dialog, form, button…)",
+        "iframe, form, button, input, select, textarea, canvas, object, embed, nav, aside, footer, dialog",
+    ),
+    (
+        "navigation roles and hidden elements",
+        "[role=navigation], [role=search], [role=banner], [role=contentinfo], [hidden], [aria-hidden=true]",
+    ),
+    (
+        "the generators' sidebars, tables of contents, permalinks and footers",
+        # Sphinx
+        ".headerlink, .sphinxsidebar, .related, .toctree-wrapper, .footer, .rst-footer-buttons, #searchbox, "
+        # MkDocs (Material and the classic theme)
+        ".md-sidebar, .md-footer, .md-header, .md-source-file, .md-content__button, .md-top, .md-dialog, "
+        ".toc, #toc, .bs-sidebar, "
+        # Docusaurus
+        ".hash-link, .theme-doc-toc-mobile, .theme-doc-footer, .pagination-nav, .theme-edit-this-page, "
+        ".theme-last-updated, .breadcrumbs, .theme-doc-breadcrumbs, .tableOfContents, .table-of-contents, "
+        # skip links
+        ".skip-link, .sr-only",
+    ),
 )
-_DROP_SELECTORS = (
-    "[role=navigation], [role=search], [role=banner], [role=contentinfo], [hidden], [aria-hidden=true], "
-    # Sphinx
-    ".headerlink, .sphinxsidebar, .related, .toctree-wrapper, .footer, .rst-footer-buttons, #searchbox, "
-    # MkDocs (Material and the classic theme)
-    ".md-sidebar, .md-footer, .md-header, .md-source-file, .md-content__button, .md-top, .md-dialog, "
-    ".toc, #toc, .bs-sidebar, "
-    # Docusaurus
-    ".hash-link, .theme-doc-toc-mobile, .theme-doc-footer, .pagination-nav, .theme-edit-this-page, "
-    ".theme-last-updated, .breadcrumbs, .theme-doc-breadcrumbs, .tableOfContents, .table-of-contents, "
-    # cookie and consent banners, skip links
-    "[id*=cookie], [class*=cookie], [id*=consent], [class*=consent], .skip-link, .sr-only"
-)
+_BANNER_RULE = "fixed or overlay banners with buttons"
+_HIDDEN_RULE = "elements hidden by their style"
+_LINKS_RULE = "lists and tables that are almost all links"
+_NAV_LINE_RULE = "navigation lines (Next: / Previous: / Up:) and permalink marks"
+#: A banner is short: an overlay holding more text than this is a page, not a banner.
+_BANNER_CHARS = 1200
+_POSITIONED = re.compile(r"position\s*:\s*(?:fixed|sticky)", re.I)
+_CSS_RULE = re.compile(r"([^{}]+)\{([^{}]*)\}")
+_SIMPLE_SELECTOR = re.compile(r"^[.#][A-Za-z_][\w-]*$")
+_NAV_REL = "a[rel=next], a[rel=prev], a[rel=previous], a[rel=up], a[accesskey=n], a[accesskey=p], a[accesskey=u]"
+_NAV_WORDS = re.compile(r"\b(?:next|previous|prev|up|top|contents|index)\b|[\s:,;|\[\]()\u00bb\u00ab<>-]", re.I)
+_PERMALINK_MARKS = frozenset(("\u00b6", "#", "\u00a7", "\U0001f517"))
 _HIDDEN_STYLE = re.compile(r"(?:^|;)\s*(?:display\s*:\s*none|visibility\s*:\s*hidden)\b", re.I)
 _LANG = re.compile(r"(?:^|\s)(?:language|lang|highlight)-([\w+#.-]+)")
 _BLOCK_TAGS = frozenset(
@@ -127,11 +155,13 @@ def _parser() -> Any:
     return LexborHTMLParser
 
 
-def html_blocks(raw: str) -> tuple[str, list[Block]]:
+def html_blocks(raw: str, notes: list[str] | None = None) -> tuple[str, list[Block]]:
     """The title and main-content blocks of an HTML page (see the module docstring).
 
     Args:
         raw: The page's HTML.
+        notes: Where a report goes when cleaning removed more than half of the main content's text (or all
+            of it), naming the rules that removed the most; by default dropped.
 
     Returns:
         ``(title, blocks)``: the first ``<h1>`` of the content (else the ``<title>``; ``""`` if neither) and the
@@ -144,27 +174,113 @@ def html_blocks(raw: str) -> tuple[str, list[Block]]:
     tree = _parser()(raw)
     title_node = tree.css_first("title")
     title = clean_inline(title_node.text(deep=True)) if title_node is not None else ""
+    positioned = _positioned_selectors(tree)
     root = next((node for sel in _MAIN if (node := tree.css_first(sel)) is not None), None)
     if root is None:
         return title, []
     keyed = {h.mem_id: anchor for h, anchor in _heading_anchors(root)}
-    for node in root.css(f"{_DROP_TAGS}, {_DROP_SELECTORS}"):
-        if node.mem_id != root.mem_id:
-            node.decompose()
-    for node in root.css("[style]"):
-        if _HIDDEN_STYLE.search(node.attributes.get("style") or ""):
-            node.decompose()
-    for node in root.css(_LINK_LISTS):
-        if _link_dense(node):
-            node.decompose()
+    _drop(root, root.css(_INVISIBLE), None)
+    removed: dict[str, int] = {}
+    base = _chars(root)
+    _drop(root, _banners(root, positioned), removed, _BANNER_RULE)
+    for rule, selector in _RULES:
+        _drop(root, root.css(selector), removed, rule)
+    hidden = [n for n in root.css("[style]") if _HIDDEN_STYLE.search(n.attributes.get("style") or "")]
+    _drop(root, hidden, removed, _HIDDEN_RULE)
+    _drop(root, _navigation_lines(root), removed, _NAV_LINE_RULE)
+    _drop(root, [n for n in root.css(_LINK_LISTS) if _link_dense(n)], removed, _LINKS_RULE)
     walker = _Walker(keyed)
     walker.walk(root)
     walker.flush()
     blocks = walker.blocks
+    if notes is not None:
+        _report(base, sum(len("".join(b.text.split())) for b in blocks), removed, notes)
     # The page's own h1 names it; <title> adds the site's name ("… — Python 3.11 documentation"), which would
     # be repeated in front of every chunk of every page.
     h1 = next((b.text for b in blocks if b.kind == "heading" and b.level == 1), "")
     return h1 or title, blocks
+
+
+def _chars(node: Any) -> int:
+    return len("".join(node.text(deep=True).split()))
+
+
+def _drop(root: Any, nodes: list[Any], removed: dict[str, int] | None, rule: str = "") -> None:
+    """Remove ``nodes`` (never ``root`` itself), adding the text each held to ``removed[rule]``."""
+    for node in nodes:
+        if node.mem_id == root.mem_id or node.parent is None:
+            continue
+        if removed is not None:
+            removed[rule] = removed.get(rule, 0) + _chars(node)
+        node.decompose()
+
+
+def _report(base: int, kept: int, removed: dict[str, int], notes: list[str]) -> None:
+    """A note when cleaning kept less than half of the main content's text, naming the rules that took it."""
+    if base == 0 or kept * 2 >= base:
+        return
+    rules = sorted(((n, rule) for rule, n in removed.items() if n), reverse=True)[:3]
+    named = "; ".join(f"{rule} ({min(n, base):,})" for n, rule in rules) or "no rule (the text was whitespace)"
+    share = "all" if kept == 0 else f"{1 - kept / base:.0%}"
+    notes.append(f"cleaning removed {share} of the {base:,} characters of the page's main text, most by: {named}")
+
+
+def _positioned_selectors(tree: Any) -> str:
+    """The simple selectors (``.class``, ``#id``) the page's own ``<style>`` rules make fixed or sticky."""
+    found: list[str] = []
+    for style in tree.css("style"):
+        for selectors, body in _CSS_RULE.findall(style.text(deep=True) or ""):
+            if _POSITIONED.search(body):
+                found += [sel.strip() for sel in selectors.split(",") if _SIMPLE_SELECTOR.match(sel.strip())]
+    return ", ".join(dict.fromkeys(found))
+
+
+def _banners(root: Any, positioned: str) -> list[Any]:
+    """Overlays that hold buttons and little text: a dialog role, ``aria-modal``, or a fixed or sticky position
+    (inline, or from the page's own styles). A banner is recognised by what it is, not by what it is about: a
+    section about cookies is content."""
+    candidates = root.css("[role=dialog], [role=alertdialog], [aria-modal=true], [style]")
+    styled = root.css(positioned) if positioned else []
+    fixed = {n.mem_id for n in styled}
+    found = []
+    for node in candidates + styled:
+        attrs = node.attributes
+        overlay = (
+            attrs.get("role") in ("dialog", "alertdialog")
+            or attrs.get("aria-modal") == "true"
+            or bool(_POSITIONED.search(attrs.get("style") or ""))
+            or node.mem_id in fixed
+        )
+        if not overlay or node.tag in ("html", "body", "main", "article"):
+            continue
+        has_button = node.css_first("button, [role=button], input[type=button], input[type=submit]") is not None
+        if has_button and _chars(node) <= _BANNER_CHARS and node.css_first("h1, h2") is None:
+            found.append(node)
+    return found
+
+
+def _navigation_lines(root: Any) -> list[Any]:
+    """Generator navigation lines (Texinfo's "Next: … Previous: … Up: …": links marked ``rel`` next/prev/up or
+    with their access keys, and nothing else but those labels) and permalink marks (a ``#…`` link whose text is
+    ``¶``, ``#`` or ``§``)."""
+    found = []
+    seen: set[int] = set()
+    for link in root.css(_NAV_REL):
+        block = link.parent
+        while block is not None and block.tag not in ("p", "div", "nav", "header", "td", "li", "body"):
+            block = block.parent
+        if block is None or block.mem_id in seen or block.mem_id == root.mem_id:
+            continue
+        rest = block.text(deep=True)
+        for a in block.css("a"):
+            rest = rest.replace(a.text(deep=True), "", 1)
+        if not _NAV_WORDS.sub("", rest):
+            seen.add(block.mem_id)
+            found.append(block)
+    for link in root.css("a[href^='#']"):
+        if link.text(deep=True).strip() in _PERMALINK_MARKS:
+            found.append(link)
+    return found
 
 
 def _check_depth(raw: str) -> None:

@@ -5,15 +5,17 @@ without one, :class:`~ragloop.retrievers.ingest._blocks.MissingExtra` says which
 skipped with that reason. pypdf was chosen over pdfminer.six by measurement (``benchmarks/bench_extract.py``:
 faster on the same files, the same words out).
 
-- PDF: one text block per paragraph of each page, carrying its page number (citations link
-  ``file.pdf#page=N``); the document outline (bookmarks) gives the headings; the metadata title, the title.
+- PDF: pypdf's lines shaped into paragraphs, list items and headings (:mod:`ragloop.retrievers.ingest._pdf`:
+  hyphenation joined, running heads and page numbers removed, outline headings where they point, contents
+  pages skipped), each block carrying its page number (citations link ``file.pdf#page=N``); the metadata
+  title, the title.
   What pypdf logs while it reads (``incorrect startxref pointer``…) is collected for the ingestion's warning
   report instead of reaching stderr through Python's last-resort handler (the library prints nothing).
 - DOCX: paragraphs in body order; ``Title`` and ``Heading N`` styles become headings, list styles list items,
   preformatted/code styles code blocks; tables become markdown rows.
 - RST: parsed by docutils without reading any other file and without raw HTML; sections become headings
-  with their ids, literal blocks code, tables rows, lists items. Sphinx-only roles and directives stay as
-  their text.
+  with their ids, literal blocks code, tables rows, lists items. Sphinx's roles and directives are rendered
+  as readable text (:mod:`ragloop.retrievers.ingest._sphinx`).
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from ragloop.retrievers.ingest._blocks import Block, LoaderError, MissingExtra, clean_code, clean_inline
+from ragloop.retrievers.ingest._pdf import shape_pages
+from ragloop.retrievers.ingest._sphinx import sphinx_markup
+from ragloop.retrievers.ingest._types import MAX_PDF_STREAM_BYTES, MAX_ZIP_MEMBER_BYTES, MAX_ZIP_TOTAL_BYTES
 
-__all__ = ["docx_blocks", "pdf_blocks", "rst_blocks"]
+__all__ = ["check_zip", "docx_blocks", "pdf_blocks", "rst_blocks"]
 
-_PARAGRAPHS = re.compile(r"\n[ \t]*\n")
 _HEADING_STYLE = re.compile(r"^(?:heading|überschrift|titre)\s*([1-9])$", re.I)
 
 
@@ -97,8 +101,31 @@ def pdf_blocks(data: bytes, notes: list[str] | None = None) -> tuple[str, list[B
         from pypdf.errors import PyPdfError
     except ImportError as exc:
         raise MissingExtra("PDF files need the [pdf] extra (pypdf): pip install 'ragloop[pdf]'") from exc
-    with _NOTES.reading(notes if notes is not None else []):
+    with _NOTES.reading(notes if notes is not None else []), _stream_caps(pypdf):
         return _read_pdf(pypdf, PyPdfError, data)
+
+
+_PYPDF_CAPS = (
+    "maximum_declared_stream_length",
+    "array_based_stream_maximum_output_length",
+    "jbig2_maximum_output_length",
+    "lzw_maximum_output_length",
+    "run_length_maximum_output_length",
+    "zlib_maximum_output_length",
+    "brotli_maximum_output_length",
+    "image_maximum_buffer_size",
+)
+
+
+def _stream_caps(pypdf: Any) -> contextlib.AbstractContextManager[Any]:
+    """pypdf's limits on what one stream may decode to, lowered to :data:`MAX_PDF_STREAM_BYTES` (pypdf 6.6+;
+    older versions keep their own, and the per-file memory budget still holds)."""
+    apply = getattr(pypdf, "apply_configuration", None)
+    current = getattr(pypdf, "get_configuration", None)
+    if apply is None or current is None:
+        return contextlib.nullcontext()
+    known = {name for name in _PYPDF_CAPS if hasattr(current(), name)}
+    return apply(**{name: min(getattr(current(), name), MAX_PDF_STREAM_BYTES) for name in known})  # type: ignore[no-any-return]
 
 
 def _read_pdf(pypdf: Any, error: type[Exception], data: bytes) -> tuple[str, list[Block]]:
@@ -107,17 +134,15 @@ def _read_pdf(pypdf: Any, error: type[Exception], data: bytes) -> tuple[str, lis
         if reader.is_encrypted and not reader.decrypt(""):
             raise LoaderError("encrypted PDF (needs a password); decrypt it to index it")
         headings = _outline(reader)
-        blocks: list[Block] = []
-        for number, page in enumerate(reader.pages, start=1):
-            blocks.extend(headings.get(number, ()))
-            text = page.extract_text() or ""
-            for para in _PARAGRAPHS.split(text.replace("\r\n", "\n")):
-                line = clean_inline(para)
-                if line:
-                    blocks.append(Block("text", line, page=number))
+        blocks = shape_pages([page.extract_text() or "" for page in reader.pages], headings)
         meta = reader.metadata
         title = clean_inline(str(meta.title)) if meta is not None and meta.title else ""
     except (error, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+        if type(exc).__name__ == "LimitReachedError":
+            raise LoaderError(
+                f"too large when decoded: a PDF stream is over a limit ({exc}; streams stop at "
+                f"{MAX_PDF_STREAM_BYTES:,} bytes); re-export the PDF or split it"
+            ) from exc
         raise LoaderError(f"damaged PDF ({type(exc).__name__}: {exc}); re-export it to index it") from exc
     return title, blocks
 
@@ -159,10 +184,59 @@ def docx_blocks(data: bytes) -> tuple[str, list[Block]]:
         from docx.text.paragraph import Paragraph
     except ImportError as exc:
         raise MissingExtra("DOCX files need the [office] extra (python-docx): pip install 'ragloop[office]'") from exc
+    check_zip(data)
     try:
         document = docx.Document(io.BytesIO(data))
     except Exception as exc:
         raise LoaderError(f"not a readable DOCX ({type(exc).__name__}: {exc}); re-save it as .docx") from exc
+    try:
+        return _docx_content(document, Paragraph, Table)
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:  # inconsistent merged cells…
+        raise LoaderError(f"damaged DOCX content ({type(exc).__name__}: {exc}); re-save it in Word") from exc
+
+
+def check_zip(data: bytes, *, max_member: int = MAX_ZIP_MEMBER_BYTES, max_total: int = MAX_ZIP_TOTAL_BYTES) -> None:
+    """Refuse a ZIP (a DOCX) whose members would unpack past the caps, from its directory alone.
+
+    Python's :mod:`zipfile` never unpacks a member past the size its directory declares (it stops there and
+    reports a bad CRC), so checking the declared sizes bounds what unpacking can produce.
+
+    Raises:
+        LoaderError: a member, or all of them together, over its cap; or not a ZIP at all.
+    """
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            members = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise LoaderError(f"not a readable DOCX (not a ZIP archive: {exc}); re-save it as .docx") from exc
+    total = 0
+    for member in members:
+        total += member.file_size
+        if member.file_size > max_member:
+            raise LoaderError(
+                f"too large when unpacked: its part {member.filename[:80]!r} unpacks to {member.file_size:,} bytes "
+                f"(over {max_member:,}; a zip bomb?); re-save it, or split the document"
+            )
+    if total > max_total:
+        raise LoaderError(
+            f"too large when unpacked: {total:,} bytes in {len(members):,} parts (over {max_total:,}); split it"
+        )
+
+
+#: Most grid columns one DOCX table cell may span (python-docx builds a cell object per column spanned).
+MAX_DOCX_SPAN = 1000
+
+
+def _docx_content(document: Any, paragraph_type: Any, table_type: Any) -> tuple[str, list[Block]]:
+    Paragraph, Table = paragraph_type, table_type
+    spans = document.element.body.xpath(".//w:gridSpan/@w:val")
+    widest = max((int(v) for v in spans if str(v).isdigit()), default=0)
+    if widest > MAX_DOCX_SPAN:
+        raise LoaderError(
+            f"too large: a table cell spans {widest:,} columns (over {MAX_DOCX_SPAN:,}); fix the table and re-save it"
+        )
     blocks: list[Block] = []
     for item in document.iter_inner_content():
         if isinstance(item, Paragraph):
@@ -226,7 +300,8 @@ def rst_blocks(text: str) -> tuple[str, list[Block]]:
         "doctitle_xform": False,  # the top section stays a section (level 1), its subsections level 2
         "warning_stream": io.StringIO(),
     }
-    tree = publish_doctree(text, settings_overrides=settings)
+    with sphinx_markup():  # Sphinx's roles and directives read as text, not dropped (see _sphinx)
+        tree = publish_doctree(text, settings_overrides=settings)
     blocks: list[Block] = []
     _RstWalker(nodes, blocks).walk(tree, 0)
     title = next((b.text for b in blocks if b.kind == "heading"), "")

@@ -39,8 +39,15 @@ SKIP_KINDS = (
     "needs an extra",
     "malformed",
     "too slow",
+    "too much memory",
+    "loader crashed",
+    "loader failed",
 )
-_KIND_WORDS = (
+_KIND_WORDS = (  # first match wins: the budget and loader kinds first, since their details quote anything
+    ("took more than", "too slow"),
+    ("of memory to read", "too much memory"),
+    ("loader crashed", "loader crashed"),
+    ("loader failed", "loader failed"),
     ("needs the [", "needs an extra"),
     ("unsupported", "unsupported type"),
     ("too large", "too large"),
@@ -72,6 +79,14 @@ MAX_LINE_BYTES = 16 << 20
 #: Seconds cleaning one document may take before it is skipped: a backstop, since cleaning is linear
 #: (``benchmarks/bench_clean.py``) and files stop at :data:`MAX_FILE_BYTES`.
 CLEAN_BUDGET_S = 60.0
+#: Most characters of text one file may produce once loaded and cleaned; a file giving more is skipped.
+MAX_TEXT_CHARS = 8_000_000
+#: Largest size a ZIP member (a part of a DOCX) may declare unpacked, and all members together: a zip bomb is
+#: refused from its directory, before anything is unpacked (Python's zipfile never unpacks past the declared size).
+MAX_ZIP_MEMBER_BYTES = 64 << 20
+MAX_ZIP_TOTAL_BYTES = 256 << 20
+#: Largest size one PDF stream may decode to (pypdf's own limits are set to it in the loader).
+MAX_PDF_STREAM_BYTES = 32 << 20
 _UNSAFE_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
