@@ -9,7 +9,8 @@ After the answer is composed, :meth:`OfflineVerifier.verify` reads it sentence b
    node drops them from the final text and says so.
 2. **Coverage.** The question's key terms that neither the supported sentences nor the titles of the blocks
    they cite contain are the *uncovered aspects*, without the words that only frame a question ("name",
-   "called", "difference", "quickly" …; a term sharing its first five letters with a present one counts as
+   "called", "difference", "quickly", and filler such as "answer", "add", "link", "command" …; a term the cited
+   passage itself holds counts as covered, and a term sharing its first five letters with a present one counts as
    present: "counter" and "count"). A reply whose
    outcome was ``context`` but leaves aspects uncovered is downgraded to ``partial``, and the aspects are
    named as missing.
@@ -107,6 +108,38 @@ FRAMING = frozenset(
         "tell",
         "let",
         "thing",
+        # filler a user types around what they ask about (a reply never has to repeat them to answer)
+        "answer",
+        "does",
+        "do",
+        "add",
+        "link",
+        "command",
+        "empty",
+        "big",
+        "small",
+        "large",
+        "mean",
+        "means",
+        "say",
+        "says",
+        "take",
+        "takes",
+        "allow",
+        "allowed",
+        "exactly",
+        "really",
+        "still",
+        "anything",
+        "something",
+        "someone",
+        "able",
+        "try",
+        "going",
+        "give",
+        "find",
+        "show",
+        "see",
     ]
 )
 #: Two stems sharing this many first letters name the same thing ("counter" and "count", "quickly" and "quick").
@@ -171,6 +204,11 @@ class OfflineVerifier:
         # answered by "Failed deliveries are retried 8 times [1]" from the page "Webhooks".
         titles = " ".join(by_n[n].title for _, cites in kept for n in cites if n in by_n)
         present = _stems(" ".join(s for s, _ in kept)) | _stems(titles)
+        # A term the cited passage itself holds is what the quoted part of it is about ("error" for the row of
+        # the import errors table that explains E4004): the passage covers it even where the quote does not.
+        cited = {n for _, cites in kept for n in cites if n in by_n}
+        for n in cited:
+            present |= block_stems.get(n) or _stems(f"{by_n[n].text} {by_n[n].title}")
         uncovered = tuple(
             dict.fromkeys(
                 t.surface for t in key_terms(question) if t.stem not in FRAMING and not _mentioned(t.stem, present)

@@ -74,6 +74,7 @@ __all__ = [
     "is_block_unit",
     "not_covered",
     "split_sentences",
+    "user_gaps",
 ]
 
 #: Sentences that address the assistant rather than inform the reader; never quoted.
@@ -86,6 +87,10 @@ INJECTION = re.compile(
     r"|[\"']?(?:tool_calls|function_call)[\"']?\s*:|\bcall (?:the |a )?\w+ (?:tool|function)\b",
     re.IGNORECASE | re.DOTALL,
 )
+#: The turn's own markup, never quoted to a user: a prompt fence (``<<<UNTRUSTED_CONTEXT …>>>``, what a page
+#: imitating one holds) anywhere, and a plan slot placeholder (``{ids}``) in prose (code may format strings).
+_FENCE_MARK = re.compile(r"<{3,}|>{3,}|untrusted[\s_]*context", re.IGNORECASE)
+_SLOT_MARK = re.compile(r"\{[A-Za-z_]\w*\}")
 #: How a reply with nothing to quote begins: it says the knowledge base does not cover the question.
 NOT_COVERED = "The knowledge base doesn't cover this, so I won't guess."
 _TRY = "Try rephrasing, or add a detail such as a product name, a feature or an error message."
@@ -106,6 +111,13 @@ def _coverage(
     return max(coverage, sum(weight(t) for t in searched & held) / part) if part > 0 else coverage
 
 
+def _quotable(unit: Unit, hosts: tuple[str, ...]) -> bool:
+    """A unit that is data for the reader: no instruction to the assistant, no turn markup (see above)."""
+    if INJECTION.search(unit.text) or instruction_problem(unit.text, allowed_hosts=hosts) is not None:
+        return False
+    return not (_FENCE_MARK.search(unit.text) or (unit.kind != "code" and _SLOT_MARK.search(unit.text)))
+
+
 def _hosts(block: ContextBlock) -> tuple[str, ...]:
     """The hosts a block's own links may point at: its document's host, when its source or URL is a URL."""
     hosts = []
@@ -122,10 +134,32 @@ def _hosts(block: ContextBlock) -> tuple[str, ...]:
 MAX_GAP_WORDS = 4
 
 
-def not_covered(missing: Sequence[str] = ()) -> str:
+_GAP_WORD = re.compile(r"[\w'’-]+")
+
+
+def user_gaps(missing: Sequence[str], question: str | None = None) -> list[str]:
+    """The gaps a reply may name: short ones (at most :data:`MAX_GAP_WORDS` words) made only of the user's own
+    words. A gap written by the turn itself — a plan step ("tickets found by sql1"), a reason ("depends on
+    'sql1', which was refused"), a rewritten or whole sub-question — is never shown to the user; without
+    ``question`` only the length rule applies."""
+    asked = {w.casefold() for w in _GAP_WORD.findall(question)} if question is not None else None
+    out = []
+    for m in missing:
+        gap = " ".join(m.split())
+        words = _GAP_WORD.findall(gap)
+        if not words or len(gap.split()) > MAX_GAP_WORDS or any(c in gap for c in "()'\"{}[]:"):
+            continue
+        if asked is not None and any(w.casefold() not in asked for w in words):
+            continue
+        if gap not in out:
+            out.append(gap)
+    return out
+
+
+def not_covered(missing: Sequence[str] = (), question: str | None = None) -> str:
     """The reply for a question the knowledge base does not cover, naming the few words it says nothing about
-    ("Trello"); a longer gap (the whole question) is not repeated back."""
-    gaps = [m.strip() for m in missing if m.strip() and len(m.split()) <= MAX_GAP_WORDS]
+    ("Trello"); a longer gap (the whole question) or one the user did not write is not shown (:func:`user_gaps`)."""
+    gaps = user_gaps(missing, question)
     if not gaps:
         return f"{NOT_COVERED} {_TRY}"
     return f"The knowledge base doesn't cover this: it says nothing about {_join(gaps)}, so I won't guess. {_TRY}"
@@ -202,9 +236,9 @@ class OfflineAnswerer:
             return direct_reply or "Hello! Ask me anything about this knowledge base."
         picked = self.select(question, blocks, dense) if outcome in ("context", "partial") else []
         if not picked:
-            return not_covered(missing)
+            return not_covered(missing, question)
         body = render(picked, {b.n: b for b in blocks})
-        gaps = [m for m in missing if m.strip()]
+        gaps = user_gaps(missing, question)
         if outcome == "partial" and gaps:
             body += f"\n\nThe knowledge base doesn't say anything about {_join(gaps)}."
         elif outcome == "partial":
@@ -294,7 +328,7 @@ class OfflineAnswerer:
     ) -> Scored | None:
         """A unit's coverage of the wanted terms (its context at ``context_weight``), or ``None`` when it may
         not be quoted (an instruction, a label, too little coverage)."""
-        if INJECTION.search(unit.text) or instruction_problem(unit.text, allowed_hosts=hosts) is not None:
+        if not _quotable(unit, hosts):
             return None
         text = unit.text if unit.kind in ("code", "row") else strip_markers(unit.text).strip()
         if unit.kind in ("sentence", "item") and len(text.split()) < 5 and not text.endswith((".", "!", "?")):

@@ -10,7 +10,7 @@ from ragloop.llm.offline.answer._choose import Asked, Scored, has_asked_for, ste
 from ragloop.llm.offline.answer._units import Unit
 from ragloop.state import ContextBlock
 
-__all__ = ["MAX_INTRODUCED_LINES", "lead_in", "render", "with_introduced"]
+__all__ = ["MAX_INTRODUCED_LINES", "lead_in", "render", "row_sentence", "with_introduced"]
 
 #: An opening word that refers back to a subject the sentence does not name ("It returns …", "They are …").
 _SUBJECTLESS = re.compile(r"^(?:It|Its|It's|This|That|These|Those|They|Their|Them|He|She|His|Her)\b|^[a-z]")
@@ -28,6 +28,9 @@ def render(picked: Sequence[Scored], by_n: Mapping[int, ContextBlock]) -> str:
     pieces: list[str | list[Unit]] = []  # text, or the rows of one table
     tables: dict[tuple[int, int], list[Unit]] = {}
     previous: Unit | None = None
+    fact = _fact_first(picked)
+    if fact:
+        pieces.append(fact)
     for i, s in enumerate(picked):
         u = s.unit
         if u.kind == "row":
@@ -45,6 +48,70 @@ def render(picked: Sequence[Scored], by_n: Mapping[int, ContextBlock]) -> str:
         previous = u
     text = "".join(piece if isinstance(piece, str) else _table(piece) for piece in pieces)
     return re.sub(r"\n{3,}", "\n\n", text).strip()
+
+
+#: Header cells that name no column of their own ("Value", "What it does"): the row reads "Logo: PNG or SVG, …".
+_GENERIC_HEADER = frozenset(
+    ("value", "values", "what it does", "meaning", "description", "notes", "note", "details", "detail", "")
+)
+_EMPTY_CELL = frozenset(("", "—", "-", "–", "n/a"))
+#: Most of a leading table's rows stated as one fact sentence (a comparison's sides); more is a table question.
+MAX_FACT_ROWS = 3
+#: Most cells of one row a fact sentence states when the header does not say which column was asked about.
+MAX_FACT_CELLS = 3
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _lower_first(text: str) -> str:
+    """A header as it reads mid-sentence: "Billed monthly" → "billed monthly"; a one-word header ("Team", a
+    name) and an acronym ("SLA") keep their case."""
+    first = text.split(" ", 1)[0]
+    if " " in text and first[:1].isupper() and not first.isupper() and not any(c.isdigit() for c in first):
+        return first.lower() + text[len(first) :]
+    return text
+
+
+def row_sentence(unit: Unit, wanted: frozenset[str]) -> str:
+    """One plain sentence stating what a table row says, its label first ("Team, billed monthly: $11 per seat /
+    month"): the columns whose header holds a term of ``wanted`` (the question's terms the row covers), else the
+    row's first few filled cells; a column whose header names nothing ("Value", "What it does") is stated
+    without it. ``""`` when the row has no header or no filled cell besides its label."""
+    cells = _cells(unit.text)
+    heads = _cells(unit.header) if unit.header else []
+    if len(cells) < 2 or len(heads) != len(cells) or not cells[0] or cells[0] in _EMPTY_CELL:
+        return ""
+    filled = [j for j in range(1, len(cells)) if cells[j].casefold() not in _EMPTY_CELL]
+    overlap = {j: len(stems_of(heads[j]) & wanted) for j in filled}
+    best = max(overlap.values(), default=0)  # "billed monthly" names one column, not every "billed" one
+    columns = [j for j in filled if best and overlap[j] == best] or filled[:MAX_FACT_CELLS]
+    if not columns:
+        return ""
+    parts = []
+    for j in columns:
+        value = cells[j].rstrip(".")
+        head = heads[j]
+        parts.append(value if head.casefold() in _GENERIC_HEADER else f"{_lower_first(head)}: {value}")
+    sep = ": " if all(heads[j].casefold() in _GENERIC_HEADER for j in columns) else ", "
+    return f"{cells[0]}{sep}{'; '.join(parts)}"
+
+
+def _fact_first(picked: Sequence[Scored]) -> str:
+    """The sentence a reply that would open with a table opens with instead: what its leading rows say, cited
+    ("Team, billed monthly: $11 per seat / month. [1]"); ``""`` when the reply opens with prose or code, or with
+    more rows of one table than a sentence can state (a question asked across the rows reads the table)."""
+    if not picked or picked[0].unit.kind != "row":
+        return ""
+    first = picked[0].unit
+    rows = [s for s in picked if s.unit.kind == "row" and (s.unit.block, s.unit.table) == (first.block, first.table)]
+    if len(rows) > MAX_FACT_ROWS:
+        return ""
+    said = [row_sentence(s.unit, s.covered) for s in rows]
+    if not all(said):
+        return ""
+    return f"{'; '.join(said)}. [{first.block}]"
 
 
 def _table(rows: Sequence[Unit]) -> str:
