@@ -107,3 +107,29 @@ class TestNoInternalWords:
             missing=gaps,  # type: ignore[arg-type]
         )
         assert INTERNAL.search(text) is None, text
+
+
+SAML = ContextBlock(
+    1,
+    "Lumen supports SAML 2.0 and OIDC; this article covers SAML. SSO is available on the Business and Enterprise "
+    "plans and is configured by an Owner under Settings → Security → SSO.",
+    title="Single sign-on with SAML",
+    query="set up SAML single sign-on",
+)
+OIDC = ContextBlock(
+    2,
+    "Besides SAML 2.0, Lumen supports single sign-on with OpenID Connect, the identity layer on top of OAuth 2.0. "
+    "Like SAML, it needs the Business or Enterprise plan.",
+    title="Single sign-on with OIDC",
+    query="set up SAML single sign-on",
+)
+
+
+class TestMainClauseFirst:
+    def test_a_multi_part_question_leads_with_its_main_clause_page(self) -> None:
+        """ "How do I set up SAML SSO, and which plan?" leads with where SAML is configured (the page titled
+        with the name the user wrote), not with the OIDC page that mentions SAML in passing."""
+        text = OfflineAnswerer(CorpusStats.from_texts([SAML.text, OIDC.text, *OFFLINE_CORPUS])).compose(
+            "How do I set up SAML single sign-on, and which plan do I need?", [OIDC, SAML], "context"
+        )
+        assert text.startswith("SSO is available on the Business and Enterprise plans and is configured"), text

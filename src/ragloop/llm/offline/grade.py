@@ -11,6 +11,8 @@ How a verdict is reached, in order:
    writes them) names that term again: a text holding either form covers it, and the words in parentheses are
    not terms of their own (otherwise a glossary entry that spells the abbreviation out covers more of "how do I
    rotate an API key" than the page that answers it).
+   Words that only frame the question ("long", "take", "need", :data:`~ragloop.llm.offline.verify.FRAMING`)
+   are not terms (unless the query has no other).
    ``coverage >= relevant_at`` → ``relevant``; ``>= partial_at`` → ``partial``; else ``irrelevant``.
 3. **Retrieval signal.** A strong retrieval signal (the hit's confidence, its dense cosine, or its BM25 score
    relative to the query's IDF mass, whichever is highest, at or above ``strong_signal``) promotes the label
@@ -33,6 +35,7 @@ from collections.abc import Mapping, Sequence
 
 from attrs import field, frozen
 
+from ragloop.llm.offline.verify import FRAMING
 from ragloop.state import Hit, Label, Verdict
 from ragloop.text.ids import extract_ids, ids_conflict, missing_ids
 from ragloop.text.terms import CorpusStats, key_terms, stem, tokenize
@@ -54,6 +57,10 @@ class Coverage:
     score: float
     covered: tuple[str, ...]
     missing: tuple[str, ...]
+
+
+#: The verifier's framing words, less the degree words that carry what a size question asks ("how big").
+_FRAMING = FRAMING - {stem(w) for w in ("big", "small", "large")}
 
 
 def _text_stems(text: str) -> set[str]:
@@ -112,7 +119,12 @@ def coverage(query: str, text: str, stats: CorpusStats) -> Coverage:
     """IDF-weighted coverage of ``query``'s key terms (and identifiers) by ``text``; a glossary expansion in
     parentheses is the term before it said again, covered by either form (see the module docstring)."""
     query, pairs = _aliases(query, stats.glossary)
-    terms = [(t.stem, t.surface) for t in key_terms(query)]
+    keys = key_terms(query)
+    # Words that frame the question ("how long does it take", "do I need") name nothing a page must hold; on a
+    # small knowledge base their IDF is as high as a real term's, and "How long do refunds take?" would miss
+    # two thirds of itself on the page that says "Refunds are issued within 14 days".
+    asked = [t for t in keys if t.stem not in _FRAMING]
+    terms = [(t.stem, t.surface) for t in (asked or keys)]
     for ids in extract_ids(query).values():
         terms.extend((i, i) for i in sorted(ids) if all(i != s for s, _ in terms))
     if not terms:

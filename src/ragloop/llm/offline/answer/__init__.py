@@ -37,11 +37,14 @@ from ragloop.llm.offline.answer._choose import (
     HEADING_TIE,
     REFERS,
     RESOLVED_WEIGHT,
+    TITLE_TIE,
     Asked,
     Picker,
     Scored,
     asked_for,
     has_asked_for,
+    head_in_title,
+    head_of,
     part_share,
     pick,
     question_terms,
@@ -271,6 +274,8 @@ class OfflineAnswerer:
         def part_idf(t: str) -> float:
             return idf(t) * (RESOLVED_WEIGHT if t in resolved else 1.0)
 
+        heads = [head_of(p, idf) for p in parts] if sides else []
+
         asked = asked_for(question)
         q_words = {w.casefold() for w in re.findall(r"\w+", question)}
         pool: list[Scored] = []
@@ -311,7 +316,8 @@ class OfflineAnswerer:
                 per_part = tuple(
                     part_share(p, scored.terms, held, part_idf, self.context_weight)
                     + HEADING_TIE * part_share(p, heading, heading, part_idf, 1.0)
-                    for p in part_terms
+                    + TITLE_TIE * head_in_title(h, title)
+                    for p, h in zip(part_terms, heads, strict=True)
                 )
                 lead = lead_in(scored.unit, asked, q_words)
                 pool.append(Scored(scored.unit, scored.terms, scored.covered & q_terms, rel, on, lead, per_part))

@@ -26,11 +26,14 @@ __all__ = [
     "REFERS",
     "RESOLVED_WEIGHT",
     "SIDE_SHARE",
+    "TITLE_TIE",
     "Asked",
     "Picker",
     "Scored",
     "asked_for",
     "has_asked_for",
+    "head_in_title",
+    "head_of",
     "part_share",
     "pick",
     "question_terms",
@@ -137,9 +140,15 @@ COMPARING = frozenset(
 )
 
 
+#: How-to verbs a page says in other words ("set up SAML" is done where the page says SAML "is configured").
+_HOW_TO = re.compile(r"\bset\s*-?\s*up\b|\bsetup\b", re.IGNORECASE)
+
+
 def question_terms(question: str) -> frozenset[str]:
-    """The question's key stems, without the words that only frame a comparison."""
-    return frozenset(t.stem for t in key_terms(question)) - COMPARING
+    """The question's key stems, without the words that only frame a comparison; "set up" also asks where a
+    thing is configured."""
+    terms = frozenset(t.stem for t in key_terms(question)) - COMPARING
+    return terms | {stem("configure")} if _HOW_TO.search(question) else terms
 
 
 def stems_of(text: str) -> frozenset[str]:
@@ -319,6 +328,26 @@ def resolved_parts(parts: Sequence[str], terms: list[frozenset[str]], queries: S
 
 #: Weight of a part's terms in a unit's heading when units are ranked for that part (the section about it).
 HEADING_TIE = 0.25
+
+
+#: Weight, when units are ranked for a part of a multi-part question, of the part's head term (its rarest) in the
+#: unit's page title: "How do I set up SAML single sign-on, and which plan?" is answered from the SAML page
+#: first, not from the OIDC page that mentions SAML in passing.
+TITLE_TIE = 0.5
+
+
+def head_of(part: str, idf: Callable[[str], float]) -> str:
+    """A question part's head term: the rarest of the names the user capitalised after its first word ("SAML"
+    in "How do I set up SAML single sign-on"), else the rarest of its key terms; ``""`` without terms."""
+    words = re.findall(r"[\w'’-]+", part)
+    named = {stem(w.lower()) for w in words[1:] if w[:1].isupper()} & question_terms(part)
+    pool = sorted(named or question_terms(part))
+    return max(pool, key=idf) if pool else ""
+
+
+def head_in_title(head: str, title: frozenset[str]) -> float:
+    """1.0 when the page title holds the part's head term (:func:`head_of`), else 0.0."""
+    return 1.0 if head and head in title else 0.0
 
 
 def part_share(
