@@ -98,16 +98,20 @@ class Judges:
             embedder: The index's embedder, for the verifier's semantic support check.
         """
         from ragloop.llm.offline import OfflineAnswerer, OfflineDecider, OfflineGrader, OfflineRewriter
+        from ragloop.llm.offline.answer import AbstainRule
         from ragloop.llm.offline.bridge import OfflineBridger
         from ragloop.llm.offline.verify import OfflineVerifier
         from ragloop.text.terms import CorpusStats
 
         stats = CorpusStats.from_texts(texts)
+        grader = OfflineGrader.calibrate(stats, texts)
+        # A knowledge base too small to calibrate on abstains on its own evidence scale (see AbstainRule.small).
+        rule = AbstainRule.small() if grader.small_corpus else AbstainRule()
         return cls(
             decider=OfflineDecider(stats, glossary=dict(glossary or {}), max_queries=max_queries),
-            grader=OfflineGrader.calibrate(stats, texts),
+            grader=grader,
             rewriter=OfflineRewriter(stats),
-            answerer=OfflineAnswerer(stats),
+            answerer=OfflineAnswerer(stats, abstain_rule=rule),
             bridger=OfflineBridger(stats),  # with a model, the model decider writes bridge queries itself
             verifier=OfflineVerifier(embedder=embedder),
             offline_only=True,

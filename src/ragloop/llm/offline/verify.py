@@ -140,6 +140,7 @@ FRAMING = frozenset(
         "find",
         "show",
         "see",
+        "good",
     ]
 )
 #: Two stems sharing this many first letters name the same thing ("counter" and "count", "quickly" and "quick").
