@@ -133,3 +133,36 @@ class TestMainClauseFirst:
             "How do I set up SAML single sign-on, and which plan do I need?", [OIDC, SAML], "context"
         )
         assert text.startswith("SSO is available on the Business and Enterprise plans and is configured"), text
+
+
+CSV_LIMITS = ContextBlock(
+    2,
+    "## Limits\n\nAt most **10,000 rows** and **50 MB** per file. Larger files are split before import.",
+    title="Import from CSV",
+    query="workspace logo file size",
+)
+PRIORITIES = ContextBlock(
+    3,
+    "| Plan | First response |\n|---|---|\n| Enterprise | P1: 1 hour; P2: 4 hours; P3: 1 business day |\n\n"
+    "| Priority | Meaning |\n|---|---|\n| P1 — urgent | Lumen is unusable for many people |\n"
+    "| P2 — high | an important feature is broken, no workaround |\n",
+    title="Support and tickets",
+    query="P2 ticket",
+)
+
+
+class TestTheRightUnitFirst:
+    def test_a_value_next_to_a_generic_word_does_not_lead(self) -> None:
+        """ "How big can the workspace logo file be?": "50 MB per file" sits next to "file", a word every
+        import page has; the logo's row (its specific term) leads."""
+        files = [f"Attach a file to task {i}; every file is scanned." for i in range(6)]
+        stats = CorpusStats.from_texts([SETTINGS.text, CSV_LIMITS.text, LIMITS.text, *files, *OFFLINE_CORPUS])
+        text = OfflineAnswerer(stats).compose(
+            "How big can the workspace logo file be?", [CSV_LIMITS, SETTINGS], "context"
+        )
+        assert text.startswith("Logo: PNG or SVG, at most 1 MB"), text
+
+    def test_the_row_the_term_labels_answers_what_it_is(self) -> None:
+        """ "What is a P2 ticket?" leads with the row labelled P2, not a row that mentions P2 in a cell."""
+        text = OfflineAnswerer(STATS).compose("What is a P2 ticket?", [PRIORITIES], "context")
+        assert text.startswith("P2 — high: an important feature is broken, no workaround. [3]"), text

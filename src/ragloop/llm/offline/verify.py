@@ -141,6 +141,7 @@ FRAMING = frozenset(
         "show",
         "see",
         "good",
+        "back",
     ]
 )
 #: Two stems sharing this many first letters name the same thing ("counter" and "count", "quickly" and "quick").

@@ -45,6 +45,7 @@ from ragloop.llm.offline.answer._choose import (
     has_asked_for,
     head_in_title,
     head_of,
+    labels,
     part_share,
     pick,
     question_terms,
@@ -52,6 +53,7 @@ from ragloop.llm.offline.answer._choose import (
     serves,
     side_terms,
     side_terms_of,
+    specific_terms,
     stems_of,
     value_near,
 )
@@ -278,6 +280,7 @@ class OfflineAnswerer:
 
         asked = asked_for(question)
         q_words = {w.casefold() for w in re.findall(r"\w+", question)}
+        specific, head = specific_terms(q_terms, idf)
         pool: list[Scored] = []
         units: dict[int, list[Unit]] = {}
         # A question that refers back ("that plan") is completed by its queries: their terms count in full.
@@ -303,8 +306,10 @@ class OfflineAnswerer:
                 rel = scored.relevance * (self.code_weight if unit.kind == "code" else 1.0)
                 if asked is not None and has_asked_for(asked, f"{unit.text} {unit.heading}", q_words):
                     rel += self.asked_bonus
-                    if value_near(asked, f"{unit.header} {unit.text}", q_terms, q_words):
+                    if value_near(asked, f"{unit.header} {unit.text}", specific, q_words):
                         rel += self.near_bonus
+                if labels(unit, head):
+                    rel += self.asked_bonus  # the row the question's head term labels ("| P2 — high | …")
                 rel += self.dense_weight * (dense or {}).get(unit.text, 0.0)
                 held = scored.terms | title | stems_of(unit.heading)
                 on = frozenset(

@@ -34,6 +34,7 @@ __all__ = [
     "has_asked_for",
     "head_in_title",
     "head_of",
+    "labels",
     "part_share",
     "pick",
     "question_terms",
@@ -41,6 +42,7 @@ __all__ = [
     "serves",
     "side_terms",
     "side_terms_of",
+    "specific_terms",
     "stems_of",
     "value_near",
 ]
@@ -334,6 +336,19 @@ HEADING_TIE = 0.25
 #: unit's page title: "How do I set up SAML single sign-on, and which plan?" is answered from the SAML page
 #: first, not from the OIDC page that mentions SAML in passing.
 TITLE_TIE = 0.5
+
+
+def specific_terms(q_terms: frozenset[str], idf: Callable[[str], float]) -> tuple[frozenset[str], str]:
+    """The question's specific terms (the rarer half, by IDF) and its rarest one (``""`` for a one-term
+    question): a value next to "file" does not answer "How big can the workspace logo file be?"; one next to
+    "logo" does."""
+    ranked = sorted(q_terms, key=lambda t: (-idf(t), t))
+    return frozenset(ranked[: max(1, (len(ranked) + 1) // 2)]), (ranked[0] if len(ranked) > 1 else "")
+
+
+def labels(unit: Unit, term: str) -> bool:
+    """Whether ``unit`` is a table row whose first cell (its label) holds ``term``."""
+    return bool(term) and unit.kind == "row" and term in stems_of(unit.text.strip().strip("|").split("|")[0])
 
 
 def head_of(part: str, idf: Callable[[str], float]) -> str:

@@ -94,7 +94,7 @@ def row_sentence(unit: Unit, wanted: frozenset[str]) -> str:
         value = cells[j].rstrip(".")
         head = heads[j]
         parts.append(value if head.casefold() in _GENERIC_HEADER else f"{_lower_first(head)}: {value}")
-    sep = ": " if all(heads[j].casefold() in _GENERIC_HEADER for j in columns) else ", "
+    sep = ": " if heads[columns[0]].casefold() in _GENERIC_HEADER else ", "
     return f"{cells[0]}{sep}{'; '.join(parts)}"
 
 
