@@ -120,3 +120,11 @@ class TestCLI:
         assert main(["serve", "--index", "/nonexistent", "--port", "0"]) == 2
         err = capsys.readouterr().err
         assert needle in err and "ключ" not in err and err.count("\n") == 1
+
+
+class TestServePage:
+    def test_serve_refuses_a_colour_that_is_not_one(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """``ragloop serve --colour 'red; x'`` stops before the index loads, saying what a colour looks like."""
+        assert main(["serve", "--index", "/nonexistent", "--port", "0", "--colour", "red; x"]) == 2
+        err = capsys.readouterr().err
+        assert "page_colour must be #rgb, #rrggbb or a CSS colour name" in err and "Traceback" not in err
