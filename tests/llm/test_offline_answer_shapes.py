@@ -166,3 +166,17 @@ class TestTheRightUnitFirst:
         """ "What is a P2 ticket?" leads with the row labelled P2, not a row that mentions P2 in a cell."""
         text = OfflineAnswerer(STATS).compose("What is a P2 ticket?", [PRIORITIES], "context")
         assert text.startswith("P2 — high: an important feature is broken, no workaround. [3]"), text
+
+
+def test_a_database_row_is_not_prefixed_with_its_source_name() -> None:
+    """A row from the SQL source ("orders id ORD-1042 — plan: Business …", titled "sql: orders id ORD-1042")
+    is quoted as it reads, not as "sql: orders id ORD-1042: orders id ORD-1042 — …"."""
+    row = ContextBlock(
+        1,
+        "orders id ORD-1042 — customer id: 14; plan: Business; seats: 85; status: paid.",
+        title="sql: orders id ORD-1042",
+        query="order ORD-1042",
+    )
+    text = OfflineAnswerer(STATS).compose("What did order ORD-1042 buy?", [row], "context")
+    assert text.startswith("orders id ORD-1042 — customer id: 14; plan: Business"), text
+    assert "sql:" not in text

@@ -131,6 +131,10 @@ def _with_subject(unit: Unit, block: ContextBlock, lead_in: str) -> str:
     subject = _subject(block, unit)
     if not _SUBJECTLESS.match(text) or not subject:
         return text
+    # A title "<source>: <what>" (a database row: "sql: orders id ORD-1042") over a text that opens with <what>
+    # names its subject already; the source's name is the turn's own word, never the reader's.
+    if text.casefold().startswith(subject.rsplit(": ", 1)[-1].casefold()):
+        return text
     first = text.split(" ", 1)[0]
     lowered = first.lower() if first[:1].isupper() and not first.isupper() else first
     return f"{subject}: {lowered}{text[len(first) :]}"
