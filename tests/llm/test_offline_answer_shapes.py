@@ -180,3 +180,22 @@ def test_a_database_row_is_not_prefixed_with_its_source_name() -> None:
     text = OfflineAnswerer(STATS).compose("What did order ORD-1042 buy?", [row], "context")
     assert text.startswith("orders id ORD-1042 — customer id: 14; plan: Business"), text
     assert "sql:" not in text
+
+
+INSTALL = ContextBlock(
+    1,
+    "# Installing stashd\n\nstashd runs on Linux and macOS; Windows is not supported. Install it with pip:\n\n"
+    "```\npip install stashd\n```\n\nIt needs Python 3.10 or newer. After installing, run `stashd init` once to "
+    "create the configuration file.",
+    title="Installing stashd",
+    query="install stashd",
+)
+
+
+class TestCodeFirst:
+    def test_a_how_to_leads_with_the_sentence_and_the_code_it_introduces(self) -> None:
+        """ "How do I install stashd?" leads with "Install it with pip:" and the command right under it (the
+        sentence is scored with its code), not with a neighbour that only mentions installing."""
+        stats = CorpusStats.from_texts([INSTALL.text, *OFFLINE_CORPUS])
+        text = OfflineAnswerer(stats).compose("How do I install stashd?", [INSTALL], "context")
+        assert text.startswith("Install it with pip:\n\n```\npip install stashd\n```\n\n[1]"), text

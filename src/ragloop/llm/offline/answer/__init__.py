@@ -57,7 +57,7 @@ from ragloop.llm.offline.answer._choose import (
     stems_of,
     value_near,
 )
-from ragloop.llm.offline.answer._render import lead_in, render, with_introduced
+from ragloop.llm.offline.answer._render import introduces, lead_in, render, with_introduced
 from ragloop.llm.offline.answer._units import Unit, block_units, is_block_unit, split_sentences
 from ragloop.llm.offline.decide import split_topics
 from ragloop.retrievers.base import Embedder
@@ -300,7 +300,7 @@ class OfflineAnswerer:
             hosts = _hosts(block)  # once per block, not per unit
             units[block.n] = block_units(block.n, block.text)
             for unit in units[block.n]:
-                scored = self._score(unit, wanted, total, title, weight, hosts)
+                scored = self._score(unit, wanted, total, title, weight, hosts, introduces(unit, units[block.n]))
                 if scored is None:
                     continue
                 rel = scored.relevance * (self.code_weight if unit.kind == "code" else 1.0)
@@ -336,15 +336,23 @@ class OfflineAnswerer:
         title: frozenset[str],
         idf: Callable[[str], float],
         hosts: tuple[str, ...],
+        code: Unit | None = None,
     ) -> Scored | None:
         """A unit's coverage of the wanted terms (its context at ``context_weight``), or ``None`` when it may
-        not be quoted (an instruction, a label, too little coverage)."""
+        not be quoted (an instruction, a label, too little coverage). A sentence that introduces ``code`` (it
+        ends in a colon: "Install it with pip:") is scored with the code it introduces: the two are quoted
+        together and answer together."""
         if not _quotable(unit, hosts):
             return None
         text = unit.text if unit.kind in ("code", "row") else strip_markers(unit.text).strip()
-        if unit.kind in ("sentence", "item") and len(text.split()) < 5 and not text.endswith((".", "!", "?")):
+        if (
+            code is None
+            and unit.kind in ("sentence", "item")
+            and len(text.split()) < 5
+            and not text.endswith((".", "!", "?"))
+        ):
             return None  # a link title or label ("API rate limits"), not a statement
-        terms = stems_of(text)
+        terms = stems_of(text) | (stems_of(code.text) if code is not None else frozenset())
         if len(terms) < 3 and unit.kind != "row":
             return None
         header = stems_of(unit.header)

@@ -10,7 +10,7 @@ from ragloop.llm.offline.answer._choose import Asked, Scored, has_asked_for, ste
 from ragloop.llm.offline.answer._units import Unit
 from ragloop.state import ContextBlock
 
-__all__ = ["MAX_INTRODUCED_LINES", "lead_in", "render", "row_sentence", "with_introduced"]
+__all__ = ["MAX_INTRODUCED_LINES", "introduces", "lead_in", "render", "row_sentence", "with_introduced"]
 
 #: An opening word that refers back to a subject the sentence does not name ("It returns …", "They are …").
 _SUBJECTLESS = re.compile(r"^(?:It|Its|It's|This|That|These|Those|They|Their|Them|He|She|His|Her)\b|^[a-z]")
@@ -164,21 +164,32 @@ def _introduced(unit: Unit, nxt: Unit) -> bool:
     )
 
 
+def introduces(unit: Unit, block: Sequence[Unit]) -> Unit | None:
+    """The short code block right after ``unit`` in its block when ``unit`` introduces it (ends in a colon)."""
+    nxt = block[unit.position + 1] if unit.position + 1 < len(block) else None
+    if nxt is None or not _introduced(unit, nxt) or nxt.text.count("\n") >= MAX_INTRODUCED_LINES:
+        return None
+    return nxt
+
+
 def with_introduced(chosen: list[Scored], units: Mapping[int, Sequence[Unit]]) -> list[Scored]:
     """``chosen`` with the short code block right after each chosen sentence that ends in a colon
-    ("… specify the version with:" and the block that shows it)."""
+    ("… specify the version with:" and the block that shows it); a block chosen on its own further down moves
+    up beside the sentence that introduces it."""
     out: list[Scored] = []
-    quoted = {(s.unit.block, s.unit.position) for s in chosen}
+    by_key = {(s.unit.block, s.unit.position): s for s in chosen}
+    placed: set[tuple[int, int]] = set()
     for s in chosen:
+        key = (s.unit.block, s.unit.position)
+        if key in placed:
+            continue
         out.append(s)
-        block = units.get(s.unit.block, ())
-        nxt = block[s.unit.position + 1] if s.unit.position + 1 < len(block) else None
-        if (
-            nxt is not None
-            and _introduced(s.unit, nxt)
-            and (nxt.block, nxt.position) not in quoted
-            and nxt.text.count("\n") < MAX_INTRODUCED_LINES
-        ):
-            out.append(Scored(nxt, stems_of(nxt.text), frozenset(), 0.0, frozenset(), ""))
-            quoted.add((nxt.block, nxt.position))
+        placed.add(key)
+        nxt = introduces(s.unit, units.get(s.unit.block, ()))
+        if nxt is not None and (nxt.block, nxt.position) not in placed:
+            out.append(
+                by_key.get((nxt.block, nxt.position))
+                or Scored(nxt, stems_of(nxt.text), frozenset(), 0.0, frozenset(), "")
+            )
+            placed.add((nxt.block, nxt.position))
     return out
