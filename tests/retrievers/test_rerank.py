@@ -51,6 +51,8 @@ class TestHeadTerm:
         assert ranked[0].id == "ws"
         off = rerank("How big can the workspace logo file be?", [csv, export, settings], settings=OFF)
         assert off[0].id == "csv"
+        short = RerankSettings(head_max_terms=3)  # four key terms: too long a question for the feature
+        assert rerank("How big can the workspace logo file be?", [csv, export, settings], settings=short)[0].id == "csv"
 
 
 class TestRerank:
