@@ -199,3 +199,43 @@ class TestCodeFirst:
         stats = CorpusStats.from_texts([INSTALL.text, *OFFLINE_CORPUS])
         text = OfflineAnswerer(stats).compose("How do I install stashd?", [INSTALL], "context")
         assert text.startswith("Install it with pip:\n\n```\npip install stashd\n```\n\n[1]"), text
+
+
+FEATURES = ContextBlock(
+    4,
+    "| Feature | Free | Team | Business |\n|---|---|---|---|\n| Automation runs per month | 100 | 1,000 | 10,000 |\n",
+    title="Plans and pricing",
+    query="monthly price team business",
+)
+PRICES = ContextBlock(
+    3,
+    "## Price per seat\n\n| Plan | Billed annually | Billed monthly |\n|---|---|---|\n| Free | $0 | $0 |\n"
+    "| Team | $9 per seat / month | $11 per seat / month |\n"
+    "| Business | $19 per seat / month | $23 per seat / month |\n",
+    title="Plans and pricing",
+    query="monthly price team business",
+)
+
+
+class TestDifferenceFirst:
+    def test_compare_with_states_both_sides_of_what_is_compared(self) -> None:
+        """ "How does the monthly price of Team compare with Business?" opens with both monthly prices, not with
+        a row that names both plans in passing (automation runs)."""
+        text = OfflineAnswerer(STATS).compose(
+            "How does the monthly price of Team compare with Business?", [FEATURES, PRICES], "context"
+        )
+        first = text.split("\n\n", 1)[0]
+        assert first == (
+            "Team, billed monthly: $11 per seat / month; Business, billed monthly: $23 per seat / month. [3]"
+        ), text
+
+    def test_compared_parts_splits_only_a_compare_with_question(self) -> None:
+        """The split keeps what is compared on each side; other questions are left to split_topics."""
+        from ragloop.llm.offline.answer._choose import compared_parts
+
+        assert compared_parts("How does the monthly price of Team compare with Business?") == [
+            "How does the monthly price of Team",
+            "How does the monthly price of Business",
+        ]
+        assert compared_parts("how do these compare with the old ones") == []
+        assert compared_parts("What does Team cost?") == []

@@ -42,6 +42,7 @@ from ragloop.llm.offline.answer._choose import (
     Picker,
     Scored,
     asked_for,
+    compared_parts,
     has_asked_for,
     head_in_title,
     head_of,
@@ -263,7 +264,7 @@ class OfflineAnswerer:
             return weights.get(s, unseen)  # a stem in no block weighs as the rarest one
 
         q_terms = question_terms(question)
-        parts = split_topics(question)
+        parts = compared_parts(question) or split_topics(question)
         sides = side_terms(parts) if len(parts) > 1 else []
         part_terms = [question_terms(p) for p in parts] if sides else []
         resolved: frozenset[str] = frozenset()

@@ -31,6 +31,7 @@ __all__ = [
     "Picker",
     "Scored",
     "asked_for",
+    "compared_parts",
     "has_asked_for",
     "head_in_title",
     "head_of",
@@ -144,6 +145,25 @@ COMPARING = frozenset(
 
 #: How-to verbs a page says in other words ("set up SAML" is done where the page says SAML "is configured").
 _HOW_TO = re.compile(r"\bset\s*-?\s*up\b|\bsetup\b", re.IGNORECASE)
+
+
+#: "How does the monthly price of Team compare with Business?": what is compared, the name before "compare" and
+#: the one after it ("with", "to", "against").
+_COMPARE_WITH = re.compile(
+    r"^(?P<pre>.*?)\b(?P<a>[A-Z][\w'’.-]*(?:\s+[A-Z][\w'’.-]*)*)\s+(?:compares?|stacks? up)\s+(?:with|to|against)\s+"
+    r"(?P<b>(?:the\s+)?[A-Z][\w'’.-]*(?:\s+[A-Z][\w'’.-]*)*)(?P<post>.*)$"
+)
+
+
+def compared_parts(question: str) -> list[str]:
+    """A comparison written "<what> of A compare(s) with B" as one part per side, each with what is compared
+    ("monthly price of Team", "monthly price of Business"), so that each side gets its own best unit; ``[]``
+    for any other question (:func:`~ragloop.llm.offline.decide.split_topics` splits "A vs B" itself)."""
+    m = _COMPARE_WITH.match(question.strip())
+    if m is None:
+        return []
+    frame = f"{m['pre']}{{}}{m['post']}".strip(" ?.")
+    return [frame.format(m["a"]), frame.format(m["b"])]
 
 
 def question_terms(question: str) -> frozenset[str]:
@@ -271,24 +291,39 @@ def _sides_first(order: Sequence[Scored], n_sides: int) -> list[Scored]:
         best = max(serving, key=lambda s: (_part(s, side), s.relevance), default=None)
         if best is not None and best not in free:
             free.append(best)
-    free_score = sum(s.relevance for s in free) / len(free) if free else 0.0
+    # Options are weighed by how well each side's pick answers that side (its part score), not by overall
+    # relevance: one row that names both sides in passing ("Automation runs | … | 1,000 | 10,000") must not beat
+    # the rows about what is compared ("| Team | … $11 …" and "| Business | … $23 …" for "the monthly price").
+    free_score = sum(_part(s, i) for i, s in _by_side(free, n_sides)) / n_sides if free else 0.0
     tables: list[tuple[float, list[Scored]]] = []
     for key in dict.fromkeys((s.unit.block, s.unit.table) for s in order if s.unit.kind == "row"):
         rows = [s for s in order if (s.unit.block, s.unit.table) == key]
         picks: list[Scored] = []
+        per_side = 0.0
         for side in range(n_sides):
             row = max((s for s in rows if side in s.sides), key=lambda s: (_part(s, side), s.relevance), default=None)
             if row is None:
                 break
+            per_side += _part(row, side)
             if row not in picks:
                 picks.append(row)
         else:
-            tables.append((sum(p.relevance for p in picks) / len(picks), picks))
+            tables.append((per_side / n_sides, picks))
     if tables:
         score, picks = max(tables, key=lambda t: t[0])
         if score >= TABLE_SHARE * free_score:
             return sorted(picks, key=lambda s: s.unit.position)
     return free or list(order[:1])
+
+
+def _by_side(free: Sequence[Scored], n_sides: int) -> list[tuple[int, Scored]]:
+    """Each side with the unit of ``free`` that answers it best (its part score)."""
+    out = []
+    for side in range(n_sides):
+        serving = [s for s in free if side in s.sides]
+        if serving:
+            out.append((side, max(serving, key=lambda s: _part(s, side))))
+    return out
 
 
 def _part(s: Scored, side: int) -> float:
