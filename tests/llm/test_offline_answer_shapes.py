@@ -239,3 +239,20 @@ class TestDifferenceFirst:
         ]
         assert compared_parts("how do these compare with the old ones") == []
         assert compared_parts("What does Team cost?") == []
+
+
+def test_a_rows_value_belongs_to_its_label() -> None:
+    """ "How many automation runs does the Team plan get?": the row labelled Team ("| Team | 1,000 |") leads,
+    not a sentence whose number sits next to "runs" ("keeps 30 days of runs")."""
+    runs = ContextBlock(
+        1,
+        "## Run history\n\nThe run history keeps **30 days** of runs, with the trigger and the result.\n\n"
+        "## Limits\n\n| Plan | Runs per month |\n|---|---|\n| Free | 100 |\n| Team | 1,000 |\n| Business | 10,000 |\n",
+        title="Automations",
+        query="automation runs team plan",
+    )
+    stats = CorpusStats.from_texts(
+        [runs.text, *[f"The {p} plan includes seats." for p in ("Team", "Free")], *OFFLINE_CORPUS]
+    )
+    text = OfflineAnswerer(stats).compose("How many automation runs does the Team plan get?", [runs], "context")
+    assert text.startswith("Team, runs per month: 1,000. [1]"), text

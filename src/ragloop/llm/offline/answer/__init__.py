@@ -51,6 +51,7 @@ from ragloop.llm.offline.answer._choose import (
     pick,
     question_terms,
     resolved_parts,
+    row_label,
     serves,
     side_terms,
     side_terms_of,
@@ -307,7 +308,9 @@ class OfflineAnswerer:
                 rel = scored.relevance * (self.code_weight if unit.kind == "code" else 1.0)
                 if asked is not None and has_asked_for(asked, f"{unit.text} {unit.heading}", q_words):
                     rel += self.asked_bonus
-                    if value_near(asked, f"{unit.header} {unit.text}", specific, q_words):
+                    # Only the question's specific terms count ("50 MB per file" does not answer the logo), and
+                    # in a row also a term its label holds: the row's values belong to it ("| Team | 1,000 |").
+                    if value_near(asked, f"{unit.header} {unit.text}", specific | (q_terms & row_label(unit)), q_words):
                         rel += self.near_bonus
                 if labels(unit, head):
                     rel += self.asked_bonus  # the row the question's head term labels ("| P2 — high | …")

@@ -40,6 +40,7 @@ __all__ = [
     "pick",
     "question_terms",
     "resolved_parts",
+    "row_label",
     "serves",
     "side_terms",
     "side_terms_of",
@@ -381,9 +382,14 @@ def specific_terms(q_terms: frozenset[str], idf: Callable[[str], float]) -> tupl
     return frozenset(ranked[: max(1, (len(ranked) + 1) // 2)]), (ranked[0] if len(ranked) > 1 else "")
 
 
+def row_label(unit: Unit) -> frozenset[str]:
+    """The stems of a table row's first cell (its label); empty for any other unit."""
+    return stems_of(unit.text.strip().strip("|").split("|")[0]) if unit.kind == "row" else frozenset()
+
+
 def labels(unit: Unit, term: str) -> bool:
     """Whether ``unit`` is a table row whose first cell (its label) holds ``term``."""
-    return bool(term) and unit.kind == "row" and term in stems_of(unit.text.strip().strip("|").split("|")[0])
+    return bool(term) and term in row_label(unit)
 
 
 def head_of(part: str, idf: Callable[[str], float]) -> str:
