@@ -47,11 +47,13 @@ class TestHeadTerm:
         export = make_hit("Each export file is a zip.", title="Exporting your data", chunk_id="exp")
         settings = make_hit("| Logo | PNG or SVG, at most 1 MB |", title="Workspace settings", chunk_id="ws")
         settings = attrs.evolve(settings, chunk=attrs.evolve(settings.chunk, title_path=("Branding", "Logo")))
-        ranked = rerank("How big can the workspace logo file be?", [csv, export, settings])
+        on = RerankSettings(head_weight=0.5)
+        ranked = rerank("How big can the workspace logo file be?", [csv, export, settings], settings=on)
         assert ranked[0].id == "ws"
+        assert rerank("How big can the workspace logo file be?", [csv, export, settings])[0].id == "csv"  # off
         off = rerank("How big can the workspace logo file be?", [csv, export, settings], settings=OFF)
         assert off[0].id == "csv"
-        short = RerankSettings(head_max_terms=3)  # four key terms: too long a question for the feature
+        short = RerankSettings(head_weight=0.5, head_max_terms=3)  # four key terms: too long for the feature
         assert rerank("How big can the workspace logo file be?", [csv, export, settings], settings=short)[0].id == "csv"
 
 
