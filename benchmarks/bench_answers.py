@@ -14,6 +14,17 @@ Sets (``--set``):
 - ``fastapi``: ``benchmarks/data/fastapi_docs_questions.jsonl`` over ``../shared/data/fastapi-docs`` (the same
   kinds; committed before any tuning).
 - ``hotpotqa``: ``../shared/data/hotpotqa-dev200`` (answerable only; the gold answers of ``metadata.answers``).
+- ``sample2``: ``benchmarks/data/sample_kb_questions_v2.jsonl`` over the sample knowledge base: the failure
+  shapes of issue #33 (a fact in a table cell, a multi-part question, a short question whose page shares its
+  head noun, a concept named otherwise), written before #33's tuning.
+- ``small``: ``benchmarks/data/small_kb_questions.jsonl`` over three small knowledge bases worded unlike the
+  sample (``benchmarks/data/small_kbs/``: a shop of 4 pages, a yoga studio of 5, a backup tool of 6), each its
+  own index; paraphrased questions a customer would type, written before #33's tuning.
+
+**Before and after in one run.** ``--before SRC`` runs the same questions a second time with ``ragloop``
+imported from ``SRC`` (an exported ``src/`` of another commit, e.g. ``git archive main src | tar -x -C
+/tmp/main``), in a subprocess, right after this tree's run, and prints both columns with the load average
+beside each; the report holds both.
 
 **Tuning discipline.** Each set is split once, in code, into a tuning half and a validation half
 (:func:`_answers.split_set`, seed 22, per kind; HotpotQA keeps ``bench_quality``'s seed-13 split, whose second
@@ -34,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -49,6 +61,8 @@ SETS = {
     "sample": (_answers.DATA / "sample_kb_questions.jsonl", None),
     "fastapi": (_answers.DATA / "fastapi_docs_questions.jsonl", SHARED / "fastapi-docs"),
     "hotpotqa": (None, SHARED / "hotpotqa-dev200"),
+    "sample2": (_answers.DATA / "sample_kb_questions_v2.jsonl", None),
+    "small": (_answers.DATA / "small_kb_questions.jsonl", _answers.DATA / "small_kbs"),
 }
 HEADLINE = ("answer_at_1", "answer_any", "false_none", "honest_none", "reply_chars_median")
 
@@ -89,6 +103,31 @@ def open_index(name: str, corpus: Path | None, embedder: str, cache: Path) -> An
     return bench_quality.open_index(corpus, embedder, cache)
 
 
+def small_indexes(folder: Path, embedder: str) -> dict[str, Any]:
+    """One in-memory index per small knowledge base (a sub-folder of ``folder``), keyed by its name."""
+    from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder
+    from ragloop.retrievers.index import KnowledgeIndex
+    from ragloop.retrievers.ingest import ingest_path
+
+    emb = MiniLMEmbedder() if embedder == "minilm" else HashEmbedder()
+    return {
+        kb.name: KnowledgeIndex.build(ingest_path(kb).chunks, emb) for kb in sorted(folder.iterdir()) if kb.is_dir()
+    }
+
+
+async def run_small(indexes: dict[str, Any], questions: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], float]:
+    """:func:`run_set` per small knowledge base (each question names its ``kb``), rows in question order."""
+    rows: dict[str, dict[str, Any]] = {}
+    seconds = 0.0
+    for kb, index in indexes.items():
+        mine = [q for q in questions if q.get("kb") == kb]
+        if mine:
+            got, per = await run_set(index, mine)
+            rows.update({r["id"]: r for r in got})
+            seconds += per * len(mine)
+    return [rows[q["id"]] for q in questions if q["id"] in rows], seconds / max(len(questions), 1)
+
+
 async def run_set(index: Any, questions: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], float]:
     """Ask every question of the default offline turn; one scored row each, and seconds per question."""
     from ragloop.chat import ChatRAG
@@ -122,6 +161,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="first N questions of the half only (quick runs)")
     parser.add_argument("--out", type=Path, default=None, help="report path (default results/answers-SET-HALF.json)")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    parser.add_argument("--before", type=Path, default=None, help="also run with ragloop from this src/ folder")
     args = parser.parse_args()
     if args.half != "tuning" and not args.note.strip():
         parser.error("--half validation/all looks at validation questions: say which finished change with --note")
@@ -138,9 +178,19 @@ def main() -> None:
         sys.exit(f"{corpus} not found: the shared data lives in ../shared/data beside the project")
     wanted = set(halves[args.half])
     chosen = [q for q in questions if q["id"] in wanted][: args.limit]
-    index = open_index(args.set, corpus, args.embedder, args.cache)
-    rows, seconds = anyio.run(run_set, index, chosen)
+    if args.set == "small":
+        assert corpus is not None
+        indexes = small_indexes(corpus, args.embedder)
+        index = next(iter(indexes.values()))
+        rows, seconds = anyio.run(run_small, indexes, chosen)
+        chunks = sum(len(i.chunks) for i in indexes.values())
+    else:
+        index = open_index(args.set, corpus, args.embedder, args.cache)
+        rows, seconds = anyio.run(run_set, index, chosen)
+        chunks = len(index.chunks)
+    load_after = _answers.load_average()
     figures = _answers.summarise(rows)
+    before = run_before(args) if args.before is not None else None
     report = {
         "set": args.set,
         "half": args.half,
@@ -148,31 +198,66 @@ def main() -> None:
         "questions": len(rows),
         "limit": args.limit,
         "embedder": index.embedder.name,
-        "chunks": len(index.chunks),
+        "chunks": chunks,
         "commit": _answers.commit(),
-        "load_average": _answers.load_average(),
+        "load_average": load_after,
         "seconds_per_question": seconds,
         "figures": figures,
         "per_question": rows,
     }
+    if before is not None:
+        report["before"] = before
     out = args.out or _answers.RESULTS / f"answers-{args.set}-{args.half}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    if args.half != "tuning":  # every look is logged, a partial one (--limit) too
+    if args.half != "tuning" and not os.environ.get("RAGLOOP_BENCH_NO_LOG"):  # every look is logged (--limit too)
         shown = {k: figures[k] for k in HEADLINE if figures.get(k) is not None}
+        if before is not None:
+            old = before["figures"]
+            shown = {k: f"{_answers._fmt(old.get(k))} -> {_answers._fmt(v)}" for k, v in shown.items()}
         limit = f" (first {args.limit})" if args.limit is not None else ""
         _answers.log_validation("bench_answers.py", f"{args.set}/{args.half}{limit}", args.note, shown, out)
     if args.json:
         print(json.dumps(figures))
         return
     print(
-        f"{args.set}, {args.half} half ({len(rows)} questions, {len(index.chunks)} chunks, {index.embedder.name}; "
-        f"{seconds:.3f} s/q; load {report['load_average']})"
+        f"{args.set}, {args.half} half ({len(rows)} questions, {chunks} chunks, {index.embedder.name}; "
+        f"{seconds:.3f} s/q; load {load_after})"
     )
+    old = before["figures"] if before is not None else None
+    if before is not None:
+        print(f"  {'':<24}{'before':>8}{'after':>8}   (before: {args.before}, load {before['load_average']})")
     for key in (*HEADLINE, "cites_source", "comparison_answer_any", "reply_chars_mean"):
         value = figures.get(key)
-        print(f"  {key:<24}{'-' if value is None else f'{value:.3f}'}")
+        shown = "-" if value is None else f"{value:.3f}"
+        if old is not None:
+            was = old.get(key)
+            print(f"  {key:<24}{'-' if was is None else f'{was:.3f}':>8}{shown:>8}")
+        else:
+            print(f"  {key:<24}{shown}")
+    if old is not None:
+        print(f"  outcomes before         {old['outcomes']}")
     print(f"  outcomes                {figures['outcomes']}")
+
+
+def run_before(args: argparse.Namespace) -> dict[str, Any]:
+    """The same questions answered with ``ragloop`` imported from ``args.before`` (a subprocess), its report."""
+    import subprocess
+    import tempfile
+
+    src = args.before.resolve()
+    if not (src / "ragloop" / "__init__.py").is_file():
+        sys.exit(f"--before {src}: not a src/ folder holding ragloop/ (export one: git archive main src | tar -x)")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "before.json"
+        cmd = [sys.executable, __file__, "--set", args.set, "--half", args.half, "--embedder", args.embedder]
+        cmd += ["--cache", str(args.cache), "--out", str(out), "--json"]
+        cmd += ["--note", args.note or "before"] + (["--limit", str(args.limit)] if args.limit is not None else [])
+        env = {**os.environ, "PYTHONPATH": str(src), "RAGLOOP_BENCH_NO_LOG": "1"}
+        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+        report: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    report.pop("per_question_before", None)
+    return report
 
 
 if __name__ == "__main__":

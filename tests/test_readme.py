@@ -45,6 +45,12 @@ def test_main_job_command_answers_offline(sample_cache: Path) -> None:
     assert out["outcome"] in ("context", "partial") and out["citations"]
     assert {"sso-saml.md"} & {c["source"] for c in out["citations"]}
     assert out["record"]["llm_calls"] == 0
+    # The reply leads with the main clause (where SAML is set up) from the SAML page, as the README shows it.
+    shown = re.search(r"```text\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert shown is not None
+    first = shown.group(1).split(" [1] ", 1)[0]
+    assert out["text"].startswith(first + " [1]"), out["text"]
+    assert out["citations"][0]["source"] == "sso-saml.md"
 
 
 def test_cli_error_is_one_line(tmp_path: Path) -> None:

@@ -36,6 +36,20 @@ class TestQuestionSets:
         assert sum(q["kind"] != "out_of_kb" for q in questions) >= 20
         assert sum(q["kind"] == "out_of_kb" for q in questions) >= 15
 
+    def test_issue_33_sets_are_sound(self) -> None:
+        """The #33 sets: every fact of sample_kb_questions_v2 is in a sample page it lists, and every fact of
+        small_kb_questions is in a page of its own small knowledge base (each of 3-20 pages)."""
+        pages = {p.name: p.read_text(encoding="utf-8") for p in (ROOT / "src/ragloop/data/sample_kb").glob("*.md")}
+        assert (
+            _answers.unsupported_facts(_answers.load_set(_answers.DATA / "sample_kb_questions_v2.jsonl"), pages) == []
+        )
+        small = _answers.load_set(_answers.DATA / "small_kb_questions.jsonl")
+        for kb in sorted({q["kb"] for q in small}):
+            folder = _answers.DATA / "small_kbs" / kb
+            kb_pages = {p.name: p.read_text(encoding="utf-8") for p in folder.glob("*.md")}
+            assert 3 <= len(kb_pages) <= 20
+            assert _answers.unsupported_facts([q for q in small if q["kb"] == kb], kb_pages) == []
+
     @pytest.mark.skipif(not (DATA / "fastapi-docs").is_dir(), reason="shared fastapi-docs data not present")
     def test_fastapi_facts_are_in_their_pages(self) -> None:
         """Every fact group of an answerable FastAPI question occurs in a page of the shared corpus it lists."""
@@ -182,3 +196,22 @@ class TestBenchAnswersScript:
             capture_output=True, text=True, timeout=60, cwd=ROOT,
         )  # fmt: skip
         assert refused.returncode == 2 and "--note" in refused.stderr
+
+    def test_small_set_before_and_after_in_one_run(self, tmp_path: Path) -> None:
+        """``--set small --before SRC`` answers a few small-KB questions with this tree and with ``SRC`` (here the
+        same src/) in one run; the report holds both, and a folder without ragloop/ is refused with the fix."""
+        out = tmp_path / "s.json"
+        done = subprocess.run(
+            [sys.executable, str(BENCH / "bench_answers.py"), "--set", "small", "--embedder", "hash",
+             "--limit", "3", "--out", str(out), "--before", str(ROOT / "src")],
+            capture_output=True, text=True, timeout=240, cwd=ROOT,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        saved = json.loads(out.read_text())
+        assert len(saved["per_question"]) == 3 and saved["before"]["figures"] == saved["figures"]
+        assert "before" in done.stdout and "after" in done.stdout
+        bad = subprocess.run(
+            [sys.executable, str(BENCH / "bench_answers.py"), "--set", "small", "--before", str(tmp_path)],
+            capture_output=True, text=True, timeout=60, cwd=ROOT,
+        )  # fmt: skip
+        assert bad.returncode != 0 and "git archive main src" in bad.stderr

@@ -184,3 +184,11 @@ class TestHelp:
         )
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
         assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
+
+
+class TestServePage:
+    def test_serve_refuses_a_colour_that_is_not_one(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """``ragloop serve --colour 'red; x'`` stops before the index loads, saying what a colour looks like."""
+        assert main(["serve", "--index", "/nonexistent", "--port", "0", "--colour", "red; x"]) == 2
+        err = capsys.readouterr().err
+        assert "page_colour must be #rgb, #rrggbb or a CSS colour name" in err and "Traceback" not in err

@@ -199,9 +199,11 @@ class TestTablesAndCode:
         assert all(r.header == "| Plan | Billed annually | Billed monthly | Members |" for r in rows)
 
     def test_a_table_question_quotes_its_row_and_header_not_the_table(self) -> None:
-        """ "What does Team cost monthly" quotes the header and the Team row only, cited on the line after."""
+        """ "What does Team cost monthly" states the fact, then quotes the header and the Team row only, cited on
+        the line after."""
         text = OfflineAnswerer(STATS).compose("What does the Team plan cost billed monthly?", [PRICES], "context")
-        assert text.startswith(
+        assert text.startswith("Team, billed monthly: $11 per seat / month. [2]\n\n")
+        assert text.split("\n\n", 1)[1].startswith(
             "| Plan | Billed annually | Billed monthly | Members |\n|---|---|---|---|\n"
             "| Team | $9 per seat / month | $11 per seat / month | unlimited |\n\n[2]"
         )
@@ -212,7 +214,9 @@ class TestTablesAndCode:
         header, not the first plan's row alone; naming a plan still quotes that row only."""
         text = OfflineAnswerer(STATS).compose("How many members does each plan allow?", [PRICES], "context")
         assert all(f"| {plan} |" in text for plan in ("Free", "Team", "Business"))
-        assert text.startswith("| Plan | Billed annually | Billed monthly | Members |\n|---|---|---|---|\n| Free |")
+        lead, table = text.split("\n\n", 1)
+        assert lead == "Free, Members: up to 10; Team, Members: unlimited; Business, Members: unlimited. [2]"
+        assert table.startswith("| Plan | Billed annually | Billed monthly | Members |\n|---|---|---|---|\n| Free |")
         one = OfflineAnswerer(STATS).compose("How many members does the Business plan allow?", [PRICES], "context")
         assert "| Business |" in one and "| Free |" not in one and "| Team |" not in one
 
@@ -250,7 +254,7 @@ class TestOutcomes:
     def test_partial_names_what_is_missing(self) -> None:
         """A partial answer answers what it can, then names the parts the knowledge base says nothing about."""
         text = OfflineAnswerer(STATS).compose(
-            "Compare SSO setup and pricing", [SSO], "partial", missing=["plan pricing"]
+            "Compare SSO setup and plan pricing", [SSO], "partial", missing=["plan pricing"]
         )
         assert "[1]" in text
         assert text.endswith("The knowledge base doesn't say anything about “plan pricing”.")

@@ -163,3 +163,38 @@ def test_chunk_not_naming_the_requested_id_is_at_most_partial() -> None:
     exact = grader.judge("status of ticket #1234", make_hit(texts[1]))
     assert generic.label == "partial" and "does not name #1234" in generic.reason
     assert exact.label == "relevant"
+
+
+SHOP = [
+    "Refunds\nRefunds are issued within 14 days of us receiving your return. Original shipping costs are not refunded.",
+    "Shipping\nStandard delivery takes 3 to 5 working days and is free on orders over 50 euros.",
+    "Returns\nYou can send an item back within 30 days of delivery. Opened earphones cannot be returned.",
+    "Warranty\nEvery phone and laptop carries a two-year warranty. Accidental damage is not covered.",
+]
+
+
+class TestSmallKnowledgeBase:
+    def test_framing_words_are_not_coverage_terms(self) -> None:
+        """ "How long do refunds take?" is covered by the refunds page: "long" and "take" frame the question."""
+        stats = CorpusStats.from_texts(SHOP)
+        assert coverage("How long do refunds take?", SHOP[0], stats).score == 1.0
+        assert coverage("How big can the file be?", "The file can be large.", stats).missing == ("big",)
+
+    def test_a_few_pages_mark_the_grader_small(self) -> None:
+        """Four pages are too few to calibrate on: the grader says so; a corpus of many pages is not small."""
+        stats = CorpusStats.from_texts(SHOP)
+        assert OfflineGrader.calibrate(stats, SHOP).small_corpus
+        assert not OfflineGrader.calibrate(CorpusStats.from_texts(OFFLINE_CORPUS), OFFLINE_CORPUS).small_corpus
+
+    def test_on_a_small_corpus_retriever_agreement_makes_a_hit_relevant(self) -> None:
+        """ "How long is the guarantee on a laptop?" shares one word with the warranty page; on four pages a hit
+        both retrievers agree on is relevant, one they do not agree on is not (and on a big corpus the rule is
+        off)."""
+        stats = CorpusStats.from_texts(SHOP)
+        grader = OfflineGrader.calibrate(stats, SHOP)
+        question = "How long is the guarantee on a laptop?"
+        agreed = grader.judge(question, hit(SHOP[3], confidence=0.41))
+        assert agreed.label == "relevant" and "retrievers agree" in agreed.reason
+        assert grader.judge(question, hit(SHOP[3], confidence=0.2)).label != "relevant"
+        big = attrs.evolve(grader, small_corpus=False)
+        assert big.judge(question, hit(SHOP[3], confidence=0.41)).label != "relevant"

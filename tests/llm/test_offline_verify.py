@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from ragloop.llm.offline.verify import OfflineVerifier, reply_sentences
@@ -114,3 +116,37 @@ def test_a_table_is_cited_by_the_marker_on_the_line_after_it() -> None:
     found = reply_sentences(reply)
     assert found[0] == ("Items go to the trash.", (1,))
     assert found[1][1] == (2,) and "| Trash | 30 days |" in found[1][0]
+
+
+class _Synonyms:
+    """An embedder where the words of one group share a direction (a stand-in for MiniLM's word similarity)."""
+
+    name = "synonyms"
+    dim = 4
+    GROUPS = ({"guarantee", "warranty"}, {"laptop"}, {"phone"})
+
+    async def embed(self, texts: list[str]) -> Any:
+        import numpy as np
+
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, text in enumerate(texts):
+            group = next((g for g, words in enumerate(self.GROUPS) if text.lower() in words), len(self.GROUPS))
+            out[i, group] = 1.0
+        return out
+
+
+class TestCoverageByMeaning:
+    @pytest.mark.anyio
+    async def test_a_term_said_in_other_words_is_covered(self) -> None:
+        """ "guarantee" is covered by a reply about the "warranty" when the embedder says they mean the same;
+        without an embedder it stays uncovered, and a term nothing means ("phone") stays uncovered with one."""
+        block = ContextBlock(1, "Every laptop carries a two-year warranty.", title="Warranty")
+        reply = "Every laptop carries a two-year warranty. [1]"
+        meant = await OfflineVerifier(embedder=_Synonyms()).verify(
+            "How long is the guarantee on a laptop?", reply, [block]
+        )
+        assert meant.uncovered == ()
+        exact = await OfflineVerifier().verify("How long is the guarantee on a laptop?", reply, [block])
+        assert exact.uncovered == ("guarantee",)
+        other = await OfflineVerifier(embedder=_Synonyms()).verify("Is the phone covered?", reply, [block])
+        assert other.uncovered == ("phone",)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragloop.retrievers.rerank import RerankSettings, bridge_names, proximity, rerank
+from ragloop.retrievers.rerank import RerankSettings, bridge_names, head_term, proximity, rerank
 from ragloop.testing import make_hit
 
-OFF = RerankSettings(title_weight=0, proximity_weight=0, bridge_weight=0)
+OFF = RerankSettings(title_weight=0, proximity_weight=0, bridge_weight=0, head_weight=0)
 
 
 class TestFeatures:
@@ -23,6 +24,37 @@ class TestFeatures:
         """Names in the first passage the question does not contain are bridges."""
         names = bridge_names("Who played Corliss Archer?", "Kiss and Tell starred Shirley Temple as Corliss Archer.")
         assert "shirley temple" in names and "corliss archer" not in names
+
+
+class TestHeadTerm:
+    def test_the_head_term_is_the_one_fewest_passages_hold(self) -> None:
+        """ "workspace logo file": "file" is on every import page, "logo" on one: "logo" is the head term; a term
+        no passage holds, or terms all equally common, make none."""
+        hits = [
+            make_hit("Files of at most 50 MB per file can be imported.", title="Import from CSV", chunk_id="a"),
+            make_hit("Exported files are zipped.", title="Exporting your data", chunk_id="b"),
+            make_hit("Logo: PNG or SVG, at most 1 MB, in the file picker.", title="Workspace settings", chunk_id="c"),
+        ]
+        assert head_term(["big", "workspac", "logo", "file"], hits) == "logo"
+        assert head_term(["file"], hits) == "" and head_term(["file", "export"], hits[:1]) == ""
+        same = [make_hit("webhooks retried", chunk_id=str(i)) for i in range(3)]
+        assert head_term(["webhook", "retri"], same) == ""
+
+    def test_the_page_about_the_head_term_moves_up(self) -> None:
+        """A short factual question is answered from the page holding its head term in its headings, above
+        pages that share only its generic words ("file", "big")."""
+        csv = make_hit("A file can be at most 50 MB; big files are split.", title="Import from CSV", chunk_id="csv")
+        export = make_hit("Each export file is a zip.", title="Exporting your data", chunk_id="exp")
+        settings = make_hit("| Logo | PNG or SVG, at most 1 MB |", title="Workspace settings", chunk_id="ws")
+        settings = attrs.evolve(settings, chunk=attrs.evolve(settings.chunk, title_path=("Branding", "Logo")))
+        on = RerankSettings(head_weight=0.5)
+        ranked = rerank("How big can the workspace logo file be?", [csv, export, settings], settings=on)
+        assert ranked[0].id == "ws"
+        assert rerank("How big can the workspace logo file be?", [csv, export, settings])[0].id == "csv"  # off
+        off = rerank("How big can the workspace logo file be?", [csv, export, settings], settings=OFF)
+        assert off[0].id == "csv"
+        short = RerankSettings(head_weight=0.5, head_max_terms=3)  # four key terms: too long for the feature
+        assert rerank("How big can the workspace logo file be?", [csv, export, settings], settings=short)[0].id == "csv"
 
 
 class TestRerank:

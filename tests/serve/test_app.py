@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -837,3 +838,38 @@ class TestHostAllowlistUnit:
         app = HostAllowlist(create_app(rag), ["localhost"])
         await app({"type": "http", "headers": [], "method": "GET", "path": "/v1/models"}, receive, send)
         assert sent[0]["status"] == 400 and b"host_not_allowed" in sent[1]["body"]
+
+
+class TestPageSettings:
+    @pytest.mark.parametrize(
+        ("kwargs", "needle"),
+        [
+            ({"page_title": "  "}, "page_title must be 1-80 characters"),
+            ({"page_title": "x" * 81}, "page_title must be 1-80 characters"),
+            ({"page_colour": "red; background: url(x)"}, "page_colour must be #rgb, #rrggbb or a CSS colour name"),
+            ({"page_colour": "#12"}, "page_colour must be"),
+        ],
+    )
+    def test_a_bad_title_or_colour_is_refused_with_the_fix(self, kwargs: dict[str, str], needle: str) -> None:
+        """A colour that could smuggle CSS, or an empty or overlong title, fails when the settings are made."""
+        from ragloop.errors import ConfigError
+
+        with pytest.raises(ConfigError, match=re.escape(needle)):
+            ServeSettings(**kwargs)  # type: ignore[arg-type]
+
+    async def test_the_page_carries_its_title_and_colour_and_a_matching_csp(self) -> None:
+        """The served page holds the escaped title and the accent colour, and its CSP hashes the style as
+        served (so the browser applies it)."""
+        import base64
+        import hashlib
+
+        settings = ServeSettings(page_title='Acme "help" <centre>', page_colour="teal")
+        async with asgi_client(create_app(fake_rag(), settings=settings)) as client:
+            page = await client.get("/")
+        html = page.text
+        assert "<title>Acme &quot;help&quot; &lt;centre&gt;</title>" in html and "<centre>" not in html
+        assert ":root { --accent: teal; }" in html
+        style = re.search(r"<style>(.*?)</style>", html, re.S)
+        assert style is not None
+        digest = base64.b64encode(hashlib.sha256(style.group(1).encode()).digest()).decode()
+        assert f"style-src 'sha256-{digest}'" in page.headers["content-security-policy"]

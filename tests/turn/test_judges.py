@@ -91,3 +91,18 @@ class TestPlanners:
             FakeDecider(), FakeGrader(), FakeRewriter(), FakeAnswerer(), planner=mine, fallback_planner=backup
         )
         assert judges.planners(self.sources(), ()) == (mine, backup)
+
+
+class TestSmallKnowledgeBase:
+    def test_a_few_pages_abstain_on_their_own_scale(self) -> None:
+        """Offline judges over four pages use the small-corpus abstention threshold; over many, the default."""
+        from ragloop.llm.offline.answer import AbstainRule
+        from ragloop.llm.offline.answer._abstain import SMALL_THRESHOLD
+        from ragloop.turn.judges import Judges
+        from tests.llm.test_offline_grade import SHOP
+        from tests.strategies import OFFLINE_CORPUS
+
+        small = Judges.offline(SHOP).answerer
+        assert isinstance(small, OfflineAnswerer) and small.abstain_rule.threshold == SMALL_THRESHOLD
+        big = Judges.offline(OFFLINE_CORPUS).answerer
+        assert isinstance(big, OfflineAnswerer) and big.abstain_rule == AbstainRule()

@@ -70,6 +70,10 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN", help="allow this browser origin")
     p.add_argument("--source-base-url", metavar="URL", help="link citations to URL + source (e.g. your docs site)")
     p.add_argument("--no-page", action="store_true", help="do not serve the chat page at /")
+    p.add_argument("--title", metavar="TEXT", help='the chat page\'s title and heading (default "Ask the docs")')
+    p.add_argument(
+        "--colour", "--color", dest="colour", metavar="COLOUR", help="the chat page's accent colour (#0b5fcc, teal)"
+    )
     p.add_argument("--no-mcp", action="store_true", help="do not serve MCP at /mcp")
     add_turn_log_options(p)
     p.add_argument(
@@ -290,6 +294,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         body_timeout_s=args.body_timeout,
         cors_origins=tuple(args.cors_origin),
         page=not args.no_page,
+        page_title=args.title,
+        page_colour=args.colour,
         mcp=not args.no_mcp,
     )
     handoff = _handoff(args)

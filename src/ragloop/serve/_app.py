@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import html as htmllib
 import importlib.resources
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -124,7 +125,7 @@ def create_app(  # noqa: PLR0913 — every collaborator of the app, by keyword
         Route("/metrics", h.guarded("metrics", h.metrics_text), methods=["GET"]),
     ]
     if settings.page:
-        html, csp = _page()
+        html, csp = _page(settings.page_title, settings.page_colour)
         headers = {
             "content-security-policy": csp,
             "x-content-type-options": "nosniff",
@@ -193,9 +194,16 @@ def _handoff_routes(h: _Handlers, rag: ChatRAG, handoff: Handoff | None) -> list
     ]
 
 
-def _page() -> tuple[str, str]:
-    """The chat page and a Content-Security-Policy that allows exactly its own inline script and style."""
+def _page(title: str | None = None, colour: str | None = None) -> tuple[str, str]:
+    """The chat page (with its title and accent colour, when given) and a Content-Security-Policy that allows
+    exactly its own inline script and style."""
     html = importlib.resources.files("ragloop.serve").joinpath("static/chat.html").read_text(encoding="utf-8")
+    if title is not None:  # escaped: a title is text, never markup
+        shown = htmllib.escape(" ".join(title.split()), quote=True)
+        html = html.replace("<title>Ask the docs · ragloop</title>", f"<title>{shown}</title>", 1)
+        html = html.replace("<h1>Ask the docs</h1>", f"<h1>{shown}</h1>", 1)
+    if colour is not None:  # validated by ServeSettings: #rgb, #rrggbb or a colour name
+        html = html.replace("</style>", f":root {{ --accent: {colour}; }}\n</style>", 1)
 
     def digest(tag: str) -> str:
         found = re.search(rf"<{tag}>(.*?)</{tag}>", html, re.S)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 from attrs import field, frozen
 
@@ -10,6 +11,10 @@ from ragloop.errors import ConfigError
 from ragloop.serve._principals import ApiKey, KeyRing
 from ragloop.serve._quota import SessionQuota
 from ragloop.serve._sessions import SessionLimits
+
+#: Longest chat page title.
+MAX_TITLE_CHARS = 80
+_COLOUR = re.compile(r"#[0-9A-Fa-f]{3}|#[0-9A-Fa-f]{6}|[A-Za-z]{3,30}")
 
 
 @frozen
@@ -51,6 +56,10 @@ class ServeSettings:
         ready_interval_s: ``/readyz`` probes the model, the store and the session store at most this often.
         model_name: The model id reported by the OpenAI-compatible endpoint.
         page: Serve the chat page at ``/``.
+        page_title: The chat page's title and heading (a help centre embedding it names its product);
+            ``None``: "Ask the docs".
+        page_colour: The page's accent colour, ``#rgb``/``#rrggbb`` or a CSS colour name; ``None``: the default
+            blue (light) and its dark-mode variant.
         mcp: Serve the MCP endpoint at ``/mcp`` (streamable HTTP; needs the app's lifespan).
     """
 
@@ -78,6 +87,8 @@ class ServeSettings:
     ready_interval_s: float = 5.0
     model_name: str = "ragloop"
     page: bool = True
+    page_title: str | None = None
+    page_colour: str | None = None
     mcp: bool = True
 
     def __attrs_post_init__(self) -> None:
@@ -101,6 +112,12 @@ class ServeSettings:
             raise ConfigError(f"body_timeout_s must be a positive number of seconds, got {self.body_timeout_s}")
         if not self.tenant_key:
             raise ConfigError("tenant_key must name a metadata key, e.g. 'tenant'")
+        if self.page_title is not None and not (0 < len(self.page_title.strip()) <= MAX_TITLE_CHARS):
+            raise ConfigError(f"page_title must be 1-{MAX_TITLE_CHARS} characters, got {len(self.page_title)}")
+        if self.page_colour is not None and not _COLOUR.fullmatch(self.page_colour):
+            raise ConfigError(
+                f"page_colour must be #rgb, #rrggbb or a CSS colour name such as 'teal', got {self.page_colour!r:.40}"
+            )
         self.keyring()  # a bad key, a repeated key or a principal with two scopes fails here, not on a request
 
     def turns_per_key(self) -> int:

@@ -126,17 +126,22 @@ class Judges:
             max_scopes: Most caller scopes whose judges are kept at once.
         """
         from ragloop.llm.offline import OfflineAnswerer, OfflineDecider, OfflineGrader, OfflineRewriter
+        from ragloop.llm.offline.answer import AbstainRule
         from ragloop.llm.offline.bridge import OfflineBridger
         from ragloop.llm.offline.verify import OfflineVerifier
         from ragloop.text.terms import CorpusStats
 
         def build(visible: Sequence[str]) -> Judges:
             stats = CorpusStats.from_texts(visible)
+            grader = OfflineGrader.calibrate(stats, visible)
+            # A knowledge base (or a caller's scope of one) too small to calibrate on abstains on its own
+            # evidence scale (see AbstainRule.small).
+            rule = AbstainRule.small() if grader.small_corpus else AbstainRule()
             return cls(
                 decider=OfflineDecider(stats, glossary=dict(glossary or {}), max_queries=max_queries),
-                grader=OfflineGrader.calibrate(stats, visible),
+                grader=grader,
                 rewriter=OfflineRewriter(stats),
-                answerer=OfflineAnswerer(stats),
+                answerer=OfflineAnswerer(stats, abstain_rule=rule),
                 bridger=OfflineBridger(stats),  # with a model, the model decider writes bridge queries itself
                 verifier=OfflineVerifier(embedder=embedder),
                 offline_only=True,

@@ -37,22 +37,29 @@ from ragloop.llm.offline.answer._choose import (
     HEADING_TIE,
     REFERS,
     RESOLVED_WEIGHT,
+    TITLE_TIE,
     Asked,
     Picker,
     Scored,
     asked_for,
+    compared_parts,
     has_asked_for,
+    head_in_title,
+    head_of,
+    labels,
     part_share,
     pick,
     question_terms,
     resolved_parts,
+    row_label,
     serves,
     side_terms,
     side_terms_of,
+    specific_terms,
     stems_of,
     value_near,
 )
-from ragloop.llm.offline.answer._render import lead_in, render, with_introduced
+from ragloop.llm.offline.answer._render import introduces, lead_in, render, with_introduced
 from ragloop.llm.offline.answer._units import Unit, block_units, is_block_unit, split_sentences
 from ragloop.llm.offline.decide import split_topics
 from ragloop.retrievers.base import Embedder
@@ -74,6 +81,7 @@ __all__ = [
     "is_block_unit",
     "not_covered",
     "split_sentences",
+    "user_gaps",
 ]
 
 #: Sentences that address the assistant rather than inform the reader; never quoted.
@@ -86,6 +94,10 @@ INJECTION = re.compile(
     r"|[\"']?(?:tool_calls|function_call)[\"']?\s*:|\bcall (?:the |a )?\w+ (?:tool|function)\b",
     re.IGNORECASE | re.DOTALL,
 )
+#: The turn's own markup, never quoted to a user: a prompt fence (``<<<UNTRUSTED_CONTEXT …>>>``, what a page
+#: imitating one holds) anywhere, and a plan slot placeholder (``{ids}``) in prose (code may format strings).
+_FENCE_MARK = re.compile(r"<{3,}|>{3,}|untrusted[\s_]*context", re.IGNORECASE)
+_SLOT_MARK = re.compile(r"\{[A-Za-z_]\w*\}")
 #: How a reply with nothing to quote begins: it says the knowledge base does not cover the question.
 NOT_COVERED = "The knowledge base doesn't cover this, so I won't guess."
 _TRY = "Try rephrasing, or add a detail such as a product name, a feature or an error message."
@@ -106,6 +118,13 @@ def _coverage(
     return max(coverage, sum(weight(t) for t in searched & held) / part) if part > 0 else coverage
 
 
+def _quotable(unit: Unit, hosts: tuple[str, ...]) -> bool:
+    """A unit that is data for the reader: no instruction to the assistant, no turn markup (see above)."""
+    if INJECTION.search(unit.text) or instruction_problem(unit.text, allowed_hosts=hosts) is not None:
+        return False
+    return not (_FENCE_MARK.search(unit.text) or (unit.kind != "code" and _SLOT_MARK.search(unit.text)))
+
+
 def _hosts(block: ContextBlock) -> tuple[str, ...]:
     """The hosts a block's own links may point at: its document's host, when its source or URL is a URL."""
     hosts = []
@@ -122,10 +141,32 @@ def _hosts(block: ContextBlock) -> tuple[str, ...]:
 MAX_GAP_WORDS = 4
 
 
-def not_covered(missing: Sequence[str] = ()) -> str:
+_GAP_WORD = re.compile(r"[\w'’-]+")
+
+
+def user_gaps(missing: Sequence[str], question: str | None = None) -> list[str]:
+    """The gaps a reply may name: short ones (at most :data:`MAX_GAP_WORDS` words) made only of the user's own
+    words. A gap written by the turn itself — a plan step ("tickets found by sql1"), a reason ("depends on
+    'sql1', which was refused"), a rewritten or whole sub-question — is never shown to the user; without
+    ``question`` only the length rule applies."""
+    asked = {w.casefold() for w in _GAP_WORD.findall(question)} if question is not None else None
+    out = []
+    for m in missing:
+        gap = " ".join(m.split())
+        words = _GAP_WORD.findall(gap)
+        if not words or len(gap.split()) > MAX_GAP_WORDS or any(c in gap for c in "()'\"{}[]:"):
+            continue
+        if asked is not None and any(w.casefold() not in asked for w in words):
+            continue
+        if gap not in out:
+            out.append(gap)
+    return out
+
+
+def not_covered(missing: Sequence[str] = (), question: str | None = None) -> str:
     """The reply for a question the knowledge base does not cover, naming the few words it says nothing about
-    ("Trello"); a longer gap (the whole question) is not repeated back."""
-    gaps = [m.strip() for m in missing if m.strip() and len(m.split()) <= MAX_GAP_WORDS]
+    ("Trello"); a longer gap (the whole question) or one the user did not write is not shown (:func:`user_gaps`)."""
+    gaps = user_gaps(missing, question)
     if not gaps:
         return f"{NOT_COVERED} {_TRY}"
     return f"The knowledge base doesn't cover this: it says nothing about {_join(gaps)}, so I won't guess. {_TRY}"
@@ -202,9 +243,9 @@ class OfflineAnswerer:
             return direct_reply or "Hello! Ask me anything about this knowledge base."
         picked = self.select(question, blocks, dense) if outcome in ("context", "partial") else []
         if not picked:
-            return not_covered(missing)
+            return not_covered(missing, question)
         body = render(picked, {b.n: b for b in blocks})
-        gaps = [m for m in missing if m.strip()]
+        gaps = user_gaps(missing, question)
         if outcome == "partial" and gaps:
             body += f"\n\nThe knowledge base doesn't say anything about {_join(gaps)}."
         elif outcome == "partial":
@@ -224,7 +265,7 @@ class OfflineAnswerer:
             return weights.get(s, unseen)  # a stem in no block weighs as the rarest one
 
         q_terms = question_terms(question)
-        parts = split_topics(question)
+        parts = compared_parts(question) or split_topics(question)
         sides = side_terms(parts) if len(parts) > 1 else []
         part_terms = [question_terms(p) for p in parts] if sides else []
         resolved: frozenset[str] = frozenset()
@@ -237,8 +278,11 @@ class OfflineAnswerer:
         def part_idf(t: str) -> float:
             return idf(t) * (RESOLVED_WEIGHT if t in resolved else 1.0)
 
+        heads = [head_of(p, idf) for p in parts] if sides else []
+
         asked = asked_for(question)
         q_words = {w.casefold() for w in re.findall(r"\w+", question)}
+        specific, head = specific_terms(q_terms, idf)
         pool: list[Scored] = []
         units: dict[int, list[Unit]] = {}
         # A question that refers back ("that plan") is completed by its queries: their terms count in full.
@@ -258,14 +302,18 @@ class OfflineAnswerer:
             hosts = _hosts(block)  # once per block, not per unit
             units[block.n] = block_units(block.n, block.text)
             for unit in units[block.n]:
-                scored = self._score(unit, wanted, total, title, weight, hosts)
+                scored = self._score(unit, wanted, total, title, weight, hosts, introduces(unit, units[block.n]))
                 if scored is None:
                     continue
                 rel = scored.relevance * (self.code_weight if unit.kind == "code" else 1.0)
                 if asked is not None and has_asked_for(asked, f"{unit.text} {unit.heading}", q_words):
                     rel += self.asked_bonus
-                    if value_near(asked, f"{unit.header} {unit.text}", q_terms, q_words):
+                    # Only the question's specific terms count ("50 MB per file" does not answer the logo), and
+                    # in a row also a term its label holds: the row's values belong to it ("| Team | 1,000 |").
+                    if value_near(asked, f"{unit.header} {unit.text}", specific | (q_terms & row_label(unit)), q_words):
                         rel += self.near_bonus
+                if labels(unit, head):
+                    rel += self.asked_bonus  # the row the question's head term labels ("| P2 — high | …")
                 rel += self.dense_weight * (dense or {}).get(unit.text, 0.0)
                 held = scored.terms | title | stems_of(unit.heading)
                 on = frozenset(
@@ -277,7 +325,8 @@ class OfflineAnswerer:
                 per_part = tuple(
                     part_share(p, scored.terms, held, part_idf, self.context_weight)
                     + HEADING_TIE * part_share(p, heading, heading, part_idf, 1.0)
-                    for p in part_terms
+                    + TITLE_TIE * head_in_title(h, title)
+                    for p, h in zip(part_terms, heads, strict=True)
                 )
                 lead = lead_in(scored.unit, asked, q_words)
                 pool.append(Scored(scored.unit, scored.terms, scored.covered & q_terms, rel, on, lead, per_part))
@@ -291,15 +340,23 @@ class OfflineAnswerer:
         title: frozenset[str],
         idf: Callable[[str], float],
         hosts: tuple[str, ...],
+        code: Unit | None = None,
     ) -> Scored | None:
         """A unit's coverage of the wanted terms (its context at ``context_weight``), or ``None`` when it may
-        not be quoted (an instruction, a label, too little coverage)."""
-        if INJECTION.search(unit.text) or instruction_problem(unit.text, allowed_hosts=hosts) is not None:
+        not be quoted (an instruction, a label, too little coverage). A sentence that introduces ``code`` (it
+        ends in a colon: "Install it with pip:") is scored with the code it introduces: the two are quoted
+        together and answer together."""
+        if not _quotable(unit, hosts):
             return None
         text = unit.text if unit.kind in ("code", "row") else strip_markers(unit.text).strip()
-        if unit.kind in ("sentence", "item") and len(text.split()) < 5 and not text.endswith((".", "!", "?")):
+        if (
+            code is None
+            and unit.kind in ("sentence", "item")
+            and len(text.split()) < 5
+            and not text.endswith((".", "!", "?"))
+        ):
             return None  # a link title or label ("API rate limits"), not a statement
-        terms = stems_of(text)
+        terms = stems_of(text) | (stems_of(code.text) if code is not None else frozenset())
         if len(terms) < 3 and unit.kind != "row":
             return None
         header = stems_of(unit.header)

@@ -29,10 +29,13 @@ from attrs import frozen
 
 from ragloop.text.terms import STOPWORDS, CorpusStats, stem, tokenize
 
-__all__ = ["AbstainRule", "unknown_names"]
+__all__ = ["SMALL_THRESHOLD", "AbstainRule", "unknown_names"]
 
 _WORD = re.compile(r"[A-Za-z0-9][\w'’.-]*\w|[A-Za-z0-9]")
 _POSSESSIVE = re.compile(r"['’]s$")
+#: The evidence threshold on a knowledge base too small to calibrate on (:meth:`AbstainRule.small`), chosen on
+#: the tuning half of ``bench_answers.py --set small``.
+SMALL_THRESHOLD = 0.35
 #: Words this long that are one edit away from a known word are typos, not names.
 TYPO_MIN_LETTERS = 6
 
@@ -91,6 +94,16 @@ class AbstainRule:
     confidence_weight: float = 0.5
     threshold: float = 0.62
     top: int = 5
+
+    @classmethod
+    def small(cls) -> AbstainRule:
+        """The rule for a knowledge base too small to calibrate the grader on (a user's first few pages,
+        :attr:`~ragloop.llm.offline.grade.OfflineGrader.small_corpus`). Its passages are graded by retrieval
+        agreement, and a customer's wording rarely repeats the page's ("guarantee" for "warranty"), so the
+        lead's term coverage runs low on questions the pages answer: the threshold is
+        :data:`SMALL_THRESHOLD`. A question outside such a knowledge base is refused earlier, by the grader
+        (no hit the retrievers agree on)."""
+        return cls(threshold=SMALL_THRESHOLD)
 
     def score(self, lead: float, confidences: Sequence[float]) -> float:
         """The evidence score of a lead unit's relevance and the passages' confidences."""

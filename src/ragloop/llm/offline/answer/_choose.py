@@ -26,18 +26,25 @@ __all__ = [
     "REFERS",
     "RESOLVED_WEIGHT",
     "SIDE_SHARE",
+    "TITLE_TIE",
     "Asked",
     "Picker",
     "Scored",
     "asked_for",
+    "compared_parts",
     "has_asked_for",
+    "head_in_title",
+    "head_of",
+    "labels",
     "part_share",
     "pick",
     "question_terms",
     "resolved_parts",
+    "row_label",
     "serves",
     "side_terms",
     "side_terms_of",
+    "specific_terms",
     "stems_of",
     "value_near",
 ]
@@ -137,9 +144,34 @@ COMPARING = frozenset(
 )
 
 
+#: How-to verbs a page says in other words ("set up SAML" is done where the page says SAML "is configured").
+_HOW_TO = re.compile(r"\bset\s*-?\s*up\b|\bsetup\b", re.IGNORECASE)
+
+
+#: "How does the monthly price of Team compare with Business?": what is compared, the name before "compare" and
+#: the one after it ("with", "to", "against").
+_COMPARE_WITH = re.compile(
+    r"^(?P<pre>.*?)\b(?P<a>[A-Z][\w'’.-]*(?:\s+[A-Z][\w'’.-]*)*)\s+(?:compares?|stacks? up)\s+(?:with|to|against)\s+"
+    r"(?P<b>(?:the\s+)?[A-Z][\w'’.-]*(?:\s+[A-Z][\w'’.-]*)*)(?P<post>.*)$"
+)
+
+
+def compared_parts(question: str) -> list[str]:
+    """A comparison written "<what> of A compare(s) with B" as one part per side, each with what is compared
+    ("monthly price of Team", "monthly price of Business"), so that each side gets its own best unit; ``[]``
+    for any other question (:func:`~ragloop.llm.offline.decide.split_topics` splits "A vs B" itself)."""
+    m = _COMPARE_WITH.match(question.strip())
+    if m is None:
+        return []
+    frame = f"{m['pre']}{{}}{m['post']}".strip(" ?.")
+    return [frame.format(m["a"]), frame.format(m["b"])]
+
+
 def question_terms(question: str) -> frozenset[str]:
-    """The question's key stems, without the words that only frame a comparison."""
-    return frozenset(t.stem for t in key_terms(question)) - COMPARING
+    """The question's key stems, without the words that only frame a comparison; "set up" also asks where a
+    thing is configured."""
+    terms = frozenset(t.stem for t in key_terms(question)) - COMPARING
+    return terms | {stem("configure")} if _HOW_TO.search(question) else terms
 
 
 def stems_of(text: str) -> frozenset[str]:
@@ -260,24 +292,39 @@ def _sides_first(order: Sequence[Scored], n_sides: int) -> list[Scored]:
         best = max(serving, key=lambda s: (_part(s, side), s.relevance), default=None)
         if best is not None and best not in free:
             free.append(best)
-    free_score = sum(s.relevance for s in free) / len(free) if free else 0.0
+    # Options are weighed by how well each side's pick answers that side (its part score), not by overall
+    # relevance: one row that names both sides in passing ("Automation runs | … | 1,000 | 10,000") must not beat
+    # the rows about what is compared ("| Team | … $11 …" and "| Business | … $23 …" for "the monthly price").
+    free_score = sum(_part(s, i) for i, s in _by_side(free, n_sides)) / n_sides if free else 0.0
     tables: list[tuple[float, list[Scored]]] = []
     for key in dict.fromkeys((s.unit.block, s.unit.table) for s in order if s.unit.kind == "row"):
         rows = [s for s in order if (s.unit.block, s.unit.table) == key]
         picks: list[Scored] = []
+        per_side = 0.0
         for side in range(n_sides):
             row = max((s for s in rows if side in s.sides), key=lambda s: (_part(s, side), s.relevance), default=None)
             if row is None:
                 break
+            per_side += _part(row, side)
             if row not in picks:
                 picks.append(row)
         else:
-            tables.append((sum(p.relevance for p in picks) / len(picks), picks))
+            tables.append((per_side / n_sides, picks))
     if tables:
         score, picks = max(tables, key=lambda t: t[0])
         if score >= TABLE_SHARE * free_score:
             return sorted(picks, key=lambda s: s.unit.position)
     return free or list(order[:1])
+
+
+def _by_side(free: Sequence[Scored], n_sides: int) -> list[tuple[int, Scored]]:
+    """Each side with the unit of ``free`` that answers it best (its part score)."""
+    out = []
+    for side in range(n_sides):
+        serving = [s for s in free if side in s.sides]
+        if serving:
+            out.append((side, max(serving, key=lambda s: _part(s, side))))
+    return out
 
 
 def _part(s: Scored, side: int) -> float:
@@ -319,6 +366,44 @@ def resolved_parts(parts: Sequence[str], terms: list[frozenset[str]], queries: S
 
 #: Weight of a part's terms in a unit's heading when units are ranked for that part (the section about it).
 HEADING_TIE = 0.25
+
+
+#: Weight, when units are ranked for a part of a multi-part question, of the part's head term (its rarest) in the
+#: unit's page title: "How do I set up SAML single sign-on, and which plan?" is answered from the SAML page
+#: first, not from the OIDC page that mentions SAML in passing.
+TITLE_TIE = 0.5
+
+
+def specific_terms(q_terms: frozenset[str], idf: Callable[[str], float]) -> tuple[frozenset[str], str]:
+    """The question's specific terms (the rarer half, by IDF) and its rarest one (``""`` for a one-term
+    question): a value next to "file" does not answer "How big can the workspace logo file be?"; one next to
+    "logo" does."""
+    ranked = sorted(q_terms, key=lambda t: (-idf(t), t))
+    return frozenset(ranked[: max(1, (len(ranked) + 1) // 2)]), (ranked[0] if len(ranked) > 1 else "")
+
+
+def row_label(unit: Unit) -> frozenset[str]:
+    """The stems of a table row's first cell (its label); empty for any other unit."""
+    return stems_of(unit.text.strip().strip("|").split("|")[0]) if unit.kind == "row" else frozenset()
+
+
+def labels(unit: Unit, term: str) -> bool:
+    """Whether ``unit`` is a table row whose first cell (its label) holds ``term``."""
+    return bool(term) and term in row_label(unit)
+
+
+def head_of(part: str, idf: Callable[[str], float]) -> str:
+    """A question part's head term: the rarest of the names the user capitalised after its first word ("SAML"
+    in "How do I set up SAML single sign-on"), else the rarest of its key terms; ``""`` without terms."""
+    words = re.findall(r"[\w'’-]+", part)
+    named = {stem(w.lower()) for w in words[1:] if w[:1].isupper()} & question_terms(part)
+    pool = sorted(named or question_terms(part))
+    return max(pool, key=idf) if pool else ""
+
+
+def head_in_title(head: str, title: frozenset[str]) -> float:
+    """1.0 when the page title holds the part's head term (:func:`head_of`), else 0.0."""
+    return 1.0 if head and head in title else 0.0
 
 
 def part_share(

@@ -10,7 +10,7 @@ from ragloop.llm.offline.answer._choose import Asked, Scored, has_asked_for, ste
 from ragloop.llm.offline.answer._units import Unit
 from ragloop.state import ContextBlock
 
-__all__ = ["MAX_INTRODUCED_LINES", "lead_in", "render", "with_introduced"]
+__all__ = ["MAX_INTRODUCED_LINES", "introduces", "lead_in", "render", "row_sentence", "with_introduced"]
 
 #: An opening word that refers back to a subject the sentence does not name ("It returns …", "They are …").
 _SUBJECTLESS = re.compile(r"^(?:It|Its|It's|This|That|These|Those|They|Their|Them|He|She|His|Her)\b|^[a-z]")
@@ -28,6 +28,9 @@ def render(picked: Sequence[Scored], by_n: Mapping[int, ContextBlock]) -> str:
     pieces: list[str | list[Unit]] = []  # text, or the rows of one table
     tables: dict[tuple[int, int], list[Unit]] = {}
     previous: Unit | None = None
+    fact = _fact_first(picked)
+    if fact:
+        pieces.append(fact)
     for i, s in enumerate(picked):
         u = s.unit
         if u.kind == "row":
@@ -47,6 +50,70 @@ def render(picked: Sequence[Scored], by_n: Mapping[int, ContextBlock]) -> str:
     return re.sub(r"\n{3,}", "\n\n", text).strip()
 
 
+#: Header cells that name no column of their own ("Value", "What it does"): the row reads "Logo: PNG or SVG, …".
+_GENERIC_HEADER = frozenset(
+    ("value", "values", "what it does", "meaning", "description", "notes", "note", "details", "detail", "")
+)
+_EMPTY_CELL = frozenset(("", "—", "-", "–", "n/a"))
+#: Most of a leading table's rows stated as one fact sentence (a comparison's sides); more is a table question.
+MAX_FACT_ROWS = 3
+#: Most cells of one row a fact sentence states when the header does not say which column was asked about.
+MAX_FACT_CELLS = 3
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _lower_first(text: str) -> str:
+    """A header as it reads mid-sentence: "Billed monthly" → "billed monthly"; a one-word header ("Team", a
+    name) and an acronym ("SLA") keep their case."""
+    first = text.split(" ", 1)[0]
+    if " " in text and first[:1].isupper() and not first.isupper() and not any(c.isdigit() for c in first):
+        return first.lower() + text[len(first) :]
+    return text
+
+
+def row_sentence(unit: Unit, wanted: frozenset[str]) -> str:
+    """One plain sentence stating what a table row says, its label first ("Team, billed monthly: $11 per seat /
+    month"): the columns whose header holds a term of ``wanted`` (the question's terms the row covers), else the
+    row's first few filled cells; a column whose header names nothing ("Value", "What it does") is stated
+    without it. ``""`` when the row has no header or no filled cell besides its label."""
+    cells = _cells(unit.text)
+    heads = _cells(unit.header) if unit.header else []
+    if len(cells) < 2 or len(heads) != len(cells) or not cells[0] or cells[0] in _EMPTY_CELL:
+        return ""
+    filled = [j for j in range(1, len(cells)) if cells[j].casefold() not in _EMPTY_CELL]
+    overlap = {j: len(stems_of(heads[j]) & wanted) for j in filled}
+    best = max(overlap.values(), default=0)  # "billed monthly" names one column, not every "billed" one
+    columns = [j for j in filled if best and overlap[j] == best] or filled[:MAX_FACT_CELLS]
+    if not columns:
+        return ""
+    parts = []
+    for j in columns:
+        value = cells[j].rstrip(".")
+        head = heads[j]
+        parts.append(value if head.casefold() in _GENERIC_HEADER else f"{_lower_first(head)}: {value}")
+    sep = ": " if heads[columns[0]].casefold() in _GENERIC_HEADER else ", "
+    return f"{cells[0]}{sep}{'; '.join(parts)}"
+
+
+def _fact_first(picked: Sequence[Scored]) -> str:
+    """The sentence a reply that would open with a table opens with instead: what its leading rows say, cited
+    ("Team, billed monthly: $11 per seat / month. [1]"); ``""`` when the reply opens with prose or code, or with
+    more rows of one table than a sentence can state (a question asked across the rows reads the table)."""
+    if not picked or picked[0].unit.kind != "row":
+        return ""
+    first = picked[0].unit
+    rows = [s for s in picked if s.unit.kind == "row" and (s.unit.block, s.unit.table) == (first.block, first.table)]
+    if len(rows) > MAX_FACT_ROWS:
+        return ""
+    said = [row_sentence(s.unit, s.covered) for s in rows]
+    if not all(said):
+        return ""
+    return f"{'; '.join(said)}. [{first.block}]"
+
+
 def _table(rows: Sequence[Unit]) -> str:
     """Rows of one table under its header line, the citation on the line after it."""
     header = rows[0].header
@@ -63,6 +130,10 @@ def _with_subject(unit: Unit, block: ContextBlock, lead_in: str) -> str:
         return f"{lead_in}: {text}"
     subject = _subject(block, unit)
     if not _SUBJECTLESS.match(text) or not subject:
+        return text
+    # A title "<source>: <what>" (a database row: "sql: orders id ORD-1042") over a text that opens with <what>
+    # names its subject already; the source's name is the turn's own word, never the reader's.
+    if text.casefold().startswith(subject.rsplit(": ", 1)[-1].casefold()):
         return text
     first = text.split(" ", 1)[0]
     lowered = first.lower() if first[:1].isupper() and not first.isupper() else first
@@ -93,21 +164,32 @@ def _introduced(unit: Unit, nxt: Unit) -> bool:
     )
 
 
+def introduces(unit: Unit, block: Sequence[Unit]) -> Unit | None:
+    """The short code block right after ``unit`` in its block when ``unit`` introduces it (ends in a colon)."""
+    nxt = block[unit.position + 1] if unit.position + 1 < len(block) else None
+    if nxt is None or not _introduced(unit, nxt) or nxt.text.count("\n") >= MAX_INTRODUCED_LINES:
+        return None
+    return nxt
+
+
 def with_introduced(chosen: list[Scored], units: Mapping[int, Sequence[Unit]]) -> list[Scored]:
     """``chosen`` with the short code block right after each chosen sentence that ends in a colon
-    ("… specify the version with:" and the block that shows it)."""
+    ("… specify the version with:" and the block that shows it); a block chosen on its own further down moves
+    up beside the sentence that introduces it."""
     out: list[Scored] = []
-    quoted = {(s.unit.block, s.unit.position) for s in chosen}
+    by_key = {(s.unit.block, s.unit.position): s for s in chosen}
+    placed: set[tuple[int, int]] = set()
     for s in chosen:
+        key = (s.unit.block, s.unit.position)
+        if key in placed:
+            continue
         out.append(s)
-        block = units.get(s.unit.block, ())
-        nxt = block[s.unit.position + 1] if s.unit.position + 1 < len(block) else None
-        if (
-            nxt is not None
-            and _introduced(s.unit, nxt)
-            and (nxt.block, nxt.position) not in quoted
-            and nxt.text.count("\n") < MAX_INTRODUCED_LINES
-        ):
-            out.append(Scored(nxt, stems_of(nxt.text), frozenset(), 0.0, frozenset(), ""))
-            quoted.add((nxt.block, nxt.position))
+        placed.add(key)
+        nxt = introduces(s.unit, units.get(s.unit.block, ()))
+        if nxt is not None and (nxt.block, nxt.position) not in placed:
+            out.append(
+                by_key.get((nxt.block, nxt.position))
+                or Scored(nxt, stems_of(nxt.text), frozenset(), 0.0, frozenset(), "")
+            )
+            placed.add((nxt.block, nxt.position))
     return out
