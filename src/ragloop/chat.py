@@ -406,9 +406,12 @@ class ChatRAG:
         return self.graph.stream(state, deadline_s=deadline, then=ready)
 
     async def aclose(self) -> None:
-        """Close the live sources' connections, the store's pool (:meth:`from_store`) and the turn log."""
+        """Close the live sources' connections, the store's pool (:meth:`from_store`), the turn log and a ranker's
+        client (``--reranker URL``)."""
         for source in self.live_sources:
             await source.aclose()
+        if (closer := getattr(getattr(self.turn.nodes.get("answer"), "ranker", None), "aclose", None)) is not None:
+            await closer()
         if self.store is not None:
             await self.store.aclose()
         if self.turn_log is not None:

@@ -3,7 +3,7 @@
 A builder knows the default turn's nodes and edges (``ragloop.policy.EDGES``). Change it, then build once::
 
     turn = Turn.from_index("kb-index/")                       # or Turn(retriever, Judges.offline(texts))
-    turn.insert_after("retrieve", "rerank", MyReranker())     # runs between retrieve and grade
+    turn.ranker(MyRanker())                                   # orders what the answer cites
     turn.replace("grade", MyGrader())                         # same name, same edges
     turn.add_source(MyTicketSystem())                         # a live source (or a plan source)
     rag = ChatRAG(turn.build())
@@ -378,8 +378,8 @@ class Turn:
         """Run ``node``, named ``name``, right after the node ``after``; returns the builder.
 
         ``node`` takes over each route of ``after`` that it declares too, and its route of that name leads
-        where ``after``'s did. So ``insert_after("retrieve", "rerank", node)`` with ``node.routes ==
-        ("grade",)`` sends retrieve's ``grade`` route to rerank and rerank's ``grade`` to grade, while the
+        where ``after``'s did. So ``insert_after("retrieve", "trim", node)`` with ``node.routes ==
+        ("grade",)`` sends retrieve's ``grade`` route to trim and trim's ``grade`` to grade, while the
         fast path (retrieve → answer) still skips both; a node that declares ``("grade", "answer")`` takes both
         routes and returns the one the turn should follow (``"answer" if state.fast_path else "grade"``).
         The names the nodes and the routing policy return do not change. Routes of ``node`` that ``after``
