@@ -16,8 +16,9 @@ validation``, which needs ``--note "the finished change"`` and appends its figur
 - **agentic**: ``ChatRAG.from_index(index)`` — the default turn with the offline judges (decide's splitting,
   grading, rewriting, the hop, the verify step; no model, no network) — asked the question. Every ``search``
   the turn makes is recorded. Its documents are ranked by the turn's final ranking
-  (:func:`ragloop.nodes.answer.final_ranking`, recomputed here from the recorded searches and the record's
-  grades): every search's list fused by rank, grades as a factor, the question's own top 5 protected.
+  (the default ranker, :class:`ragloop.retrievers.ranking.FusionRanker`, recomputed here from the recorded
+  searches and the record's grades): every search's list fused by rank, grades as a factor, the question's own
+  top 5 protected.
 
 Metrics: :func:`ragloop.retrievers.evaluate.evaluate_run`'s recall@2, recall@5, recall@10 and nDCG@10 (BEIR /
 trec_eval definitions), retrieval calls and wall seconds per question (the agentic figure includes the offline
@@ -64,6 +65,7 @@ import anyio
 import structlog
 
 from ragloop.retrievers.evaluate import evaluate_run, load_qrels, load_queries, rank_docs
+from ragloop.retrievers.rerank import RerankSettings
 
 RESULTS = Path(__file__).parent / "results"
 KEYS = ("recall@2", "recall@5", "recall@10", "ndcg@10", "retrieval_calls_per_question", "seconds_per_question")
@@ -75,6 +77,8 @@ ANSWER_KEYS = (
     "supported_rate",
     "context_precision",
 )
+#: The feature rerank switched off (``--no-rerank``).
+NO_RERANK = RerankSettings(title_weight=0, proximity_weight=0, bridge_weight=0)
 #: The seed of the tuning/reporting split (stated in benchmarks/README.md; never change it after reporting).
 SPLIT_SEED = 13
 _CITED = re.compile(r"\[(\d+)\]")
@@ -281,22 +285,21 @@ async def agentic(
 
 
 def turn_ranking(question: str, record: Any, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
-    """The turn's final ranking, as the answer node computes it (``ragloop.nodes.answer.final_ranking``):
-    every search's list fused by rank, the grades as a signal, the question's own list protected, the head
-    reranked (unless ``--no-rerank``: the fused order alone, to measure the reranker)."""
-    from ragloop.retrievers.fusion import FusionSettings, anchor_query, fuse_searches
-    from ragloop.retrievers.rerank import rerank
+    """The turn's final ranking, as its default ranker computes it (:class:`ragloop.retrievers.ranking.FusionRanker`
+    over the recorded searches and the record's grades): every search's list fused by rank, the grades as a
+    signal, the question's own list protected, the head reranked (unless ``--no-rerank``: the fused order alone,
+    to measure the reranker)."""
+    from ragloop.retrievers.fusion import anchor_query
+    from ragloop.retrievers.ranking import Candidates, FusionRanker
 
     searches = {query: list(hits) for query, hits in calls}
     grades: dict[str, list[Any]] = {}
     for g in record.grades:
         grades.setdefault(g.chunk_id, []).append(g.label)
     anchor = anchor_query(question, record.decision.queries, searches)
-    fused = fuse_searches(searches, anchor=anchor, grades=grades)
-    if not RERANK:
-        return fused
-    protected = [h.id for h in searches.get(anchor, [])[: FusionSettings().protect]] if anchor else []
-    return rerank(question, fused, protected=protected)
+    return (FusionRanker() if RERANK else FusionRanker(features=NO_RERANK)).order(
+        Candidates(question, searches, grades, anchor)
+    )
 
 
 def diagnose(
@@ -306,6 +309,7 @@ def diagnose(
     record = reply.record
     gold = {d for d, r in rels.items() if r > 0}
     first = record.decision.queries
+    hop_queries = {h.query for h in record.hops if h.accepted and h.query}
     found_by: dict[str, set[str]] = {}
     for query, hits in calls:
         for hit in hits:
@@ -336,6 +340,11 @@ def diagnose(
         "outcome": reply.outcome,
         "gold_fates": fates,
         "gold_found_only_by_rewrite": sum(1 for d in gold if d in found_by and not (found_by[d] & set(first))),
+        # the hop's paragraph found but not cited: a judged document the hop's search returned, not in the blocks
+        "hop_found_not_cited": sorted(
+            d for d in gold if found_by.get(d, set()) & hop_queries and d not in block_docs and d in fates
+        ),
+        "hop_found_fates": {d: fates[d] for d in gold if found_by.get(d, set()) & hop_queries},
     }
 
 
@@ -353,6 +362,8 @@ def summarise_diagnosis(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "gold_fate_share": {k: v / total for k, v in fates.most_common()},
         "gold_found_only_by_rewrite": sum(r["gold_found_only_by_rewrite"] for r in rows),
         "gold_docs": total,
+        "hop_found_gold": sum(len(r["hop_found_fates"]) for r in rows),
+        "hop_found_not_cited": {r["qid"]: r["hop_found_not_cited"] for r in rows if r["hop_found_not_cited"]},
     }
 
 
@@ -396,9 +407,9 @@ def main() -> None:
 
         rag = ChatRAG.from_index(index)
         if not RERANK:
-            from ragloop.retrievers.rerank import RerankSettings
+            from ragloop.retrievers.ranking import FusionRanker
 
-            rag.nodes["answer"].ranking = RerankSettings(title_weight=0, proximity_weight=0, bridge_weight=0)  # type: ignore[attr-defined]
+            rag.nodes["answer"].default_ranking = FusionRanker(features=NO_RERANK)  # type: ignore[attr-defined]
         try:
             ss = await single_shot(index, rag, queries, qids, answers)
             ag = await agentic(index, rag, queries, qids, qrels, answers)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragloop.retrievers.fusion import FusionSettings, fuse_searches
-from ragloop.retrievers.ranking import Candidates, FusionRanker, Ranker, candidates_of
+from ragloop.retrievers.ranking import Candidates, FusionRanker, Ranker, candidates_of, keep_lead
 from ragloop.retrievers.rerank import RerankSettings, rerank
 from ragloop.state import Chunk, Decision, Graded, Hit, Verdict
 from tests.strategies import with_queries
@@ -94,3 +94,26 @@ class TestRankerProtocol:
         assert isinstance(Reversed(), Ranker) and not isinstance(object(), Ranker)
         c = Candidates("q", {"q": [_hit("a"), _hit("b")]}, anchor="q")
         assert [h.id for h in await Reversed().rank(c)] == ["b", "a"]
+
+
+class TestKeepLead:
+    @settings(max_examples=100, deadline=None)
+    @given(ranked=st.lists(ids, unique=True, min_size=1, max_size=20), anchor=lists, n=st.integers(0, 4))
+    def test_the_anchors_first_stay_first_and_nothing_else_moves(
+        self, ranked: list[str], anchor: list[str], n: int
+    ) -> None:
+        """The anchor's first n ids (those ranked) end inside the first n places; the output is a permutation, and
+        every other id keeps its order relative to the others."""
+        anchor = [c for c in anchor if c in ranked]
+        out = [h.id for h in keep_lead([_hit(c) for c in ranked], anchor, n)]
+        assert sorted(out) == sorted(ranked)
+        assert set(anchor[:n]) <= set(out[:n])
+        rest = [c for c in out if c not in anchor[:n]]
+        assert rest == [c for c in ranked if c not in anchor[:n]]
+
+    def test_in_the_default_ranker(self) -> None:
+        """FusionSettings(lead=1): the question's own first hit leads even when the parts all agree on another."""
+        searches = {"q": [_hit("a"), _hit("b")], "p1": [_hit("b")], "p2": [_hit("b")]}
+        c = Candidates("q", searches, anchor="q")
+        assert [h.id for h in FusionRanker().order(c)] == ["b", "a"]
+        assert [h.id for h in FusionRanker(FusionSettings(lead=1)).order(c)] == ["a", "b"]

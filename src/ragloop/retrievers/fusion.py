@@ -41,6 +41,9 @@ class FusionSettings:
         relevant_boost: Factor on a chunk graded ``relevant`` for some query.
         irrelevant_factor: Factor on a chunk graded ``irrelevant`` for every query that graded it.
         protect: The anchor's best chunks that always stay in the first ``depth`` places.
+        lead: The anchor's first ``lead`` chunks that stay in the first ``lead`` places of the final ranking,
+            after the feature rerank too (:class:`~ragloop.retrievers.ranking.FusionRanker`): the question's
+            own best passage is never ranked below what the other searches found.
     """
 
     k: float = field(default=10.0, validator=validators.ge(0))
@@ -49,6 +52,7 @@ class FusionSettings:
     relevant_boost: float = field(default=1.25, validator=validators.ge(0))
     irrelevant_factor: float = field(default=0.6, validator=validators.ge(0))
     protect: int = field(default=5, validator=validators.ge(0))
+    lead: int = field(default=0, validator=validators.ge(0))
 
 
 def anchor_query(question: str, decide_queries: Sequence[str], searched: Collection[str]) -> str | None:

@@ -30,7 +30,7 @@ from ragloop.retrievers.fusion import FusionSettings, anchor_query, fuse_searche
 from ragloop.retrievers.rerank import RerankSettings, rerank
 from ragloop.state import Hit, Label, TurnState
 
-__all__ = ["Candidates", "FusionRanker", "Ranker", "candidates_of"]
+__all__ = ["Candidates", "FusionRanker", "Ranker", "candidates_of", "keep_lead"]
 
 
 def _frozen_lists(value: Mapping[str, Sequence[Hit]]) -> Mapping[str, tuple[Hit, ...]]:
@@ -79,6 +79,21 @@ def candidates_of(state: TurnState) -> Candidates:
     return Candidates(state.question, state.searches, grades, anchor)
 
 
+def keep_lead(ranked: Sequence[Hit], anchor: Sequence[str], n: int) -> list[Hit]:
+    """``ranked`` with the first ``n`` distinct ids of ``anchor`` inside its first ``n`` places: those missing
+    there take the last places of the head (the rest keep their relative order); nothing else moves."""
+    lead = list(dict.fromkeys(anchor))[:n]
+    head = [h.id for h in ranked[:n]]
+    missing = [c for c in lead if c not in head]
+    if not missing:
+        return list(ranked)
+    by_id = {h.id: h for h in ranked}
+    kept = [c for c in head if c in lead] + [c for c in head if c not in lead][: n - len(lead)]
+    position = {h.id: i for i, h in enumerate(ranked)}
+    front = sorted({*kept, *(c for c in missing if c in by_id)}, key=position.__getitem__)
+    return [by_id[c] for c in front] + [h for h in ranked if h.id not in set(front)]
+
+
 @runtime_checkable
 class Ranker(Protocol):
     """Orders the turn's passages: the answer numbers and cites the graded ones in this order.
@@ -113,7 +128,8 @@ class FusionRanker:
         )
         anchored = candidates.searches.get(candidates.anchor, ()) if candidates.anchor is not None else ()
         protected = [h.id for h in anchored[: self.fusion.protect]]
-        return rerank(candidates.question, fused, protected=protected, settings=self.features)
+        ranked = rerank(candidates.question, fused, protected=protected, settings=self.features)
+        return keep_lead(ranked, [h.id for h in anchored], self.fusion.lead)
 
     async def rank(self, candidates: Candidates) -> list[Hit]:
         """See :meth:`order`."""

@@ -30,7 +30,10 @@ __all__ = ["IndexOptions", "RetrieverOptions", "StoreOptions", "TurnWiring", "re
 class TurnWiring(TypedDict, total=False):
     """A turn's collaborators one by one: the keywords of ``ChatRAG(...)``, ``Turn.of`` and ``default_nodes``.
 
-    The first five are required (``require`` checks).
+    A compatibility path, kept for code written before the builder: the one way to list a turn's parts is
+    ``Turn(retriever, Judges(...), settings=...)`` (its judges in :class:`~ragloop.turn.Judges`, a ranker with
+    ``Turn.ranker``, sources with ``Turn.add_source``), which ``ChatRAG(turn)`` runs. The first five keys are
+    required (``require`` checks).
 
     Attributes:
         retriever: Where to search (required).
