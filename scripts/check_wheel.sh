@@ -4,7 +4,8 @@
 # database, the tokenizer) fails here instead of on a user's machine. Called by .ci/run; usage: scripts/check_wheel.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python="$(realpath "${PYTHON:-.venv/bin/python}")"
+python="${PYTHON:-.venv/bin/python}"
+[[ "$python" = /* ]] || python="$PWD/$python"  # absolute (not resolved: a venv's python is a symlink)
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 "$python" -m pip wheel -q --no-deps -w "$work/dist" .  # the project venv has pip (Debian's python3 may not)
