@@ -42,4 +42,4 @@ def test_a_users_file_passes_mypy_strict(tmp_path: Path) -> None:
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "import-untyped" not in ok.stdout
     wrong = subprocess.run([*cmd, str(bad)], capture_output=True, text=True, cwd=tmp_path, timeout=600, check=False)
-    assert wrong.returncode == 1 and 'incompatible return value type (got "BuiltTurn", expected "Turn")' in wrong.stdout
+    assert wrong.returncode == 1 and 'Incompatible return value type (got "BuiltTurn", expected "Turn")' in wrong.stdout
