@@ -93,7 +93,19 @@ class Junk:
         return ["alpha.md"]
 
 
+class Generated:
+    """Ranks by yielding (an iterator, not a list)."""
+
+    async def rank(self, candidates: Candidates) -> Any:
+        return (h for h in reversed(candidates.hits()))
+
+
 class TestRankerFailsOpen:
+    async def test_an_iterator_is_read_once(self) -> None:
+        """A ranker that returns a generator: its order is used (read once), nothing is lost."""
+        reply = await ChatRAG(_turn(Generated())).ask("which page?")
+        assert [c.source for c in reply.citations] == list(PAGES)[::-1] and not reply.record.errors
+
     @pytest.mark.parametrize(
         ("ranker", "fault"),
         [

@@ -44,9 +44,10 @@ async def rank(state: TurnState, ranker: Ranker, default: FusionRanker, timeout_
             ranked = await ranker.rank(candidates)
         if scope.cancelled_caught:
             raise TimeoutError(f"no ranking within {limit:.2f} s")
-        if isinstance(ranked, str | bytes) or not all(isinstance(h, Hit) for h in ranked):
+        items = () if isinstance(ranked, str | bytes) else tuple(ranked)  # a generator is read once, here
+        if (not items and ranked) or not all(isinstance(h, Hit) for h in items):
             raise TypeError(f"rank() must return a sequence of Hit, got {type(ranked).__name__}")
-        state.ranked = tuple(ranked)
+        state.ranked = items
     except Exception as exc:  # noqa: BLE001 — fail-open: the default ranking orders this turn's context
         state.errors.append(f"answer: ranker {name}: {type(exc).__name__}: {exc}; the default ranking was used")
         log.warning("answer.ranker_failed", ranker=name, error=str(exc))
