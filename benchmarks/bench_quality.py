@@ -65,6 +65,7 @@ import anyio
 import structlog
 
 from ragloop.retrievers.evaluate import evaluate_run, load_qrels, load_queries, rank_docs
+from ragloop.retrievers.fusion import FusionSettings
 from ragloop.retrievers.rerank import RerankSettings
 
 RESULTS = Path(__file__).parent / "results"
@@ -84,6 +85,8 @@ SPLIT_SEED = 13
 _CITED = re.compile(r"\[(\d+)\]")
 #: Whether the agentic arm's ranking is reranked (``--no-rerank`` measures the fused order alone).
 RERANK = True
+#: ``--lead``: the fusion settings of the agentic arm's default ranker (``FusionSettings.lead``).
+FUSION = FusionSettings()
 _ARTICLES = re.compile(r"\b(?:a|an|the)\b")
 
 
@@ -297,7 +300,7 @@ def turn_ranking(question: str, record: Any, calls: Sequence[tuple[str, Sequence
     for g in record.grades:
         grades.setdefault(g.chunk_id, []).append(g.label)
     anchor = anchor_query(question, record.decision.queries, searches)
-    return (FusionRanker() if RERANK else FusionRanker(features=NO_RERANK)).order(
+    return (FusionRanker(FUSION) if RERANK else FusionRanker(FUSION, NO_RERANK)).order(
         Candidates(question, searches, grades, anchor)
     )
 
@@ -385,9 +388,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="report path (default results/quality-NAME-HALF.json)")
     parser.add_argument("--json", action="store_true", help="print {single_shot, agentic} as one JSON object")
     parser.add_argument("--no-rerank", action="store_true", help="rank the agentic arm by the fused order alone")
+    parser.add_argument("--lead", type=int, default=None, help="FusionSettings.lead of the agentic arm's ranker")
     args = parser.parse_args()
-    global RERANK
+    global RERANK, FUSION
     RERANK = not args.no_rerank
+    FUSION = FusionSettings(lead=args.lead) if args.lead is not None else FusionSettings()
     if args.half == "reporting":
         args.half = "validation"
     if args.half != "tuning" and not args.note.strip():
@@ -404,12 +409,13 @@ def main() -> None:
 
     async def both() -> Any:
         from ragloop.chat import ChatRAG
+        from ragloop.turn import TurnSettings
 
-        rag = ChatRAG.from_index(index)
+        rag = ChatRAG.from_index(index, settings=TurnSettings(fusion=FUSION))
         if not RERANK:
             from ragloop.retrievers.ranking import FusionRanker
 
-            rag.nodes["answer"].default_ranking = FusionRanker(features=NO_RERANK)  # type: ignore[attr-defined]
+            rag.nodes["answer"].default_ranking = FusionRanker(FUSION, NO_RERANK)  # type: ignore[attr-defined]
         try:
             ss = await single_shot(index, rag, queries, qids, answers)
             ag = await agentic(index, rag, queries, qids, qrels, answers)

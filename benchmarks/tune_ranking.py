@@ -6,10 +6,12 @@ Runs the offline agentic turn (``ChatRAG.from_index``) once per question of a BE
 hops, then ranks those same candidates with each variant below and scores recall@2 / recall@5 of the documents
 against single-shot's (the question's own search, documents by best chunk, as ``bench_quality.py`` scores it).
 
-Variants: ``default`` (the shipped :class:`~ragloop.retrievers.ranking.FusionRanker`), ``fused`` (no feature
-rerank), ``anchor-<w>`` (the question's list weighted ``w``), ``lead-<n>`` (the question's own first ``n``
-documents kept in the first ``n`` places), ``no-hops`` (the hop lists left out). Prints one row per variant and
-writes ``results/tune-ranking-<folder>.json``. It never asserts anything; thresholds are chosen from its rows.
+Variants: ``default`` (the shipped :class:`~ragloop.retrievers.ranking.FusionRanker`; the committed results were
+run before ``lead=1`` became its default, so there ``default`` is ``lead=0`` and ``lead-1-chunk`` is today's),
+``fused`` (no feature rerank), ``anchor-<w>`` (the question's list weighted ``w``), ``lead-<n>`` (the
+question's own first ``n`` documents kept in the first ``n`` places), ``no-hops`` (the hop lists left out), and
+feature ablations. Prints one row per variant and writes ``results/tune-ranking-<folder>.json``. It never
+asserts anything; thresholds are chosen from its rows.
 
 Usage::
 
@@ -23,6 +25,7 @@ import argparse
 import json
 import logging
 import os
+import pickle
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -93,6 +96,22 @@ def variants(doc: Callable[[str], str]) -> dict[str, Variant]:
     for n in (1, 2):
         out[f"lead-{n}"] = lambda c, h, n=n: lead(c, base.order(c), n, doc)
         out[f"lead-{n}-chunk"] = lambda c, h, n=n: FusionRanker(FusionSettings(lead=n)).order(c)
+        out[f"fused-lead-{n}"] = lambda c, h, n=n: FusionRanker(FusionSettings(lead=n), off).order(c)
+    for name, rs in (
+        ("no-title", RerankSettings(title_weight=0)),
+        ("no-proximity", RerankSettings(proximity_weight=0)),
+        ("no-bridge", RerankSettings(bridge_weight=0)),
+        ("depth-5", RerankSettings(depth=5)),
+        ("protect-2", RerankSettings(protect_depth=2)),
+    ):
+        out[name] = lambda c, h, rs=rs: FusionRanker(features=rs).order(c)
+        out[f"{name}-lead-1"] = lambda c, h, rs=rs: FusionRanker(FusionSettings(lead=1), rs).order(c)
+    nob = RerankSettings(bridge_weight=0)
+    out["bridge-if-hop"] = lambda c, h: (base if h else FusionRanker(features=nob)).order(c)
+    out["bridge-if-hop-lead-1"] = lambda c, h: FusionRanker(
+        FusionSettings(lead=1), RerankSettings() if h else nob
+    ).order(c)
+    out["bridge-if-split"] = lambda c, h: (base if len(c.searches) > 2 else FusionRanker(features=nob)).order(c)
     return out
 
 
@@ -102,6 +121,7 @@ def main() -> None:
     parser.add_argument("--split", default=None)
     parser.add_argument("--cache", type=Path, default=Path("/tmp/ragloop-bench-quality"))
     parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--reuse", action="store_true", help="rescore the turns the last run kept (/tmp)")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     qrels = {q: r for q, r in load_qrels(args.beir, args.split).items() if any(v > 0 for v in r.values())}
@@ -130,7 +150,12 @@ def main() -> None:
         return out
 
     started = time.perf_counter()
-    turns = anyio.run(run)
+    saved = Path(f"/tmp/tune-ranking-{args.beir.resolve().name}.pickle")  # the turns of one run, to rescore
+    if args.reuse and saved.is_file():
+        turns = pickle.loads(saved.read_bytes())
+    else:
+        turns = anyio.run(run)
+        saved.write_bytes(pickle.dumps(turns))
     judged = {qid: qrels[qid] for qid, _, _ in turns}
     single = {}
     for qid, c, _ in turns:

@@ -241,14 +241,14 @@ class TestOnnxCrossEncoder:
         assert scores == [0.0, 1.0, 2.0]
 
     async def test_through_cross_encoder_path(self, tmp_path: Path) -> None:
-        """--reranker PATH: the passage the model scores highest leads the turn's blocks (here the one page with no
-        query word, which the default ranking puts last)."""
+        """--reranker PATH: the passage the model scores highest leads the turn's blocks (here the one holding
+        'with', which the default ranking does not put first)."""
         pytest.importorskip("onnxruntime")
         default = await ChatRAG(_turn(FusionRanker())).ask("sso setup")
-        ranker = cross_encoder(str(_tiny_cross_encoder(tmp_path, "billing")))
+        ranker = cross_encoder(str(_tiny_cross_encoder(tmp_path, "with")))
         reply = await ChatRAG(_turn(ranker)).ask("sso setup")
-        assert default.blocks[0].source != "alpha.md"
-        assert reply.blocks[0].source == "alpha.md" and not reply.record.errors
+        assert default.blocks[0].source != "bravo.md"
+        assert reply.blocks[0].source == "bravo.md" and not reply.record.errors
 
     def test_missing_files_and_wrong_models_are_refused(self, tmp_path: Path) -> None:
         """A folder without model.onnx/tokenizer.json, or a model without input_ids: one line saying what is wrong."""

@@ -56,13 +56,14 @@ class TestFusionRanker:
         self, anchor: list[str], a: list[str], b: list[str], bad: set[str]
     ) -> None:
         """The default ranking is exactly fuse_searches followed by rerank with the anchor's top protected (what
-        the answer node computed before the seam), and a permutation of every chunk found."""
+        the answer node computed before the seam), then the anchor's first hit kept first (lead=1), and a
+        permutation of every chunk found."""
         hit = {c: _hit(c) for c in {*anchor, *a, *b}}
         searches = {"q": [hit[c] for c in anchor], "p1": [hit[c] for c in a], "p2": [hit[c] for c in b]}
         grades = {c: ["irrelevant"] for c in bad & set(hit)}
         candidates = Candidates("q", searches, grades, anchor="q")  # type: ignore[arg-type]
         fused = fuse_searches(searches, anchor="q", grades=grades)  # type: ignore[arg-type]
-        expected = rerank("q", fused, protected=anchor[:5])
+        expected = keep_lead(rerank("q", fused, protected=anchor[:5]), anchor, 1)
         out = FusionRanker().order(candidates)
         assert [h.id for h in out] == [h.id for h in expected]
         assert sorted(h.id for h in out) == sorted(hit)
@@ -112,8 +113,9 @@ class TestKeepLead:
         assert rest == [c for c in ranked if c not in anchor[:n]]
 
     def test_in_the_default_ranker(self) -> None:
-        """FusionSettings(lead=1): the question's own first hit leads even when the parts all agree on another."""
+        """The default (lead=1): the question's own first hit leads even when the parts all agree on another;
+        lead=0 lets the fusion put the parts' favourite first."""
         searches = {"q": [_hit("a"), _hit("b")], "p1": [_hit("b")], "p2": [_hit("b")]}
         c = Candidates("q", searches, anchor="q")
-        assert [h.id for h in FusionRanker().order(c)] == ["b", "a"]
-        assert [h.id for h in FusionRanker(FusionSettings(lead=1)).order(c)] == ["a", "b"]
+        assert [h.id for h in FusionRanker(FusionSettings(lead=0)).order(c)] == ["b", "a"]
+        assert [h.id for h in FusionRanker().order(c)] == ["a", "b"]
