@@ -171,6 +171,25 @@ def answer_row(reply_text: str, outcome: str, blocks: Sequence[Any], answers: Se
     }
 
 
+#: With ``--reranker``: the ranked list the turn's ranker returned for the last question (what it cited from).
+RANKED: list[list[Any]] = []
+
+
+class RankRecorder:
+    """A ranker wrapper that keeps the list the wrapped ranker returned (the agentic arm's ranking)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def rank(self, candidates: Any) -> list[Any]:
+        ranked = list(await self.inner.rank(candidates))
+        RANKED[:] = [ranked]
+        return ranked
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 class Recording:
     """A retriever wrapper that keeps every search's query and hits (for the agentic arm's ranking)."""
 
@@ -278,7 +297,7 @@ async def agentic(
         seconds.append(time.perf_counter() - t)
         calls.append(len(recording.calls))
         block_docs = list(dict.fromkeys(doc_of(index, b.chunk_id) for b in reply.blocks))
-        ranking = turn_ranking(queries[qid], reply.record, recording.calls)
+        ranking = RANKED.pop() if RANKED else turn_ranking(queries[qid], reply.record, recording.calls)
         run[qid] = as_run(list(dict.fromkeys(doc_of(index, h.id) for h in ranking))[:10])
         kept[qid] = as_run(block_docs[:10])
         rows.append(diagnose(index, qid, qrels[qid], reply, recording.calls, block_docs))
@@ -389,6 +408,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print {single_shot, agentic} as one JSON object")
     parser.add_argument("--no-rerank", action="store_true", help="rank the agentic arm by the fused order alone")
     parser.add_argument("--lead", type=int, default=None, help="FusionSettings.lead of the agentic arm's ranker")
+    parser.add_argument(
+        "--reranker",
+        default=None,
+        help="the agentic arm's ranker is this cross-encoder (URL or ONNX folder; 'scripted': ragloop.testing's "
+        "server, whose /rerank scores by query-word overlap: a test of the wiring, not of a model)",
+    )
     args = parser.parse_args()
     global RERANK, FUSION
     RERANK = not args.no_rerank
@@ -411,7 +436,15 @@ def main() -> None:
         from ragloop.chat import ChatRAG
         from ragloop.turn import TurnSettings
 
-        rag = ChatRAG.from_index(index, settings=TurnSettings(fusion=FUSION))
+        server = None
+        ranker: Any = None
+        if args.reranker:  # the cross-encoder's wiring: the scripted server's /rerank scores by query-word overlap
+            from ragloop.retrievers.cross_encoder import cross_encoder
+            from ragloop.testing import ScriptedOpenAIServer
+
+            server = ScriptedOpenAIServer().start() if args.reranker == "scripted" else None
+            ranker = RankRecorder(cross_encoder(server.base_url if server else args.reranker))
+        rag = ChatRAG.from_index(index, settings=TurnSettings(fusion=FUSION), ranker=ranker)
         if not RERANK:
             from ragloop.retrievers.ranking import FusionRanker
 
@@ -421,6 +454,8 @@ def main() -> None:
             ag = await agentic(index, rag, queries, qids, qrels, answers)
         finally:
             await rag.aclose()
+            if server is not None:
+                server.close()
         return ss, ag
 
     started = time.perf_counter()
