@@ -6,12 +6,12 @@ Runs the offline agentic turn (``ChatRAG.from_index``) once per question of a BE
 hops, then ranks those same candidates with each variant below and scores recall@2 / recall@5 of the documents
 against single-shot's (the question's own search, documents by best chunk, as ``bench_quality.py`` scores it).
 
-Variants: ``default`` (the shipped :class:`~ragloop.retrievers.ranking.FusionRanker`; the committed results were
-run before ``lead=1`` became its default, so there ``default`` is ``lead=0`` and ``lead-1-chunk`` is today's),
-``fused`` (no feature rerank), ``anchor-<w>`` (the question's list weighted ``w``), ``lead-<n>`` (the
-question's own first ``n`` documents kept in the first ``n`` places), ``no-hops`` (the hop lists left out), and
-feature ablations. Prints one row per variant and writes ``results/tune-ranking-<folder>.json``. It never
-asserts anything; thresholds are chosen from its rows.
+Variants: ``default`` (the shipped :class:`~ragloop.retrievers.ranking.FusionRanker`, ``lead=1``), ``lead-0``
+(the default before issue 32: fusion and feature rerank alone), ``fused`` (no feature rerank), ``anchor-<w>``
+(the question's list weighted ``w``), ``lead-<n>`` (the question's own first ``n`` documents kept in the first
+``n`` places), ``no-hops`` (the hop lists left out), feature ablations and fusion knobs. Prints one row per
+variant and writes ``results/tune-ranking-<folder>.json``. It never asserts anything; thresholds are chosen from
+its rows.
 
 Usage::
 
@@ -88,6 +88,7 @@ def variants(doc: Callable[[str], str]) -> dict[str, Variant]:
     base = FusionRanker()
     out: dict[str, Variant] = {
         "default": lambda c, h: base.order(c),
+        "lead-0": lambda c, h: FusionRanker(FusionSettings(lead=0)).order(c),
         "fused": lambda c, h: FusionRanker(features=off).order(c),
         "no-hops": lambda c, h: without_hops(c, h, base),
     }
@@ -111,6 +112,16 @@ def variants(doc: Callable[[str], str]) -> dict[str, Variant]:
     out["bridge-if-hop-lead-1"] = lambda c, h: FusionRanker(
         FusionSettings(lead=1), RerankSettings() if h else nob
     ).order(c)
+    for k in (5.0, 20.0, 60.0):
+        out[f"k-{k:g}-lead-1"] = lambda c, h, k=k: FusionRanker(FusionSettings(k=k, lead=1)).order(c)
+    for rb in (1.0, 1.6):
+        out[f"relevant-{rb:g}-lead-1"] = lambda c, h, rb=rb: FusionRanker(
+            FusionSettings(relevant_boost=rb, lead=1)
+        ).order(c)
+    for irr in (0.3, 1.0):
+        out[f"irrelevant-{irr:g}-lead-1"] = lambda c, h, irr=irr: FusionRanker(
+            FusionSettings(irrelevant_factor=irr, lead=1)
+        ).order(c)
     out["bridge-if-split"] = lambda c, h: (base if len(c.searches) > 2 else FusionRanker(features=nob)).order(c)
     return out
 
