@@ -371,3 +371,17 @@ class TestAddRetriever:
         with pytest.raises(ConfigError, match=r"not a retriever.*faq"):
             t.add_retriever("faq", object())  # type: ignore[arg-type]
         assert t.retriever is before
+
+    def test_cached_searches_follow_every_joined_retrievers_version(self) -> None:
+        """With an index version (Turn.from_index gives one), the joined turn's version changes when the added
+        retriever's does, so cached searches of the old second index are not served."""
+
+        class Versioned(FakeRetriever):
+            version = "m1"
+
+        manuals = Versioned(weak)
+        t = Turn(FakeRetriever(weak), turn().judges, index_version=lambda: "docs-v1")
+        built = t.add_retriever("manuals", manuals).build()
+        before = built.index_version()
+        manuals.version = "m2"
+        assert built.index_version() != before and before.startswith("docs-v1|")

@@ -103,7 +103,7 @@ class Turn:
     ) -> None:
         self.retriever, self.judges, self.settings = retriever, judges, settings
         self.embedder, self.caches, self.index_version = embedder, caches, index_version
-        self._base, self._joined = retriever, dict[str, tuple[Retriever, float]]()
+        self._base, self._joined, self._base_version = retriever, dict[str, tuple[Retriever, float]](), index_version
         self._ranker: Ranker | None = None
         if ranker is not None:
             self.ranker(ranker)
@@ -333,14 +333,13 @@ class Turn:
     def add_retriever(self, name: str, retriever: Retriever, *, weight: float = 1.0) -> Turn:
         """Join ``retriever`` to the turn's own search under ``name``; returns the builder.
 
-        Every query of the turn then searches the turn's retriever (named ``documents``) and each added one at
-        once, joined by weighted reciprocal-rank fusion
-        (:class:`~ragloop.retrievers.join.JoinedRetriever`); each hit keeps its rank in each list
-        (``hit.ranks[name]``). For other modes, build the joiner yourself and pass it as the turn's retriever.
+        Every query then searches the turn's retriever (named ``documents``) and each added one at once, joined
+        by weighted reciprocal-rank fusion (:class:`~ragloop.retrievers.join.JoinedRetriever`; each hit keeps
+        ``hit.ranks[name]``; cached searches are keyed on every retriever's version). For other modes, pass a
+        joiner of your own as the turn's retriever.
 
         Raises:
-            ConfigError: ``name`` taken (``documents`` is the turn's own), a negative weight, or an object
-                without ``search``.
+            ConfigError: ``name`` taken (``documents`` is the turn's), a negative weight, or no ``search``.
         """
         from ragloop.retrievers.join import JoinedRetriever
 
@@ -350,8 +349,10 @@ class Turn:
         joined[name] = (retriever, weight)
         table = {"documents": self._base, **{n: r for n, (r, _) in joined.items()}}
         weights = {"documents": 1.0, **{n: w for n, (_, w) in joined.items()}}
-        self.retriever = JoinedRetriever(table, weights=weights)  # checks the retriever and its weight
-        self._joined = joined
+        self.retriever = search = JoinedRetriever(table, weights=weights)  # checks the retriever and its weight
+        self._joined, base = joined, self._base_version
+        if base is not None:  # an index's version alone would keep serving the other retrievers' cached results
+            self.index_version = lambda: f"{base()}|{search.version}"
         return self
 
     def ranker(self, ranker: Ranker) -> Turn:
