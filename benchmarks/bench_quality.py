@@ -16,8 +16,9 @@ validation``, which needs ``--note "the finished change"`` and appends its figur
 - **agentic**: ``ChatRAG.from_index(index)`` — the default turn with the offline judges (decide's splitting,
   grading, rewriting, the hop, the verify step; no model, no network) — asked the question. Every ``search``
   the turn makes is recorded. Its documents are ranked by the turn's final ranking
-  (:func:`ragloop.nodes.answer.final_ranking`, recomputed here from the recorded searches and the record's
-  grades): every search's list fused by rank, grades as a factor, the question's own top 5 protected.
+  (the default ranker, :class:`ragloop.retrievers.ranking.FusionRanker`, recomputed here from the recorded
+  searches and the record's grades): every search's list fused by rank, grades as a factor, the question's own
+  top 5 protected.
 
 Metrics: :func:`ragloop.retrievers.evaluate.evaluate_run`'s recall@2, recall@5, recall@10 and nDCG@10 (BEIR /
 trec_eval definitions), retrieval calls and wall seconds per question (the agentic figure includes the offline
@@ -64,6 +65,8 @@ import anyio
 import structlog
 
 from ragloop.retrievers.evaluate import evaluate_run, load_qrels, load_queries, rank_docs
+from ragloop.retrievers.fusion import FusionSettings
+from ragloop.retrievers.rerank import RerankSettings
 
 RESULTS = Path(__file__).parent / "results"
 KEYS = ("recall@2", "recall@5", "recall@10", "ndcg@10", "retrieval_calls_per_question", "seconds_per_question")
@@ -75,11 +78,15 @@ ANSWER_KEYS = (
     "supported_rate",
     "context_precision",
 )
+#: The feature rerank switched off (``--no-rerank``).
+NO_RERANK = RerankSettings(title_weight=0, proximity_weight=0, bridge_weight=0)
 #: The seed of the tuning/reporting split (stated in benchmarks/README.md; never change it after reporting).
 SPLIT_SEED = 13
 _CITED = re.compile(r"\[(\d+)\]")
 #: Whether the agentic arm's ranking is reranked (``--no-rerank`` measures the fused order alone).
 RERANK = True
+#: ``--lead``: the fusion settings of the agentic arm's default ranker (``FusionSettings.lead``).
+FUSION = FusionSettings()
 _ARTICLES = re.compile(r"\b(?:a|an|the)\b")
 
 
@@ -162,6 +169,25 @@ def answer_row(reply_text: str, outcome: str, blocks: Sequence[Any], answers: Se
         "supported": supported,
         "cited": cited,
     }
+
+
+#: With ``--reranker``: the ranked list the turn's ranker returned for the last question (what it cited from).
+RANKED: list[list[Any]] = []
+
+
+class RankRecorder:
+    """A ranker wrapper that keeps the list the wrapped ranker returned (the agentic arm's ranking)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def rank(self, candidates: Any) -> list[Any]:
+        ranked = list(await self.inner.rank(candidates))
+        RANKED[:] = [ranked]
+        return ranked
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 class Recording:
@@ -271,7 +297,7 @@ async def agentic(
         seconds.append(time.perf_counter() - t)
         calls.append(len(recording.calls))
         block_docs = list(dict.fromkeys(doc_of(index, b.chunk_id) for b in reply.blocks))
-        ranking = turn_ranking(queries[qid], reply.record, recording.calls)
+        ranking = RANKED.pop() if RANKED else turn_ranking(queries[qid], reply.record, recording.calls)
         run[qid] = as_run(list(dict.fromkeys(doc_of(index, h.id) for h in ranking))[:10])
         kept[qid] = as_run(block_docs[:10])
         rows.append(diagnose(index, qid, qrels[qid], reply, recording.calls, block_docs))
@@ -281,22 +307,21 @@ async def agentic(
 
 
 def turn_ranking(question: str, record: Any, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
-    """The turn's final ranking, as the answer node computes it (``ragloop.nodes.answer.final_ranking``):
-    every search's list fused by rank, the grades as a signal, the question's own list protected, the head
-    reranked (unless ``--no-rerank``: the fused order alone, to measure the reranker)."""
-    from ragloop.retrievers.fusion import FusionSettings, anchor_query, fuse_searches
-    from ragloop.retrievers.rerank import rerank
+    """The turn's final ranking, as its default ranker computes it (:class:`ragloop.retrievers.ranking.FusionRanker`
+    over the recorded searches and the record's grades): every search's list fused by rank, the grades as a
+    signal, the question's own list protected, the head reranked (unless ``--no-rerank``: the fused order alone,
+    to measure the reranker)."""
+    from ragloop.retrievers.fusion import anchor_query
+    from ragloop.retrievers.ranking import Candidates, FusionRanker
 
     searches = {query: list(hits) for query, hits in calls}
     grades: dict[str, list[Any]] = {}
     for g in record.grades:
         grades.setdefault(g.chunk_id, []).append(g.label)
     anchor = anchor_query(question, record.decision.queries, searches)
-    fused = fuse_searches(searches, anchor=anchor, grades=grades)
-    if not RERANK:
-        return fused
-    protected = [h.id for h in searches.get(anchor, [])[: FusionSettings().protect]] if anchor else []
-    return rerank(question, fused, protected=protected)
+    return (FusionRanker(FUSION) if RERANK else FusionRanker(FUSION, NO_RERANK)).order(
+        Candidates(question, searches, grades, anchor)
+    )
 
 
 def diagnose(
@@ -306,6 +331,7 @@ def diagnose(
     record = reply.record
     gold = {d for d, r in rels.items() if r > 0}
     first = record.decision.queries
+    hop_queries = {h.query for h in record.hops if h.accepted and h.query}
     found_by: dict[str, set[str]] = {}
     for query, hits in calls:
         for hit in hits:
@@ -336,6 +362,11 @@ def diagnose(
         "outcome": reply.outcome,
         "gold_fates": fates,
         "gold_found_only_by_rewrite": sum(1 for d in gold if d in found_by and not (found_by[d] & set(first))),
+        # the hop's paragraph found but not cited: a judged document the hop's search returned, not in the blocks
+        "hop_found_not_cited": sorted(
+            d for d in gold if found_by.get(d, set()) & hop_queries and d not in block_docs and d in fates
+        ),
+        "hop_found_fates": {d: fates[d] for d in gold if found_by.get(d, set()) & hop_queries},
     }
 
 
@@ -353,6 +384,8 @@ def summarise_diagnosis(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "gold_fate_share": {k: v / total for k, v in fates.most_common()},
         "gold_found_only_by_rewrite": sum(r["gold_found_only_by_rewrite"] for r in rows),
         "gold_docs": total,
+        "hop_found_gold": sum(len(r["hop_found_fates"]) for r in rows),
+        "hop_found_not_cited": {r["qid"]: r["hop_found_not_cited"] for r in rows if r["hop_found_not_cited"]},
     }
 
 
@@ -374,9 +407,17 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="report path (default results/quality-NAME-HALF.json)")
     parser.add_argument("--json", action="store_true", help="print {single_shot, agentic} as one JSON object")
     parser.add_argument("--no-rerank", action="store_true", help="rank the agentic arm by the fused order alone")
+    parser.add_argument("--lead", type=int, default=None, help="FusionSettings.lead of the agentic arm's ranker")
+    parser.add_argument(
+        "--reranker",
+        default=None,
+        help="the agentic arm's ranker is this cross-encoder (URL or ONNX folder; 'scripted': ragloop.testing's "
+        "server, whose /rerank scores by query-word overlap: a test of the wiring, not of a model)",
+    )
     args = parser.parse_args()
-    global RERANK
+    global RERANK, FUSION
     RERANK = not args.no_rerank
+    FUSION = FusionSettings(lead=args.lead) if args.lead is not None else FusionSettings()
     if args.half == "reporting":
         args.half = "validation"
     if args.half != "tuning" and not args.note.strip():
@@ -393,17 +434,28 @@ def main() -> None:
 
     async def both() -> Any:
         from ragloop.chat import ChatRAG
+        from ragloop.turn import TurnSettings
 
-        rag = ChatRAG.from_index(index)
+        server = None
+        ranker: Any = None
+        if args.reranker:  # the cross-encoder's wiring: the scripted server's /rerank scores by query-word overlap
+            from ragloop.retrievers.cross_encoder import cross_encoder
+            from ragloop.testing import ScriptedOpenAIServer
+
+            server = ScriptedOpenAIServer().start() if args.reranker == "scripted" else None
+            ranker = RankRecorder(cross_encoder(server.base_url if server else args.reranker))
+        rag = ChatRAG.from_index(index, settings=TurnSettings(fusion=FUSION), ranker=ranker)
         if not RERANK:
-            from ragloop.retrievers.rerank import RerankSettings
+            from ragloop.retrievers.ranking import FusionRanker
 
-            rag.nodes["answer"].ranking = RerankSettings(title_weight=0, proximity_weight=0, bridge_weight=0)  # type: ignore[attr-defined]
+            rag.nodes["answer"].default_ranking = FusionRanker(FUSION, NO_RERANK)  # type: ignore[attr-defined]
         try:
             ss = await single_shot(index, rag, queries, qids, answers)
             ag = await agentic(index, rag, queries, qids, qrels, answers)
         finally:
             await rag.aclose()
+            if server is not None:
+                server.close()
         return ss, ag
 
     started = time.perf_counter()

@@ -1,4 +1,4 @@
-"""The guides' examples run as they are written: docs/extending.md's reranker and retriever, with their test."""
+"""The guides' examples run as they are written: docs/extending.md's ranker, joined retriever and live source."""
 
 from __future__ import annotations
 
@@ -20,23 +20,31 @@ def example(path: Path, name: str) -> str:
     return found.group(1)
 
 
-class TestExtending:
-    def test_example_is_at_most_25_lines(self) -> None:
-        """The reranker, the retriever and their test fit in 25 lines, as the issue promised."""
-        lines = example(DOCS / "extending.md", "extending").splitlines()
-        assert len(lines) <= 25, f"docs/extending.md's example has {len(lines)} lines"
+#: docs/extending.md's examples, each a whole test file.
+EXAMPLES = ("ranker", "retriever", "live")
 
+
+class TestExtending:
+    @pytest.mark.parametrize("name", EXAMPLES)
+    def test_example_is_at_most_25_lines(self, name: str) -> None:
+        """Each example (a whole test file: the piece, the pytest marker and backend fixture, its test) fits in 25
+        lines."""
+        lines = example(DOCS / "extending.md", name).splitlines()
+        assert len(lines) <= 25, f"docs/extending.md's {name} example has {len(lines)} lines"
+
+    @pytest.mark.parametrize("name", EXAMPLES)
     def test_example_runs_and_its_test_passes(
-        self, sample_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+        self, name: str, sample_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """The block runs on the sample (its default cache pointed at the session's), and its test passes."""
+        """The block runs on the sample (its default cache pointed at the session's), and its tests pass."""
         home = tmp_path / "home"
         (home / ".cache").mkdir(parents=True)
         (home / ".cache" / "ragloop").symlink_to(sample_cache)
         monkeypatch.setenv("HOME", str(home))
-        namespace: dict[str, Any] = {"__name__": "docs_extending"}
-        exec(compile(example(DOCS / "extending.md", "extending"), "docs/extending.md", "exec"), namespace)
-        tests = [fn for name, fn in namespace.items() if name.startswith("test_")]
-        assert tests, "the example defines no test"
+        namespace: dict[str, Any] = {"__name__": f"docs_extending_{name}"}
+        exec(compile(example(DOCS / "extending.md", name), "docs/extending.md", "exec"), namespace)
+        tests = [fn for key, fn in namespace.items() if key.startswith("test_")]
+        assert tests, f"the {name} example defines no test"
+        assert getattr(namespace.get("pytestmark"), "name", None) == "anyio", "the example shows the anyio marker"
         for test in tests:
             anyio.run(test)

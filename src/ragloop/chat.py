@@ -16,7 +16,6 @@ and answerer as fallbacks, so a failing model still yields an answer. The turn i
 
 from __future__ import annotations
 
-import math
 import os
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from attrs import evolve, frozen
 
-from ragloop.errors import ConfigError, InputError
+from ragloop.errors import ConfigError
 from ragloop.events import Event, EventStream
 from ragloop.retrievers.base import Retriever
 from ragloop.retrievers.filters import FiltersArg, check_retriever_filters
@@ -48,6 +47,7 @@ from ragloop.turn.request import (
     turn_state,
     validate_question,
 )
+from ragloop.turn.settings import turn_deadline
 
 if TYPE_CHECKING:
     import openai
@@ -254,9 +254,8 @@ class ChatRAG:
         llm: openai.AsyncOpenAI | None = None,
         **options: Unpack[RetrieverOptions],
     ) -> ChatRAG:
-        """A chat over any retriever; ``texts`` (every chunk's text, or a
-        :class:`~ragloop.retrievers.scope.Corpus` with their metadata, so that each caller's judges know only the
-        chunks its filters find) feed the offline judges' corpus statistics.
+        """A chat over any retriever; ``texts`` (every chunk's text, or a :class:`~ragloop.retrievers.scope.Corpus`
+        with their metadata: each caller's judges then know only the chunks it can find) feed the offline judges.
 
         ``ChatRAG(Turn.from_retriever(retriever, texts, llm, **options))``: see
         :meth:`~ragloop.turn.builder.Turn.from_retriever` and :class:`~ragloop.turn.options.RetrieverOptions`.
@@ -325,14 +324,7 @@ class ChatRAG:
             filters=options.get("filters"),
             caller=options.get("caller"),
         )
-        return state, self._deadline(options.get("deadline_s"))
-
-    def _deadline(self, deadline_s: float | None) -> float | None:
-        value = self.settings.deadline_s if deadline_s is None else deadline_s
-        number = isinstance(value, int | float) and not isinstance(value, bool)  # True: not a 1 s deadline
-        if value is not None and (not number or not math.isfinite(value) or value <= 0):
-            raise InputError(f"deadline_s must be a positive number of seconds, got {value!r}")
-        return value
+        return state, turn_deadline(self.settings, options.get("deadline_s"))
 
     async def ask(self, question: str, **options: Unpack[AskOptions]) -> Reply:
         """Answer one question.
@@ -410,9 +402,11 @@ class ChatRAG:
         return self.graph.stream(state, deadline_s=deadline, then=ready)
 
     async def aclose(self) -> None:
-        """Close the live sources' connections, the store's pool (:meth:`from_store`) and the turn log."""
+        """Close the live sources' connections, the store's pool, the turn log and a ranker's client."""
         for source in self.live_sources:
             await source.aclose()
+        if (closer := getattr(getattr(self.turn.nodes.get("answer"), "ranker", None), "aclose", None)) is not None:
+            await closer()
         if self.store is not None:
             await self.store.aclose()
         if self.turn_log is not None:

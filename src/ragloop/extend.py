@@ -2,7 +2,7 @@
 
 Everything here is a :class:`typing.Protocol` (nothing to inherit) or a value that flows through a turn. You
 implement one, hand it to the turn's builder (:class:`ragloop.turn.Turn`) and build; ``docs/extending.md``
-walks through a reranker node and a retriever of your own on the sample knowledge base.
+walks through a ranker, a joined second retriever and a live source of your own on the sample knowledge base.
 
 **Node** (:class:`Node`): ``async def __call__(self, state: TurnState) -> str`` and a ``routes`` tuple.
 
@@ -31,6 +31,17 @@ each query its own time limit and records a failed query without cancelling the 
 (:class:`LiveRecord`; the live node rejects records whose id was not asked for) and ``async aclose()``.
 ``Turn.add_source`` adds one.
 
+**Ranker** (:class:`Ranker`): ``async def rank(candidates) -> Sequence[Hit]``: the turn's searches and grades
+(:class:`Candidates`) in, its passages best first out. The answer numbers and cites the graded ones **in that
+order** (it orders nothing itself); ``Turn.ranker(...)`` sets one. :class:`FusionRanker` is the default (rank
+fusion of every search, grades as a factor, a feature rerank of the head): wrap it to reorder its result. A
+ranker that raises or overruns ``TurnSettings.rank_timeout_s`` is replaced by the default for that turn, the
+fault recorded in ``state.errors``.
+
+**Several retrievers**: :class:`JoinedRetriever` searches named retrievers at once and joins their lists
+(reciprocal-rank fusion by default, with weights; each hit keeps ``ranks[name]``); ``Turn.add_retriever(name,
+retriever, weight=…)`` joins one to the turn's own search.
+
 **Plan source** (:class:`Source`): what a retrieval plan's sub-query runs against: ``name``, ``description`` (what
 a planner reads) and ``async run(query, filters) -> SourceResult``; raise :class:`~ragloop.errors.SourceError`.
 :class:`DocumentSource` makes one of a retriever. ``Turn.add_source`` adds one; the first puts the plan node at
@@ -54,7 +65,9 @@ from ragloop.llm.planner import Planner
 from ragloop.llm.protocols import Answerer, BatchGrader, Bridger, Decider, Grader, Rewriter
 from ragloop.nodes.answer import Verifier
 from ragloop.retrievers.base import Embedder, Retriever
+from ragloop.retrievers.join import JoinedRetriever
 from ragloop.retrievers.live import LiveRecord, LiveSource
+from ragloop.retrievers.ranking import Candidates, FusionRanker, Ranker
 from ragloop.retrievers.sources import DocumentSource, Source, SourceResult
 from ragloop.runner import END, Node, emit
 from ragloop.state import Caller, Chunk, ContextBlock, Decision, Hit, Message, PageContext, TurnState, Verdict
@@ -65,14 +78,17 @@ __all__ = [
     "BatchGrader",
     "Bridger",
     "Caller",
+    "Candidates",
     "Chunk",
     "ContextBlock",
     "Decider",
     "Decision",
     "DocumentSource",
     "Embedder",
+    "FusionRanker",
     "Grader",
     "Hit",
+    "JoinedRetriever",
     "LiveRecord",
     "LiveSource",
     "Message",
@@ -80,6 +96,7 @@ __all__ = [
     "PageContext",
     "Planner",
     "Progress",
+    "Ranker",
     "Retriever",
     "Rewriter",
     "Source",

@@ -311,3 +311,38 @@ def test_import_ragloop_does_not_import_rich() -> None:
     code = "import sys, ragloop, ragloop.cli; print('rich' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "False"
+
+
+class TestReranker:
+    @pytest.fixture(autouse=True)
+    def _offline(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "RAGLOOP_MODEL", "RAGLOOP_RERANKER_API_KEY"):
+            monkeypatch.delenv(name, raising=False)
+
+    def test_ask_reranks_through_a_rerank_endpoint(
+        self, index: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """`ask --reranker URL`: the turn's passages go to the endpoint's /rerank (with the key from the
+        environment), and the reply records no fault."""
+        import json
+
+        from ragloop.cli import main
+        from ragloop.testing import ScriptedOpenAIServer
+
+        monkeypatch.setenv("RAGLOOP_RERANKER_API_KEY", "rk-test")
+        with ScriptedOpenAIServer() as server:
+            argv = ["ask", "--index", str(index), "--no-live", "--reranker", f"{server.base_url}/rerank", "--json"]
+            assert main([*argv, "How are webhook deliveries retried?"]) == 0
+            [request] = server.rerank_requests
+        reply = json.loads(capsys.readouterr().out)
+        assert request.body["query"] == "How are webhook deliveries retried?" and len(request.body["documents"]) >= 2
+        assert request.headers["authorization"] == "Bearer rk-test"
+        assert reply["citations"] and not reply["record"]["errors"]
+
+    def test_a_path_without_a_model_is_one_line(self, tmp_path: Path, index: Path) -> None:
+        """`--reranker DIR` without model.onnx: exit 2 and one line naming the missing files."""
+        cmd = [sys.executable, "-m", "ragloop.cli", "ask", "--index", str(index), "--reranker", str(tmp_path), "q"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "RAGLOOP_"))}
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, check=False)
+        assert done.returncode == 2 and "model.onnx and its tokenizer.json; missing" in done.stderr
+        assert "Traceback" not in done.stderr

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragloop.nodes.answer import build_blocks, final_ranking
+from ragloop.nodes.answer import build_blocks, ranked_hits
 from ragloop.state import Decision, Graded, Message, PageContext, Verdict
 from ragloop.testing import FakeRetriever, make_hit
 from tests.strategies import turn_node, with_queries
@@ -72,7 +72,7 @@ class TestFinalRanking:
         state.searches = {QUESTION: [hit[c] for c in anchor], "Annie Morton": [hit[c] for c in a]}
         state.searches["Terry Richardson"] = [hit[c] for c in b]
         state.graded = [Graded("Annie Morton", hit[c], Verdict("irrelevant")) for c in sorted(bad & set(hit))]
-        top10 = [h.id for h in final_ranking(state)][:10]
+        top10 = [h.id for h in ranked_hits(state)][:10]
         assert set(anchor[:5]) <= set(top10)
 
     def test_blocks_follow_the_ranking_and_skip_ungraded_and_irrelevant(self) -> None:

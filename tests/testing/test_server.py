@@ -245,6 +245,28 @@ class TestEmbeddings:
         assert len(result.data) == 1 and len(server.requests) == 2
 
 
+class TestRerank:
+    async def test_the_common_rerank_api(self, server: ScriptedOpenAIServer, client: openai.AsyncOpenAI) -> None:
+        """/v1/rerank answers results[] of index and relevance_score, best first, cut at top_n; the default scores
+        are the share of the query's words a document holds."""
+        body = {"query": "rotate key", "documents": ["nothing", "rotate the key", "key"], "top_n": 2}
+        answer = await client.post("/rerank", cast_to=object, body=body)
+        assert answer["results"] == [{"index": 1, "relevance_score": 1.0}, {"index": 2, "relevance_score": 0.5}]  # type: ignore[index]
+        assert server.rerank_requests[0].body == body
+
+    async def test_scores_faults_and_bad_bodies(self) -> None:
+        """A scoring function of one's own; queued faults come first; a body without documents is a 400."""
+        with ScriptedOpenAIServer(rerank=lambda q, docs: [float(len(d)) for d in docs]) as server:
+            server.enqueue_rerank(rate_limited(0.01))
+            async with server.client(max_retries=0) as sdk:
+                with pytest.raises(openai.RateLimitError):
+                    await sdk.post("/rerank", cast_to=object, body={"query": "q", "documents": ["a"]})
+                answer = await sdk.post("/rerank", cast_to=object, body={"query": "q", "documents": ["a", "abc"]})
+                with pytest.raises(openai.BadRequestError, match="documents"):
+                    await sdk.post("/rerank", cast_to=object, body={"query": "q"})
+        assert [r["index"] for r in answer["results"]] == [1, 0]  # type: ignore[index]
+
+
 class TestLifecycle:
     async def test_counts_connections_and_aborts(self, server: ScriptedOpenAIServer) -> None:
         """A client that times out is counted as an abort; closed clients leave no open connection."""

@@ -49,6 +49,15 @@ def turn(hits: Any = weak, **judges: Any) -> Turn:
     return Turn(FakeRetriever(hits), Judges(**(parts | judges)), settings=settings)
 
 
+class NoPlan:
+    """A planner of one's own that never plans (every question goes on to decide)."""
+
+    name = "none"
+
+    async def plan(self, question: str, history: Any = ()) -> None:
+        return None
+
+
 @define
 class Rerank:
     """A node for insert_after: records that it ran, reverses the hits of every query, routes on."""
@@ -234,14 +243,22 @@ class TestAddSource:
         assert built.graph.max_steps == TurnSettings().max_steps + 1
 
     def test_document_source_over_another_retriever(self) -> None:
-        """A second index joins as a plan source: DocumentSource(retriever, name=…)."""
+        """A second index is a plan source (DocumentSource(retriever, name=…)) for a planner that reads
+        descriptions (one of your own, or the model planner)."""
         manuals = DocumentSource(FakeRetriever(weak), name="manuals", description="product manuals")
-        built = turn().add_source(manuals).build()
+        built = turn(planner=NoPlan()).add_source(manuals).build()
         assert built.nodes["plan"].sources["manuals"] is manuals  # type: ignore[attr-defined]
 
+    def test_a_document_source_the_offline_planner_cannot_reach_is_refused(self) -> None:
+        """With the offline planner alone a second DocumentSource would never be searched: build() refuses it
+        and names add_retriever (the join every query searches) and the model planner."""
+        manuals = DocumentSource(FakeRetriever(weak), name="manuals", description="product manuals")
+        with pytest.raises(ConfigError, match=r"'manuals'.*never be searched.*add_retriever\('manuals'.*plan_model"):
+            turn().add_source(manuals).build()
+
     def test_a_bare_retriever_is_refused_with_the_way_to_add_it(self) -> None:
-        """A retriever is neither kind of source: the error says to wrap it in a DocumentSource."""
-        with pytest.raises(ConfigError, match=r"FakeRetriever.*neither.*DocumentSource\(retriever"):
+        """A retriever is neither kind of source: the error says to join it (add_retriever) or wrap it."""
+        with pytest.raises(ConfigError, match=r"FakeRetriever.*neither.*add_retriever\('manuals'.*DocumentSource"):
             turn().add_source(FakeRetriever(weak))  # type: ignore[arg-type]
 
     def test_neither_kind(self) -> None:
@@ -321,3 +338,50 @@ class TestOpening:
         built = Turn.sample(cache_dir=sample_cache).build()
         assert set(rag.nodes) == set(built.nodes) and rag.offline and built.offline
         assert [s.name for s in rag.live_sources] == [s.name for s in built.live_sources] == ["tickets"]
+
+
+class TestAddRetriever:
+    async def test_every_query_searches_both_and_hits_keep_their_ranks(self) -> None:
+        """add_retriever joins a second index to the turn's own search: each query searches both, the reply can
+        cite the manuals' page, and every hit keeps its rank per retriever."""
+        docs = FakeRetriever(lambda q: [make_hit(f"docs on {q}", source="docs.md", confidence=0.3)])
+        manuals = FakeRetriever(lambda q: [make_hit(f"manual on {q}", source="manual.md", confidence=0.3)])
+        parts = {"decider": FakeDecider(), "grader": FakeGrader(), "rewriter": FakeRewriter()}
+        turn = Turn(docs, Judges(answerer=FakeAnswerer(), **parts)).add_retriever("manuals", manuals, weight=2.0)
+        reply = await ChatRAG(turn).ask("install the agent")
+        assert docs.calls == manuals.calls == ["install the agent"]
+        assert [c.source for c in reply.citations] == ["manual.md", "docs.md"]  # the heavier list first
+        hits = await turn.build().retriever.search("x")  # type: ignore[union-attr]
+        assert {h.chunk.source: dict(h.ranks) for h in hits} == {
+            "manual.md": {"manuals": 1},
+            "docs.md": {"documents": 1},
+        }
+
+    def test_names_and_weights_are_checked(self) -> None:
+        """A name used twice (documents is the turn's own), a negative weight or a non-retriever: one line each,
+        and the builder is left as it was."""
+        t = turn().add_retriever("manuals", FakeRetriever(weak))
+        before = t.retriever
+        with pytest.raises(ConfigError, match="'manuals' was added already"):
+            t.add_retriever("manuals", FakeRetriever(weak))
+        with pytest.raises(ConfigError, match="'documents' was added already"):
+            t.add_retriever("documents", FakeRetriever(weak))
+        with pytest.raises(ConfigError, match=">= 0"):
+            t.add_retriever("faq", FakeRetriever(weak), weight=-1)
+        with pytest.raises(ConfigError, match=r"not a retriever.*faq"):
+            t.add_retriever("faq", object())  # type: ignore[arg-type]
+        assert t.retriever is before
+
+    def test_cached_searches_follow_every_joined_retrievers_version(self) -> None:
+        """With an index version (Turn.from_index gives one), the joined turn's version changes when the added
+        retriever's does, so cached searches of the old second index are not served."""
+
+        class Versioned(FakeRetriever):
+            version = "m1"
+
+        manuals = Versioned(weak)
+        t = Turn(FakeRetriever(weak), turn().judges, index_version=lambda: "docs-v1")
+        built = t.add_retriever("manuals", manuals).build()
+        before = built.index_version()
+        manuals.version = "m2"
+        assert built.index_version() != before and before.startswith("docs-v1|")

@@ -135,6 +135,9 @@ def add_knowledge_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plan", action="store_true", help="no retrieval planner over the sample CRM database")
     p.add_argument("--cache-dir", metavar="DIR", help="where the sample index is cached (~/.cache/ragloop)")
     p.add_argument("--deadline", type=float, default=60.0, metavar="S", help="time limit per turn (default 60 s)")
+    from ragloop.cli.chat import RERANKER_HELP
+
+    p.add_argument("--reranker", metavar="URL|PATH", help=RERANKER_HELP)
 
 
 def _port(text: str) -> int:

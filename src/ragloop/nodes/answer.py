@@ -1,4 +1,8 @@
-"""answer: number the graded context, set the outcome, stream the reply, resolve its citations.
+"""answer: take the turn's ranking, number the graded context, set the outcome, stream the reply, cite.
+
+It orders nothing itself: the turn's ranker (:class:`~ragloop.retrievers.ranking.Ranker`, by default the
+fusion and feature rerank of :class:`~ragloop.retrievers.ranking.FusionRanker`) orders the passages once
+(:func:`rank`), and the blocks are the graded ones in that order.
 
 It is the graph's finish node, so it also runs after a step cap, a deadline or a node error, and must
 produce an honest answer from whatever the state holds.
@@ -19,17 +23,16 @@ from ragloop.events import Progress
 from ragloop.freshness import Freshness, stale_note, stale_sources
 from ragloop.llm.protocols import Answerer
 from ragloop.nodes._citations import CitationGate, Numbering, resolve_citations
+from ragloop.nodes._rank import rank, ranked_hits
 from ragloop.nodes._verify import Verifier, say, verify_reply
 from ragloop.prompt_budget import PromptBudget
-from ragloop.retrievers.fusion import FusionSettings, anchor_query, fuse_searches
-from ragloop.retrievers.rerank import RerankSettings, rerank
+from ragloop.retrievers.ranking import FusionRanker, Ranker, candidates_of
 from ragloop.runner import END, emit
 from ragloop.state import (
     Abstention,
     ContextBlock,
     Graded,
     Hit,
-    Label,
     Message,
     Outcome,
     TurnState,
@@ -45,8 +48,9 @@ __all__ = [
     "abstain",
     "build_blocks",
     "decide_outcome",
-    "final_ranking",
     "note_stale",
+    "rank",
+    "ranked_hits",
     "resolve_citations",
     "verify_reply",
 ]
@@ -70,32 +74,16 @@ def decide_outcome(state: TurnState) -> tuple[Outcome, tuple[str, ...]]:
     return ("partial" if len(missing) < len(roots) else "none"), missing
 
 
-def final_ranking(
-    state: TurnState, settings: FusionSettings | None = None, rerank_settings: RerankSettings | None = None
-) -> list[Hit]:
-    """Every hit the turn's searches returned, fused by rank with the grades as a signal
-    (:func:`ragloop.retrievers.fusion.fuse_searches`; the question's own list is the protected anchor), its
-    head reordered for the answer by :func:`ragloop.retrievers.rerank.rerank`."""
-    grades: dict[str, list[Label]] = {}
-    for g in state.graded:
-        grades.setdefault(g.hit.id, []).append(g.verdict.label)
-    decided = state.decision.queries if state.decision is not None else ()
-    anchor = anchor_query(state.question, decided, state.searches)
-    fusion = settings or FusionSettings()
-    fused = fuse_searches(state.searches, anchor=anchor, grades=grades, settings=fusion)
-    protected = [h.id for h in state.searches.get(anchor, [])[: fusion.protect]] if anchor else []
-    return rerank(state.question, fused, protected=protected, settings=rerank_settings)
-
-
-def build_blocks(state: TurnState, max_blocks: int, ranking: RerankSettings | None = None) -> tuple[ContextBlock, ...]:
+def build_blocks(state: TurnState, max_blocks: int) -> tuple[ContextBlock, ...]:
     """Number the kept context, one chunk once, at most ``max_blocks``.
 
     With recorded searches: context the live sources added first, then the chunks a grader kept (relevant or
-    partial, or the fast path's), in the order of the turn's :func:`final_ranking`. Without (a state built by
-    hand): per decide query in turn (relevant before partial, best score first).
+    partial, or the fast path's), in the order of the turn's ranking (:func:`ranked_hits`: the ranker's order;
+    a kept chunk the ranker left out is not handed on). Without (a state built by hand): per decide query in
+    turn (relevant before partial, best score first).
     """
     if state.searches:
-        return _ranked_blocks(state, max_blocks, ranking)
+        return _ranked_blocks(state, max_blocks)
     roots = state.roots()
     per_root: dict[str, list[Graded]] = {r: [] for r in roots}
     for g in state.graded:
@@ -117,7 +105,7 @@ def build_blocks(state: TurnState, max_blocks: int, ranking: RerankSettings | No
     return tuple(blocks)
 
 
-def _ranked_blocks(state: TurnState, max_blocks: int, ranking: RerankSettings | None) -> tuple[ContextBlock, ...]:
+def _ranked_blocks(state: TurnState, max_blocks: int) -> tuple[ContextBlock, ...]:
     searched = {h.id for hits in state.searches.values() for h in hits}
     verdicts: dict[str, list[Graded]] = {}
     for g in state.graded:
@@ -125,7 +113,7 @@ def _ranked_blocks(state: TurnState, max_blocks: int, ranking: RerankSettings | 
     # Live records are exact-id lookups, never in a search list: they lead.
     live = [g for g in state.graded if g.hit.id not in searched and g.verdict.keep]
     picked: list[tuple[Hit, str]] = [(g.hit, g.query) for g in live]
-    for hit in final_ranking(state, rerank_settings=ranking):
+    for hit in ranked_hits(state):
         kept = [g for g in verdicts.get(hit.id, []) if g.verdict.keep]
         if kept:  # only graded context is handed to the answerer; the ranking orders it
             picked.append((hit, kept[0].query))
@@ -186,7 +174,7 @@ def abstain(abstainer: Abstainer, state: TurnState) -> None:
     if any(lookup.accepted for lookup in state.live):
         return
     try:
-        found = abstainer.abstain(state.question, state.blocks, final_ranking(state) if state.searches else [])
+        found = abstainer.abstain(state.question, state.blocks, ranked_hits(state))
     except Exception as exc:  # noqa: BLE001 — fail-open: without a verdict the reply is written as before
         state.errors.append(f"answer: abstain: {error_text(exc)}")
         return
@@ -225,8 +213,11 @@ class Answer:
             a ``context`` outcome whose reply leaves the question's key terms uncovered downgraded to ``partial``.
         abstainer: Optional check of the chosen blocks before the reply is written (:func:`abstain`): when they
             do not support an answer, the outcome is ``none`` and nothing is cited.
-        ranking: How the head of the final ranking is reordered for the answer
-            (:func:`ragloop.retrievers.rerank.rerank`; zero weights keep the fused order).
+        ranker: Orders the turn's passages (:class:`~ragloop.retrievers.ranking.Ranker`): the blocks are the
+            graded ones in its order (:func:`rank`); by default ``default_ranking``.
+        default_ranking: The built-in ranking: what a failing or late ``ranker`` is replaced by, and what a
+            reply the deadline cut short is salvaged with.
+        rank_timeout_s: Time limit of ``ranker`` (capped at half the time left in the turn).
         max_chars: Longest reply streamed; a longer one is cut there, with a note, and the cut recorded.
         budget: Token budgets of the answer prompt: blocks past it are left out whole (lowest ranked first),
             history oldest first with a note; what was cut goes to ``state.prompt_cuts``.
@@ -247,14 +238,17 @@ class Answer:
     extractive: Extractive | None = field(default=None, kw_only=True)
     verifier: Verifier | None = field(default=None, kw_only=True)
     abstainer: Abstainer | None = field(default=None, kw_only=True)
-    ranking: RerankSettings = field(factory=RerankSettings, kw_only=True)
+    ranker: Ranker | None = field(default=None, kw_only=True)
+    default_ranking: FusionRanker = field(factory=FusionRanker, kw_only=True)
+    rank_timeout_s: float = field(default=10.0, kw_only=True)
     max_chars: int = field(default=MAX_ANSWER_CHARS, kw_only=True)
     budget: PromptBudget | None = field(default=None, kw_only=True)
     freshness: Freshness | None = field(default=None, kw_only=True)
     routes: tuple[str, ...] = field(default=(END,), init=False)
 
     async def __call__(self, state: TurnState) -> str:
-        _choose(state, self.max_blocks, self.abstainer, self.ranking)
+        await rank(state, self.ranker or self.default_ranking, self.default_ranking, self.rank_timeout_s)
+        _choose(state, self.max_blocks, self.abstainer)
         history: Sequence[Message] = state.history
         if self.budget is not None:
             state.blocks, history, state.prompt_cuts = self.budget.fit(state.blocks, state.history)
@@ -299,7 +293,9 @@ class Answer:
         says that nothing was answered.
         """
         if state.outcome is None:  # cut before it chose anything: choosing is pure and fast
-            _choose(state, self.max_blocks, self.abstainer, self.ranking)
+            if state.ranked is None and state.searches:  # cut before its ranker answered: the built-in order
+                state.ranked = tuple(self.default_ranking.order(candidates_of(state)))
+            _choose(state, self.max_blocks, self.abstainer)
         if state.answer:
             await say(state, CUT_BY_TIME)
             state.outcome = "partial" if state.outcome == "context" else state.outcome  # the reply is cut short
@@ -380,13 +376,11 @@ async def note_stale(state: TurnState, freshness: Freshness) -> None:
         await say(state, stale_note(state.stale))
 
 
-def _choose(
-    state: TurnState, max_blocks: int, abstainer: Abstainer | None = None, ranking: RerankSettings | None = None
-) -> None:
+def _choose(state: TurnState, max_blocks: int, abstainer: Abstainer | None = None) -> None:
     """Set the outcome, the unanswered queries and the numbered blocks (abstaining when they do not support an
     answer); start an empty reply with no page numbered."""
     state.outcome, state.missing = decide_outcome(state)
-    state.blocks = build_blocks(state, max_blocks, ranking) if state.outcome != "direct" else ()
+    state.blocks = build_blocks(state, max_blocks) if state.outcome != "direct" else ()
     if abstainer is not None:
         abstain(abstainer, state)
     state.answer, state.cited = "", []

@@ -56,6 +56,8 @@ class TurnState:
         rewrites: Every rewrite attempt (rewrite).
         hops: Every follow-up hop attempt (hop).
         verification: What the verify step found in the reply, when it ran (answer).
+        ranked: The turn's passages in the order its ranker gave them, best first; the blocks are the graded
+            ones in this order (answer, through the turn's :class:`~ragloop.retrievers.ranking.Ranker`).
         prompt_cuts: What the answer prompt's token budget left out, when a budget is set (answer).
         abstention: Why the answer step abstained on passages the search found, when it did (answer).
         stale: Cited pages past their ``valid_until`` or older than the configured age (answer).
@@ -87,6 +89,7 @@ class TurnState:
     rewrites: list[RewriteAttempt] = field(factory=list)
     hops: list[HopAttempt] = field(factory=list)
     verification: Verification | None = None
+    ranked: tuple[Hit, ...] | None = None
     prompt_cuts: PromptCuts | None = None
     abstention: Abstention | None = None
     stale: tuple[StaleSource, ...] = ()

@@ -12,7 +12,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from ragloop.testing._recorded import RecordedRequest
@@ -29,12 +29,14 @@ class ScriptOwner(Protocol):
     _stopping: threading.Event
 
     def vector(self, text: str) -> list[float]: ...
+    def rerank_scores(self, query: str, documents: Sequence[str]) -> list[float]: ...
     def _connection_opened(self, sock: socket.socket) -> None: ...
     def _connection_closed(self, sock: socket.socket) -> None: ...
     def _count(self, name: str) -> None: ...
     def _record(self, method: str, path: str, headers: Mapping[str, str], body: Any) -> RecordedRequest: ...
     def _next_chat(self, request: RecordedRequest) -> ScriptedResponse: ...
     def _next_embedding(self) -> ScriptedResponse: ...
+    def _next_rerank(self) -> ScriptedResponse: ...
 
 
 class _ClientGone(Exception):
@@ -94,6 +96,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._answer_chat(request, owner._next_chat(request))
             elif path.endswith("/embeddings"):
                 self._answer_embeddings(request, owner._next_embedding())
+            elif path.endswith("/rerank"):
+                self._answer_rerank(request, owner._next_rerank())
             else:
                 self._send_json(
                     404, {"error": {"message": f"scripted server has no route {path}", "type": "not_found"}}
@@ -192,6 +196,38 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 "data": data,
                 "model": body.get("model", "scripted-embed"),
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            },
+        )
+
+    def _answer_rerank(self, request: RecordedRequest, response: ScriptedResponse) -> None:
+        """The common ``/rerank`` API (Cohere, Jina, llama.cpp, vLLM, TEI's Cohere route): ``query``,
+        ``documents``, ``top_n`` in; ``results[]`` of ``index`` and ``relevance_score``, best first, out."""
+        if response.delay_s:
+            self._wait(response.delay_s)
+        if response.kind != "rerank":
+            if response.raw_body is not None:
+                self._send_raw(response.status, response.raw_body, response.headers)
+            else:
+                self._send_json(response.status, dict(response.body or {}), response.headers)
+            return
+        body = request.body if isinstance(request.body, dict) else {}
+        query, documents = body.get("query"), body.get("documents")
+        if not isinstance(query, str) or not isinstance(documents, list):
+            self._send_json(400, {"error": {"message": "rerank needs query (a string) and documents (a list)"}})
+            return
+        texts = [d if isinstance(d, str) else str(d.get("text", "")) if isinstance(d, dict) else "" for d in documents]
+        scores = self.server_owner.rerank_scores(query, texts)
+        order = sorted(range(len(texts)), key=lambda i: (-scores[i], i))
+        top_n = body.get("top_n")
+        if isinstance(top_n, int) and top_n >= 0:
+            order = order[:top_n]
+        results = [{"index": i, "relevance_score": scores[i]} for i in order]
+        self._send_json(
+            200,
+            {
+                "id": f"rerank-{uuid.uuid4().hex[:12]}",
+                "model": body.get("model", "scripted-rerank"),
+                "results": results,
             },
         )
 

@@ -3,7 +3,7 @@
 Each builder returns a frozen :class:`ScriptedResponse`: a JSON chat completion (:func:`reply`,
 :func:`json_reply`, :func:`tool_calls`, :func:`empty_choices`), an error in OpenAI's envelope (:func:`error`,
 :func:`rate_limited`, :func:`server_error`), an SSE stream (:func:`stream`, :func:`stream_tool_calls`) or the
-default embeddings answer (:func:`embeddings_ok`).
+default embeddings or rerank answer (:func:`embeddings_ok`, :func:`rerank_ok`).
 """
 
 from __future__ import annotations
@@ -244,6 +244,11 @@ def stream_tool_calls(
             chunks += pieces
     chunks.append(_chunk({}, finish_reason="tool_calls"))
     return ScriptedResponse(chunks=tuple(chunks), usage=usage, kind="stream_tool_calls")
+
+
+def rerank_ok(*, delay_s: float = 0.0) -> ScriptedResponse:
+    """The server's normal ``/rerank`` answer (the scores of its ``rerank`` function), optionally delayed."""
+    return ScriptedResponse(delay_s=delay_s, kind="rerank")
 
 
 def embeddings_ok(*, delay_s: float = 0.0) -> ScriptedResponse:

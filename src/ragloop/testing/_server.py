@@ -23,13 +23,15 @@ from attrs import define, evolve, field
 
 from ragloop.testing._handler import make_http_server
 from ragloop.testing._recorded import RecordedRequest, ServerStats
-from ragloop.testing._script import Latency, ScriptedResponse, embeddings_ok, error
+from ragloop.testing._script import Latency, ScriptedResponse, embeddings_ok, error, rerank_ok
 
 if TYPE_CHECKING:
     import openai
 
 Matcher = Callable[[RecordedRequest], ScriptedResponse]
 EmbedFn = Callable[[str], Sequence[float]]
+#: ``(query, documents) -> one relevance score per document`` for ``/rerank``.
+RerankFn = Callable[[str, Sequence[str]], Sequence[float]]
 
 
 def _to_deque(items: Iterable[ScriptedResponse]) -> deque[ScriptedResponse]:
@@ -43,7 +45,10 @@ class ScriptedOpenAIServer:
     Chat requests are answered from ``script`` (a queue, first in first out), then by ``matcher``; with
     neither left the server answers a 500 that names the problem (and tells the SDK not to retry).
     Embedding requests get deterministic vectors (a seeded hash of the text, or ``embed``), unless
-    :meth:`enqueue_embeddings` queued something else (a fault, a delay).
+    :meth:`enqueue_embeddings` queued something else (a fault, a delay). ``/rerank`` requests (the common
+    cross-encoder API: ``query``, ``documents``, ``top_n`` → ``results[].index``, ``relevance_score``) are scored by
+    ``rerank`` (default: the share of the query's words each document holds), unless :meth:`enqueue_rerank`
+    queued something else.
 
     Use it as a context manager (``with`` or ``async with``), or call :meth:`start` and :meth:`close`.
 
@@ -51,6 +56,7 @@ class ScriptedOpenAIServer:
         script: Responses for chat requests, in order.
         matcher: Called with each chat request once the script is used up.
         embed: Text → vector for ``/v1/embeddings``; default: a seeded hash, unit length.
+        rerank: ``(query, documents) -> scores`` for ``/rerank``; default: query-word overlap.
         embedding_dim: Length of the default hash vectors.
         seed: Seed of the default hash vectors.
         latency: Default simulated latency for every chat response (benchmarks).
@@ -60,11 +66,13 @@ class ScriptedOpenAIServer:
     script: deque[ScriptedResponse] = field(default=(), converter=_to_deque)
     matcher: Matcher | None = None
     embed: EmbedFn | None = None
+    rerank: RerankFn | None = None
     embedding_dim: int = 16
     seed: int = 0
     latency: Latency | None = None
     requests: list[RecordedRequest] = field(factory=list, init=False)
     _embedding_script: deque[ScriptedResponse] = field(factory=deque, init=False)
+    _rerank_script: deque[ScriptedResponse] = field(factory=deque, init=False)
     _lock: threading.Lock = field(factory=threading.Lock, init=False)
     _stopping: threading.Event = field(factory=threading.Event, init=False)
     _httpd: http.server.ThreadingHTTPServer | None = field(default=None, init=False)
@@ -151,6 +159,16 @@ class ScriptedOpenAIServer:
         with self._lock:
             self._embedding_script.extend(responses)
 
+    def enqueue_rerank(self, *responses: ScriptedResponse) -> None:
+        """Queue answers for the next ``/rerank`` requests (faults, or :func:`rerank_ok` with a delay)."""
+        with self._lock:
+            self._rerank_script.extend(responses)
+
+    @property
+    def rerank_requests(self) -> list[RecordedRequest]:
+        """The recorded ``/rerank`` requests."""
+        return [r for r in self.requests if r.path.endswith("/rerank")]
+
     @property
     def chat_requests(self) -> list[RecordedRequest]:
         """The recorded ``/chat/completions`` requests."""
@@ -203,6 +221,13 @@ class ScriptedOpenAIServer:
         norm = math.sqrt(sum(x * x for x in raw)) or 1.0
         return [x / norm for x in raw]
 
+    def rerank_scores(self, query: str, documents: Sequence[str]) -> list[float]:
+        """The relevance scores the server's ``/rerank`` gives ``documents`` for ``query``."""
+        if self.rerank is not None:
+            return [float(x) for x in self.rerank(query, documents)]
+        words = set(query.lower().split())
+        return [len(words & set(d.lower().split())) / (len(words) or 1) for d in documents]
+
     # -- internals (called from handler threads) -------------------------------------------------------
 
     def _connection_opened(self, sock: socket.socket) -> None:
@@ -249,6 +274,12 @@ class ScriptedOpenAIServer:
             ),
             headers=(("x-should-retry", "false"),),
         )
+
+    def _next_rerank(self) -> ScriptedResponse:
+        with self._lock:
+            if self._rerank_script:
+                return self._rerank_script.popleft()
+        return rerank_ok()
 
     def _next_embedding(self) -> ScriptedResponse:
         with self._lock:

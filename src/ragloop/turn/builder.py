@@ -3,7 +3,7 @@
 A builder knows the default turn's nodes and edges (``ragloop.policy.EDGES``). Change it, then build once::
 
     turn = Turn.from_index("kb-index/")                       # or Turn(retriever, Judges.offline(texts))
-    turn.insert_after("retrieve", "rerank", MyReranker())     # runs between retrieve and grade
+    turn.ranker(MyRanker())                                   # orders what the answer cites
     turn.replace("grade", MyGrader())                         # same name, same edges
     turn.add_source(MyTicketSystem())                         # a live source (or a plan source)
     rag = ChatRAG(turn.build())
@@ -20,13 +20,15 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from attrs import frozen
 
-from ragloop.errors import ConfigError, GraphError
+from ragloop.errors import ConfigError
 from ragloop.policy import EDGES, RoutingPolicy, most_runs
 from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.live import LiveSource
+from ragloop.retrievers.ranking import Ranker
 from ragloop.retrievers.scope import Corpus
-from ragloop.retrievers.sources import DocumentSource, LiveLookupSource, Source
-from ragloop.runner import END, Graph, Node
+from ragloop.retrievers.sources import Source
+from ragloop.runner import Graph, Node
+from ragloop.turn._edits import check_plan_routes, insert_node, plan_table, replace_node
 from ragloop.turn.judges import Judges
 from ragloop.turn.options import IndexOptions, RetrieverOptions, StoreOptions, TurnWiring, require
 from ragloop.turn.settings import TurnSettings
@@ -86,6 +88,7 @@ class Turn:
         embedder: The query embedder (semantic checks of rewrites and of the reply's support).
         caches: Caches for query embeddings, search results and grades (:class:`~ragloop.caches.Caches`).
         index_version: The index's current version; default: the retriever's ``version`` attribute.
+        ranker: Orders the passages the answer cites (:meth:`ranker`); default: the built-in ranking.
     """
 
     def __init__(
@@ -97,9 +100,14 @@ class Turn:
         embedder: Embedder | None = None,
         caches: Caches | None = None,
         index_version: Callable[[], str] | None = None,
+        ranker: Ranker | None = None,
     ) -> None:
         self.retriever, self.judges, self.settings = retriever, judges, settings
         self.embedder, self.caches, self.index_version = embedder, caches, index_version
+        self._base, self._joined, self._base_version = retriever, dict[str, tuple[Retriever, float]](), index_version
+        self._ranker: Ranker | None = None
+        if ranker is not None:
+            self.ranker(ranker)
         self._live: list[LiveSource] = []
         self._plan: dict[str, Source] = {}
         self._plan_table: dict[str, Source] | None = None  # Turn.of's complete table, used as it is
@@ -129,6 +137,7 @@ class Turn:
             embedder=wiring.get("embedder"),
             caches=wiring.get("caches"),
             index_version=wiring.get("index_version"),
+            ranker=wiring.get("ranker"),
         )
         turn._live = list(wiring.get("live_sources", ()))
         if judges.planner is not None:
@@ -177,6 +186,7 @@ class Turn:
             embedder=embedder,
             caches=options.get("caches"),
             index_version=options.get("index_version"),
+            ranker=options.get("ranker"),
         )
         for live in options.get("live_sources", ()):
             turn.add_source(live)
@@ -229,31 +239,10 @@ class Turn:
         Raises:
             ConfigError: A mode other than ``hybrid``.
         """
-        import concurrent.futures
-
-        import anyio
-
-        from ragloop.retrievers.postgres import PostgresStore
+        from ragloop.turn._store import open_store
 
         opts: dict[str, Any] = dict(options)
-        mode = opts.pop("mode", "hybrid")
-        if mode != "hybrid":
-            raise ConfigError(f"the Postgres store searches in hybrid mode only, not {mode!r}")
-        store = PostgresStore(
-            url,
-            opts.pop("embedder", None),
-            collection=opts.pop("collection", "ragloop"),
-            pool_size=opts.pop("pool_size", 10),
-            statement_timeout_s=opts.get("settings", TurnSettings()).retrieve_timeout_s,
-            create=False,
-        )
-
-        # A thread of its own: this works whether or not the caller is inside an event loop.
-        def read() -> Corpus:
-            return anyio.run(store.prepare_corpus)
-
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            corpus = pool.submit(read).result()
+        store, corpus = open_store(url, opts)
         turn = cls.from_retriever(store, corpus, llm, embedder=store.embedder, **opts)
         turn._store = store
         return turn
@@ -307,8 +296,8 @@ class Turn:
         kind = type(source).__name__
         if live == plan:
             hint = (
-                "a retriever is the turn's own search; wrap another one: add_source(DocumentSource(retriever, "
-                "name='manuals', description='…'))"
+                "a second retriever joins the turn's own search with add_retriever('manuals', retriever) (or, "
+                "for a model planner, add_source(DocumentSource(retriever, name='manuals', description='…')))"
                 if isinstance(source, Retriever)
                 else "a live source has name, signals, lookup and aclose; a plan source has name, description, run"
             )
@@ -323,12 +312,57 @@ class Turn:
             self._plan[name] = source  # type: ignore[assignment]
         return self
 
+    def add_retriever(self, name: str, retriever: Retriever, *, weight: float = 1.0) -> Turn:
+        """Join ``retriever`` to the turn's own search under ``name``; returns the builder.
+
+        Every query then searches the turn's retriever (named ``documents``) and each added one at once, joined
+        by weighted reciprocal-rank fusion (:class:`~ragloop.retrievers.join.JoinedRetriever`; each hit keeps
+        ``hit.ranks[name]``; cached searches are keyed on every retriever's version). For other modes, pass a
+        joiner of your own as the turn's retriever.
+
+        Raises:
+            ConfigError: ``name`` taken (``documents`` is the turn's), a negative weight, or no ``search``.
+        """
+        from ragloop.retrievers.join import JoinedRetriever
+
+        joined = dict(self._joined)
+        if name in joined or name == "documents":
+            raise ConfigError(f"a retriever named {name!r} was added already; give each retriever a name of its own")
+        joined[name] = (retriever, weight)
+        table = {"documents": self._base, **{n: r for n, (r, _) in joined.items()}}
+        weights = {"documents": 1.0, **{n: w for n, (_, w) in joined.items()}}
+        self.retriever = search = JoinedRetriever(table, weights=weights)  # checks the retriever and its weight
+        self._joined, base = joined, self._base_version
+        if base is not None:  # an index's version alone would keep serving the other retrievers' cached results
+            self.index_version = lambda: f"{base()}|{search.version}"
+        return self
+
+    def ranker(self, ranker: Ranker) -> Turn:
+        """Order the passages the answer numbers and cites with ``ranker``; returns the builder.
+
+        ``ranker.rank(candidates)`` gets the turn's searches and grades
+        (:class:`~ragloop.retrievers.ranking.Candidates`) and returns the passages best first: the reply's
+        blocks are the graded ones **in that order**, so block ``[1]`` is the first graded passage it returned.
+        It runs once per turn within ``settings.rank_timeout_s``; when it fails or is late, that turn uses the
+        built-in ranking (:class:`~ragloop.retrievers.ranking.FusionRanker`) and records the fault.
+
+        Raises:
+            ConfigError: ``ranker`` has no ``rank`` method.
+        """
+        if not isinstance(ranker, Ranker):
+            raise ConfigError(
+                f"ranker() got a {type(ranker).__name__}, which has no rank() method: a ranker is an object with "
+                "async def rank(self, candidates) -> list[Hit] (see ragloop.extend.Ranker)"
+            )
+        self._ranker = ranker
+        return self
+
     def insert_after(self, after: str, name: str, node: Node) -> Turn:
         """Run ``node``, named ``name``, right after the node ``after``; returns the builder.
 
         ``node`` takes over each route of ``after`` that it declares too, and its route of that name leads
-        where ``after``'s did. So ``insert_after("retrieve", "rerank", node)`` with ``node.routes ==
-        ("grade",)`` sends retrieve's ``grade`` route to rerank and rerank's ``grade`` to grade, while the
+        where ``after``'s did. So ``insert_after("retrieve", "trim", node)`` with ``node.routes ==
+        ("grade",)`` sends retrieve's ``grade`` route to trim and trim's ``grade`` to grade, while the
         fast path (retrieve → answer) still skips both; a node that declares ``("grade", "answer")`` takes both
         routes and returns the one the turn should follow (``"answer" if state.fast_path else "grade"``).
         The names the nodes and the routing policy return do not change. Routes of ``node`` that ``after``
@@ -362,8 +396,10 @@ class Turn:
                 insertion after the finish node or one that would never run, or any graph error.
         """
         live, j = tuple(self._live), self.judges
-        table = self._plan_sources(live)
+        table = self._plan_table if self._plan_table is not None else plan_table(self.retriever, live, self._plan)
         planner, fallback = j.planners(table, live) if table is not None else (None, None)
+        if table is not None and planner is not None and self._plan_table is None:
+            check_plan_routes(table, planner, fallback)
         nodes = default_nodes(
             retriever=self.retriever,
             live_sources=live,
@@ -374,15 +410,16 @@ class Turn:
             fallback_planner=fallback,
             caches=self.caches,
             index_version=self.index_version,
+            ranker=self._ranker,
             **{key: getattr(j, key) for key in _JUDGED},
         )
         edges: dict[str, dict[str, str]] = {}
         runs = {n: most_runs(n, self.policy()) for n in nodes}
         for after, name, node in self._changes:
             if after:
-                _insert(nodes, edges, runs, after, name, node)
+                insert_node(nodes, edges, runs, after, name, node)
             else:
-                _replace(nodes, edges, name, node)
+                replace_node(nodes, edges, name, node)
         extra = sum(runs[n] for n in nodes if n not in EDGES)  # the cap counts the default nodes already
         graph = build_graph(nodes, self.settings, edges=edges, extra_steps=extra)
         version = self.index_version or (lambda: str(getattr(self.retriever, "version", "")))
@@ -390,56 +427,6 @@ class Turn:
             graph, self.settings, live, self.caches, version, j.offline_only, self._store, self.retriever, self.embedder
         )
 
-    def _plan_sources(self, live: tuple[LiveSource, ...]) -> dict[str, Source] | None:
-        """The plan node's sources by name (``None``: the turn does not plan)."""
-        if self._plan_table is not None:
-            return self._plan_table
-        if not self._plan:
-            return None
-        sources: dict[str, Source] = {"documents": DocumentSource(self.retriever)}
-        sources.update({s.name: LiveLookupSource(s) for s in live})
-        sources.update(self._plan)
-        return sources
-
 
 #: The judges a Judges bundle hands the default nodes, under the same names as TurnWiring's.
 _JUDGED = ("decider", "grader", "rewriter", "answerer", "fallback_decider", "fallback_answerer", "bridger", "verifier")
-
-
-def _known(nodes: Mapping[str, Node]) -> str:
-    return ", ".join(nodes)
-
-
-def _insert(
-    nodes: dict[str, Node], edges: dict[str, dict[str, str]], runs: dict[str, int], after: str, name: str, node: Node
-) -> None:
-    """Insert ``node`` after ``after``: it takes over the routes of ``after`` that it declares."""
-    where = f"insert_after({after!r}, {name!r}, …)"
-    if after not in nodes:
-        raise GraphError(f"{where}: the turn has no node {after!r}; its nodes: {_known(nodes)}")
-    if name in nodes or name == END:
-        raise GraphError(f"{where}: the name {name!r} is taken; give the new node a name of its own")
-    declared = tuple(getattr(node, "routes", None) or ())
-    theirs = tuple(getattr(nodes[after], "routes", ()))
-    if theirs == (END,):
-        raise GraphError(f"{where}: {after!r} ends the turn; nothing runs after it (insert before it instead)")
-    taken = [r for r in declared if r in theirs and r != END]
-    if not taken:
-        raise GraphError(
-            f"{where}: the node would never run: it declares none of {after!r}'s routes ({', '.join(theirs)}); "
-            f"declare the routes it takes over, e.g. routes = ({theirs[0]!r},)"
-        )
-    for route in taken:
-        edges.setdefault(name, {})[route] = edges.get(after, {}).get(route, route)
-        edges.setdefault(after, {})[route] = name
-    nodes[name], runs[name] = node, runs.get(after, 1)
-
-
-def _replace(nodes: dict[str, Node], edges: dict[str, dict[str, str]], name: str, node: Node) -> None:
-    """Put ``node`` in ``name``'s place; keep the old node's edges for the routes the new one declares."""
-    if name not in nodes:
-        raise GraphError(f"replace({name!r}, …): the turn has no node {name!r}; its nodes: {_known(nodes)}")
-    declared = set(getattr(node, "routes", None) or ())
-    if name in edges:
-        edges[name] = {r: t for r, t in edges[name].items() if r in declared}
-    nodes[name] = node

@@ -17,6 +17,7 @@ from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
 from ragloop.nodes.answer import Verifier
 from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.live import LiveSource
+from ragloop.retrievers.ranking import Ranker
 from ragloop.retrievers.sources import Source
 from ragloop.turn.settings import TurnSettings
 
@@ -29,7 +30,10 @@ __all__ = ["IndexOptions", "RetrieverOptions", "StoreOptions", "TurnWiring", "re
 class TurnWiring(TypedDict, total=False):
     """A turn's collaborators one by one: the keywords of ``ChatRAG(...)``, ``Turn.of`` and ``default_nodes``.
 
-    The first five are required (``require`` checks).
+    A compatibility path, kept for code written before the builder: the one way to list a turn's parts is
+    ``Turn(retriever, Judges(...), settings=...)`` (its judges in :class:`~ragloop.turn.Judges`, a ranker with
+    ``Turn.ranker``, sources with ``Turn.add_source``), which ``ChatRAG(turn)`` runs. The first five keys are
+    required (``require`` checks).
 
     Attributes:
         retriever: Where to search (required).
@@ -48,6 +52,8 @@ class TurnWiring(TypedDict, total=False):
         plan_sources: The plan sources by name, the document source included, as the plan node gets them.
         fallback_planner: Used when ``planner`` fails or plans something invalid (the offline planner).
         verifier: Checks each finished reply (offline: :class:`~ragloop.llm.offline.verify.OfflineVerifier`).
+        ranker: Orders the turn's passages for the answer (:class:`~ragloop.retrievers.ranking.Ranker`);
+            ``None``: the default ranking of ``settings.fusion`` and ``settings.rerank``.
         caches: Caches for query embeddings, search results and grades (and replies, for a chat).
         index_version: The index's current version, which cached search results are keyed on; default: the
             retriever's ``version`` attribute, if it has one.
@@ -68,6 +74,7 @@ class TurnWiring(TypedDict, total=False):
     plan_sources: Mapping[str, Source] | None
     fallback_planner: Planner | None
     verifier: Verifier | None
+    ranker: Ranker | None
     caches: Caches | None
     index_version: Callable[[], str] | None
 
@@ -96,6 +103,7 @@ class _Common(TypedDict, total=False):
     embedder: Embedder | None
     plan_sources: Sequence[Source]
     caches: Caches | None
+    ranker: Ranker | None
 
 
 class RetrieverOptions(_Common, total=False):
@@ -112,6 +120,8 @@ class RetrieverOptions(_Common, total=False):
         plan_sources: Structured sources to plan over besides the documents and the live sources (e.g. a
             :class:`~ragloop.retrievers.sql.SQLiteSource`); given, the turn starts with the ``plan`` node.
         caches: Caches (:class:`~ragloop.caches.Caches`); search results are keyed on ``index_version``.
+        ranker: Orders the turn's passages for the answer (:class:`~ragloop.retrievers.ranking.Ranker`; e.g.
+            a cross-encoder, :mod:`ragloop.retrievers.cross_encoder`); default: the built-in ranking.
         index_version: The index's current version; default: the retriever's ``version`` attribute.
     """
 
@@ -132,6 +142,7 @@ class IndexOptions(_Common, total=False):
         embedder: Query embedder; by default the one the index was built with.
         plan_sources: As in :class:`RetrieverOptions`.
         caches: As in :class:`RetrieverOptions` (search results keyed on the index's version).
+        ranker: As in :class:`RetrieverOptions`.
     """
 
     mode: str
@@ -153,6 +164,7 @@ class StoreOptions(_Common, total=False):
         embedder: Query embedder; by default the one the collection was built with.
         plan_sources: As in :class:`RetrieverOptions`.
         caches: As in :class:`RetrieverOptions` (search results keyed on the store's version).
+        ranker: As in :class:`RetrieverOptions`.
     """
 
     collection: str

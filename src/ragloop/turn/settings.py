@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import attrs
 from attrs import frozen
 
+from ragloop.errors import InputError
 from ragloop.policy import RoutingPolicy
 from ragloop.prompt_budget import PromptBudget
+from ragloop.retrievers.fusion import FusionSettings
 from ragloop.retrievers.live import LiveSource
+from ragloop.retrievers.rerank import RerankSettings
 from ragloop.usage import Price
 
-__all__ = ["TurnSettings"]
+__all__ = ["TurnSettings", "turn_deadline"]
 
 
 @frozen
@@ -38,6 +42,12 @@ class TurnSettings:
         max_hops: Follow-up (second-hop) searches per turn once every query found something; they run
             only with a bridger.
         max_blocks: Most context blocks handed to the answerer.
+        fusion: How the default ranker fuses the turn's searches and weighs the grades
+            (:class:`~ragloop.retrievers.fusion.FusionSettings`).
+        rerank: How the default ranker reorders the fused head by passage features
+            (:class:`~ragloop.retrievers.rerank.RerankSettings`; zero weights keep the fused order).
+        rank_timeout_s: Time limit of a ranker of your own (``Turn.ranker``; at most half the time left in the
+            turn); past it, or when it fails, the default ranking is used and the fault recorded.
         retrieve_timeout_s: Time limit per query's search.
         grade_timeout_s: Time limit per grade (past it the chunk is kept: fail-open).
         rewrite_timeout_s: Time limit per rewrite.
@@ -75,6 +85,9 @@ class TurnSettings:
     cosine_threshold: float = 0.95
     max_hops: int = 1
     max_blocks: int = 8
+    fusion: FusionSettings = attrs.field(factory=FusionSettings)
+    rerank: RerankSettings = attrs.field(factory=RerankSettings)
+    rank_timeout_s: float = 10.0
     retrieve_timeout_s: float = 5.0
     grade_timeout_s: float = 10.0
     rewrite_timeout_s: float = 10.0
@@ -101,3 +114,16 @@ class TurnSettings:
             max_hops=self.max_hops if hops else 0,
             live_signal=live_signal if sources else None,
         )
+
+
+def turn_deadline(settings: TurnSettings, deadline_s: float | None) -> float | None:
+    """A turn's deadline in seconds: the caller's, else the settings' (``None``: no deadline).
+
+    Raises:
+        InputError: Not a positive, finite number of seconds (``True`` is not a 1 s deadline).
+    """
+    value = settings.deadline_s if deadline_s is None else deadline_s
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if value is not None and not (number and math.isfinite(value) and value > 0):
+        raise InputError(f"deadline_s must be a positive number of seconds, got {value!r}")
+    return value

@@ -21,6 +21,7 @@ from ragloop.nodes.rewrite import Rewrite
 from ragloop.policy import ANSWER, DECIDE, PLAN
 from ragloop.retrievers.base import Retriever
 from ragloop.retrievers.cached import CachedEmbedder, CachedRetriever
+from ragloop.retrievers.ranking import FusionRanker
 from ragloop.retrievers.scope import turn_scope
 from ragloop.runner import Graph, Node
 from ragloop.state import TurnState
@@ -42,10 +43,11 @@ def default_nodes(**wiring: Unpack[TurnWiring]) -> dict[str, Node]:
 
     A ``fallback_answerer`` that can also compose a reply without I/O (the offline one: an
     :class:`~ragloop.nodes.answer.Extractive`) ends a reply the deadline cut short (``Answer.salvage``).
-    A ``verifier`` checks every finished reply (:func:`ragloop.nodes.answer.verify_reply`). An answerer (or
-    fallback answerer) that can also say when the passages do not support an answer (the offline one: an
-    :class:`~ragloop.nodes.answer.Abstainer`) makes the turn abstain before it answers
-    (:func:`ragloop.nodes.answer.abstain`).
+    A ``ranker`` orders the passages the answer numbers and cites (default: the built-in ranking of
+    ``settings.fusion`` and ``settings.rerank``). A ``verifier`` checks every finished reply
+    (:func:`ragloop.nodes.answer.verify_reply`). An answerer (or fallback answerer) that can also say when the
+    passages do not support an answer (the offline one: an :class:`~ragloop.nodes.answer.Abstainer`) makes the
+    turn abstain before it answers (:func:`ragloop.nodes.answer.abstain`).
 
     With ``caches`` (:class:`~ragloop.caches.Caches`) the grader, the rewrite check's embedder and, when the
     index's version is known (``index_version``, or a ``version`` attribute of the retriever), the retriever
@@ -115,6 +117,9 @@ def default_nodes(**wiring: Unpack[TurnWiring]) -> dict[str, Node]:
             abstainer=_abstainer(wiring["answerer"], fallback_answerer),
             budget=s.prompt_budget,
             freshness=Freshness(max_age_days=s.stale_after_days),
+            ranker=wiring.get("ranker"),
+            default_ranking=FusionRanker(s.fusion, s.rerank),
+            rank_timeout_s=s.rank_timeout_s,
         ),
     }
 

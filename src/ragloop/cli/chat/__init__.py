@@ -37,6 +37,14 @@ _ENV_HELP = (
 )
 
 
+#: ``--reranker``'s help (ask, chat and serve).
+RERANKER_HELP = (
+    "a cross-encoder that orders the context: the URL of a /rerank endpoint (llama.cpp --reranking, vLLM, TEI, "
+    "Infinity, Cohere, Jina; key in RAGLOOP_RERANKER_API_KEY) or a folder with model.onnx and tokenizer.json; "
+    "when it fails or is slow the built-in ranking is used"
+)
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index", metavar="DIR", help="index directory (default: the bundled sample knowledge base)")
     parser.add_argument("--page-url", metavar="URL", help="page the user asks from (resolves 'this page')")
@@ -51,6 +59,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "--no-plan", action="store_true", help="no retrieval planner over the sample CRM database (SQL, then documents)"
     )
     parser.add_argument("--deadline", type=float, metavar="S", help="time limit per turn, in seconds")
+    parser.add_argument("--reranker", metavar="URL|PATH", help=RERANKER_HELP)
     parser.add_argument("--cache-dir", metavar="DIR", help="where the sample index is cached (~/.cache/ragloop)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress (spinner or progress lines)")
     add_store_options(parser)
@@ -134,6 +143,10 @@ def _build(args: argparse.Namespace) -> tuple[ChatRAG, Any]:
     if not args.no_live and (args.tickets or not (args.index or store_url(args))):
         live = (SQLiteTicketSource(args.tickets) if args.tickets else SQLiteTicketSource(),)
     kwargs: dict[str, Any] = {"fast_model": fast, "answer_model": answer, "mode": args.mode, "live_sources": live}
+    if getattr(args, "reranker", None):
+        from ragloop.retrievers.cross_encoder import cross_encoder
+
+        kwargs["ranker"] = cross_encoder(args.reranker, api_key=os.environ.get("RAGLOOP_RERANKER_API_KEY"))
     url = store_url(args)
     if url:
         rag = ChatRAG.from_store(url, client, collection=args.collection, pool_size=args.pool_size, **kwargs)
