@@ -12,6 +12,7 @@ from ragloop.chat import ChatRAG
 from ragloop.errors import ConfigError, GraphError
 from ragloop.policy import ANSWER, GRADE, RETRIEVE, most_runs
 from ragloop.retrievers.sources import DocumentSource
+from ragloop.sample import sample_index
 from ragloop.state import Decision, TurnState, Verdict
 from ragloop.testing import (
     FakeAnswerer,
@@ -338,6 +339,20 @@ class TestOpening:
         built = Turn.sample(cache_dir=sample_cache).build()
         assert set(rag.nodes) == set(built.nodes) and rag.offline and built.offline
         assert [s.name for s in rag.live_sources] == [s.name for s in built.live_sources] == ["tickets"]
+
+    @pytest.mark.parametrize("opener", ["from_retriever", "from_index", "sample"])
+    def test_an_unknown_option_is_refused_not_ignored(self, opener: str, sample_cache: Any) -> None:
+        """A misspelt or misplaced keyword (``turn_log=``, which belongs to ChatRAG) raises ConfigError naming
+        it and the fix, on the Turn and the ChatRAG openers alike (it used to be silently ignored)."""
+        calls = {
+            "from_retriever": lambda **kw: ChatRAG.from_retriever(FakeRetriever(weak), ["a text"], **kw),
+            "from_index": lambda **kw: Turn.from_index(sample_index(sample_cache), **kw),
+            "sample": lambda **kw: ChatRAG.sample(cache_dir=sample_cache, **kw),
+        }
+        with pytest.raises(ConfigError, match=r"unknown option\(s\) 'turn_log' \(a turn log belongs to the chat"):
+            calls[opener](turn_log=object())
+        with pytest.raises(ConfigError, match=r"'setings'.*known: .*settings"):
+            calls[opener](setings=TurnSettings())
 
 
 class TestAddRetriever:

@@ -30,7 +30,7 @@ from ragloop.retrievers.sources import Source
 from ragloop.runner import Graph, Node
 from ragloop.turn._edits import check_plan_routes, insert_node, plan_table, replace_node
 from ragloop.turn.judges import Judges
-from ragloop.turn.options import IndexOptions, RetrieverOptions, StoreOptions, TurnWiring, require
+from ragloop.turn.options import IndexOptions, RetrieverOptions, StoreOptions, TurnWiring, check_options, require
 from ragloop.turn.settings import TurnSettings
 from ragloop.turn.wiring import build_graph, default_nodes
 
@@ -165,6 +165,7 @@ class Turn:
         Raises:
             ConfigError: ``llm`` without ``fast_model``.
         """
+        check_options(options, RetrieverOptions, "from_retriever")
         settings = options.get("settings", TurnSettings())
         embedder, glossary = options.get("embedder"), options.get("glossary")
         if llm is None:
@@ -208,6 +209,7 @@ class Turn:
             llm: As in :meth:`from_retriever`.
             **options: See :class:`~ragloop.turn.options.IndexOptions`.
         """
+        check_options(options, IndexOptions, "from_index")
         from ragloop.retrievers.index import KnowledgeIndex
 
         opts: dict[str, Any] = dict(options)
@@ -239,6 +241,7 @@ class Turn:
         Raises:
             ConfigError: A mode other than ``hybrid``.
         """
+        check_options(options, StoreOptions, "from_store")
         from ragloop.turn._store import open_store
 
         opts: dict[str, Any] = dict(options)

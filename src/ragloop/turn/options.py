@@ -9,7 +9,7 @@ options below.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ragloop.errors import ConfigError
 from ragloop.llm.planner import Planner
@@ -24,7 +24,7 @@ from ragloop.turn.settings import TurnSettings
 if TYPE_CHECKING:
     from ragloop.caches import Caches
 
-__all__ = ["IndexOptions", "RetrieverOptions", "StoreOptions", "TurnWiring", "require"]
+__all__ = ["IndexOptions", "RetrieverOptions", "StoreOptions", "TurnWiring", "check_options", "require"]
 
 
 class TurnWiring(TypedDict, total=False):
@@ -170,3 +170,19 @@ class StoreOptions(_Common, total=False):
     collection: str
     pool_size: int
     mode: str
+
+
+def check_options(options: Mapping[str, object], kind: Any, where: str) -> None:
+    """Refuse an option ``kind`` (one of the option TypedDicts) does not name: a misspelt or misplaced
+    keyword must not be silently ignored.
+
+    Raises:
+        ConfigError: Which options are unknown, and the known ones.
+    """
+    known: frozenset[str] = kind.__required_keys__ | kind.__optional_keys__
+    unknown = sorted(set(options) - known)
+    if unknown:
+        hint = " (a turn log belongs to the chat: ChatRAG(turn, turn_log=...))" if "turn_log" in unknown else ""
+        raise ConfigError(
+            f"{where}() got unknown option(s) {', '.join(map(repr, unknown))}{hint}; known: {', '.join(sorted(known))}"
+        )
