@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,7 +41,7 @@ class _DownStore(FakeRetriever):
 
 
 class _DeadBackend(SQLiteBackend):
-    def write(self, rows: Sequence[StoredRow], feedback: Sequence[FeedbackItem]) -> None:
+    def write(self, rows: Sequence[StoredRow], feedback: Sequence[FeedbackItem], **kw: Any) -> int:
         raise sqlite3.OperationalError("unable to open database file")
 
 

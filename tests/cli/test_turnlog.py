@@ -88,3 +88,17 @@ class TestServeTurnLog:
         args = build_parser().parse_args(["serve", "--turn-log", url, "--turn-log-retention", "30"])
         merged = _chat_args(args)
         assert (merged.turn_log, merged.turn_log_retention, merged.turn_log_no_questions) == (url, 30.0, False)
+
+    def test_turn_log_per_key_reaches_the_log(self, tmp_path: Path) -> None:
+        """``--turn-log-per-key N`` is the log's per-key cap (default 100,000); 0 is refused before anything
+        loads."""
+        from ragloop.cli import build_parser
+        from ragloop.cli.turnlog import open_turn_log
+
+        url = f"sqlite:{tmp_path / 'turns.db'}"
+        for extra, cap in (([], 100_000), (["--turn-log-per-key", "7"], 7)):
+            log = open_turn_log(build_parser().parse_args(["serve", "--turn-log", url, *extra]))
+            assert log is not None and log.max_turns_per_principal == cap
+            log.close()
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "--turn-log", url, "--turn-log-per-key", "0"])

@@ -7,6 +7,7 @@ import json
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -31,7 +32,7 @@ def _auth(key: str) -> dict[str, str]:
 
 
 class _DeadBackend(SQLiteBackend):
-    def write(self, rows: Sequence[StoredRow], feedback: Sequence[FeedbackItem]) -> None:
+    def write(self, rows: Sequence[StoredRow], feedback: Sequence[FeedbackItem], **kw: Any) -> int:
         raise sqlite3.OperationalError("unable to open database file")
 
 

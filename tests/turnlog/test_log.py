@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -35,9 +36,9 @@ class _GatedBackend(SQLiteBackend):
         super().__init__(path)
         self.gate = threading.Event()
 
-    def write(self, rows: Sequence[StoredRow], feedback: Sequence[FeedbackItem]) -> None:
+    def write(self, rows: Sequence[StoredRow], feedback: Sequence[FeedbackItem], **kw: Any) -> int:
         self.gate.wait(30)
-        super().write(rows, feedback)
+        return super().write(rows, feedback, **kw)
 
 
 class _FlakyBackend(SQLiteBackend):
@@ -45,10 +46,10 @@ class _FlakyBackend(SQLiteBackend):
 
     down = True
 
-    def write(self, rows: Sequence[StoredRow], feedback: Sequence[FeedbackItem]) -> None:
+    def write(self, rows: Sequence[StoredRow], feedback: Sequence[FeedbackItem], **kw: Any) -> int:
         if self.down:
             raise sqlite3.OperationalError("database is locked")
-        super().write(rows, feedback)
+        return super().write(rows, feedback, **kw)
 
 
 def _url(tmp_path: Path) -> str:
@@ -129,6 +130,28 @@ class TestRetention:
         """A retention of zero or less days is a configuration error (it would delete everything)."""
         with pytest.raises(ConfigError, match="retention_days"):
             TurnLog.open(_url(tmp_path), retention_days=0)
+
+
+class TestPerKeyCap:
+    async def test_one_key_flooding_the_log_keeps_only_its_own_newest(self, tmp_path: Path, hash_rag: ChatRAG) -> None:
+        """``max_turns_per_principal`` bounds each key's rows: a key logging more loses its own oldest (counted
+        in ``stats().trimmed``), another key's turns all stay."""
+        log = TurnLog.open(_url(tmp_path), max_turns_per_principal=2, batch_size=1)
+        log.record(await run_turn(hash_rag, "Hi!", principal="victim", at=100.0))
+        for i in range(5):
+            log.record(await run_turn(hash_rag, f"Hello {i}!", principal="flooder", at=200.0 + i))
+        assert await log.flush()
+        by_key: dict[str, list[float]] = {}
+        for t in log.turns(0.0):
+            by_key.setdefault(t.row.principal, []).append(t.row.at)
+        # (the log stores keys hashed: compare the two keys' rows, not their names)
+        assert sorted(by_key.values()) == [[100.0], [203.0, 204.0]] and log.stats().trimmed == 3
+        await log.aclose()
+
+    def test_the_cap_must_be_positive(self, tmp_path: Path) -> None:
+        """A cap below one turn is a configuration error, said with the setting's name."""
+        with pytest.raises(ConfigError, match="max_turns_per_principal"):
+            TurnLog.open(_url(tmp_path), max_turns_per_principal=0)
 
 
 class TestNeverFailsATurn:

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ragloop.turnlog import SCHEMA_VERSION, GapRecord, SQLBackend, SQLiteBackend, StoredRow, TurnRow, backend_for
 from tests.retrievers.conftest import pg_server, pg_url
@@ -129,3 +131,82 @@ class TestLatest:
         assert [t.row.turn_id for t in latest] == ["t2", "t3"] and latest[1].rating == "down"
         assert [t.row.turn_id for t in backend.turns(0.0, 25.0, latest=5)] == ["t1", "t2"]
         assert backend.turns(0.0, 1e12)[0].rating == "up"
+
+
+def _owned(n: int, at: float, principal: str) -> StoredRow:
+    return StoredRow(TurnRow(f"k{n}", at, principal, "u", None, f"q{n}?", "h", (), "none"))
+
+
+def _ids_of(backend: SQLBackend, principal: str) -> list[str]:
+    return [t.row.turn_id for t in backend.turns(0.0, 1e12) if t.row.principal == principal]
+
+
+class TestPerPrincipalCap:
+    def test_a_key_over_its_cap_loses_its_own_oldest_turns_never_anothers(self, backend: SQLBackend) -> None:
+        """With ``keep_per_principal=3`` a flood of one key's turns keeps that key's 3 newest (its ratings and
+        gap marks go with the rest) and leaves every other key's turns as they were (on main the log had no
+        per-key bound: one key could fill it without limit)."""
+        from ragloop.turnlog import FeedbackItem
+
+        backend.write([_owned(0, 5.0, "victim"), _owned(1, 6.0, "victim")], ())
+        backend.write((), [FeedbackItem("k2", 7.5, "down")])
+        flood = [_owned(n, 10.0 + n, "flooder") for n in range(2, 12)]
+        backend.save_gaps([GapRecord("g-1", "x", "open", 0.0, 0.0, 0.0)], {"k2": "g-1"})
+        backend.record_replays([("k2", 9.0, True)])
+        trimmed = backend.write(flood[:5], (), keep_per_principal=3)
+        trimmed += backend.write(flood[5:], (), keep_per_principal=3)
+        assert _ids_of(backend, "flooder") == ["k9", "k10", "k11"] and trimmed == 7
+        assert _ids_of(backend, "victim") == ["k0", "k1"] and _ids_of(backend, "p") == ["t1", "t2", "t3"]
+        book = backend.gap_book()
+        assert "k2" not in book.members and "k2" not in book.replays  # its gap and replay marks went with it
+
+    def test_a_turn_keeps_only_its_latest_rating(self, backend: SQLBackend) -> None:
+        """Rating one turn again replaces its rating (the only one ever read), so a key's feedback rows never
+        outnumber its turns."""
+        from ragloop.turnlog import FeedbackItem
+
+        for n in range(5):
+            backend.write((), [FeedbackItem("t1", 40.0 + n, "up" if n % 2 else "down", f"c{n}")])
+        logged = backend.turn("t1")
+        assert logged is not None and (logged.rating, logged.comment) == ("down", "c4")
+        assert _feedback_rows(backend) == 1
+
+
+def _feedback_rows(backend: SQLBackend) -> int:
+    def work(conn: Any) -> int:
+        cur = conn.cursor()
+        cur.execute("select count(*) from ragloop_feedback")
+        return int(cur.fetchone()[0])
+
+    result: int = backend._run(False, work)
+    return result
+
+
+class TestPerPrincipalCapProperty:
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(
+        batches=st.lists(
+            st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 50)), min_size=1, max_size=6), max_size=6
+        ),
+        cap=st.integers(1, 4),
+    )
+    def test_every_key_holds_at_most_its_cap_and_only_its_own_oldest_go(
+        self, tmp_path_factory: pytest.TempPathFactory, batches: list[list[tuple[str, int]]], cap: int
+    ) -> None:
+        """Whatever the writes, each key keeps exactly its ``cap`` newest turns (all of them when it has fewer):
+        a write never deletes a turn of a key it does not hold."""
+        b = SQLiteBackend(tmp_path_factory.mktemp("cap") / "turns.db")
+        written: dict[str, list[tuple[float, str]]] = {}
+        n = 0
+        for batch in batches:
+            rows = []
+            for principal, at in batch:
+                rows.append(_owned(n, float(at) + n / 1000, principal))  # distinct times: no ties at the cut
+                written.setdefault(principal, []).append((float(at) + n / 1000, f"k{n}"))
+                n += 1
+            b.write(rows, (), keep_per_principal=cap)
+            for principal in {p for p, _ in batch}:
+                written[principal] = sorted(written[principal])[-cap:]
+        for principal, kept in written.items():
+            assert sorted(_ids_of(b, principal)) == sorted(t for _, t in kept)
+        b.close()

@@ -30,12 +30,19 @@ def _days(text: str) -> float:
 
 
 def add_turn_log_options(parser: argparse.ArgumentParser) -> None:
-    """Add ``--turn-log``, ``--turn-log-retention`` and ``--turn-log-no-questions`` to ``parser``."""
+    """Add ``--turn-log``, ``--turn-log-retention``, ``--turn-log-per-key`` and ``--turn-log-no-questions``."""
     parser.add_argument(
         "--turn-log", metavar="URL", help="log finished turns (sqlite:PATH or postgresql://…) for `ragloop gaps`"
     )
     parser.add_argument(
         "--turn-log-retention", type=_days, metavar="DAYS", help="delete logged turns older than DAYS (default: keep)"
+    )
+    parser.add_argument(
+        "--turn-log-per-key",
+        type=_positive_int,
+        default=100_000,
+        metavar="N",
+        help="most turns kept per API key: a key over it loses its own oldest turns (default: %(default)s)",
     )
     parser.add_argument(
         "--turn-log-no-questions",
@@ -58,5 +65,16 @@ def open_turn_log(args: argparse.Namespace, embedder: Embedder | None = None) ->
         url,
         policy=policy,
         retention_days=getattr(args, "turn_log_retention", None),
+        max_turns_per_principal=getattr(args, "turn_log_per_key", 100_000),
         embedder=embedder if private else None,
     )
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value

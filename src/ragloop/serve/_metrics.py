@@ -122,6 +122,11 @@ class _TurnLogCollector:
             ("ragloop_turn_log_rows_written", "Turn log rows written.", stats.written),
             ("ragloop_turn_log_rows_dropped", "Turn log rows dropped because its queue was full.", stats.dropped),
             (
+                "ragloop_turn_log_rows_trimmed",
+                "Turn log rows deleted to keep a key within --turn-log-per-key (its own oldest).",
+                stats.trimmed,
+            ),
+            (
                 "ragloop_turn_log_write_errors",
                 "Turn log rows lost to failed writes (database unreachable …).",
                 stats.errors,

@@ -57,6 +57,7 @@ class TurnLogStats:
         queued: Rows waiting in the queue now.
         purged: Rows deleted by the retention setting.
         last_error: The latest write error (redacted), if any.
+        trimmed: Rows deleted to keep a principal within ``max_turns_per_principal`` (its own oldest).
     """
 
     written: int = 0
@@ -65,6 +66,7 @@ class TurnLogStats:
     queued: int = 0
     purged: int = 0
     last_error: str | None = None
+    trimmed: int = 0
 
 
 class _Flush:
@@ -91,6 +93,8 @@ class TurnLog:
         gather_s: How long the writer gathers rows after the first before it writes them (one transaction, and
             its work in one burst that a few turns meet, rather than a little in every turn).
         retention_every_s: Seconds between retention runs.
+        max_turns_per_principal: Most turns kept per principal (API key): a principal over it loses its own
+            oldest turns, never another's (``None``: no cap).
         clock: Seconds since the epoch (a test can fix it).
     """
 
@@ -105,10 +109,13 @@ class TurnLog:
         batch_size: int = 256,
         gather_s: float = 0.25,
         retention_every_s: float = 3_600.0,
+        max_turns_per_principal: int | None = 100_000,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if retention_days is not None and not retention_days > 0:
             raise ConfigError(f"retention_days must be a positive number of days (or None), got {retention_days!r}")
+        if max_turns_per_principal is not None and max_turns_per_principal < 1:
+            raise ConfigError(f"max_turns_per_principal must be at least 1 (or None), got {max_turns_per_principal!r}")
         if max_queue < 1 or batch_size < 1:
             raise ConfigError(f"max_queue and batch_size must be at least 1, got {max_queue} and {batch_size}")
         self.backend = backend
@@ -118,10 +125,11 @@ class TurnLog:
         self.batch_size = batch_size
         self.gather_s = gather_s
         self.retention_every_s = retention_every_s
+        self.max_turns_per_principal = max_turns_per_principal
         self.clock = clock
         self._queue: queue.Queue[Any] = queue.Queue(max_queue)
         self._lock = threading.Lock()
-        self._counts = {"written": 0, "dropped": 0, "errors": 0, "purged": 0}
+        self._counts = {"written": 0, "dropped": 0, "errors": 0, "purged": 0, "trimmed": 0}
         self._last_error: str | None = None
         self._recent: collections.OrderedDict[str, str] = collections.OrderedDict()
         self._closed = False
@@ -196,7 +204,9 @@ class TurnLog:
         with self._lock:
             c = dict(self._counts)
             last = self._last_error
-        return TurnLogStats(c["written"], c["dropped"], c["errors"], self._queue.qsize(), c["purged"], last)
+        return TurnLogStats(
+            c["written"], c["dropped"], c["errors"], self._queue.qsize(), c["purged"], last, c["trimmed"]
+        )
 
     # --- feedback ------------------------------------------------------------------------------------
 
@@ -349,11 +359,12 @@ class TurnLog:
         if self.embedder is not None:
             rows = self._embed(rows)
         try:
-            self.backend.write(rows, ())
+            trimmed = self.backend.write(rows, (), keep_per_principal=self.max_turns_per_principal)
         except Exception as exc:  # noqa: BLE001 — an outage costs these rows (counted), never a turn
             self._failed(len(rows), exc)
             return False
         with self._lock:
+            self._counts["trimmed"] += trimmed
             self._counts["written"] += len(rows)
             self._last_error = None
         return True

@@ -193,6 +193,7 @@ class SQLBackend(LifecycleTables):
             f"create table if not exists ragloop_gaps (gap_id text primary key, label text not null, "
             f"status text not null, status_at {f} not null, first_seen {f} not null, last_seen {f} not null)",
             "create table if not exists ragloop_gap_turns (turn_id text primary key, gap_id text not null)",
+            "create index if not exists ragloop_turns_principal_at on ragloop_turns (principal, at)",
             f"create table if not exists ragloop_replays (turn_id text primary key, at {f} not null, "
             "answered integer not null)",
             f"create table if not exists ragloop_handoffs (handoff_id text primary key, turn_id text not null, "
@@ -205,8 +206,12 @@ class SQLBackend(LifecycleTables):
         """Connect and check (or create) the tables."""
         self._run(True, lambda conn: None)
 
-    def write(self, rows: Sequence[StoredRow], feedback: Sequence[FeedbackItem]) -> None:
-        """Insert rows (a turn id already there is left as it is) and feedback, in one transaction."""
+    def write(
+        self, rows: Sequence[StoredRow], feedback: Sequence[FeedbackItem], *, keep_per_principal: int | None = None
+    ) -> int:
+        """Insert rows (a turn id already there is left as it is) and feedback, in one transaction; how many
+        turns went to keep each principal of ``rows`` within ``keep_per_principal`` (its oldest first, with
+        their feedback). A turn keeps only its latest rating (the only one ever read)."""
         values = [
             (
                 s.row.turn_id,
@@ -228,7 +233,7 @@ class SQLBackend(LifecycleTables):
 
         row_sql = "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?" + self.json_cast + ", ?, ?)"
 
-        def work(conn: Any) -> None:
+        def work(conn: Any) -> int:
             cur = conn.cursor()
             # One multi-row statement per chunk, not one per row: every statement the driver runs hands the GIL
             # over and back, and each handover can stall a turn running in the main thread.
@@ -240,11 +245,32 @@ class SQLBackend(LifecycleTables):
                 )
                 cur.execute(statement, [v for row in chunk for v in row])
             if rated:
+                cur.executemany(self._sql("delete from ragloop_feedback where turn_id = ?"), [(r[0],) for r in rated])
                 cur.executemany(
                     self._sql("insert into ragloop_feedback (turn_id, at, rating, comment) values (?, ?, ?, ?)"), rated
                 )
+            if keep_per_principal is None:
+                return 0
+            return self._trim(cur, sorted({s.row.principal for s in rows}), keep_per_principal)
 
-        self._run(True, work)
+        gone: int = self._run(True, work)
+        return gone
+
+    def _trim(self, cur: Any, principals: Sequence[str], keep: int) -> int:
+        """Delete each principal's turns older than its ``keep``-th newest (and what points at them)."""
+        gone: list[tuple[str]] = []
+        for principal in principals:
+            cur.execute(
+                self._sql(
+                    "select turn_id from ragloop_turns where principal = ? and at < (select at from ragloop_turns "
+                    "where principal = ? order by at desc limit 1 offset ?)"
+                ),
+                (principal, principal, keep - 1),
+            )
+            gone += [(str(t),) for (t,) in cur.fetchall()]
+        for table in ("ragloop_turns", "ragloop_feedback", "ragloop_gap_turns", "ragloop_replays"):
+            cur.executemany(self._sql(f"delete from {table} where turn_id = ?"), gone)
+        return len(gone)
 
     def owner(self, turn_id: str) -> str | None:
         """The stored principal of ``turn_id`` (``None``: no such turn)."""
