@@ -302,6 +302,45 @@ class TestFailures:
             )
             assert [h.id for h in await store.search("password", k=3)] == want
 
+    async def test_a_store_down_at_first_use_fails_every_queued_call_without_opening_a_pool(self) -> None:
+        """With the server unreachable before any pool exists, 8 concurrent first calls each fail with
+        StoreUnavailable from one direct connection attempt (its answer shared for a second), and no pool is
+        ever opened: on main each queued call waited in turn for the pool's 10-second open (about 10 s per MCP
+        search during an outage). The password never reaches the message."""
+        from ragloop.errors import StoreUnavailable
+        from ragloop.retrievers.postgres._conn import Connections
+
+        async def opened() -> None:
+            return None
+
+        conns = Connections(
+            "postgresql://ragloop:s3cret-pw@127.0.0.1:9/nowhere",
+            pool_size=2,
+            statement_timeout_s=5.0,
+            ef_search=40,
+            opened=opened,
+        )
+        pools: list[int] = []
+
+        async def new_pool() -> Any:
+            pools.append(1)
+            raise AssertionError("a pool was opened against a server that refuses connections")
+
+        conns._new_pool = new_pool  # type: ignore[method-assign]
+        errors: list[BaseException] = []
+
+        async def first_use() -> None:
+            try:
+                await conns.pool_for_this_loop()
+            except StoreUnavailable as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):
+                tg.start_soon(first_use)
+        assert len(errors) == 8 and not pools
+        assert all("s3cret-pw" not in str(e) for e in errors)
+
     async def test_missing_extension_names_the_fix(self, pg_url: str, collection: str) -> None:
         """With create=False on a database without pgvector, the error says how to add it."""
         import psycopg

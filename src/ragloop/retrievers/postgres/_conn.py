@@ -77,6 +77,9 @@ class Connections:
             if self.pool is not None:
                 return self.pool
             await self._opened()
+            # A server that cannot be reached fails here in one connection attempt (and that answer stands for
+            # a second), not after the pool's 10 s open: calls queued on this lock during an outage fail at once.
+            await self.probe()
             self.pool = await self._new_pool()
         return self.pool
 
