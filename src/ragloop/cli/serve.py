@@ -64,6 +64,10 @@ def add_serve(sub: Any) -> None:
     )
     p.add_argument("--header-timeout", type=float, default=10.0, metavar="S", help="request head timeout (10 s)")
     p.add_argument("--body-timeout", type=float, default=10.0, metavar="S", help="request body timeout (10 s)")
+    p.add_argument(
+        "--keepalive", type=float, default=15.0, metavar="S",
+        help="send an SSE comment on a stream idle for S seconds, so proxies keep it open (15 s; 0: never)",
+    )  # fmt: skip
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN", help="allow this browser origin")
     p.add_argument("--source-base-url", metavar="URL", help="link citations to URL + source (e.g. your docs site)")
     p.add_argument("--no-page", action="store_true", help="do not serve the chat page at /")
@@ -225,6 +229,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         keys=file_keys,
         allowed_hosts=hosts,
         body_timeout_s=args.body_timeout,
+        keepalive_s=args.keepalive or None,
         cors_origins=tuple(args.cors_origin),
         page=not args.no_page,
         mcp=not args.no_mcp,
