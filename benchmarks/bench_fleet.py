@@ -172,11 +172,13 @@ class Connections:
 class Replica:
     """One ``ragloop serve`` process."""
 
-    def __init__(self, name: str, url: str, env: dict[str, str], clients: int, pool_size: int) -> None:
+    def __init__(
+        self, name: str, url: str, env: dict[str, str], clients: int, pool_size: int, python: tuple[str, ...] = ()
+    ) -> None:
         self.name = name
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "ragloop.cli", "serve", "--port", str(self.port), "--no-page"]
+        cmd = [sys.executable, *python, "-m", "ragloop.cli", "serve", "--port", str(self.port), "--no-page"]
         cmd += ["--store", url, "--collection", "kb", "--sessions", url, "--turn-log", url, "--deadline", "120"]
         cmd += ["--pool-size", str(pool_size), "--max-concurrency", str(max(64, 2 * clients))]
         self.proc = subprocess.Popen(
@@ -292,12 +294,15 @@ async def stream_turn(client: httpx.AsyncClient, base: str, endpoint: str, quest
                     _read(endpoint, name, line.removeprefix("data: "), out)
                     if out.get("token") and "ttft" not in out:
                         out["ttft"] = time.perf_counter() - started
+                    if out["complete"] and "last" not in out:  # the reply is whole from here on
+                        out["last"] = time.perf_counter() - started
+                        out.setdefault("ttft", out["last"])
                 elif not line:
                     name = "message"
     except httpx.HTTPError as exc:
         out["error"] = type(exc).__name__
         return out
-    out["last"] = time.perf_counter() - started
+    out.setdefault("last", time.perf_counter() - started)
     out.setdefault("ttft", out["last"])
     if not out["complete"] and "error" not in out:
         out["error"] = "no completion marker"
@@ -374,7 +379,7 @@ async def run_clients(replicas: list[Replica], clients: int, turns: int, kill: b
                 replica = wanted if wanted.alive else live[(i + t) % len(live)]
                 q = QUESTIONS[(i + t) % len(QUESTIONS)]
                 out = await one_turn(client, replica, endpoint, q, session)
-                if out.get("error") and not replica.alive:  # cut or refused by the dead replica: retry once
+                if out.get("error") and not out["complete"] and not replica.alive:  # cut or refused: retry once
                     live = [r for r in replicas if r.alive]
                     out["retried"] = True
                     out = await one_turn(client, live[(i + t) % len(live)], endpoint, q, session)
@@ -443,6 +448,7 @@ def summarise(phase: str, run: dict[str, Any], replicas: list[Replica], cpu: dic
     for e in log:
         if e.get("error"):
             kind = e["error"] + (" (dead replica)" if e.get("retried") else "")
+            kind += " (after the completion marker)" if e["complete"] else ""
             errors[kind] = errors.get(kind, 0) + 1
     ttft = [e["ttft"] for e in ok]
     last = [e["last"] for e in ok]

@@ -13,6 +13,7 @@ default, many load balancers sooner) keeps the stream open while a slow model th
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -74,33 +75,48 @@ class Rejected(Exception):
 
 
 class _Writer:
-    """The response's one way to the socket: frames written one at a time, the time of the last one kept."""
+    """The response's one way to the socket: frames written one at a time, the time of the last one kept.
+
+    The turn's frames take no lock (a lock costs every token an event-loop round): the keep-alive writer only
+    writes while no frame is being written, and a frame that comes while a keep-alive is being written waits for it.
+    """
 
     def __init__(self, send: Any) -> None:
         self.send = send
-        self.lock = anyio.Lock()  # the keep-alive writer and the turn never interleave their frames
-        self.last = anyio.current_time()
+        self.last = time.monotonic()
+        self.busy = False
+        self.pinging: anyio.Event | None = None
         self.keepalive = anyio.CancelScope()
 
     async def write(self, message: dict[str, Any]) -> None:
-        async with self.lock:
+        while self.pinging is not None:  # rare: a keep-alive comment is on its way out
+            await self.pinging.wait()
+        self.busy = True
+        try:
             await self.send(message)
-            self.last = anyio.current_time()
+        finally:
+            self.busy = False
+            self.last = time.monotonic()
 
     async def keep_alive(self, interval: float, gone: Callable[[], None]) -> None:
         """Write :data:`KEEPALIVE` whenever nothing was written for ``interval`` s, until :attr:`keepalive` is
         cancelled; ``gone()`` when the socket is found closed."""
         with self.keepalive:
             while True:
-                idle = anyio.current_time() - self.last
-                if idle < interval:
-                    await anyio.sleep(interval - idle)
+                idle = time.monotonic() - self.last
+                if idle < interval or self.busy:
+                    await anyio.sleep(max(interval - idle, interval / 10))
                     continue
+                self.pinging = pinging = anyio.Event()
                 try:
-                    await self.write({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+                    await self.send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
                 except OSError:  # the client left while the turn was quiet
                     gone()
                     return
+                finally:
+                    self.pinging = None
+                    self.last = time.monotonic()
+                    pinging.set()
 
 
 def _event_stream(headers: Mapping[str, str]) -> bool:
