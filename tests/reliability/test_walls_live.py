@@ -77,10 +77,10 @@ class TestHungDatabaseRecovers:
             with pytest.raises(LiveSourceError, match=r"took longer than 0\.2s"):
                 await source.lookup("#1234", ["1234"], caller=OWNER)
         assert source.breaker.state == "open"
-        started = time.perf_counter()
+        threads = threading.active_count()
         with pytest.raises(LiveSourceError, match=r"failed 3 time\(s\) in a row and is not asked for now"):
             await source.lookup("#1234", ["1234"], caller=OWNER)
-        assert time.perf_counter() - started < 0.1  # fails at once, no thread
+        assert threading.active_count() == threads  # fails at once: no thread, no wait on the hung database
         _recover(hung)
         back = None
         with anyio.fail_after(5):
@@ -179,9 +179,10 @@ class TestProcessExits:
         source = SQLiteTicketSource(hung, timeout_s=0.1)
         with pytest.raises(LiveSourceError):
             await source.lookup("#1234", ["1234"], caller=OWNER)
-        started = time.perf_counter()
-        await source.aclose()
-        assert time.perf_counter() - started < 0.05
+        # The lookup's thread is stuck in the FIFO for good: a close that waited for it would never return, so any
+        # finite bound shows it does not wait; 5 s leaves room for a machine at load 20.
+        with anyio.fail_after(5):
+            await source.aclose()
 
 
 class TestOnlyTheCallersTickets:
