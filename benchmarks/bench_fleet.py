@@ -11,7 +11,7 @@ completions with a session, streamed ``/v1/responses`` chained by ``previous_res
 MCP ``ask`` (``i mod 5``) — and sends ``--turns`` questions in a row, turn *t* to replica ``(i + t) mod N``: every
 turn after the first continues, on another replica, a conversation started elsewhere.
 
-Two phases, each on fresh replicas: ``steady``, then ``kill``: once half the phase's turns are answered, replica 0
+Two phases, each on fresh replicas: ``steady``, then ``kill``: once half the phase's turns have ended, replica 0
 gets ``SIGKILL``; a client whose turn it cut (or that finds it gone) retries that turn once on the next live replica
 and sends the rest there. Per phase it reports turns/s, p50/p95 time to first token and to the last, errors by kind,
 each replica's CPU (``/proc``) and the turns it answered, and the database connections of each replica (peak open,
@@ -241,15 +241,15 @@ def _read(endpoint: str, name: str, data: str, out: dict[str, Any]) -> None:
         elif name == "reply":
             out["reply"], out["complete"] = json.loads(data), True
         elif name == "error":
-            out["error"] = "error event"
+            out["error"] = "error event: " + str(json.loads(data)["error"].get("code") or "server_error")
         return
-    if data == "[DONE]":
-        out["complete"] = True
+    if data == "[DONE]":  # the end of a stream, complete only if no error came before it
+        out["complete"] = out["complete"] or "error" not in out
         return
     obj = json.loads(data)
     if endpoint == "completions":
         if "error" in obj:
-            out["error"] = "error event"
+            out["error"] = "error event: " + str(obj["error"].get("code") or "server_error")
         for choice in obj.get("choices", []):
             if choice["delta"].get("content"):
                 out["token"] = True
@@ -265,13 +265,13 @@ def _read(endpoint: str, name: str, data: str, out: dict[str, Any]) -> None:
         elif kind in ("response.completed", "response.incomplete"):
             out["complete"], out["reply"] = True, obj["response"].get("ragloop")
         elif kind == "response.failed":
-            out["error"] = "error event"
+            out["error"] = "error event: " + str(obj["response"]["error"]["message"])[:48]
     elif kind == "text-delta":
         out["token"] = True
     elif kind == "finish":
         out["complete"] = True
     elif kind == "error":
-        out["error"] = "error event"
+        out["error"] = "error event: " + str(obj.get("errorText"))[:48]
 
 
 async def stream_turn(client: httpx.AsyncClient, base: str, endpoint: str, question: str, session: str | None) -> dict:
@@ -333,7 +333,8 @@ async def mcp_ask(base: str, question: str) -> dict[str, Any]:
         return out
     out["ttft"] = out["last"] = time.perf_counter() - started
     if result.is_error:
-        out["error"] = "tool error"
+        said = " ".join(getattr(c, "text", "") for c in result.content)
+        out["error"] = "tool error: " + said[:48]
     else:
         out["complete"] = True
     return out
@@ -343,9 +344,9 @@ async def mcp_ask(base: str, question: str) -> dict[str, Any]:
 
 
 async def run_clients(replicas: list[Replica], clients: int, turns: int, kill: bool, limit_s: float) -> dict:
-    """Every client's turns; with ``kill``, replica 0 is SIGKILLed once half the turns are answered."""
+    """Every client's turns; with ``kill``, replica 0 is SIGKILLed once half the turns have ended."""
     log: list[dict[str, Any]] = []
-    answered = 0
+    answered = ended = 0
     killed_at: float | None = None
     half = clients * turns // 2
     half_reached = anyio.Event()
@@ -353,7 +354,7 @@ async def run_clients(replicas: list[Replica], clients: int, turns: int, kill: b
     timeout = httpx.Timeout(180.0, connect=30.0)
 
     async def one_turn(client: httpx.AsyncClient, replica: Replica, endpoint: str, q: str, s: Any) -> dict:
-        nonlocal answered
+        nonlocal answered, ended
         if endpoint == "mcp":
             out = await mcp_ask(replica.base, q)
         else:
@@ -361,11 +362,12 @@ async def run_clients(replicas: list[Replica], clients: int, turns: int, kill: b
         out["replica"] = replica.name
         out["killed"] = killed_at is not None
         log.append(out)
+        ended += 1
+        if ended >= half:  # half the phase's turns have ended, answered or not
+            half_reached.set()
         if out["complete"]:
             answered += 1
             replica.answered += 1
-            if answered >= half:
-                half_reached.set()
         return out
 
     async def client_task(i: int) -> None:
