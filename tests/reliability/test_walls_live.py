@@ -171,7 +171,9 @@ class TestProcessExits:
         ended = time.monotonic()
         asked = float(out.strip().splitlines()[-1])
         assert proc.returncode == 0
-        assert ended - asked < 1.0, ended - asked
+        # The lookups hang for good (a FIFO) or for 60 s: a process that waited for them would take that long, so
+        # 10 s (interpreter shutdown on a machine at load 20 included) still shows it did not wait.
+        assert ended - asked < 10.0, ended - asked
         count("live_exit_seconds_after_ask", round(ended - asked, 3))
 
     async def test_aclose_never_waits_on_a_stuck_lookup(self, hung: Path) -> None:
