@@ -493,7 +493,9 @@ async def streamed(g: Graph, state: Reply, deadline_s: float) -> tuple[list[str]
 
 #: Generous bound on the runner's overshoot past deadline + grace in these tests (the measured one is in
 #: benchmarks/results/bench_runner.json, `deadline_overshoot_ms`).
-SLACK_S = 0.25
+# What these bounds tell apart takes 4 s (200 tokens x 20 ms) or forever (a finish that hangs), so 1 s of slack
+# for timers firing late on a machine at load 20 still separates a cut at the grace from no cut.
+SLACK_S = 1.0
 
 
 class TestDeadline:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 
 import anyio
@@ -137,10 +136,8 @@ class TestExecutePlan:
         """A wave's sub-queries overlap in time, never more than max_concurrency at once."""
         plan = Plan(tuple(SubQuery(f"q{i}", "documents", f"q{i}") for i in range(6)))
         source = FakeSource("documents", delay=0.1)
-        started = time.perf_counter()
         await execute_plan(plan, {"documents": source}, max_concurrency=3)
-        assert source.max_in_flight == 3
-        assert time.perf_counter() - started < 0.5  # two rounds of 0.1 s, not six
+        assert source.max_in_flight == 3  # they overlapped (three at once), and never more than the bound
 
     async def test_sequential_and_parallel_strategies(self) -> None:
         """Sequential runs one sub-query at a time; parallel ignores dependencies and runs with empty slots."""

@@ -77,10 +77,10 @@ class TestHungDatabaseRecovers:
             with pytest.raises(LiveSourceError, match=r"took longer than 0\.2s"):
                 await source.lookup("#1234", ["1234"], caller=OWNER)
         assert source.breaker.state == "open"
-        started = time.perf_counter()
+        threads = threading.active_count()
         with pytest.raises(LiveSourceError, match=r"failed 3 time\(s\) in a row and is not asked for now"):
             await source.lookup("#1234", ["1234"], caller=OWNER)
-        assert time.perf_counter() - started < 0.1  # fails at once, no thread
+        assert threading.active_count() == threads  # fails at once: no thread, no wait on the hung database
         _recover(hung)
         back = None
         with anyio.fail_after(5):
@@ -171,7 +171,9 @@ class TestProcessExits:
         ended = time.monotonic()
         asked = float(out.strip().splitlines()[-1])
         assert proc.returncode == 0
-        assert ended - asked < 1.0, ended - asked
+        # The lookups hang for good (a FIFO) or for 60 s: a process that waited for them would take that long, so
+        # 10 s (interpreter shutdown on a machine at load 20 included) still shows it did not wait.
+        assert ended - asked < 10.0, ended - asked
         count("live_exit_seconds_after_ask", round(ended - asked, 3))
 
     async def test_aclose_never_waits_on_a_stuck_lookup(self, hung: Path) -> None:
@@ -179,9 +181,10 @@ class TestProcessExits:
         source = SQLiteTicketSource(hung, timeout_s=0.1)
         with pytest.raises(LiveSourceError):
             await source.lookup("#1234", ["1234"], caller=OWNER)
-        started = time.perf_counter()
-        await source.aclose()
-        assert time.perf_counter() - started < 0.05
+        # The lookup's thread is stuck in the FIFO for good: a close that waited for it would never return, so any
+        # finite bound shows it does not wait; 5 s leaves room for a machine at load 20.
+        with anyio.fail_after(5):
+            await source.aclose()
 
 
 class TestOnlyTheCallersTickets:

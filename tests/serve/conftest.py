@@ -92,10 +92,10 @@ def asgi_client(app: Any) -> httpx.AsyncClient:
 
 
 def sse_events(text: str) -> list[tuple[str, str]]:
-    """``(event name, data)`` pairs of a server-sent-events body."""
+    """``(event name, data)`` pairs of a server-sent-events body (comment blocks, ``: keep-alive``, skipped)."""
     out = []
     for block in text.split("\n\n"):
-        if not block.strip():
+        if not block.strip() or all(line.startswith(":") for line in block.split("\n") if line):
             continue
         name, data = "message", []
         for line in block.split("\n"):

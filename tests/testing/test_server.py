@@ -160,6 +160,20 @@ class TestChat:
         assert time.monotonic() - start >= 0.1
 
 
+class TestModels:
+    async def test_models_are_listed_and_not_recorded(
+        self, server: ScriptedOpenAIServer, client: openai.AsyncOpenAI
+    ) -> None:
+        """``GET /v1/models`` lists one model through the SDK (a readiness probe's question) and is not a recorded
+        request; another GET is a 404 naming the route (before: 501 for every GET, so /readyz of a server on the
+        scripted model said "model: unreachable")."""
+        models = await client.models.list()
+        assert [m.id for m in models.data] == ["scripted"]
+        with pytest.raises(openai.NotFoundError, match="no route GET"):
+            await client.get("/files", cast_to=object)
+        assert server.requests == []
+
+
 class TestStreaming:
     async def test_stream_chunks_and_usage(self, server: ScriptedOpenAIServer, client: openai.AsyncOpenAI) -> None:
         """Content arrives in chunk_size pieces, then a finish reason, then the usage chunk when asked for."""

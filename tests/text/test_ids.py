@@ -27,6 +27,21 @@ class TestExtractIds:
         """Decimals, URL fragments, HTML entities and lower-case identifiers in prose are not ids."""
         assert extract_ids("p < 0.05, page#12, &#1234; error_handler, e1234") == {}
 
+    def test_a_caller_changing_its_answer_changes_no_later_answer(self) -> None:
+        """The answers are memoised per text (issue 35's profile): each call gets a dict of its own."""
+        text = "ticket #4242 fails with E0042"
+        first = extract_ids(text)
+        first["ticket"] = frozenset({"#1"})
+        del first["error"]
+        assert extract_ids(text) == {"ticket": frozenset({"#4242"}), "error": frozenset({"E0042"})}
+
+    @given(st.text())
+    def test_memoised_answers_equal_fresh_ones(self, text: str) -> None:
+        """The memoised scan answers exactly what a fresh scan of the same text answers."""
+        from ragloop.text.ids import _extract
+
+        assert extract_ids(text) == dict(_extract.__wrapped__(text))
+
     @given(st.text())
     def test_never_crashes(self, text: str) -> None:
         """Any unicode text yields a mapping of known kinds to non-empty sets."""

@@ -43,6 +43,19 @@ class TestKeyTerms:
         assert [t.stem for t in terms] == [stem("reset"), stem("passwords")]
         assert terms[0].surface == "reset"
 
+    def test_a_caller_changing_its_list_changes_no_later_answer(self) -> None:
+        """The terms are memoised per text (issue 35's profile): each call gets a list of its own."""
+        first = key_terms("rotate the API key")
+        first.clear()
+        assert [t.surface for t in key_terms("rotate the API key")] == ["rotate", "api", "key"]
+
+    @given(st.text())
+    def test_memoised_terms_equal_fresh_ones(self, text: str) -> None:
+        """The memoised terms are exactly what a fresh pass over the same text gives."""
+        from ragloop.text.terms import _key_terms
+
+        assert key_terms(text) == list(_key_terms.__wrapped__(text))
+
     def test_content_words_keep_case(self) -> None:
         """content_words keeps the words as written, for readable queries."""
         assert content_words("What is SSO in the Admin console?") == ["SSO", "Admin", "console"]

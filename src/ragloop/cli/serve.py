@@ -43,6 +43,10 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--max-concurrency", type=int, default=64, metavar="N", help="turns at once; more get 429")
     add_quota_options(p)
     p.add_argument(
+        "--workers", type=_workers, default=1, metavar="N",
+        help="worker processes sharing the port, each with its own pools and turn slots (default 1)",
+    )  # fmt: skip
+    p.add_argument(
         "--sessions",
         default="memory",
         metavar="WHERE",
@@ -67,6 +71,10 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--body-timeout", type=float, default=10.0, metavar="S", help="request body timeout (10 s)")
     p.add_argument("--write-timeout", type=float, default=30.0, metavar="S",
                    help="a client that reads none of its response for S seconds is disconnected (30 s)")  # fmt: skip
+    p.add_argument(
+        "--keepalive", type=float, default=15.0, metavar="S",
+        help="send an SSE comment on a stream idle for S seconds, so proxies keep it open (15 s; 0: never)",
+    )  # fmt: skip
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN", help="allow this browser origin")
     p.add_argument("--source-base-url", metavar="URL", help="link citations to URL + source (e.g. your docs site)")
     p.add_argument("--no-page", action="store_true", help="do not serve the chat page at /")
@@ -149,6 +157,17 @@ def _port(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {text!r}")
     return port
+
+
+def _workers(text: str) -> int:
+    """A number of worker processes for argparse (1 to 64)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 64:
+        raise argparse.ArgumentTypeError(f"must be a number of processes from 1 to 64, got {text!r}")
+    return n
 
 
 def _api_keys(raw: str) -> tuple[str, ...]:
@@ -295,12 +314,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         keys=file_keys,
         allowed_hosts=hosts,
         body_timeout_s=args.body_timeout,
+        keepalive_s=args.keepalive or None,
         cors_origins=tuple(args.cors_origin),
         page=not args.no_page,
         page_title=args.title,
         page_colour=args.colour,
         mcp=not args.no_mcp,
     )
+    if args.workers > 1:  # the options are checked; each worker builds its own chat, pools and slots
+        from ragloop.cli._workers import serve_workers
+
+        return serve_workers(args)
     handoff = _handoff(args)
     http = h11_protocol(header_timeout_s=args.header_timeout, write_timeout_s=args.write_timeout)
     rag, client, documents = build_with_documents(_chat_args(args))  # as `ragloop ask` builds it
@@ -324,6 +348,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         http=http,
         ws="none",
     )
+    import socket
+
     import anyio
 
     async def run() -> None:
@@ -332,7 +358,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             await _check_sessions(sessions)
             print(f"ragloop: serving on http://{args.host}:{args.port}/ (chat page at /, API at /v1; {who})",
                   file=sys.stderr)  # fmt: skip
-            await CleanExitServer(config, app.state.ragloop_shut_down).serve()
+            inherited = getattr(args, "fd", None)  # a worker of `--workers N` serves its supervisor's socket
+            sockets = [socket.socket(fileno=inherited)] if inherited is not None else None
+            await CleanExitServer(config, app.state.ragloop_shut_down).serve(sockets=sockets)
         finally:
             await sessions.aclose()
             await rag.aclose()
@@ -376,3 +404,14 @@ def _chat_args(args: argparse.Namespace) -> argparse.Namespace:
     merged = vars(ask.parse_args([]))
     merged.update({key: value for key, value in vars(args).items() if key in merged})
     return argparse.Namespace(**merged)
+
+
+if __name__ == "__main__":  # a worker of `ragloop serve --workers N` (started by ragloop.cli._workers)
+    from ragloop.cli._workers import worker_args
+    from ragloop.errors import RagloopError
+
+    try:
+        sys.exit(cmd_serve(worker_args()))
+    except RagloopError as exc:
+        print(f"ragloop: {exc}", file=sys.stderr)
+        sys.exit(2)

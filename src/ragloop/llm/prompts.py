@@ -106,7 +106,8 @@ def neutralise(text: str) -> str:
     Ordinary text, including code with ``<<`` or ``>>>``, is otherwise left alone.
     """
     folded = unicodedata.normalize("NFKC", text).translate(_MULTI_LT)
-    visible = "".join(ch for ch in folded if unicodedata.category(ch) != "Cf")
+    # No ASCII character is a format character (Cf): most passages skip the per-character pass.
+    visible = folded if folded.isascii() else "".join(ch for ch in folded if unicodedata.category(ch) != "Cf")
     escaped = _LT_RUN.sub(lambda m: "&lt;" * sum(c in LT_LIKE for c in m.group()), visible)
     return _KEYWORD.sub("[fence word]", _template_tokens(escaped))
 

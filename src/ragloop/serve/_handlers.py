@@ -112,7 +112,7 @@ class _Handlers:
             server.release_slot(principal)
             metrics.requests.labels(endpoint=endpoint, status=status["code"] or "500").inc()
 
-        return TurnResponse(produce, on_disconnect=cancelled, on_done=done)
+        return TurnResponse(produce, on_disconnect=cancelled, on_done=done, keepalive_s=server.settings.keepalive_s)
 
     async def completions(self, request: Request) -> Response | TurnResponse:
         """``POST /v1/chat/completions``."""

@@ -54,6 +54,8 @@ class ServeSettings:
             any port); another host gets 400 before anything runs. Empty: any host.
         body_timeout_s: Longest time a request body may take to arrive (408 and the connection closed after).
         ready_interval_s: ``/readyz`` probes the model, the store and the session store at most this often.
+        keepalive_s: An event stream that has sent nothing for this long gets a ``: keep-alive`` comment (proxies
+            such as nginx cut streams idle for 60 s); ``None``: never.
         model_name: The model id reported by the OpenAI-compatible endpoint.
         page: Serve the chat page at ``/``.
         page_title: The chat page's title and heading (a help centre embedding it names its product);
@@ -85,6 +87,7 @@ class ServeSettings:
     allowed_hosts: tuple[str, ...] = ()
     body_timeout_s: float = 10.0
     ready_interval_s: float = 5.0
+    keepalive_s: float | None = 15.0
     model_name: str = "ragloop"
     page: bool = True
     page_title: str | None = None
@@ -110,6 +113,8 @@ class ServeSettings:
             raise ConfigError("api_keys must not contain an empty key")
         if not self.body_timeout_s > 0:
             raise ConfigError(f"body_timeout_s must be a positive number of seconds, got {self.body_timeout_s}")
+        if self.keepalive_s is not None and not self.keepalive_s > 0:
+            raise ConfigError(f"keepalive_s must be a positive number of seconds or None, got {self.keepalive_s}")
         if not self.tenant_key:
             raise ConfigError("tenant_key must name a metadata key, e.g. 'tenant'")
         if self.page_title is not None and not (0 < len(self.page_title.strip()) <= MAX_TITLE_CHARS):

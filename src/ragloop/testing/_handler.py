@@ -80,6 +80,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     # -- request handling ---------------------------------------------------------------------------------
 
+    def do_GET(self) -> None:
+        """``GET /v1/models`` lists one model (readiness probes ask it); nothing else is served, nothing recorded."""
+        path = self.path.split("?", 1)[0]
+        if path.endswith("/models"):
+            model = {"id": "scripted", "object": "model", "created": 0, "owned_by": "scripted-server"}
+            self._send_json(200, {"object": "list", "data": [model]})
+        else:
+            self._send_json(
+                404, {"error": {"message": f"scripted server has no route GET {path}", "type": "not_found"}}
+            )
+
     def do_POST(self) -> None:
         owner = self.server_owner
         length = int(self.headers.get("content-length") or 0)

@@ -15,6 +15,7 @@ Normal forms:
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Literal
 
@@ -56,6 +57,13 @@ def extract_ids(text: str) -> dict[IdKind, frozenset[str]]:
     >>> extract_ids("Ticket #1234 fails with E0042 since v2.3.1")
     {'ticket': frozenset({'#1234'}), 'error': frozenset({'E0042'}), 'version': frozenset({'2.3.1'})}
     """
+    return dict(_extract(text))
+
+
+# A turn asks this of the same passages again and again (each grading, each rerank, every turn that finds them):
+# the three scans are memoised per text. The cache holds frozen values only (each call gets a new dict), bounded.
+@functools.lru_cache(maxsize=2048)
+def _extract(text: str) -> tuple[tuple[IdKind, frozenset[str]], ...]:
     found: dict[IdKind, set[str]] = {}
     for m in _TICKET.finditer(text):
         found.setdefault("ticket", set()).add("#" + _first_group(m)[1])
@@ -71,7 +79,7 @@ def extract_ids(text: str) -> dict[IdKind, frozenset[str]]:
             found.setdefault("error", set()).add("E" + value)
     for m in _VERSION.finditer(text):
         found.setdefault("version", set()).add(_first_group(m)[1])
-    return {kind: frozenset(found[kind]) for kind in KINDS if kind in found}
+    return tuple((kind, frozenset(found[kind])) for kind in KINDS if kind in found)
 
 
 def normalise_id(value: str | int) -> str:

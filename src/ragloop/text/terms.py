@@ -132,6 +132,13 @@ class KeyTerm:
 
 def key_terms(text: str) -> list[KeyTerm]:
     """Content terms of ``text`` in order of first appearance: stopwords dropped, stemmed, deduplicated."""
+    return list(_key_terms(text))
+
+
+# The judges and the reranker ask this of the same question and passages many times a turn: memoised per text
+# (frozen values; each caller gets its own list), bounded.
+@functools.lru_cache(maxsize=2048)
+def _key_terms(text: str) -> tuple[KeyTerm, ...]:
     seen: set[str] = set()
     out: list[KeyTerm] = []
     for token in tokenize(text):
@@ -141,7 +148,7 @@ def key_terms(text: str) -> list[KeyTerm]:
         if s and s not in seen and s not in STOPWORDS:
             seen.add(s)
             out.append(KeyTerm(s, token))
-    return out
+    return tuple(out)
 
 
 def content_words(text: str) -> list[str]:

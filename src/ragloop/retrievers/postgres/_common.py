@@ -121,7 +121,9 @@ async def probe(url: str, timeout_s: float) -> None:
     psycopg = psycopg_module()
     try:
         with anyio.fail_after(timeout_s):
-            conn = await psycopg.AsyncConnection.connect(url, autocommit=True, application_name=_APP, connect_timeout=2)
+            conn = await psycopg.AsyncConnection.connect(
+                url, autocommit=True, fallback_application_name=_APP, connect_timeout=2
+            )
     except (psycopg.Error, TimeoutError) as exc:
         reason = hide_credentials(str(exc), url) if isinstance(exc, psycopg.Error) else "no answer to a connection"
         raise StoreUnavailable(

@@ -104,7 +104,7 @@ class Connections:
             self.url,
             min_size=1,
             max_size=self.pool_size,
-            kwargs={"application_name": _APP, "autocommit": True},
+            kwargs={"fallback_application_name": _APP, "autocommit": True},
             configure=configure,
             open=False,
             reconnect_timeout=30.0,

@@ -111,7 +111,9 @@ class StoreReport:
 async def _connect(url: str) -> Any:
     psycopg = psycopg_module()
     try:
-        return await psycopg.AsyncConnection.connect(url, autocommit=True, application_name=_APP, connect_timeout=5)
+        return await psycopg.AsyncConnection.connect(
+            url, autocommit=True, fallback_application_name=_APP, connect_timeout=5
+        )
     except psycopg.Error as exc:
         raise StoreUnavailable(f"cannot connect to {hide_password(url)}: {hide_credentials(str(exc), url)}") from exc
 

@@ -201,7 +201,7 @@ class PostgresStore:
     async def _prepare(self, columns: str | None) -> Corpus:
         psycopg = psycopg_module()
         try:
-            conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, application_name=_APP)
+            conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, fallback_application_name=_APP)
         except psycopg.Error as exc:
             raise StoreUnavailable(f"cannot connect to {self._conn.redacted()}: {self._conn.hidden(str(exc))}") from exc
         async with conn:

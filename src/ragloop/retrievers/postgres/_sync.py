@@ -38,7 +38,7 @@ async def scope_lock(store: Store, scope: Scope) -> AsyncIterator[None]:
     two syncs of one scope take turns, syncs of different scopes do not wait for each other."""
     psycopg = psycopg_module()
     try:
-        conn = await psycopg.AsyncConnection.connect(store.url, autocommit=True, application_name=_APP)
+        conn = await psycopg.AsyncConnection.connect(store.url, autocommit=True, fallback_application_name=_APP)
     except psycopg.Error as exc:
         raise StoreUnavailable(
             f"cannot connect to {hide_password(store.url)}: {hide_credentials(str(exc), store.url)}"
