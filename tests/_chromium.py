@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,3 +59,14 @@ def headless_chromium(window: str, *, console_log: bool = False) -> Iterator[Any
         yield driver
     finally:
         driver.quit()
+
+
+def wait_in_browser(condition: Any, timeout_s: float = 20.0) -> Any:
+    """``condition()``'s first truthy value, polled every 20 ms for up to ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError("timed out waiting in the browser")

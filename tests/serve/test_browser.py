@@ -6,7 +6,6 @@ tests skip and say so.
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import pytest
 from ragloop.chat import ChatRAG
 from ragloop.events import Token
 from ragloop.serve import create_app
-from tests._chromium import BROWSER_MARKS, HOW, headless_chromium
+from tests._chromium import BROWSER_MARKS, HOW, headless_chromium, wait_in_browser
 from tests.serve.conftest import serving
 
 pytestmark = BROWSER_MARKS
@@ -47,16 +46,6 @@ def browser() -> Iterator[Any]:
         yield driver
 
 
-def _wait(condition: Any, timeout_s: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("timed out waiting in the browser")
-
-
 def _ask(driver: Any, question: str) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -77,12 +66,12 @@ def test_streamed_cited_answer(browser: Any, sample_cache: Path, tmp_path: Path)
         browser.get(url + "/")
         assert browser.title == "Ask the docs · ragloop"
         _ask(browser, "How do I rotate an API key?")
-        bot = _wait(lambda: browser.find_elements(By.CSS_SELECTOR, ".msg.bot"))[-1]
+        bot = wait_in_browser(lambda: browser.find_elements(By.CSS_SELECTOR, ".msg.bot"))[-1]
         answer = bot.find_element(By.CSS_SELECTOR, ".answer")
         outcome = bot.find_element(By.CSS_SELECTOR, ".outcome")
         # streaming: part of the answer is on screen while the turn is still running
-        partial = _wait(lambda: answer.text if answer.text and not outcome.text else "")
-        _wait(lambda: outcome.get_attribute("data-outcome"))
+        partial = wait_in_browser(lambda: answer.text if answer.text and not outcome.text else "")
+        wait_in_browser(lambda: outcome.get_attribute("data-outcome"))
         browser.save_screenshot(str(tmp_path / "chat.png"))
         final = answer.text
         assert len(final) > len(partial) and final.startswith(partial[:10])
@@ -114,9 +103,9 @@ def test_partial_answer_says_what_is_missing_on_a_phone(browser: Any, sample_cac
         try:
             browser.get(url + "/")
             _ask(browser, "What is the status of ticket #4242?")
-            bot = _wait(lambda: browser.find_elements(By.CSS_SELECTOR, ".msg.bot"))[-1]
+            bot = wait_in_browser(lambda: browser.find_elements(By.CSS_SELECTOR, ".msg.bot"))[-1]
             outcome = bot.find_element(By.CSS_SELECTOR, ".outcome")
-            kind = _wait(lambda: outcome.get_attribute("data-outcome"))
+            kind = wait_in_browser(lambda: outcome.get_attribute("data-outcome"))
             browser.save_screenshot(str(tmp_path / "phone.png"))
             assert kind in ("partial", "none")
             assert ("Nothing found about" in outcome.text) or ("No answer found" in outcome.text)
@@ -136,16 +125,16 @@ def test_escape_stops_the_answer_and_the_turn(browser: Any, sample_cache: Path) 
     with serving(create_app(rag)) as url:
         browser.get(url + "/")
         _ask(browser, "How do I rotate an API key?")
-        bot = _wait(lambda: browser.find_elements(By.CSS_SELECTOR, ".msg.bot"))[-1]
+        bot = wait_in_browser(lambda: browser.find_elements(By.CSS_SELECTOR, ".msg.bot"))[-1]
         answer = bot.find_element(By.CSS_SELECTOR, ".answer")
-        _wait(lambda: answer.text)
+        wait_in_browser(lambda: answer.text)
         assert browser.find_element(By.ID, "send").text == "Stop"
         browser.switch_to.active_element.send_keys(Keys.ESCAPE)
         outcome = bot.find_element(By.CSS_SELECTOR, ".outcome")
-        _wait(lambda: outcome.text == "Stopped.")
+        wait_in_browser(lambda: outcome.text == "Stopped.")
         assert outcome.get_attribute("role") == "alert"
         assert browser.find_element(By.ID, "send").text == "Ask"
-        _wait(lambda: "ragloop_turns_cancelled_total 1.0" in httpx.get(url + "/metrics").text, timeout_s=5)
+        wait_in_browser(lambda: "ragloop_turns_cancelled_total 1.0" in httpx.get(url + "/metrics").text, timeout_s=5)
 
 
 def test_the_page_keeps_a_server_session_and_starts_anew_after_a_404(browser: Any, sample_cache: Path) -> None:
@@ -163,7 +152,9 @@ def test_the_page_keeps_a_server_session_and_starts_anew_after_a_404(browser: An
         browser.get(url + "/")  # the page reads the stored id when it loads
         for n, question in enumerate(("How do I rotate an API key?", "And how do I revoke the old key?"), 1):
             _ask(browser, question)
-            _wait(lambda n=n: len(browser.find_elements(By.CSS_SELECTOR, ".msg.bot .outcome[data-outcome]")) == n)
+            wait_in_browser(
+                lambda n=n: len(browser.find_elements(By.CSS_SELECTOR, ".msg.bot .outcome[data-outcome]")) == n
+            )
         outcomes = browser.find_elements(By.CSS_SELECTOR, ".msg.bot .outcome")
         assert all(o.get_attribute("data-outcome") != "error" for o in outcomes), [o.text for o in outcomes]
         sid = browser.execute_script('return sessionStorage.getItem("ragloop-session")')

@@ -11,7 +11,7 @@ import pytest
 
 from ragloop.serve import ServeSettings, create_app
 from ragloop.state import ContextBlock, Message, Outcome
-from tests._chromium import BROWSER_MARKS, HOW, headless_chromium
+from tests._chromium import BROWSER_MARKS, HOW, headless_chromium, wait_in_browser
 from tests.serve.conftest import fake_rag, serving
 
 pytestmark = BROWSER_MARKS
@@ -54,16 +54,6 @@ def browser() -> Iterator[Any]:
         yield driver
 
 
-def _wait(condition: Any, timeout_s: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError("timed out waiting in the browser")
-
-
 def _answer(browser: Any, url: str) -> Any:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -72,8 +62,8 @@ def _answer(browser: Any, url: str) -> Any:
     box = browser.find_element(By.ID, "question")
     box.send_keys("How do I rotate an API key?")
     box.send_keys(Keys.ENTER)
-    bot = _wait(lambda: browser.find_elements(By.CSS_SELECTOR, ".msg.bot"))[-1]
-    _wait(lambda: bot.find_element(By.CSS_SELECTOR, ".outcome").get_attribute("data-outcome"))
+    bot = wait_in_browser(lambda: browser.find_elements(By.CSS_SELECTOR, ".msg.bot"))[-1]
+    wait_in_browser(lambda: bot.find_element(By.CSS_SELECTOR, ".outcome").get_attribute("data-outcome"))
     return bot.find_element(By.CSS_SELECTOR, ".answer")
 
 
