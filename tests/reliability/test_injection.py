@@ -122,12 +122,16 @@ async def test_fake_citations_from_the_model_are_dropped() -> None:
 
 
 def assert_citations_real(reply: Reply) -> None:
-    """Every [n] in the text and every citation points at a block of this reply, from a retrieved chunk."""
+    """Every [n] in the text is one of the reply's citations, and every citation (a page, numbered 1..n as the
+    client sees it) and each of its cited sections is a block of this reply, from a retrieved chunk."""
     numbers = {int(n) for group in re.findall(r"\[([\d,\s]+)\]", reply.text) for n in group.split(",")}
-    blocks = {b.n: b for b in reply.blocks}
-    assert numbers <= set(blocks), (numbers, set(blocks))
+    cited = {c.n for c in reply.citations}
+    assert numbers <= cited, (numbers, cited)
+    shown = {b.chunk_id for b in reply.blocks}
     retrieved = {g.chunk_id for g in reply.record.grades}
-    assert all(c.chunk_id == blocks[c.n].chunk_id and c.chunk_id in retrieved for c in reply.citations)
+    for c in reply.citations:
+        ids = {c.chunk_id, *(s.chunk_id for s in c.sections)}
+        assert ids <= shown and ids <= retrieved, (c, shown)
 
 
 async def test_offline_turn_never_follows_injected_text() -> None:
