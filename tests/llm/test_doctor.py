@@ -33,7 +33,7 @@ async def test_a_capable_server_uses_tool_calls() -> None:
     assert report.decide_mode == "tools" and probes["tool calls"][0] == "ok"
     assert probes["json_schema"] == ("ok", 'enforced: {"answer": "yes"}')
     assert probes["streaming"][0] == "ok" and "usage reported" in probes["streaming"][1]
-    assert probes["output cap"][0] == "ok" and probes["models"][0] == "warn"  # the scripted server lists none
+    assert probes["output cap"][0] == "ok" and probes["models"][0] == "ok"  # GET /v1/models lists the scripted model
     assert [b.get("max_completion_tokens") for b in bodies] == [16, 16, 16, 5]
 
 
