@@ -230,8 +230,12 @@ class TestFeedbackRate:
                 r = await client.post("/api/chat", json={"message": "How do I rotate an API key?"}, headers=key)
                 turns[name] = json.loads(sse_events(r.text)[-1][1])["turn_id"]
             rated = [
-                (await client.post("/v1/feedback", json={"turn_id": turns["alice"], "rating": "up"}, headers=ALICE))
-                for _ in range(61)
+                await client.post(
+                    "/v1/feedback",
+                    json={"turn_id": turns["alice"], "rating": "up" if i < 60 else "down", "comment": f"c{i}"},
+                    headers=ALICE,
+                )
+                for i in range(61)
             ]
             bobs = await client.post("/v1/feedback", json={"turn_id": turns["bob"], "rating": "down"}, headers=BOB)
         await rag.aclose()
@@ -239,4 +243,7 @@ class TestFeedbackRate:
         assert rated[-1].json()["error"]["code"] == "feedback_rate" and int(rated[-1].headers["retry-after"]) >= 1
         assert bobs.status_code == 200
         with sqlite3.connect(tmp_path / "turns.db") as conn:
-            assert conn.execute("select count(*) from ragloop_feedback").fetchone()[0] == 61
+            # a turn keeps its latest rating: the 60th accepted one stands, the refused 61st wrote nothing
+            assert conn.execute("select count(*) from ragloop_feedback").fetchone()[0] == 2
+            stored = conn.execute("select rating, comment from ragloop_feedback where turn_id = ?", (turns["alice"],))
+            assert stored.fetchone() == ("up", "c59")
