@@ -106,7 +106,7 @@ def apply_lifecycle(
 
     Args:
         report: A fresh report (:func:`~ragloop.gaps.build_report`).
-        book: What the log remembers (:meth:`~ragloop.turnlog.SQLBackend.gap_book`).
+        book: What the log remembers (``SQLBackend.gap_book()`` of the turn log).
         times: Turn id → when, for the report's turns.
 
     Returns:

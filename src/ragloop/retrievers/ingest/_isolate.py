@@ -48,7 +48,7 @@ class Budget:
         seconds: Wall-clock seconds from hand-out to result (``None``: no limit).
         memory_bytes: Address space the worker may map (``RLIMIT_AS``; ``None``: no limit). It counts the
             interpreter and the imported loaders too (about 70 MB).
-        seconds_per_mb: Seconds more per MB of a task's size (:func:`run_isolated`'s ``size``): a large
+        seconds_per_mb: Seconds more per MB of a task's size (the ``size`` given to ``run_isolated``): a large
             legitimate file gets longer than a small one that only pretends to be hard work.
     """
 

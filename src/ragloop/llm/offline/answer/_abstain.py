@@ -101,7 +101,7 @@ class AbstainRule:
         :attr:`~ragloop.llm.offline.grade.OfflineGrader.small_corpus`). Its passages are graded by retrieval
         agreement, and a customer's wording rarely repeats the page's ("guarantee" for "warranty"), so the
         lead's term coverage runs low on questions the pages answer: the threshold is
-        :data:`SMALL_THRESHOLD`. A question outside such a knowledge base is refused earlier, by the grader
+        ``SMALL_THRESHOLD``. A question outside such a knowledge base is refused earlier, by the grader
         (no hit the retrievers agree on)."""
         return cls(threshold=SMALL_THRESHOLD)
 
