@@ -8,8 +8,9 @@ from typing import Any
 
 from ragloop.serve import ServeSettings, create_app
 from ragloop.turnlog import TurnLog
+from tests._chromium import wait_in_browser
 from tests.serve.conftest import fake_rag, serving
-from tests.serve.test_browser import _ask, _wait, browser, pytestmark
+from tests.serve.test_browser import _ask, browser, pytestmark
 
 __all__ = ["browser", "pytestmark"]
 
@@ -26,12 +27,12 @@ def test_thumbs_down_reaches_the_turn_log(browser: Any, tmp_path: Path) -> None:
         browser.execute_script("sessionStorage.setItem('ragloop-key', 'key-alice')")
         browser.get(url + "/")
         _ask(browser, "How do I rotate an API key?")
-        bot = _wait(lambda: browser.find_elements(By.CSS_SELECTOR, ".msg.bot"))[-1]
-        down = _wait(lambda: bot.find_elements(By.CSS_SELECTOR, ".feedback button.rate-down"))[0]
+        bot = wait_in_browser(lambda: browser.find_elements(By.CSS_SELECTOR, ".msg.bot"))[-1]
+        down = wait_in_browser(lambda: bot.find_elements(By.CSS_SELECTOR, ".feedback button.rate-down"))[0]
         assert down.get_attribute("aria-label") == "Not helpful"
         down.click()
         status = bot.find_element(By.CSS_SELECTOR, ".feedback-status")
-        _wait(lambda: status.text == "Thanks for the feedback.")
+        wait_in_browser(lambda: status.text == "Thanks for the feedback.")
         assert down.get_attribute("aria-pressed") == "true"
         assert all(b.get_attribute("disabled") for b in bot.find_elements(By.CSS_SELECTOR, ".feedback button"))
         logs = browser.get_log("browser") if "browser" in browser.log_types else []
@@ -44,6 +45,6 @@ def test_thumbs_down_reaches_the_turn_log(browser: Any, tmp_path: Path) -> None:
     with serving(create_app(plain)) as url:
         browser.get(url + "/")
         _ask(browser, "How do I rotate an API key?")
-        bot = _wait(lambda: browser.find_elements(By.CSS_SELECTOR, ".msg.bot"))[-1]
-        _wait(lambda: bot.find_element(By.CSS_SELECTOR, ".outcome").get_attribute("data-outcome"))
+        bot = wait_in_browser(lambda: browser.find_elements(By.CSS_SELECTOR, ".msg.bot"))[-1]
+        wait_in_browser(lambda: bot.find_element(By.CSS_SELECTOR, ".outcome").get_attribute("data-outcome"))
         assert bot.find_elements(By.CSS_SELECTOR, ".feedback") == []
