@@ -839,6 +839,58 @@ class TestHostAllowlistUnit:
         await app({"type": "http", "headers": [], "method": "GET", "path": "/v1/models"}, receive, send)
         assert sent[0]["status"] == 400 and b"host_not_allowed" in sent[1]["body"]
 
+    @pytest.mark.parametrize(
+        ("chunks", "drained", "closes"), [([b"{}"], True, False), ([b"x" * 40_000] * 3, False, True)]
+    )
+    async def test_a_refused_body_is_read_before_the_answer(
+        self, rag: ChatRAG, chunks: list[bytes], drained: bool, closes: bool
+    ) -> None:
+        """A refused POST's body is read before the 400 is sent, so the server never closes on unread bytes (which
+        made the kernel reset the connection and a client saw ReadError instead of the 400, in CI); a body over
+        64 KiB is not read, and the answer says the connection closes."""
+        from ragloop.serve._hosts import HostAllowlist
+
+        events: list[str] = []
+        sent: list[dict[str, Any]] = []
+        pending = list(chunks)
+
+        async def send(message: dict[str, Any]) -> None:
+            events.append("send")
+            sent.append(message)
+
+        async def receive() -> dict[str, Any]:
+            events.append("receive")
+            body = pending.pop(0)
+            return {"type": "http.request", "body": body, "more_body": bool(pending)}
+
+        app = HostAllowlist(create_app(rag), ["localhost"])
+        scope = {"type": "http", "headers": [(b"host", b"evil.example")], "method": "POST", "path": "/api/chat"}
+        await app(scope, receive, send)
+        assert sent[0]["status"] == 400 and b"host_not_allowed" in sent[1]["body"]
+        assert events[-2:] == ["send", "send"] and "send" not in events[:-2]
+        assert (not pending) is drained
+        assert ((b"connection", b"close") in sent[0]["headers"]) is closes
+
+    async def test_a_refused_body_that_never_arrives_is_answered_and_closed(self, rag: ChatRAG) -> None:
+        """A client that sends a head and then nothing still gets its 400 (after the 1 s drain bound), and the
+        connection is closed: a slow body cannot hold the refusal open."""
+        from ragloop.serve._hosts import HostAllowlist
+
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        async def receive() -> dict[str, Any]:
+            await anyio.sleep_forever()
+            raise AssertionError
+
+        app = HostAllowlist(create_app(rag), ["localhost"])
+        scope = {"type": "http", "headers": [(b"host", b"evil.example")], "method": "POST", "path": "/api/chat"}
+        with anyio.fail_after(10):
+            await app(scope, receive, send)
+        assert sent[0]["status"] == 400 and (b"connection", b"close") in sent[0]["headers"]
+
 
 class TestPageSettings:
     @pytest.mark.parametrize(
