@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from attrs import field, frozen
 
-from ragloop.llm.offline.answer._abstain import AbstainRule, unknown_names
+from ragloop.llm.offline.answer._abstain import AbstainRule, Meant, unknown_names
 from ragloop.llm.offline.answer._choose import (
     HEADING_TIE,
     REFERS,
@@ -43,6 +43,8 @@ from ragloop.llm.offline.answer._choose import (
     Scored,
     asked_for,
     compared_parts,
+    counted,
+    counts,
     has_asked_for,
     head_in_title,
     head_of,
@@ -178,22 +180,6 @@ def _join(items: Sequence[str]) -> str:
 
 
 @frozen
-class _Meant:
-    """The units that mean the question on a small knowledge base: their cosine (``dense``) reaches ``at``."""
-
-    dense: Mapping[str, float]
-    at: float | None
-
-    def cosine(self, unit: Unit) -> float | None:
-        """The unit's cosine with the question when it reaches ``at``, else ``None``."""
-        c = self.dense.get(unit.text, 0.0)
-        return c if self.at is not None and c >= self.at else None
-
-    def __call__(self, unit: Unit) -> bool:
-        return self.cosine(unit) is not None
-
-
-@frozen
 class OfflineAnswerer:
     """Writes an extractive, cited answer without a model, the answering unit first.
 
@@ -303,8 +289,8 @@ class OfflineAnswerer:
 
         heads = [head_of(p, idf) for p in parts] if sides else []
 
-        meant = _Meant(dense or {}, self.meaning_at)
-        asked = asked_for(question)
+        meant = Meant(dense or {}, self.meaning_at)
+        asked, noun = asked_for(question), counted(question)
         q_words = {w.casefold() for w in re.findall(r"\w+", question)}
         specific, head = specific_terms(q_terms, idf)
         pool: list[Scored] = []
@@ -331,7 +317,12 @@ class OfflineAnswerer:
                 if scored is None:
                     continue
                 rel = scored.relevance * (self.code_weight if unit.kind == "code" else 1.0)
-                if asked is not None and has_asked_for(asked, f"{unit.text} {unit.heading}", q_words):
+                # The asked-for value, of the counted thing ("5" guests per workspace is no count of members).
+                if (
+                    asked is not None
+                    and counts(unit, noun)
+                    and has_asked_for(asked, f"{unit.text} {unit.heading}", q_words)
+                ):
                     rel += self.asked_bonus
                     # Only the question's specific terms count ("50 MB per file" does not answer the logo), and
                     # in a row also a term its label holds: the row's values belong to it ("| Team | 1,000 |").

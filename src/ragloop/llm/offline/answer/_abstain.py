@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from attrs import frozen
 
+from ragloop.llm.offline.answer._units import Unit
 from ragloop.text.terms import STOPWORDS, CorpusStats, stem, tokenize
 
-__all__ = ["SMALL_MEANING", "SMALL_THRESHOLD", "AbstainRule", "unknown_names"]
+__all__ = ["SMALL_MEANING", "SMALL_THRESHOLD", "AbstainRule", "Meant", "unknown_names"]
 
 _WORD = re.compile(r"[A-Za-z0-9][\w'’.-]*\w|[A-Za-z0-9]")
 _POSSESSIVE = re.compile(r"['’]s$")
@@ -121,3 +122,20 @@ class AbstainRule:
     def score(self, lead: float, confidences: Sequence[float]) -> float:
         """The evidence score of a lead unit's relevance and the passages' confidences."""
         return lead + self.confidence_weight * max(confidences[: self.top], default=0.0)
+
+
+@frozen
+class Meant:
+    """The units that mean the question on a small knowledge base: their cosine (``dense``) reaches ``at``."""
+
+    dense: Mapping[str, float]
+    at: float | None
+
+    def cosine(self, unit: Unit) -> float | None:
+        """The unit's cosine with the question when it reaches ``at``, else ``None``."""
+        c = self.dense.get(unit.text, 0.0)
+        return c if self.at is not None and c >= self.at else None
+
+    def __call__(self, unit: Unit) -> bool:
+        """Whether the unit means the question (its cosine reaches ``at``)."""
+        return self.cosine(unit) is not None
