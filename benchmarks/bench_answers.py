@@ -251,7 +251,7 @@ def main() -> None:
     old = before["figures"] if before is not None else None
     if before is not None:
         print(f"  {'':<24}{'before':>8}{'after':>8}   (before: {args.before}, load {before['load_average']})")
-    for key in (*HEADLINE, "cites_source", "comparison_answer_any", "reply_chars_mean"):
+    for key in (*HEADLINE, "wrong_context", "cites_source", "comparison_answer_any", "reply_chars_mean"):
         value = figures.get(key)
         shown = "-" if value is None else f"{value:.3f}"
         if old is not None:

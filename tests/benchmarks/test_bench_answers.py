@@ -187,6 +187,14 @@ class TestScore:
         both = _answers.score(q, "Team allows 300 [1]. Business allows 1,000 [2].", "context", ["a.md"])
         assert both["answer_any"]
 
+    def test_wrong_context_is_a_confident_reply_without_the_fact(self) -> None:
+        """wrong-context: an answerable question answered ``context`` whose reply lacks an expected fact; the
+        same reply labelled ``partial`` is not (it said it may not answer all of it)."""
+        q = {"id": "w", "kind": "answerable", "question": "q", "facts": [["token_urlsafe"]], "sources": []}
+        assert _answers.score(q, "Use secrets.token_hex [1].", "context", ["a.md"])["wrong_context"]
+        assert not _answers.score(q, "Use secrets.token_hex [1].", "partial", ["a.md"])["wrong_context"]
+        assert not _answers.score(q, "Use token_urlsafe [1].", "context", ["a.md"])["wrong_context"]
+
     def test_honest_none_needs_no_citation(self) -> None:
         """Outside the knowledge base, ``none`` with a citation is not honest."""
         q = {"id": "o", "kind": "out_of_kb", "question": "Kubernetes?"}
