@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -434,3 +435,22 @@ class TestSmallCorpusMeaning:
         assert answerer.abstain(self.QUESTION, [self.SHOP], [far]) is not None
         assert answerer.abstain(self.QUESTION, [self.SHOP], [other]) is not None
         assert OfflineAnswerer(stats).abstain(self.QUESTION, [self.SHOP], [near]) is not None
+
+
+@pytest.mark.anyio
+async def test_a_failing_embedder_leaves_the_reply_to_its_terms() -> None:
+    """#33: with ``meaning_at`` the answerer embeds the units; an embedder that raises gives the reply the
+    lexical choice would give, not an error."""
+
+    class Dead:
+        name = "dead"
+        dim = 2
+
+        async def embed(self, texts: list[str]) -> Any:
+            raise ConnectionError("embedding service unreachable")
+
+    stats = CorpusStats.from_texts(OFFLINE_CORPUS)
+    q = "How do I configure SSO?"
+    dead = OfflineAnswerer(stats, embedder=Dead(), meaning_at=0.4)
+    got = "".join([t async for t in dead.answer(q, [SSO], "context")])
+    assert got == OfflineAnswerer(stats).compose(q, [SSO], "context")

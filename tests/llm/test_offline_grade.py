@@ -254,3 +254,24 @@ class TestSmallCorpusMeaning:
         calls = emb.calls
         await grader.grade("any update on my support request", hit(texts[0]))
         assert emb.calls == calls
+
+
+class _Dead:
+    """An embedder whose every call fails (a dead embedding service)."""
+
+    name = "dead"
+    dim = 2
+
+    async def embed(self, texts: list[str]) -> Any:
+        raise ConnectionError("embedding service unreachable")
+
+
+@pytest.mark.anyio
+async def test_a_failing_embedder_leaves_the_term_verdict() -> None:
+    """On a small corpus, an embedder that raises neither fails the grade nor changes its label."""
+    stats = CorpusStats.from_texts(SHOP)
+    question = "Is a cracked screen from dropping the phone covered?"
+    plain = await OfflineGrader.calibrate(stats, SHOP).grade(question, hit(SHOP[3], confidence=0.1))
+    grader = OfflineGrader.calibrate(stats, SHOP).with_embedder(_Dead())
+    dead = await grader.grade(question, hit(SHOP[3], confidence=0.1))
+    assert dead.label == plain.label and dead.reason == plain.reason

@@ -361,13 +361,17 @@ class OfflineGrader:
 
     async def grade(self, query: str, hit: Hit) -> Verdict:
         """Grade ``hit`` for ``query`` (see the module docstring); on a small corpus with an embedder, a hit
-        that means the query is ``relevant`` (see ``embedder``)."""
+        that means the query is ``relevant`` (see ``embedder``). An embedder that fails leaves the term-based
+        verdict: meaning only ever promotes."""
         start = time.perf_counter()
         verdict = self.judge(query, hit)
         if self.small_corpus and self.embedder is not None and verdict.label != "relevant":
             text = "\n".join([hit.chunk.title, hit.chunk.text[: self.max_chars]])
             if not ids_conflict(query, text) and not missing_ids(query, text):
-                cosine = await self.meaning(query, hit.chunk.text[: self.max_chars])
+                try:
+                    cosine = await self.meaning(query, hit.chunk.text[: self.max_chars])
+                except Exception:  # noqa: BLE001 — a failing embedder leaves the term-based verdict as it is
+                    cosine = 0.0
                 if cosine >= self.small_meaning_at:
                     reason = f"{verdict.reason}; small knowledge base: a sentence means the query ({cosine:.2f})"
                     verdict = Verdict("relevant", reason, score=verdict.score)

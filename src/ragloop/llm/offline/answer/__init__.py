@@ -431,9 +431,15 @@ class OfflineAnswerer:
         direct_reply: str | None = None,
         history: Sequence[Message] = (),
     ) -> AsyncIterator[str]:
-        """Stream the reply word by word (each token keeps its trailing whitespace)."""
+        """Stream the reply word by word (each token keeps its trailing whitespace); an embedder that fails
+        (for ``dense_weight`` or ``meaning_at``) leaves the choice to the terms alone."""
         start = time.perf_counter()
-        dense = await self.dense_scores(question, blocks) if outcome in ("context", "partial") else None
+        dense = None
+        if outcome in ("context", "partial"):
+            try:
+                dense = await self.dense_scores(question, blocks)
+            except Exception:  # noqa: BLE001 — without the cosines the reply is chosen by its terms alone
+                dense = None
         text = self.compose(question, blocks, outcome, missing=missing, direct_reply=direct_reply, dense=dense)
         record_call(LLMCall(judge="answer", model="offline", seconds=time.perf_counter() - start))
         for m in _TOKEN.finditer(text):
