@@ -185,3 +185,26 @@ class TestSmallKnowledgeBaseByMeaning:
         big = Judges.offline(OFFLINE_CORPUS, embedder=emb)
         assert isinstance(big.grader, OfflineGrader) and big.grader.embedder is None
         assert isinstance(big.answerer, OfflineAnswerer) and big.answerer.meaning_at is None
+
+    def test_a_tenant_with_few_pages_in_a_big_index_judges_by_meaning(self) -> None:
+        """The small-corpus rule is per scope: a tenant that sees four pages of a big index gets the meaning
+        grader and answerer; the whole index (and a big tenant) does not."""
+        from ragloop.llm.offline import OfflineGrader
+        from ragloop.retrievers.embed import HashEmbedder
+        from ragloop.retrievers.scope import Corpus
+        from tests.llm.test_offline_grade import SHOP
+        from tests.strategies import OFFLINE_CORPUS
+
+        corpus = Corpus(
+            (*OFFLINE_CORPUS, *SHOP),
+            (*({"tenant": "big"} for _ in OFFLINE_CORPUS), *({"tenant": "shop"} for _ in SHOP)),
+        )
+        judges = Judges.offline(corpus, embedder=HashEmbedder())
+        assert judges.knowledge is not None
+        shop = judges.knowledge.for_filters({"tenant": ("shop",)})
+        assert isinstance(shop.grader, OfflineGrader) and shop.grader.small_corpus and shop.grader.embedder
+        assert isinstance(shop.answerer, OfflineAnswerer) and shop.answerer.meaning_at is not None
+        for scope in (None, {"tenant": ("big",)}):
+            other = judges.knowledge.for_filters(scope)
+            assert isinstance(other.grader, OfflineGrader) and other.grader.embedder is None
+            assert isinstance(other.answerer, OfflineAnswerer) and other.answerer.meaning_at is None
