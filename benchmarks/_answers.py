@@ -12,7 +12,8 @@ Independent of the answerer's own sentence splitting (a change to the answerer c
   alternative in it (``answer@any``), and leads with it when the first group's alternative is in the first unit
   (``answer@1``). A comparison has a group per side.
 - ``honest-none`` (questions outside the knowledge base): the outcome is ``none`` and nothing is cited;
-  ``false-none`` (answerable questions): the outcome is ``none``.
+  ``false-none`` (answerable questions): the outcome is ``none``; ``wrong-context`` (answerable questions):
+  the outcome says ``context`` ("answered from the knowledge base") but the reply lacks an expected fact.
 
 :func:`split_set` splits a question set once, seeded, per kind, into a *tuning* half and a *validation* half;
 :func:`log_validation` appends every look at a validation half to ``results/validation-log.md``.
@@ -105,6 +106,7 @@ def score(question: Mapping[str, Any], reply_text: str, outcome: str, cited_docs
         row["answer_at_1"] = bool(facts) and facts_found(first, facts[:1])[0]
         row["answer_any"] = bool(facts) and all(facts_found(reply_text, facts))
         row["false_none"] = outcome == "none"
+        row["wrong_context"] = outcome == "context" and not row["answer_any"]
         sources = question.get("sources") or []
         row["cites_source"] = any(_same_doc(d, s) for d in cited_docs for s in sources) if sources else None
     else:
@@ -133,6 +135,7 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "answer_at_1": share(answerable, "answer_at_1"),
         "answer_any": share(answerable, "answer_any"),
         "false_none": share(answerable, "false_none"),
+        "wrong_context": share(answerable, "wrong_context"),
         "cites_source": share(answerable, "cites_source"),
         "comparison_answer_any": share(comparisons, "answer_any"),
         "honest_none": share(outside, "honest_none"),

@@ -20,6 +20,13 @@ Sets (``--set``):
 - ``small``: ``benchmarks/data/small_kb_questions.jsonl`` over three small knowledge bases worded unlike the
   sample (``benchmarks/data/small_kbs/``: a shop of 4 pages, a yoga studio of 5, a backup tool of 6), each its
   own index; paraphrased questions a customer would type, written before #33's tuning.
+- ``small-heldout``: ``benchmarks/data/small_kb_heldout_questions.jsonl`` over three more small knowledge bases
+  (``benchmarks/data/small_kbs_heldout/``: a gym's membership rules, a library's lending policy, a SaaS's
+  billing FAQ; 4-5 one-paragraph pages each). **Held out whole**: written and committed before the second round
+  of #33 tuning, never tuned on; look at it with ``--half all`` once, at the end.
+- ``pydoc``: ``benchmarks/data/python_docs_questions.jsonl`` over ten pages of Debian's python3-doc
+  (:data:`PYDOC_PAGES` of ``/usr/share/doc/python3/html/library``): API questions written before any answer on
+  these pages was seen, the API's name as the fact. Held out whole like ``small-heldout``.
 
 **Before and after in one run.** ``--before SRC`` runs the same questions a second time with ``ragloop``
 imported from ``SRC`` (an exported ``src/`` of another commit, e.g. ``git archive main src | tar -x -C
@@ -57,13 +64,23 @@ import structlog
 
 ROOT = Path(__file__).parents[1]
 SHARED = ROOT / ".." / "shared" / "data"
+#: Debian's python3-doc (``apt install python3-doc``): the real documentation site of the ``pydoc`` set.
+PYDOC = Path("/usr/share/doc/python3/html/library")
+#: The pages of ``PYDOC`` the ``pydoc`` set indexes (``ingest_path(include=...)``), chosen with its questions.
+PYDOC_PAGES = (
+    "secrets.html", "shutil.html", "json.html", "random.html", "textwrap.html",
+    "tempfile.html", "csv.html", "zipfile.html", "glob.html", "fnmatch.html",
+)  # fmt: skip
 SETS = {
     "sample": (_answers.DATA / "sample_kb_questions.jsonl", None),
     "fastapi": (_answers.DATA / "fastapi_docs_questions.jsonl", SHARED / "fastapi-docs"),
     "hotpotqa": (None, SHARED / "hotpotqa-dev200"),
     "sample2": (_answers.DATA / "sample_kb_questions_v2.jsonl", None),
     "small": (_answers.DATA / "small_kb_questions.jsonl", _answers.DATA / "small_kbs"),
+    "small-heldout": (_answers.DATA / "small_kb_heldout_questions.jsonl", _answers.DATA / "small_kbs_heldout"),
+    "pydoc": (_answers.DATA / "python_docs_questions.jsonl", PYDOC),
 }
+SMALL_SETS = ("small", "small-heldout")
 HEADLINE = ("answer_at_1", "answer_any", "false_none", "honest_none", "reply_chars_median")
 
 
@@ -98,6 +115,13 @@ def open_index(name: str, corpus: Path | None, embedder: str, cache: Path) -> An
         from ragloop.sample import sample_index
 
         return sample_index(cache, embedder=MiniLMEmbedder() if embedder == "minilm" else HashEmbedder())
+    if name == "pydoc":
+        from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder
+        from ragloop.retrievers.index import KnowledgeIndex
+        from ragloop.retrievers.ingest import ingest_path
+
+        emb = MiniLMEmbedder() if embedder == "minilm" else HashEmbedder()
+        return KnowledgeIndex.build(ingest_path(corpus, include=PYDOC_PAGES).chunks, emb)
     import bench_quality
 
     return bench_quality.open_index(corpus, embedder, cache)
@@ -178,7 +202,7 @@ def main() -> None:
         sys.exit(f"{corpus} not found: the shared data lives in ../shared/data beside the project")
     wanted = set(halves[args.half])
     chosen = [q for q in questions if q["id"] in wanted][: args.limit]
-    if args.set == "small":
+    if args.set in SMALL_SETS:
         assert corpus is not None
         indexes = small_indexes(corpus, args.embedder)
         index = next(iter(indexes.values()))
@@ -227,7 +251,7 @@ def main() -> None:
     old = before["figures"] if before is not None else None
     if before is not None:
         print(f"  {'':<24}{'before':>8}{'after':>8}   (before: {args.before}, load {before['load_average']})")
-    for key in (*HEADLINE, "cites_source", "comparison_answer_any", "reply_chars_mean"):
+    for key in (*HEADLINE, "wrong_context", "cites_source", "comparison_answer_any", "reply_chars_mean"):
         value = figures.get(key)
         shown = "-" if value is None else f"{value:.3f}"
         if old is not None:

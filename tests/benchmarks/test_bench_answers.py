@@ -21,6 +21,7 @@ DATA = ROOT / ".." / "shared" / "data"
 sys.path.insert(0, str(BENCH))
 
 import _answers  # noqa: E402 — the benchmarks folder is not a package
+import bench_answers  # noqa: E402
 
 SAMPLE = _answers.DATA / "sample_kb_questions.jsonl"
 FASTAPI = _answers.DATA / "fastapi_docs_questions.jsonl"
@@ -49,6 +50,36 @@ class TestQuestionSets:
             kb_pages = {p.name: p.read_text(encoding="utf-8") for p in folder.glob("*.md")}
             assert 3 <= len(kb_pages) <= 20
             assert _answers.unsupported_facts([q for q in small if q["kb"] == kb], kb_pages) == []
+
+    def test_heldout_small_kbs_are_sound(self) -> None:
+        """The held-out small knowledge bases: 3 of them, each of 3-20 pages; every fact of an answerable
+        question is in a page of its own knowledge base, and each holds questions outside it too."""
+        small = _answers.load_set(_answers.DATA / "small_kb_heldout_questions.jsonl")
+        kbs = sorted({q["kb"] for q in small})
+        assert len(kbs) >= 3
+        for kb in kbs:
+            folder = _answers.DATA / "small_kbs_heldout" / kb
+            kb_pages = {p.name: p.read_text(encoding="utf-8") for p in folder.glob("*.md")}
+            assert 3 <= len(kb_pages) <= 20
+            mine = [q for q in small if q["kb"] == kb]
+            assert _answers.unsupported_facts(mine, kb_pages) == []
+            assert any(q["kind"] == "out_of_kb" for q in mine)
+        ids = [q["id"] for q in small]
+        assert len(ids) == len(set(ids))
+
+    @pytest.mark.skipif(not bench_answers.PYDOC.is_dir(), reason="Debian's python3-doc is not installed")
+    def test_pydoc_facts_are_in_their_pages(self) -> None:
+        """Every fact of the python3-doc set is in the text ingest extracts from a page it lists (of the set's
+        pages), so the set measures the answerer, not the HTML loader."""
+        from ragloop.retrievers.ingest import ingest_path
+
+        chunks = ingest_path(bench_answers.PYDOC, include=bench_answers.PYDOC_PAGES).chunks
+        pages: dict[str, str] = {}
+        for c in chunks:
+            pages[c.doc_id] = pages.get(c.doc_id, "") + "\n\n" + c.text
+        questions = _answers.load_set(_answers.DATA / "python_docs_questions.jsonl")
+        assert _answers.unsupported_facts(questions, pages) == []
+        assert sum(q["kind"] != "out_of_kb" for q in questions) >= 10
 
     @pytest.mark.skipif(not (DATA / "fastapi-docs").is_dir(), reason="shared fastapi-docs data not present")
     def test_fastapi_facts_are_in_their_pages(self) -> None:
@@ -155,6 +186,14 @@ class TestScore:
         assert one_side["answer_at_1"] and not one_side["answer_any"]
         both = _answers.score(q, "Team allows 300 [1]. Business allows 1,000 [2].", "context", ["a.md"])
         assert both["answer_any"]
+
+    def test_wrong_context_is_a_confident_reply_without_the_fact(self) -> None:
+        """wrong-context: an answerable question answered ``context`` whose reply lacks an expected fact; the
+        same reply labelled ``partial`` is not (it said it may not answer all of it)."""
+        q = {"id": "w", "kind": "answerable", "question": "q", "facts": [["token_urlsafe"]], "sources": []}
+        assert _answers.score(q, "Use secrets.token_hex [1].", "context", ["a.md"])["wrong_context"]
+        assert not _answers.score(q, "Use secrets.token_hex [1].", "partial", ["a.md"])["wrong_context"]
+        assert not _answers.score(q, "Use token_urlsafe [1].", "context", ["a.md"])["wrong_context"]
 
     def test_honest_none_needs_no_citation(self) -> None:
         """Outside the knowledge base, ``none`` with a citation is not honest."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from ragloop.llm.offline.answer import NOT_COVERED, OfflineAnswerer, Picker, not_covered, split_sentences
 from ragloop.llm.offline.answer._units import block_units
-from ragloop.state import ContextBlock, Outcome
+from ragloop.state import Chunk, ContextBlock, Hit, Outcome
 from ragloop.text.terms import CorpusStats
 from ragloop.usage import UsageMeter, metering
 from tests.strategies import OFFLINE_CORPUS, words
@@ -392,3 +393,64 @@ class TestAbstain:
     def test_without_statistics_it_never_abstains(self) -> None:
         """Without corpus statistics there is nothing to calibrate against: no abstention."""
         assert OfflineAnswerer().abstain("How do I set up Kubernetes?", [BILLING], []) is None
+
+
+class TestSmallCorpusMeaning:
+    """#33: on a small knowledge base (``meaning_at``), a sentence that means the question is quoted though it
+    shares no word with it, and a kept passage that close by its dense cosine supports an answer."""
+
+    SHOP = ContextBlock(
+        1,
+        "Every phone and laptop carries a two-year warranty. Accidental damage is not covered.",
+        title="Warranty",
+        chunk_id="w",
+        query="Is a cracked screen from dropping the phone covered",
+    )
+    QUESTION = "Is a cracked screen from dropping the phone covered?"
+
+    def test_a_meant_sentence_leads(self) -> None:
+        """With the cosines (what :meth:`answer` computes), the meant sentence leads; without them, or with
+        ``meaning_at`` off, the lexical rule decides as before."""
+        stats = CorpusStats.from_texts([self.SHOP.text, "Refunds take 14 days.", "Shipping is free."])
+        dense = {"Accidental damage is not covered.": 0.62, "Every phone and laptop carries a two-year warranty.": 0.3}
+        small = OfflineAnswerer(stats, meaning_at=0.4)
+        reply = small.compose(self.QUESTION, [self.SHOP], "context", dense=dense)
+        assert reply.startswith("Accidental damage is not covered.")
+        off = OfflineAnswerer(stats).compose(self.QUESTION, [self.SHOP], "context", dense=dense)
+        assert not off.startswith("Accidental damage")
+
+    def test_a_passage_close_by_meaning_supports_an_answer(self) -> None:
+        """The small rule's ``meaning_at``: a kept hit whose dense cosine reaches it does not abstain; the same
+        hit under it, a hit not kept, or the default rule still abstain on weak term evidence."""
+        from attrs import evolve
+
+        from ragloop.llm.offline.answer import AbstainRule
+
+        stats = CorpusStats.from_texts([self.SHOP.text, "Refunds take 14 days.", "Shipping is free."])
+        answerer = OfflineAnswerer(stats, abstain_rule=AbstainRule.small())
+        near = Hit(Chunk("w", self.SHOP.text), 1.0, 0.1, scores={"dense": 0.46})
+        far = evolve(near, scores={"dense": 0.3})
+        other = Hit(Chunk("x", "Refunds take 14 days."), 1.0, 0.1, scores={"dense": 0.9})
+        assert answerer.abstain(self.QUESTION, [self.SHOP], [near]) is None
+        assert answerer.abstain(self.QUESTION, [self.SHOP], [far]) is not None
+        assert answerer.abstain(self.QUESTION, [self.SHOP], [other]) is not None
+        assert OfflineAnswerer(stats).abstain(self.QUESTION, [self.SHOP], [near]) is not None
+
+
+@pytest.mark.anyio
+async def test_a_failing_embedder_leaves_the_reply_to_its_terms() -> None:
+    """#33: with ``meaning_at`` the answerer embeds the units; an embedder that raises gives the reply the
+    lexical choice would give, not an error."""
+
+    class Dead:
+        name = "dead"
+        dim = 2
+
+        async def embed(self, texts: list[str]) -> Any:
+            raise ConnectionError("embedding service unreachable")
+
+    stats = CorpusStats.from_texts(OFFLINE_CORPUS)
+    q = "How do I configure SSO?"
+    dead = OfflineAnswerer(stats, embedder=Dead(), meaning_at=0.4)
+    got = "".join([t async for t in dead.answer(q, [SSO], "context")])
+    assert got == OfflineAnswerer(stats).compose(q, [SSO], "context")

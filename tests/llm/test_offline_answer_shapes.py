@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -256,3 +258,58 @@ def test_a_rows_value_belongs_to_its_label() -> None:
     )
     text = OfflineAnswerer(stats).compose("How many automation runs does the Team plan get?", [runs], "context")
     assert text.startswith("Team, runs per month: 1,000. [1]"), text
+
+
+class TestTheCountedThing:
+    """#33: a "how many X" (or "how long is the X") question is answered by a value of X, not by any number of
+    the same plan: "How many members can a Free workspace have?" opened with the guests row."""
+
+    Q = "How many members can a Free workspace have?"
+    GUESTS = ContextBlock(
+        1,
+        "## Guest limits\n\n| Plan | Guests allowed |\n|---|---|\n| Free | 5 per workspace |\n"
+        "| Team | 50 per workspace |\n",
+        title="Guests and external collaborators",
+        query=Q,
+    )
+    START = ContextBlock(
+        2,
+        "## Invite your team\n\nGo to Settings, then Members, then Invite and enter their email addresses. On the "
+        "Free plan a workspace can have up to 10 members. Guests do not count towards the limit.",
+        title="Getting started",
+        query=Q,
+    )
+
+    def test_the_members_sentence_leads_not_the_guests_row(self) -> None:
+        """The guests row holds "Free", "workspace" and a number, but counts guests; the sentence that counts
+        members leads, in either block order."""
+        stats = CorpusStats.from_texts([self.GUESTS.text, self.START.text, *OFFLINE_CORPUS])
+        for blocks in ([self.GUESTS, self.START], [self.START, self.GUESTS]):
+            reply = OfflineAnswerer(stats).compose(self.Q, blocks, "context")
+            assert reply.startswith("On the Free plan a workspace can have up to 10 members."), reply
+
+    @pytest.mark.anyio
+    async def test_on_the_sample_knowledge_base(self, sample_cache: Any) -> None:
+        """The regression as a user met it, over the bundled sample (the default embedder): the reply opens
+        with the members sentence, not with "Free, guests allowed: 5 per workspace"."""
+        from ragloop.chat import ChatRAG
+        from ragloop.sample import sample_index
+
+        rag = ChatRAG.from_index(sample_index(sample_cache))
+        try:
+            reply = await rag.ask(self.Q)
+        finally:
+            await rag.aclose()
+        assert reply.text.startswith("On the Free plan a workspace can have up to 10 members."), reply.text
+
+    def test_counted_nouns(self) -> None:
+        """The counted or measured noun, after "how many" or a determiner; none for a pronoun or no noun."""
+        from ragloop.llm.offline.answer._choose import counted
+
+        assert counted(self.Q) == "member"
+        assert counted("How many custom fields can a Team workspace have?") == "field"
+        assert counted("how long is the password reset link good for?") == "link"
+        assert counted("How big can the workspace logo file be?") == "file"
+        assert counted("how long do I have") == ""
+        assert counted("How fast does support get back to us?") == ""
+        assert counted("What does Team cost?") == ""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import pytest
 from hypothesis import given
@@ -198,3 +200,78 @@ class TestSmallKnowledgeBase:
         assert grader.judge(question, hit(SHOP[3], confidence=0.2)).label != "relevant"
         big = attrs.evolve(grader, small_corpus=False)
         assert big.judge(question, hit(SHOP[3], confidence=0.41)).label != "relevant"
+
+
+class _Meaning:
+    """An embedder that puts the texts holding one of ``words`` in one direction, every other text in another."""
+
+    name = "meaning"
+    dim = 2
+
+    def __init__(self, *words: str) -> None:
+        self.words = words
+        self.calls = 0
+
+    async def embed(self, texts: list[str]) -> Any:
+        import numpy as np
+
+        self.calls += 1
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, text in enumerate(texts):
+            out[i, 0 if any(w in text.lower() for w in self.words) else 1] = 1.0
+        return out
+
+
+class TestSmallCorpusMeaning:
+    @pytest.mark.anyio
+    async def test_a_sentence_that_means_the_query_makes_a_hit_relevant(self) -> None:
+        """#33: "Is a cracked screen from dropping the phone covered?" shares little with the warranty page and
+        its retrievers barely agree; on four pages a sentence the embedder puts beside the query makes the hit
+        relevant. Without an embedder, or on a big corpus, it is not (``with_embedder`` leaves a big one as is)."""
+        stats = CorpusStats.from_texts(SHOP)
+        question = "Is a cracked screen from dropping the phone covered?"
+        emb = _Meaning("cracked", "accidental")
+        grader = OfflineGrader.calibrate(stats, SHOP).with_embedder(emb)
+        verdict = await grader.grade(question, hit(SHOP[3], confidence=0.1))
+        assert verdict.label == "relevant" and "means the query" in verdict.reason
+        other = await grader.grade(question, hit(SHOP[1], confidence=0.1))
+        assert other.label != "relevant"
+        plain = OfflineGrader.calibrate(stats, SHOP)
+        assert (await plain.grade(question, hit(SHOP[3], confidence=0.1))).label != "relevant"
+        big = OfflineGrader.calibrate(CorpusStats.from_texts(OFFLINE_CORPUS), OFFLINE_CORPUS).with_embedder(emb)
+        assert big.embedder is None
+
+    @pytest.mark.anyio
+    async def test_meaning_never_overrides_the_id_rule_and_vectors_are_cached(self) -> None:
+        """A page naming another ticket stays irrelevant however close it means; a sentence is embedded once."""
+        texts = ["Ticket #1234 status: open.", "Refunds take 14 days.", "Shipping is free.", "Returns: 30 days."]
+        emb = _Meaning("ticket", "support request")
+        grader = OfflineGrader.calibrate(CorpusStats.from_texts(texts), texts).with_embedder(emb)
+        assert grader.small_corpus
+        assert (await grader.grade("status of ticket #999", hit(texts[0]))).label == "irrelevant"
+        first = await grader.grade("any update on my support request", hit(texts[0]))
+        assert first.label == "relevant" and "means the query" in first.reason
+        calls = emb.calls
+        await grader.grade("any update on my support request", hit(texts[0]))
+        assert emb.calls == calls
+
+
+class _Dead:
+    """An embedder whose every call fails (a dead embedding service)."""
+
+    name = "dead"
+    dim = 2
+
+    async def embed(self, texts: list[str]) -> Any:
+        raise ConnectionError("embedding service unreachable")
+
+
+@pytest.mark.anyio
+async def test_a_failing_embedder_leaves_the_term_verdict() -> None:
+    """On a small corpus, an embedder that raises neither fails the grade nor changes its label."""
+    stats = CorpusStats.from_texts(SHOP)
+    question = "Is a cracked screen from dropping the phone covered?"
+    plain = await OfflineGrader.calibrate(stats, SHOP).grade(question, hit(SHOP[3], confidence=0.1))
+    grader = OfflineGrader.calibrate(stats, SHOP).with_embedder(_Dead())
+    dead = await grader.grade(question, hit(SHOP[3], confidence=0.1))
+    assert dead.label == plain.label and dead.reason == plain.reason

@@ -127,21 +127,30 @@ class Judges:
         """
         from ragloop.llm.offline import OfflineAnswerer, OfflineDecider, OfflineGrader, OfflineRewriter
         from ragloop.llm.offline.answer import AbstainRule
+        from ragloop.llm.offline.answer._abstain import SMALL_MEANING
         from ragloop.llm.offline.bridge import OfflineBridger
         from ragloop.llm.offline.verify import OfflineVerifier
         from ragloop.text.terms import CorpusStats
 
         def build(visible: Sequence[str]) -> Judges:
             stats = CorpusStats.from_texts(visible)
-            grader = OfflineGrader.calibrate(stats, visible)
+            # On a scope too small to calibrate on, the grader also judges by meaning (the index's embedder).
+            grader = OfflineGrader.calibrate(stats, visible).with_embedder(embedder)
             # A knowledge base (or a caller's scope of one) too small to calibrate on abstains on its own
             # evidence scale (see AbstainRule.small).
             rule = AbstainRule.small() if grader.small_corpus else AbstainRule()
+            # ... and its answerer may quote a sentence that means the question without sharing its words.
+            meaning = grader.small_corpus and embedder is not None
             return cls(
                 decider=OfflineDecider(stats, glossary=dict(glossary or {}), max_queries=max_queries),
                 grader=grader,
                 rewriter=OfflineRewriter(stats),
-                answerer=OfflineAnswerer(stats, abstain_rule=rule),
+                answerer=OfflineAnswerer(
+                    stats,
+                    abstain_rule=rule,
+                    embedder=embedder if meaning else None,
+                    meaning_at=SMALL_MEANING if meaning else None,
+                ),
                 bridger=OfflineBridger(stats),  # with a model, the model decider writes bridge queries itself
                 verifier=OfflineVerifier(embedder=embedder),
                 offline_only=True,

@@ -33,9 +33,12 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 
-from attrs import field, frozen
+import numpy as np
+import numpy.typing as npt
+from attrs import evolve, field, frozen
 
 from ragloop.llm.offline.verify import FRAMING
+from ragloop.retrievers.base import Embedder
 from ragloop.state import Hit, Label, Verdict
 from ragloop.text.ids import extract_ids, ids_conflict, missing_ids
 from ragloop.text.terms import CorpusStats, key_terms, stem, tokenize
@@ -217,6 +220,13 @@ class OfflineGrader:
         small_corpus_signal: The hybrid confidence that makes a hit relevant on a small corpus (0.35, chosen on
             the tuning half of ``bench_answers.py --set small``: answerable questions' first hits 0.14-0.79,
             questions outside those knowledge bases at most 0.20).
+        embedder: The index's embedder, used on a small corpus only (:meth:`grade`): a hit one of whose
+            sentences *means* the query (cosine at least ``small_meaning_at``) is ``relevant`` though it shares
+            no word with it ("Which class should a complete newbie take?" and "Beginners should start with
+            Foundations"). Evidence that needs no corpus statistics, so it holds on four pages.
+        small_meaning_at: See ``embedder``: 0.40, chosen on both halves of ``bench_answers.py --set small``
+            (MiniLM; the question's best sentence among its top three hits: 26 of 32 answerable questions at
+            0.43-0.80, the 12 outside those knowledge bases at 0.07-0.36).
     """
 
     stats: CorpusStats
@@ -227,6 +237,14 @@ class OfflineGrader:
     calibration: Calibration | None = field(default=None, eq=False)
     small_corpus: bool = False
     small_corpus_signal: float = 0.35
+    embedder: Embedder | None = field(default=None, eq=False)
+    small_meaning_at: float = 0.40
+    _vectors: dict[str, npt.NDArray[np.float32]] = field(factory=dict, init=False, repr=False, eq=False)
+
+    def with_embedder(self, embedder: Embedder | None) -> OfflineGrader:
+        """This grader with ``embedder`` for the small-corpus meaning check (see ``embedder``); a grader of a
+        calibrated (not small) corpus is returned as it is."""
+        return evolve(self, embedder=embedder) if self.small_corpus and embedder is not None else self
 
     @classmethod
     def calibrate(
@@ -342,11 +360,49 @@ class OfflineGrader:
         return Verdict(label, reason, score=round(cov.score, 4))
 
     async def grade(self, query: str, hit: Hit) -> Verdict:
-        """Grade ``hit`` for ``query`` (see the module docstring)."""
+        """Grade ``hit`` for ``query`` (see the module docstring); on a small corpus with an embedder, a hit
+        that means the query is ``relevant`` (see ``embedder``). An embedder that fails leaves the term-based
+        verdict: meaning only ever promotes."""
         start = time.perf_counter()
         verdict = self.judge(query, hit)
+        if self.small_corpus and self.embedder is not None and verdict.label != "relevant":
+            text = "\n".join([hit.chunk.title, hit.chunk.text[: self.max_chars]])
+            if not ids_conflict(query, text) and not missing_ids(query, text):
+                try:
+                    cosine = await self.meaning(query, hit.chunk.text[: self.max_chars])
+                except Exception:  # noqa: BLE001 — a failing embedder leaves the term-based verdict as it is
+                    cosine = 0.0
+                if cosine >= self.small_meaning_at:
+                    reason = f"{verdict.reason}; small knowledge base: a sentence means the query ({cosine:.2f})"
+                    verdict = Verdict("relevant", reason, score=verdict.score)
         record_call(LLMCall(judge="grade", model="offline", seconds=time.perf_counter() - start))
         return verdict
+
+    async def meaning(self, query: str, text: str) -> float:
+        """The highest cosine between ``query`` and a sentence of ``text``, by ``embedder`` (0.0
+        without one). Vectors are cached: a small corpus has few sentences (at most :data:`MAX_CACHED`)."""
+        if self.embedder is None:
+            return 0.0
+        sentences = [s for s in _SENTENCES.split(text) if len(s.split()) >= _MIN_SENTENCE_WORDS]
+        if not sentences:
+            return 0.0
+        missing = [t for t in dict.fromkeys([query, *sentences]) if t not in self._vectors]
+        if missing:
+            vectors = np.asarray(await self.embedder.embed(missing), dtype=np.float32)
+            if len(self._vectors) + len(missing) > MAX_CACHED:
+                self._vectors.clear()
+            self._vectors.update(zip(missing, vectors, strict=True))
+        matrix = np.stack([self._vectors[s] for s in sentences])
+        return float(np.max(matrix @ self._vectors[query]))
+
+
+#: Where a chunk is cut into sentences for the meaning check: after a sentence's end (a table or a list stays
+#: whole with the sentence that introduces it, which names what its rows hold).
+_SENTENCES = re.compile(r"(?<=[.!?;])\s+")
+#: Shorter pieces (a heading, a table rule) are not sentences that could answer.
+_MIN_SENTENCE_WORDS = 3
+#: Most sentence vectors the grader keeps (a small corpus holds far fewer).
+MAX_CACHED = 4096
 
 
 def _split_head(text: str) -> tuple[str, str]:

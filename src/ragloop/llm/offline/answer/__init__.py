@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from attrs import field, frozen
 
-from ragloop.llm.offline.answer._abstain import AbstainRule, unknown_names
+from ragloop.llm.offline.answer._abstain import AbstainRule, Meant, unknown_names
 from ragloop.llm.offline.answer._choose import (
     HEADING_TIE,
     REFERS,
@@ -43,6 +43,8 @@ from ragloop.llm.offline.answer._choose import (
     Scored,
     asked_for,
     compared_parts,
+    counted,
+    counts,
     has_asked_for,
     head_in_title,
     head_of,
@@ -200,7 +202,11 @@ class OfflineAnswerer:
             relevance when :meth:`answer` runs (not in :meth:`compose` alone, which has no I/O). Off by
             default: with MiniLM it lowered answer recall on the HotpotQA tuning half (0.54 at 0, 0.53 at 0.3,
             0.49 at 1.0): the question's nearest sentence restates the question instead of answering it.
-        embedder: The index's dense embedder, for ``dense_weight``.
+        embedder: The index's dense embedder, for ``dense_weight`` and ``meaning_at``.
+        meaning_at: When set (a small knowledge base, with ``embedder``), a unit whose cosine with the question
+            is at least this may be quoted however few of the question's words it shares, and ranks by that
+            cosine if it is higher than its term relevance: a customer's words are rarely the page's ("a
+            complete newbie" for "beginners"), and IDF over four pages weighs nothing. ``None``: off.
         abstain_rule: When :meth:`abstain` says the passages do not support an answer.
     """
 
@@ -215,6 +221,7 @@ class OfflineAnswerer:
     near_bonus: float = 0.3
     dense_weight: float = 0.0
     embedder: Embedder | None = None
+    meaning_at: float | None = None
     abstain_rule: AbstainRule = field(factory=AbstainRule)
 
     def _idf(self, blocks: Sequence[ContextBlock]) -> dict[str, float] | CorpusStats:
@@ -226,6 +233,15 @@ class OfflineAnswerer:
             for s in {stem(t) for t in tokenize(b.text)}:
                 df[s] = df.get(s, 0) + 1
         return {s: math.log(1.0 + (n - d + 0.5) / (d + 0.5)) for s, d in df.items()}
+
+    def _weigher(self, blocks: Sequence[ContextBlock]) -> Callable[[str], float]:
+        """A stem's IDF weight: the corpus statistics', else the blocks' own (a stem in no block weighs as the
+        rarest one)."""
+        weights = self._idf(blocks)
+        if isinstance(weights, CorpusStats):
+            return weights.idf
+        unseen = max(weights.values(), default=1.0)
+        return lambda s: weights.get(s, unseen)
 
     def compose(
         self,
@@ -256,14 +272,7 @@ class OfflineAnswerer:
         self, question: str, blocks: Sequence[ContextBlock], dense: Mapping[str, float] | None = None
     ) -> list[Scored]:
         """The units to quote, in the order they are quoted."""
-        weights = self._idf(blocks)
-        unseen = 1.0 if isinstance(weights, CorpusStats) else max(weights.values(), default=1.0)
-
-        def idf(s: str) -> float:
-            if isinstance(weights, CorpusStats):
-                return weights.idf(s)
-            return weights.get(s, unseen)  # a stem in no block weighs as the rarest one
-
+        idf = self._weigher(blocks)
         q_terms = question_terms(question)
         parts = compared_parts(question) or split_topics(question)
         sides = side_terms(parts) if len(parts) > 1 else []
@@ -280,7 +289,8 @@ class OfflineAnswerer:
 
         heads = [head_of(p, idf) for p in parts] if sides else []
 
-        asked = asked_for(question)
+        meant = Meant(dense or {}, self.meaning_at)
+        asked, noun = asked_for(question), counted(question)
         q_words = {w.casefold() for w in re.findall(r"\w+", question)}
         specific, head = specific_terms(q_terms, idf)
         pool: list[Scored] = []
@@ -297,16 +307,22 @@ class OfflineAnswerer:
             if total <= 0:
                 continue
             title = stems_of(block.title)
-            if _coverage(block, title, wanted, total, weight) < self.min_block_coverage:
+            mine = units[block.n] = block_units(block.n, block.text)
+            if _coverage(block, title, wanted, total, weight) < self.min_block_coverage and not any(map(meant, mine)):
                 continue  # a block about another topic is not cited
             hosts = _hosts(block)  # once per block, not per unit
-            units[block.n] = block_units(block.n, block.text)
-            for unit in units[block.n]:
-                scored = self._score(unit, wanted, total, title, weight, hosts, introduces(unit, units[block.n]))
+            for unit in mine:
+                code, cosine = introduces(unit, mine), meant.cosine(unit)
+                scored = self._score(unit, wanted, total, title, weight, hosts, code, meant=cosine)
                 if scored is None:
                     continue
                 rel = scored.relevance * (self.code_weight if unit.kind == "code" else 1.0)
-                if asked is not None and has_asked_for(asked, f"{unit.text} {unit.heading}", q_words):
+                # The asked-for value, of the counted thing ("5" guests per workspace is no count of members).
+                if (
+                    asked is not None
+                    and counts(unit, noun)
+                    and has_asked_for(asked, f"{unit.text} {unit.heading}", q_words)
+                ):
                     rel += self.asked_bonus
                     # Only the question's specific terms count ("50 MB per file" does not answer the logo), and
                     # in a row also a term its label holds: the row's values belong to it ("| Team | 1,000 |").
@@ -341,11 +357,14 @@ class OfflineAnswerer:
         idf: Callable[[str], float],
         hosts: tuple[str, ...],
         code: Unit | None = None,
+        *,
+        meant: float | None = None,
     ) -> Scored | None:
         """A unit's coverage of the wanted terms (its context at ``context_weight``), or ``None`` when it may
         not be quoted (an instruction, a label, too little coverage). A sentence that introduces ``code`` (it
         ends in a colon: "Install it with pip:") is scored with the code it introduces: the two are quoted
-        together and answer together."""
+        together and answer together. A unit that means the question (``meant``: its cosine, see
+        ``meaning_at``) is not held to the coverage minimums and is at least that relevant."""
         if not _quotable(unit, hosts):
             return None
         text = unit.text if unit.kind in ("code", "row") else strip_markers(unit.text).strip()
@@ -363,17 +382,18 @@ class OfflineAnswerer:
         context = (stems_of(unit.heading) | title) - terms - header
         own = wanted & (terms | header)
         rel = (sum(idf(t) for t in own) + self.context_weight * sum(idf(t) for t in wanted & context)) / total
-        if sum(idf(t) for t in wanted & terms) / total < self.min_sentence_coverage and not own - terms:
+        low = sum(idf(t) for t in wanted & terms) / total < self.min_sentence_coverage and not own - terms
+        if meant is None and (low or rel < self.min_sentence_coverage):
             return None
-        if rel < self.min_sentence_coverage:
-            return None
+        rel = max(rel, meant or 0.0)
         clean = Unit(unit.block, unit.position, unit.kind, text, unit.heading, unit.header, unit.table)
         return Scored(clean, terms | header, frozenset(own | (wanted & context)), rel, frozenset(), "")
 
     def abstain(self, question: str, blocks: Sequence[ContextBlock], hits: Sequence[Hit]) -> Abstention | None:
         """Why ``blocks`` (the passages found, ``hits`` their search results best first) do not support an
         answer to ``question``, or ``None`` when they do (see :mod:`._abstain`): a name the corpus never
-        mentions, or an evidence score below the rule's threshold. Needs corpus statistics (``None`` without)."""
+        mentions, or an evidence score below the rule's threshold (and, with the rule's ``meaning_at``, no kept
+        passage that close to the question by its dense cosine). Needs corpus statistics (``None`` without)."""
         if self.stats is None:
             return None
         rule = self.abstain_rule
@@ -382,15 +402,17 @@ class OfflineAnswerer:
         score = rule.score(picked[0].relevance if picked else 0.0, [h.confidence for h in hits])
         if unknown:
             return Abstention(score, rule.threshold, unknown, f"the knowledge base never mentions {_join(unknown)}")
-        if score < rule.threshold:
+        kept = {b.chunk_id for b in blocks}
+        meaning = max((h.scores.get("dense", 0.0) for h in hits if h.id in kept), default=0.0)
+        if not rule.supported(score, meaning):
             why = f"the best passage scores {score:.2f} as an answer, under the {rule.threshold:.2f} threshold"
             return Abstention(score, rule.threshold, (), why)
         return None
 
     async def dense_scores(self, question: str, blocks: Sequence[ContextBlock]) -> dict[str, float] | None:
         """Cosine between the question and each candidate unit, by the index's embedder (``None`` without
-        one or with ``dense_weight`` 0)."""
-        if self.embedder is None or self.dense_weight <= 0:
+        one, or with ``dense_weight`` 0 and no ``meaning_at``)."""
+        if self.embedder is None or (self.dense_weight <= 0 and self.meaning_at is None):
             return None
         texts = sorted({u.text for b in blocks for u in block_units(b.n, b.text)} - {""})
         if not texts:
@@ -409,9 +431,15 @@ class OfflineAnswerer:
         direct_reply: str | None = None,
         history: Sequence[Message] = (),
     ) -> AsyncIterator[str]:
-        """Stream the reply word by word (each token keeps its trailing whitespace)."""
+        """Stream the reply word by word (each token keeps its trailing whitespace); an embedder that fails
+        (for ``dense_weight`` or ``meaning_at``) leaves the choice to the terms alone."""
         start = time.perf_counter()
-        dense = await self.dense_scores(question, blocks) if outcome in ("context", "partial") else None
+        dense = None
+        if outcome in ("context", "partial"):
+            try:
+                dense = await self.dense_scores(question, blocks)
+            except Exception:  # noqa: BLE001 — without the cosines the reply is chosen by its terms alone
+                dense = None
         text = self.compose(question, blocks, outcome, missing=missing, direct_reply=direct_reply, dense=dense)
         record_call(LLMCall(judge="answer", model="offline", seconds=time.perf_counter() - start))
         for m in _TOKEN.finditer(text):

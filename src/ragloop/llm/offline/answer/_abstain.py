@@ -23,19 +23,24 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from attrs import frozen
 
+from ragloop.llm.offline.answer._units import Unit
 from ragloop.text.terms import STOPWORDS, CorpusStats, stem, tokenize
 
-__all__ = ["SMALL_THRESHOLD", "AbstainRule", "unknown_names"]
+__all__ = ["SMALL_MEANING", "SMALL_THRESHOLD", "AbstainRule", "Meant", "unknown_names"]
 
 _WORD = re.compile(r"[A-Za-z0-9][\w'’.-]*\w|[A-Za-z0-9]")
 _POSSESSIVE = re.compile(r"['’]s$")
 #: The evidence threshold on a knowledge base too small to calibrate on (:meth:`AbstainRule.small`), chosen on
 #: the tuning half of ``bench_answers.py --set small``.
 SMALL_THRESHOLD = 0.35
+#: On a small knowledge base, a kept passage whose dense cosine with the question is at least this supports an
+#: answer whatever its term coverage (:attr:`AbstainRule.meaning_at`): MiniLM, both halves of
+#: ``bench_answers.py --set small``: the 12 questions outside those knowledge bases at most 0.35 on any top hit.
+SMALL_MEANING = 0.40
 #: Words this long that are one edit away from a known word are typos, not names.
 TYPO_MIN_LETTERS = 6
 
@@ -89,11 +94,15 @@ class AbstainRule:
         confidence_weight: Weight of the top passages' hybrid confidence in the evidence score.
         threshold: Evidence score below which the answer step abstains.
         top: How many of the best passages' confidences count.
+        meaning_at: When set (a small knowledge base), a kept passage whose dense cosine with the question
+            (the retriever's ``dense`` score) is at least this supports an answer, whatever the evidence score:
+            meaning needs no corpus statistics, and four pages give IDF nothing to weigh. ``None``: off.
     """
 
     confidence_weight: float = 0.5
     threshold: float = 0.62
     top: int = 5
+    meaning_at: float | None = None
 
     @classmethod
     def small(cls) -> AbstainRule:
@@ -102,9 +111,31 @@ class AbstainRule:
         agreement, and a customer's wording rarely repeats the page's ("guarantee" for "warranty"), so the
         lead's term coverage runs low on questions the pages answer: the threshold is
         ``SMALL_THRESHOLD``. A question outside such a knowledge base is refused earlier, by the grader
-        (no hit the retrievers agree on)."""
-        return cls(threshold=SMALL_THRESHOLD)
+        (no hit the retrievers agree on). A passage that means the question (``meaning_at``,
+        ``SMALL_MEANING``) supports an answer too."""
+        return cls(threshold=SMALL_THRESHOLD, meaning_at=SMALL_MEANING)
+
+    def supported(self, score: float, meaning: float) -> bool:
+        """Whether an evidence ``score`` and the kept passages' best dense cosine ``meaning`` support an answer."""
+        return score >= self.threshold or (self.meaning_at is not None and meaning >= self.meaning_at)
 
     def score(self, lead: float, confidences: Sequence[float]) -> float:
         """The evidence score of a lead unit's relevance and the passages' confidences."""
         return lead + self.confidence_weight * max(confidences[: self.top], default=0.0)
+
+
+@frozen
+class Meant:
+    """The units that mean the question on a small knowledge base: their cosine (``dense``) reaches ``at``."""
+
+    dense: Mapping[str, float]
+    at: float | None
+
+    def cosine(self, unit: Unit) -> float | None:
+        """The unit's cosine with the question when it reaches ``at``, else ``None``."""
+        c = self.dense.get(unit.text, 0.0)
+        return c if self.at is not None and c >= self.at else None
+
+    def __call__(self, unit: Unit) -> bool:
+        """Whether the unit means the question (its cosine reaches ``at``)."""
+        return self.cosine(unit) is not None

@@ -18,7 +18,7 @@ from typing import Literal
 from attrs import frozen
 
 from ragloop.llm.offline.answer._units import Unit
-from ragloop.text.terms import key_terms, stem, tokenize
+from ragloop.text.terms import STOPWORDS, key_terms, stem, tokenize
 
 __all__ = [
     "COMPARING",
@@ -32,6 +32,8 @@ __all__ = [
     "Scored",
     "asked_for",
     "compared_parts",
+    "counted",
+    "counts",
     "has_asked_for",
     "head_in_title",
     "head_of",
@@ -91,6 +93,40 @@ def has_asked_for(asked: Asked, text: str, question_words: Collection[str] = ())
 
 
 _WORD = re.compile(r"[\w'’.,-]*\w")
+#: "How many X …", "How long is the X good for", "How big can the X be": the words naming what is counted or
+#: measured run up to the first of these (a verb, an auxiliary or a preposition), or the question's end.
+_SUBJECT_END = frozenset(
+    re.findall(
+        r"\w+",
+        "can could do does did are is were was will would should may might must have has be per in on of for at to "
+        "by with from before after until when if good valid take takes last kept stay cost costs allowed",
+    )
+)
+_HOW_MUCH = re.compile(
+    r"\bhow many\s+([^?.!]*)|\bhow (?:much|long|big|large|old|far|often|soon|quickly|fast)\s+"
+    r"(?:is|are|do|does|can|will|should|must)\s+(?:the|my|a|an|your|our|their)\s+([^?.!]*)",
+    re.IGNORECASE,
+)
+
+
+def counted(question: str) -> str:
+    """The noun a "how many / how long / how big" question counts or measures, as a stem ("member" for "How
+    many members can a Free workspace have?", "link" for "How long is the password reset link good for?": after
+    "how many", or a determiner that opens a noun phrase), or ``""``: a number that counts something else ("5"
+    guests per workspace) does not answer it."""
+    m = _HOW_MUCH.search(question)
+    words: list[str] = []
+    for w in re.findall(r"[\w'’-]+", (m.group(1) or m.group(2)) if m else ""):
+        if w.lower() in _SUBJECT_END or len(words) == 4:
+            break
+        words.append(w)
+    named = [w for w in words if w.lower() not in STOPWORDS]
+    return stem(named[-1].lower()) if named else ""
+
+
+def counts(unit: Unit, noun: str) -> bool:
+    """Whether ``unit`` (its text, table header or heading) names the counted ``noun`` (always, without one)."""
+    return not noun or noun in stems_of(f"{unit.text} {unit.header} {unit.heading}")
 
 
 def value_near(
