@@ -53,6 +53,36 @@ PLANTED: dict[str, list[str]] = {
         "How do I call a teammate by video?",
     ],
 }
+#: A second held-out set, written (and committed) before any result on it was seen, after the first set above had
+#: been looked at and become tuning data for the grouping (#34). Several paraphrases share no content word with
+#: the rest of their topic ("native app for my laptop" vs "desktop client").
+PLANTED_2: dict[str, list[str]] = {
+    "gantt": [
+        "Is there a Gantt chart view?",
+        "Can I see my project as a Gantt chart?",
+        "How do I show task dependencies as bars on a timeline?",
+        "Gantt view for planning releases?",
+    ],
+    "darkmode": [
+        "Does Lumen have a dark mode?",
+        "How do I switch to the dark theme?",
+        "Can the app use a black background at night?",
+        "Dark mode on the web app?",
+    ],
+    "desktop": [
+        "Is there a desktop app for Windows?",
+        "Can I install Lumen on my Mac as an application?",
+        "Desktop client download?",
+        "Native app for my laptop instead of the browser?",
+    ],
+    "recurring": [
+        "Can a task repeat every week?",
+        "How do I make a recurring task?",
+        "Recurring tasks on a schedule?",
+        "Create the same chore again each Monday?",
+    ],
+}
+SETS = {"heldout-1": (PLANTED, 5), "heldout-2": (PLANTED_2, 11)}
 START = 1_746_403_200.0  # 2025-05-05 00:00 UTC
 DAYS = 7
 
