@@ -11,7 +11,11 @@ how many of its 4 paraphrases that topic holds, and whether any other question l
 It asserts nothing; it prints the table with the load average and writes
 ``benchmarks/results/bench_gap_topics.json`` and ``.txt``.
 
-Usage: ``nice python benchmarks/bench_gap_topics.py``
+Two sets: ``heldout-1`` (the three topics above; looked at in #34, so now tuning data for the grouping) and
+``heldout-2`` (four topics written before any result on them; the figure to quote). Besides each topic's count it
+reports purity: any report topic that mixes a planted topic with another or with other questions.
+
+Usage: ``nice python benchmarks/bench_gap_topics.py [--set heldout-1|heldout-2]``
 """
 
 from __future__ import annotations
@@ -87,14 +91,14 @@ START = 1_746_403_200.0  # 2025-05-05 00:00 UTC
 DAYS = 7
 
 
-def _traffic(seed: int = 5) -> list[tuple[float, str, str]]:
+def _traffic(planted: dict[str, list[str]] = PLANTED, seed: int = 5) -> list[tuple[float, str, str]]:
     """(at, user, question): each paraphrase asked 3 times by different users, and the answerable questions."""
     from ragloop.sample import sample_questions_path
 
     rng = random.Random(seed)
     users = [f"key:user{i:02d}" for i in range(30)]
     out = []
-    for questions in PLANTED.values():
+    for questions in planted.values():
         for q in questions:
             for user in rng.sample(users, 3):
                 out.append((START + rng.random() * DAYS * 86_400, user, q))
@@ -105,7 +109,7 @@ def _traffic(seed: int = 5) -> list[tuple[float, str, str]]:
     return sorted(out)
 
 
-def measure() -> dict[str, Any]:
+def measure(name: str = "heldout-1") -> dict[str, Any]:
     """Log the traffic, build the report as ``ragloop gaps`` does, score each planted topic."""
     from ragloop.chat import ChatRAG
     from ragloop.cli import main
@@ -121,7 +125,8 @@ def measure() -> dict[str, Any]:
         clock = {"now": START}
         log = TurnLog.open(f"sqlite:{tmp / 'turns.db'}", clock=lambda: clock["now"])
         rag = ChatRAG(Turn.from_index(tmp / "index"), turn_log=log)
-        traffic = _traffic()
+        planted_set, seed = SETS[name]
+        traffic = _traffic(planted_set, seed)
 
         async def run() -> list[str]:
             outcomes = []
@@ -137,18 +142,18 @@ def measure() -> dict[str, Any]:
         reader.close()
     report = build_report(turns, since=START, until=START + DAYS * 86_400, min_turns=2, max_topics=20)
     question_of = {t.row.turn_id: t.row.question for t in turns}
-    planted_of = {q: name for name, qs in PLANTED.items() for q in qs}
+    planted_of = {q: topic for topic, qs in planted_set.items() for q in qs}
     rows = []
-    for name, questions in PLANTED.items():
+    for topic_name, questions in planted_set.items():
         held = []
         for topic in report.topics:
             inside = {question_of[t] for t in topic.turn_ids}
             held.append((len(inside & set(questions)), topic, inside))
         count, topic, inside = max(held, key=lambda h: (h[0], -h[1].rank))
-        others = sorted(q for q in inside if planted_of.get(q) != name)  # type: ignore[arg-type]
+        others = sorted(q for q in inside if planted_of.get(q) != topic_name)  # type: ignore[arg-type]
         rows.append(
             {
-                "topic": name,
+                "topic": topic_name,
                 "rank": topic.rank,
                 "label": topic.label,
                 "paraphrases_grouped": count,
@@ -157,7 +162,19 @@ def measure() -> dict[str, Any]:
                 "outcomes": dict(topic.outcomes),
             }
         )
+    # Purity: every report topic holding a planted paraphrase holds nothing else (no other planted topic, no
+    # answerable or unplanted question).
+    mixed = []
+    for topic in report.topics:
+        inside = {question_of[t] for t in topic.turn_ids}
+        kinds = {planted_of.get(q, "(not planted)") for q in inside}  # type: ignore[arg-type]
+        if len(kinds) > 1 and kinds - {"(not planted)"}:
+            mixed.append({"rank": topic.rank, "label": topic.label, "holds": sorted(kinds)})
     return {
+        "set": name,
+        "fully_grouped": sum(r["paraphrases_grouped"] == r["of"] for r in rows),
+        "topics": len(rows),
+        "mixed_topics": mixed,
         "turns": len(turns),
         "gap_outcomes": {o: outcomes.count(o) for o in sorted(set(outcomes))},
         "topics_listed": len(report.topics),
@@ -170,12 +187,16 @@ def measure() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Run it and write the results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=RESULTS / "bench_gap_topics.json")
+    parser.add_argument("--set", choices=sorted(SETS), default="heldout-2", help="planted set (default heldout-2)")
+    parser.add_argument("--out", type=Path, help="results file (default bench_gap_topics-SET.json)")
     args = parser.parse_args(argv)
-    result = measure()
+    out = args.out or RESULTS / f"bench_gap_topics-{args.set}.json"
+    result = measure(args.set)
     meta = {"python": platform.python_version(), "cpus": os.cpu_count(), "command": " ".join(sys.argv)}
     lines = [
-        f"planted-topic grouping: {result['turns']} logged turns (outcomes {result['gap_outcomes']}), "
+        f"planted-topic grouping, set {result['set']}: {result['fully_grouped']}/{result['topics']} topics fully "
+        f"grouped, {len(result['mixed_topics'])} report topics mixing a planted topic with other questions",
+        f"{result['turns']} logged turns (outcomes {result['gap_outcomes']}), "
         f"{result['topics_listed']} topics listed; {result['method']}",
         f"{'topic':<12} {'rank':>4}  {'grouped':>7}  label / other questions in its topic",
     ]
@@ -185,12 +206,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['topic']:<12} {r['rank']:>4}  {r['paraphrases_grouped']:>3}/{r['of']:<3}  {r['label']} / {others}"
         )
     one, five, fifteen = result["load"]
+    for m in result["mixed_topics"]:
+        lines.append(f"mixed: rank {m['rank']} {m['label']} holds {', '.join(m['holds'])}")
     lines.append(f"load average {one:.2f} {five:.2f} {fifteen:.2f}; {meta['cpus']} CPUs; Python {meta['python']}")
     text = "\n".join(lines) + "\n"
     print(text, end="")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"result": result, "meta": meta}, indent=2) + "\n", encoding="utf-8")
-    args.out.with_suffix(".txt").write_text(text, encoding="utf-8")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"result": result, "meta": meta}, indent=2) + "\n", encoding="utf-8")
+    out.with_suffix(".txt").write_text(text, encoding="utf-8")
     return 0
 
 

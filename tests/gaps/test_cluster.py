@@ -94,3 +94,39 @@ class TestScale:
         labels = cluster(x, [1.0] * len(x), 0.5, max_items=200)
         pairs = {(int(t), int(lab)) for t, lab in zip(topics, labels, strict=True)}
         assert len(pairs) == len(set(topics.tolist())) == len(set(labels))
+
+
+class TestNeighbourhood:
+    def test_shared_specific_chunks_add_their_cosine(self) -> None:
+        """Joined vectors' dot product is the term cosine plus the weight times the neighbourhood cosine."""
+        from ragloop.gaps import neighbourhood_vectors, with_neighbourhood
+
+        hits = [{"c1": 0.9, "c2": 0.5}, {"c1": 0.9, "c2": 0.5}, {"c3": 0.9}]
+        df = {"c1": 2, "c2": 2, "c3": 1}
+        nb = neighbourhood_vectors(hits, df, 50)
+        assert float(nb[0] @ nb[2]) == 0.0  # nothing shared, nothing added
+        lex = np.zeros((3, 1), dtype=np.float32)
+        joined = with_neighbourhood(lex, nb, 0.25)
+        assert abs(float(joined[0] @ joined[1]) - 0.25 * float(nb[0] @ nb[1])) < 1e-6
+        assert float(nb[0] @ nb[1]) > 0.5
+
+    def test_chunks_every_search_hits_add_almost_nothing(self) -> None:
+        """Two neighbourhoods made only of chunks every turn hits are nearly orthogonal after scaling."""
+        from ragloop.gaps import neighbourhood_vectors
+
+        hits = [{"generic": 0.8, "start": 0.6}, {"generic": 0.8, "start": 0.6}]
+        nb = neighbourhood_vectors(hits, {"generic": 100, "start": 100}, 100)
+        assert float(nb[0] @ nb[1]) < 0.05
+
+    @settings(max_examples=50, deadline=None)
+    @given(
+        st.lists(st.dictionaries(st.sampled_from("abcdefg"), st.floats(0.0, 1.0), max_size=4), min_size=1, max_size=8),
+        st.integers(1, 200),
+    )
+    def test_rows_are_at_most_unit(self, hits: list[dict[str, float]], total: int) -> None:
+        """Every row has norm <= 1 (specificity <= 1), so the added cosine never exceeds the weight."""
+        from ragloop.gaps import neighbourhood_vectors
+
+        df = {c: 1 for c in "abcdefg"}
+        nb = neighbourhood_vectors(hits, df, total)
+        assert (np.linalg.norm(nb, axis=1) <= 1.0 + 1e-5).all()
