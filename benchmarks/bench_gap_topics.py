@@ -9,7 +9,7 @@ the default), and for each planted topic it prints the rank of the report topic 
 how many of its 4 paraphrases that topic holds, and whether any other question landed in it.
 
 It asserts nothing; it prints the table with the load average and writes
-``benchmarks/results/bench_gap_topics.json`` and ``.txt``.
+``benchmarks/results/bench_gap_topics-SET.json`` and ``.txt``.
 
 Two sets: ``heldout-1`` (the three topics above; looked at in #34, so now tuning data for the grouping) and
 ``heldout-2`` (four topics written before any result on them; the figure to quote). Besides each topic's count it
