@@ -183,7 +183,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 def _handoff_routes(h: _Handlers, rag: ChatRAG, handoff: Handoff | None) -> list[Route]:
     if handoff is None:
         return []
-    routes = HandoffRoutes(h.checks, rag, handoff, h.metrics)
+    routes = HandoffRoutes(h.checks, rag, handoff, h.metrics, h.server.sessions)
     return [
         Route("/v1/handoff", h.guarded("handoff", routes.create), methods=["POST"]),
         Route(

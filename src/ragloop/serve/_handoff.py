@@ -1,10 +1,10 @@
 """Hand-off to a person: ``POST /v1/handoff`` and ``POST /v1/handoff/{id}/resolution`` (needs a turn log).
 
-``POST /v1/handoff {"turn_id", "note"?}`` hands one of the caller's own turns that found no full answer (``none``,
-``partial``) or was rated down to a person (an answered one is a 409): the hand-off is stored
-in the turn log's database with its packet (question, conversation as far as the log keeps it — the question
-alone —, what was searched, what was missing, the nearest pages, the turn id, its gap id once ``ragloop gaps``
-grouped it) and, with a webhook, the packet is POSTed there as JSON, signed ``X-Ragloop-Signature:
+``POST /v1/handoff {"turn_id", "session_id"?, "note"?}`` hands one of the caller's own turns that found no full
+answer (``none``, ``partial``) or was rated down to a person (an answered one is a 409): the hand-off is stored
+in the turn log's database with its packet (question, outcome, the conversation, what was searched, what was
+missing, the pages it cited, the nearest pages, the turn id, its gap id once ``ragloop gaps`` grouped it) and,
+with a webhook, the packet is POSTed there as JSON, signed ``X-Ragloop-Signature:
 sha256=<HMAC-SHA256 of the body with the shared secret>``, in the background after the response (retried with
 exponential backoff; never holding up a turn or this request). 202 with the hand-off id.
 
@@ -12,6 +12,12 @@ exponential backoff; never holding up a turn or this request). 202 with the hand
 ``<drafts>/handoff-<id>.md``, markdown with front matter (question, answer, agent, date, gap, turn, hand-off), which
 ``ragloop index --include-drafts`` indexes: a reviewed answer then closes its gap on the next replay. A hand-off is
 resolved once (409 after). Walls: another key's turn or hand-off is a 404, as an unknown one.
+
+The conversation: with ``session_id`` (a server-side session of the caller's, the one the turn was asked in),
+the session's messages up to the handed-off question and its answer (later turns are left out), else the question
+alone; bounded to the newest :attr:`Handoff.max_messages` messages (20) and :attr:`Handoff.max_bytes` UTF-8
+bytes of their contents (32 KiB), oldest dropped first (``conversation_truncated`` says so), each message scrubbed
+by the turn log's policy like the note. Another key's session is a 404, exactly as an unknown one.
 """
 
 from __future__ import annotations
@@ -37,12 +43,16 @@ from starlette.responses import JSONResponse, Response
 from ragloop._log import get_logger
 from ragloop.errors import ConfigError
 from ragloop.serve._stream import Rejected
+from ragloop.state import Message
 from ragloop.turnlog import hash_identity
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from ragloop.serve._sessions import SessionStore
     from ragloop.turnlog import LoggedTurn, TurnLog
 
-__all__ = ["Handoff", "HandoffRoutes", "Webhook", "handoff_packet", "resolution_page", "sign"]
+__all__ = ["Handoff", "HandoffRoutes", "Webhook", "conversation", "handoff_packet", "resolution_page", "sign"]
 
 log = get_logger("ragloop.serve.handoff")
 _MAX_NOTE = 2_000
@@ -67,6 +77,9 @@ class Handoff:
         backoff_s: Wait before the second attempt; doubled each time after.
         timeout_s: Time limit of one attempt.
         max_pending: Packets being delivered at once; one more is stored, not sent, and counted as dropped.
+        max_messages: Most messages of the caller's session a packet carries (the newest).
+        max_bytes: Most UTF-8 bytes of those messages' contents (older ones dropped first; a newest one alone
+            past it is cut).
     """
 
     drafts: Path
@@ -76,6 +89,8 @@ class Handoff:
     backoff_s: float = 0.5
     timeout_s: float = 5.0
     max_pending: int = 64
+    max_messages: int = 20
+    max_bytes: int = 32_768
 
     def __attrs_post_init__(self) -> None:
         if self.url is not None and not self.secret:
@@ -140,15 +155,81 @@ def _owner_of(log_: TurnLog, principal: str) -> str:
     return hash_identity(principal, policy.identity_salt) if policy.hash_identities else principal
 
 
-def handoff_packet(turn: LoggedTurn, handoff_id: str, gap_id: str | None, note: str | None) -> dict[str, Any]:
-    """What a person needs to answer the turn: question, conversation, searches, what was missing, nearest pages."""
+def conversation(
+    history: Sequence[Message],
+    question: str | None,
+    *,
+    max_messages: int = 20,
+    max_bytes: int = 32_768,
+    scrub: Callable[[str], str] = lambda text: text,
+) -> tuple[list[dict[str, str]], bool]:
+    """The conversation a packet carries, and whether anything was dropped or cut.
+
+    The history up to the last user message that is ``question`` (raw or scrubbed) and the answer after it — the
+    turns that came later are not this hand-off's —, or, when ``question`` is not in it, the whole history and
+    ``question`` after it; then the newest ``max_messages`` that fit ``max_bytes`` (UTF-8, contents), each
+    scrubbed. A newest message alone past ``max_bytes`` is cut to it.
+    """
+    messages = list(history)
+    at = next(
+        (
+            i
+            for i in range(len(messages) - 1, -1, -1)
+            if messages[i].role == "user"
+            and question is not None
+            and question in (messages[i].content, scrub(messages[i].content))
+        ),
+        None,
+    )
+    if at is not None:
+        end = at + 2 if at + 1 < len(messages) and messages[at + 1].role == "assistant" else at + 1
+        messages = messages[:end]
+    elif question is not None:
+        messages.append(Message("user", question))
+    kept: list[dict[str, str]] = []
+    used = 0
+    newest = messages[-max_messages:] if max_messages > 0 else []
+    cut = len(newest) < len(messages)
+    for message in reversed(newest):
+        text = scrub(message.content)
+        size = len(text.encode("utf-8"))
+        if used + size > max_bytes:
+            if not kept and max_bytes > 0:  # the newest alone is too long: its start
+                kept.append(
+                    {"role": message.role, "content": text.encode("utf-8")[:max_bytes].decode("utf-8", "ignore")}
+                )
+            cut = True
+            break
+        used += size
+        kept.append({"role": message.role, "content": text})
+    return list(reversed(kept)), cut
+
+
+def handoff_packet(
+    turn: LoggedTurn,
+    handoff_id: str,
+    gap_id: str | None,
+    note: str | None,
+    messages: Sequence[Message] = (),
+    handoff: Handoff | None = None,
+    scrub: Callable[[str], str] = lambda text: text,
+) -> dict[str, Any]:
+    """What a person needs to answer the turn: question, outcome, conversation (``messages``: the caller's
+    session, bounded by ``handoff``'s limits), searches, what was missing, cited and nearest pages, the gap."""
     row = turn.row
+    limits = handoff or Handoff(Path("."))
+    talk, cut = conversation(
+        messages, row.question, max_messages=limits.max_messages, max_bytes=limits.max_bytes, scrub=scrub
+    )
+    cited = {c.source: c.title for c in sorted(row.citations, key=lambda c: c.n)}
     return {
         "handoff_id": handoff_id,
         "turn_id": row.turn_id,
         "gap_id": gap_id,
         "question": row.question,
-        "conversation": [{"role": "user", "content": row.question}] if row.question is not None else [],
+        "conversation": talk,
+        "conversation_truncated": cut,
+        "cited_pages": [{"source": source, "title": title} for source, title in cited.items()],
         "outcome": row.outcome,
         "rating": turn.rating,
         "searched": [q.text for q in row.queries],
@@ -212,15 +293,44 @@ def _log_of(rag: Any) -> TurnLog:
     return turn_log
 
 
+async def _session(sessions: SessionStore | None, principal: str, session_id: str | None) -> tuple[Message, ...]:
+    """The caller's own session's messages (``()`` without ``session_id``); 404 for another's or an unknown one."""
+    if session_id is None:
+        return ()
+    if not re.fullmatch(r"[A-Za-z0-9._:-]{1,128}", session_id):
+        raise Rejected(400, "session_id must be 1–128 characters of letters, digits and . _ : -", param="session_id")
+    history = None
+    if sessions is not None:
+        try:
+            history = await sessions.load(principal, session_id)
+        except Exception as exc:  # noqa: BLE001 — the store's own errors: a 503 that says to retry
+            log.warning("handoff.sessions_unavailable", error=type(exc).__name__)
+            raise Rejected(
+                503, "the session store cannot be reached just now; try again later, or leave out session_id",
+                kind="server_error", code="sessions_unavailable",
+            ) from None  # fmt: skip
+    if history is None:
+        raise Rejected(404, f"no session {session_id!r:.40} of yours", param="session_id", code="unknown_session")
+    return tuple(history)
+
+
 async def create_handoff(
-    rag: Any, webhook: Webhook | None, body: Mapping[str, Any], principal: str
+    rag: Any,
+    webhook: Webhook | None,
+    body: Mapping[str, Any],
+    principal: str,
+    sessions: SessionStore | None = None,
+    handoff: Handoff | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Store a hand-off of ``principal``'s turn; the response body, and the packet when the webhook is to get it."""
-    unknown = sorted(set(body) - {"turn_id", "note"})
+    unknown = sorted(set(body) - {"turn_id", "note", "session_id"})
     if unknown:
-        raise Rejected(400, f"unknown field {unknown[0]!r:.60}; send turn_id and an optional note", param=unknown[0])
+        raise Rejected(
+            400, f"unknown field {unknown[0]!r:.60}; send turn_id, and optionally session_id and note", param=unknown[0]
+        )
     turn_id = _text(body, "turn_id", 128, True)
     note = _text(body, "note", _MAX_NOTE, False)
+    session_id = _text(body, "session_id", 128, False)
     assert turn_id is not None
     turn_log = _log_of(rag)
     backend = turn_log.backend
@@ -235,9 +345,11 @@ async def create_handoff(
             param="turn_id",
             code="answered",
         )
+    messages = await _session(sessions, principal, session_id)
     handoff_id = "h-" + secrets.token_hex(8)
     gap_id = await _read(backend.gap_of, turn_id)
-    packet = handoff_packet(turn, handoff_id, gap_id, turn_log.policy.scrub(note) if note else None)
+    scrub = turn_log.policy.scrub
+    packet = handoff_packet(turn, handoff_id, gap_id, scrub(note) if note else None, messages, handoff, scrub)
     text = json.dumps(packet, ensure_ascii=False)
     owner = _owner_of(turn_log, principal)
     at = turn_log.clock()
@@ -273,10 +385,13 @@ async def resolve(rag: Any, handoff: Handoff, handoff_id: str, body: Mapping[str
 class HandoffRoutes:
     """The two endpoints over one app's request checks and chat."""
 
-    def __init__(self, checks: Any, rag: Any, handoff: Handoff, metrics: Any = None) -> None:
+    def __init__(
+        self, checks: Any, rag: Any, handoff: Handoff, metrics: Any = None, sessions: SessionStore | None = None
+    ) -> None:
         self.checks = checks
         self.rag = rag
         self.handoff = handoff
+        self.sessions = sessions
         self.webhook = Webhook(handoff) if handoff.url is not None else None
         if metrics is not None and self.webhook is not None:
             metrics.watch_handoffs(lambda: self.webhook.counts if self.webhook else {})
@@ -285,7 +400,7 @@ class HandoffRoutes:
         """``POST /v1/handoff``: 202 and the hand-off id; the webhook is called after the response is sent."""
         principal = self.checks.authorize(request)
         body = await self.checks.read_json(request)
-        out, packet = await create_handoff(self.rag, self.webhook, body, principal.name)
+        out, packet = await create_handoff(self.rag, self.webhook, body, principal.name, self.sessions, self.handoff)
         task = BackgroundTask(self.webhook.deliver, packet) if packet is not None and self.webhook else None
         return JSONResponse(out, status_code=202, background=task)
 
