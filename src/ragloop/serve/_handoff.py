@@ -22,9 +22,8 @@ by the turn log's policy like the note. Another key's session is a 404, exactly 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-import hashlib
-import hmac
 import json
 import re
 import secrets
@@ -34,20 +33,21 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import attrs
-import httpx
 from attrs import frozen
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from ragloop._log import get_logger
 from ragloop.errors import ConfigError
 from ragloop.serve._stream import Rejected
+from ragloop.serve._webhook import Webhook, sign
 from ragloop.state import Message
 from ragloop.turnlog import hash_identity
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import AsyncIterator, Callable, Sequence
 
     from ragloop.serve._sessions import SessionStore
     from ragloop.turnlog import LoggedTurn, TurnLog
@@ -58,11 +58,6 @@ log = get_logger("ragloop.serve.handoff")
 _MAX_NOTE = 2_000
 _MAX_ANSWER = 20_000
 _ID = re.compile(r"^h-[0-9a-f]{16}$")
-
-
-def sign(body: bytes, secret: bytes) -> str:
-    """The signature header's value: ``sha256=`` and the hex HMAC-SHA256 of ``body`` under ``secret``."""
-    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
 
 
 @frozen
@@ -80,6 +75,9 @@ class Handoff:
         max_messages: Most messages of the caller's session a packet carries (the newest).
         max_bytes: Most UTF-8 bytes of those messages' contents (older ones dropped first; a newest one alone
             past it is cut).
+        resend_every_s: How often a serving app re-sends the deliveries that exhausted their attempts (kept in
+            the turn log's database; :mod:`ragloop.serve._webhook`); ``0``: only after a later hand-off and by
+            ``ragloop handoff resend``.
     """
 
     drafts: Path
@@ -91,63 +89,11 @@ class Handoff:
     max_pending: int = 64
     max_messages: int = 20
     max_bytes: int = 32_768
+    resend_every_s: float = 60.0
 
     def __attrs_post_init__(self) -> None:
         if self.url is not None and not self.secret:
             raise ValueError("a hand-off webhook needs a shared secret to sign its packets (RAGLOOP_HANDOFF_SECRET)")
-
-
-class Webhook:
-    """Delivers packets to :attr:`Handoff.url`, bounded, retried, counted; never raises."""
-
-    def __init__(self, handoff: Handoff, client: httpx.AsyncClient | None = None) -> None:
-        self.handoff = handoff
-        self.client = client
-        self.pending = 0
-        #: Packets delivered, given up on after every attempt, and not sent (too many pending).
-        self.counts = {"delivered": 0, "failed": 0, "dropped": 0}
-
-    def admit(self) -> bool:
-        """Take a delivery slot; ``False`` (counted as dropped) when :attr:`Handoff.max_pending` are in flight."""
-        if self.pending >= self.handoff.max_pending:
-            self.counts["dropped"] += 1
-            return False
-        self.pending += 1
-        return True
-
-    async def deliver(self, packet: Mapping[str, Any]) -> bool:
-        """POST ``packet`` (after :meth:`admit`), retrying a refused, failed or slow attempt with backoff."""
-        h = self.handoff
-        assert h.url is not None and h.secret is not None
-        body = json.dumps(packet, ensure_ascii=False, sort_keys=True).encode("utf-8")
-        headers = {
-            "content-type": "application/json",
-            "x-ragloop-signature": sign(body, h.secret),
-            "x-ragloop-handoff": str(packet.get("handoff_id", "")),
-        }
-        client = self.client or httpx.AsyncClient()
-        try:
-            wait = h.backoff_s
-            for attempt in range(1, h.attempts + 1):
-                try:
-                    with anyio.fail_after(h.timeout_s):
-                        r = await client.post(h.url, content=body, headers=headers, timeout=h.timeout_s)
-                    if 200 <= r.status_code < 300:
-                        self.counts["delivered"] += 1
-                        return True
-                    why = f"status {r.status_code}"
-                except (httpx.HTTPError, TimeoutError) as exc:
-                    why = type(exc).__name__
-                log.warning("handoff.webhook_retry", attempt=attempt, reason=why, handoff=packet.get("handoff_id"))
-                if attempt < h.attempts:
-                    await anyio.sleep(wait)
-                    wait *= 2
-            self.counts["failed"] += 1
-            return False
-        finally:
-            self.pending -= 1
-            if self.client is None:
-                await client.aclose()
 
 
 def _owner_of(log_: TurnLog, principal: str) -> str:
@@ -383,18 +329,44 @@ async def resolve(rag: Any, handoff: Handoff, handoff_id: str, body: Mapping[str
 
 
 class HandoffRoutes:
-    """The two endpoints over one app's request checks and chat."""
+    """The two endpoints over one app's handlers (request checks, metrics, sessions) and chat."""
 
-    def __init__(
-        self, checks: Any, rag: Any, handoff: Handoff, metrics: Any = None, sessions: SessionStore | None = None
-    ) -> None:
-        self.checks = checks
+    def __init__(self, handlers: Any, rag: Any, handoff: Handoff) -> None:
+        self.handlers = handlers
+        self.checks = handlers.checks
         self.rag = rag
         self.handoff = handoff
-        self.sessions = sessions
-        self.webhook = Webhook(handoff) if handoff.url is not None else None
-        if metrics is not None and self.webhook is not None:
-            metrics.watch_handoffs(lambda: self.webhook.counts if self.webhook else {})
+        self.sessions: SessionStore | None = handlers.server.sessions
+        turn_log = getattr(rag, "turn_log", None)
+        outbox = turn_log.backend if turn_log is not None else None
+        self.webhook = Webhook(handoff, outbox=outbox) if handoff.url is not None else None
+        if self.webhook is not None:
+            handlers.metrics.watch_handoffs(lambda: self.webhook.counts if self.webhook else {})
+
+    def routes(self) -> list[Route]:
+        """``POST /v1/handoff`` and ``POST /v1/handoff/{handoff_id}/resolution``, guarded like every endpoint."""
+        guarded = self.handlers.guarded
+        return [
+            Route("/v1/handoff", guarded("handoff", self.create), methods=["POST"]),
+            Route(
+                "/v1/handoff/{handoff_id}/resolution",
+                guarded("handoff.resolution", self.resolution),
+                methods=["POST"],
+            ),
+        ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[None]:
+        """While the app runs: the webhook's outbox re-sent every :attr:`Handoff.resend_every_s` seconds."""
+        if self.webhook is None or self.webhook.outbox is None or self.handoff.resend_every_s <= 0:
+            yield
+            return
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.webhook.resend_every, self.handoff.resend_every_s)
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()
 
     async def create(self, request: Request) -> Response:
         """``POST /v1/handoff``: 202 and the hand-off id; the webhook is called after the response is sent."""
