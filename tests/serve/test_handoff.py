@@ -37,7 +37,7 @@ class Receiver:
     """A webhook receiver on 127.0.0.1: records each POST; answers ``statuses`` in turn (then 200), after
     ``delay_s``; ``finished`` is set when a request has been answered."""
 
-    def __init__(self, statuses: tuple[int, ...] = (), delay_s: float = 0.0) -> None:
+    def __init__(self, statuses: tuple[int, ...] = (), delay_s: float = 0.0, port: int = 0) -> None:
         self.statuses = list(statuses)
         self.delay_s = delay_s
         self.got: list[tuple[dict[str, str], bytes]] = []
@@ -61,7 +61,8 @@ class Receiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        ThreadingHTTPServer.allow_reuse_address = True
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
 
     def __enter__(self) -> Receiver:
@@ -96,7 +97,9 @@ class TestWebhook:
         expected = "sha256=" + hmac.new(SECRET, body, hashlib.sha256).hexdigest()
         assert headers["x-ragloop-signature"] == expected == sign(body, SECRET)
         assert json.loads(body)["question"] == "Zapier? é" and headers["x-ragloop-handoff"] == "h-1"
-        assert hook.counts == {"delivered": 1, "failed": 0, "dropped": 0, "parked": 0, "resent": 0} and hook.pending == 0
+        assert (
+            hook.counts == {"delivered": 1, "failed": 0, "dropped": 0, "parked": 0, "resent": 0} and hook.pending == 0
+        )
 
     async def test_refused_then_accepted_is_retried(self, tmp_path: Path) -> None:
         """500 and 503 are retried with backoff; the third attempt's 200 delivers it."""
@@ -109,7 +112,9 @@ class TestWebhook:
         """Nothing listening: every attempt fails, it gives up (counted), and raises nothing."""
         hook = Webhook(_handoff(tmp_path, _down_url(), attempts=3, backoff_s=0.01))
         assert hook.admit() and not await hook.deliver({"handoff_id": "h-3"})
-        assert hook.counts == {"delivered": 0, "failed": 1, "dropped": 0, "parked": 0, "resent": 0} and hook.pending == 0
+        assert (
+            hook.counts == {"delivered": 0, "failed": 1, "dropped": 0, "parked": 0, "resent": 0} and hook.pending == 0
+        )
 
     async def test_receiver_slow(self, tmp_path: Path) -> None:
         """A receiver slower than the attempt's time limit: each attempt is cut off and retried, then given up."""

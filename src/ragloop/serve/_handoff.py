@@ -6,7 +6,8 @@ in the turn log's database with its packet (question, outcome, the conversation,
 missing, the pages it cited, the nearest pages, the turn id, its gap id once ``ragloop gaps`` grouped it) and,
 with a webhook, the packet is POSTed there as JSON, signed ``X-Ragloop-Signature:
 sha256=<HMAC-SHA256 of the body with the shared secret>``, in the background after the response (retried with
-exponential backoff; never holding up a turn or this request). 202 with the hand-off id.
+exponential backoff; never holding up a turn or this request; one that exhausts its retries, or finds too many
+deliveries in flight, is kept and re-sent later: :mod:`ragloop.serve._webhook`). 202 with the hand-off id.
 
 ``POST /v1/handoff/{id}/resolution {"answer", "agent"}`` (same key) writes the person's answer as a **draft** page,
 ``<drafts>/handoff-<id>.md``, markdown with front matter (question, answer, agent, date, gap, turn, hand-off), which
@@ -302,7 +303,8 @@ async def create_handoff(
     await _read(lambda: backend.save_handoff(handoff_id, turn_id, owner, at, text))
     send = webhook is not None and webhook.admit()
     state = "queued" if send else ("not_configured" if webhook is None else "dropped")
-    return {"handoff_id": handoff_id, "turn_id": turn_id, "gap_id": gap_id, "webhook": state}, packet if send else None
+    out = {"handoff_id": handoff_id, "turn_id": turn_id, "gap_id": gap_id, "webhook": state}
+    return out, packet if webhook is not None else None
 
 
 async def resolve(rag: Any, handoff: Handoff, handoff_id: str, body: Mapping[str, Any], principal: str) -> Path:
@@ -373,7 +375,10 @@ class HandoffRoutes:
         principal = self.checks.authorize(request)
         body = await self.checks.read_json(request)
         out, packet = await create_handoff(self.rag, self.webhook, body, principal.name, self.sessions, self.handoff)
-        task = BackgroundTask(self.webhook.deliver, packet) if packet is not None and self.webhook else None
+        task = None
+        if packet is not None and self.webhook is not None:  # queued: sent now; dropped: kept, re-sent later
+            send = self.webhook.deliver if out["webhook"] == "queued" else self.webhook.keep
+            task = BackgroundTask(send, packet)
         return JSONResponse(out, status_code=202, background=task)
 
     async def resolution(self, request: Request) -> Response:

@@ -23,17 +23,14 @@ import hmac
 import json
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import anyio
 import httpx
 
 from ragloop._log import get_logger
 
-if TYPE_CHECKING:
-    from ragloop.serve._handoff import Handoff
-
-__all__ = ["Outbox", "Webhook", "resend", "sign"]
+__all__ = ["Outbox", "Settings", "Webhook", "resend", "sign"]
 
 log = get_logger("ragloop.serve.handoff")
 
@@ -41,6 +38,34 @@ log = get_logger("ragloop.serve.handoff")
 def sign(body: bytes, secret: bytes) -> str:
     """The signature header's value: ``sha256=`` and the hex HMAC-SHA256 of ``body`` under ``secret``."""
     return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+class Settings(Protocol):
+    """What a webhook is configured with (:class:`~ragloop.serve.Handoff`)."""
+
+    @property
+    def url(self) -> str | None:
+        """Where packets go."""
+
+    @property
+    def secret(self) -> bytes | None:
+        """The shared secret they are signed with."""
+
+    @property
+    def attempts(self) -> int:
+        """Deliveries tried per packet."""
+
+    @property
+    def backoff_s(self) -> float:
+        """Wait before the second attempt (doubled after)."""
+
+    @property
+    def timeout_s(self) -> float:
+        """Time limit of one attempt."""
+
+    @property
+    def max_pending(self) -> int:
+        """Packets being delivered at once."""
 
 
 class Outbox(Protocol):
@@ -83,14 +108,18 @@ async def resend(
     timeout_s: float = 5.0,
     limit: int = 100,
     clock: Callable[[], float] = time.time,
+    strict: bool = False,
 ) -> tuple[int, int]:
     """Re-send up to ``limit`` parked deliveries once each, oldest first; ``(delivered, still failing)``.
 
-    The outbox's own errors (a dead database) are logged and end the pass: what was not claimed waits for the next.
+    The outbox's own errors (a dead database) are logged and end the pass (what was not claimed waits for the
+    next), or, with ``strict``, raised.
     """
     try:
         claimed = await anyio.to_thread.run_sync(outbox.claim_deliveries, clock(), 2 * timeout_s, limit)
-    except Exception as exc:  # noqa: BLE001 — the database's own errors: the next pass tries again
+    except Exception as exc:
+        if strict:
+            raise
         log.warning("handoff.outbox_unavailable", error=type(exc).__name__)
         return 0, 0
     delivered = failed = 0
@@ -109,12 +138,12 @@ async def resend(
 
 
 class Webhook:
-    """Delivers packets to :attr:`Handoff.url`, bounded, retried, counted, parked in ``outbox`` when every
-    attempt failed and re-sent from it; never raises."""
+    """Delivers packets to :attr:`~ragloop.serve.Handoff.url`, bounded, retried, counted, parked in ``outbox``
+    when every attempt failed and re-sent from it; never raises."""
 
     def __init__(
         self,
-        handoff: Handoff,
+        handoff: Settings,
         client: httpx.AsyncClient | None = None,
         outbox: Outbox | None = None,
         clock: Callable[[], float] = time.time,
@@ -130,7 +159,7 @@ class Webhook:
         self.counts = {"delivered": 0, "failed": 0, "dropped": 0, "parked": 0, "resent": 0}
 
     def admit(self) -> bool:
-        """Take a delivery slot; ``False`` (counted as dropped) when :attr:`Handoff.max_pending` are in flight."""
+        """Take a delivery slot; ``False`` (counted as dropped) when ``max_pending`` are in flight."""
         if self.pending >= self.handoff.max_pending:
             self.counts["dropped"] += 1
             return False
@@ -139,7 +168,8 @@ class Webhook:
 
     async def deliver(self, packet: Mapping[str, Any]) -> bool:
         """POST ``packet`` (after :meth:`admit`), retrying a refused, failed or slow attempt with backoff; given
-        up, it is parked in the outbox. Then the outbox's earlier deliveries are re-sent (:meth:`resend`)."""
+        up, it is parked in the outbox. Once it is delivered (the receiver is up), the outbox's earlier deliveries
+        are re-sent (:meth:`resend`), outside the delivery slot."""
         h = self.handoff
         assert h.url is not None and h.secret is not None
         body = json.dumps(packet, ensure_ascii=False, sort_keys=True).encode("utf-8")
@@ -147,26 +177,35 @@ class Webhook:
         signature = sign(body, h.secret)
         client = self.client or httpx.AsyncClient()
         try:
-            wait, why = h.backoff_s, ""
-            for attempt in range(1, h.attempts + 1):
-                why = await _post(client, h.url, body, _headers(handoff_id, signature), h.timeout_s)
-                if not why:
-                    self.counts["delivered"] += 1
-                    break
-                log.warning("handoff.webhook_retry", attempt=attempt, reason=why, handoff=handoff_id)
-                if attempt < h.attempts:
-                    await anyio.sleep(wait)
-                    wait *= 2
-            else:
+            try:
+                wait, why = h.backoff_s, ""
+                for attempt in range(1, h.attempts + 1):
+                    why = await _post(client, h.url, body, _headers(handoff_id, signature), h.timeout_s)
+                    if not why:
+                        break
+                    log.warning("handoff.webhook_retry", attempt=attempt, reason=why, handoff=handoff_id)
+                    if attempt < h.attempts:
+                        await anyio.sleep(wait)
+                        wait *= 2
+            finally:
+                self.pending -= 1
+            if why:
                 self.counts["failed"] += 1
                 await self._park(handoff_id, h.url, body, signature, why)
                 return False
+            self.counts["delivered"] += 1
             await self.resend(client)
             return True
         finally:
-            self.pending -= 1
             if self.client is None:
                 await client.aclose()
+
+    async def keep(self, packet: Mapping[str, Any]) -> None:
+        """Park ``packet`` unsent (it found ``max_pending`` deliveries in flight): a re-send takes it."""
+        h = self.handoff
+        assert h.url is not None and h.secret is not None
+        body = json.dumps(packet, ensure_ascii=False, sort_keys=True).encode("utf-8")
+        await self._park(str(packet.get("handoff_id", "")), h.url, body, sign(body, h.secret), "too many pending")
 
     async def _park(self, handoff_id: str, url: str, body: bytes, signature: str, why: str) -> None:
         if self.outbox is None:
