@@ -405,6 +405,11 @@ class TestServeOptions:
             (["--handoff-url", "http://127.0.0.1:9/"], "needs --handoff-drafts"),
             (["--handoff-drafts", "d"], "needs --turn-log"),
             (["--handoff-drafts", "d", "--turn-log", "sqlite:t.db", "--handoff-url", "http://x/"], "SECRET"),
+            (["--handoff-drafts", "d", "--turn-log", "sqlite:t.db", "--handoff-resend-every", "-1"], "0 or a positive"),
+            (
+                ["--handoff-drafts", "d", "--turn-log", "sqlite:t.db", "--handoff-resend-every", "nan"],
+                "0 or a positive",
+            ),
         ],
     )
     def test_bad_handoff_options_fail_first(
