@@ -63,7 +63,9 @@ MAX_ITEMS = 3000
 #: Chunks of a turn's hits (most confident first) that make its retrieval neighbourhood.
 NEIGHBOURS = 3
 #: Weight of the neighbourhood cosine added to the term (and embedding) cosine; chosen on the first planted set
-#: of ``benchmarks/bench_gap_topics.py`` (tuning data since it was looked at), reported on its second.
+#: of ``benchmarks/bench_gap_topics.py`` (tuning data since it was looked at; 0.1-0.5 all grouped it fully) and
+#: the end-to-end scenario of ``tests/gaps`` (0.5 merged a rated-down question into a planted topic), reported on
+#: the second planted set.
 NEIGHBOUR_WEIGHT = 0.25
 _FLOOR = -8.0  # below any cosine: masks merged groups and the diagonal
 
