@@ -308,6 +308,17 @@ class TestConversation:
         packet = json.loads(stored[1])
         assert packet["conversation"] == [{"role": "user", "content": "How do I rotate an API key?"}]
 
+    async def test_a_bad_session_id_is_a_400_that_names_it(self, tmp_path: Path) -> None:
+        rag = _logged(tmp_path)
+        async with asgi_client(create_app(rag, handoff=_handoff(tmp_path))) as client:
+            turn_id = await _turn(client, "")
+            await _stored(rag, turn_id)
+            assert (await client.post("/v1/feedback", json={"turn_id": turn_id, "rating": "down"})).status_code == 200
+            for bad in (123, "", "no spaces allowed", "x" * 129):
+                r = await client.post("/v1/handoff", json={"turn_id": turn_id, "session_id": bad})
+                assert r.status_code == 400 and r.json()["error"]["param"] == "session_id", (bad, r.text)
+        await rag.aclose()
+
 
 class TestConversationBounds:
     def test_oldest_dropped_first_and_a_long_newest_cut(self) -> None:
