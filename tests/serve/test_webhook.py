@@ -83,6 +83,19 @@ class TestOutboxTables:
         assert outbox.claim_deliveries(200.0, 10.0, 10) == [("h-1", "http://x/hook", '{"a": "é"}', "sha256=ab")]
         outbox.settle_delivery("h-1", True, 201.0)
         assert outbox.claim_deliveries(500.0, 10.0, 10) == [] and outbox.undelivered() == 0
+        assert _rows(outbox) == 2  # delivered rows stay a week ...
+        outbox.park_delivery("h-2", "http://x/hook", "{}", "sha256=ef", 600.0, "ConnectError")
+        assert outbox.claim_deliveries(201.0 + 7 * 86_400 + 1, 10.0, 10)[0][0] == "h-2"
+        assert _rows(outbox) == 1  # ... then go; the waiting one stays
+
+
+def _rows(outbox: SQLBackend) -> int:
+    def work(conn: Any) -> int:
+        cur = conn.cursor()
+        cur.execute("select count(*) from ragloop_handoff_outbox")
+        return int(cur.fetchone()[0])
+
+    return int(outbox._run(False, work))
 
 
 class TestDownThenBack:

@@ -12,7 +12,8 @@ it once, and the stored signature still verifies), by :func:`resend`:
 - by ``ragloop handoff resend --turn-log URL`` (no secret needed: the stored signature is sent).
 
 A sender *claims* the rows it re-sends (for twice the attempt's time limit) so that two senders (two replicas,
-the CLI beside a server) never send one at the same time; an accepted one is never sent again. Delivery is at
+the CLI beside a server) never send one at the same time; an accepted one is never sent again (its row is deleted
+a week later). Delivery is at
 least once: a receiver that took a packet but whose answer never arrived gets it again, with the same key.
 """
 

@@ -11,7 +11,11 @@ from typing import Any
 
 from attrs import frozen
 
-__all__ = ["GapBook", "GapRecord", "LifecycleTables"]
+__all__ = ["DELIVERED_KEPT_S", "GapBook", "GapRecord", "LifecycleTables"]
+
+
+#: How long a delivered row stays in the hand-off outbox (a week), for whoever inspects the table.
+DELIVERED_KEPT_S = 7 * 86_400.0
 
 
 @frozen
@@ -177,6 +181,11 @@ class LifecycleTables:
 
         def work(conn: Any) -> list[tuple[str, str, str, str]]:
             cur = conn.cursor()
+            # A week after its delivery a row has done its work (nothing sends a delivered one again).
+            cur.execute(
+                self._sql("delete from ragloop_handoff_outbox where delivered_at is not null and delivered_at < ?"),
+                (now - DELIVERED_KEPT_S,),
+            )
             free = "delivered_at is null and (claimed_until is null or claimed_until < ?)"
             cur.execute(
                 self._sql(
