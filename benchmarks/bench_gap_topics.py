@@ -1,8 +1,8 @@
 """Gap grouping on a planted-topic log: are all paraphrases of an unanswerable topic put in one gap?
 
-Three topics the bundled sample knowledge base does not answer (a whiteboard, Trello import, video calls), four
-paraphrases each, written for this benchmark and never used to choose a threshold (the grouping defaults come
-from ``bench_gaps.py``'s development topics), are asked through the offline chat over the sample (hash embedder)
+Topics the bundled sample knowledge base does not answer, four paraphrases each (set ``heldout-1``: a
+whiteboard, Trello import, video calls; set ``heldout-2``: Gantt charts, dark mode, a desktop app, recurring
+tasks), are asked through the offline chat over the sample (hash embedder)
 by several users over a week, mixed with the sample's answerable questions; every turn goes to a SQLite turn log.
 The report is then built exactly as ``ragloop gaps --turn-log … --since … --min-turns 2`` builds it (terms only,
 the default), and for each planted topic it prints the rank of the report topic holding most of its paraphrases,
@@ -11,8 +11,10 @@ how many of its 4 paraphrases that topic holds, and whether any other question l
 It asserts nothing; it prints the table with the load average and writes
 ``benchmarks/results/bench_gap_topics-SET.json`` and ``.txt``.
 
-Two sets: ``heldout-1`` (the three topics above; looked at in #34, so now tuning data for the grouping) and
-``heldout-2`` (four topics written before any result on them; the figure to quote). Besides each topic's count it
+``heldout-1`` was written as held out and looked at once with the grouping as it was; #34 then tuned the
+grouping's new signals (missing terms, retrieval neighbourhood) on it, so it is tuning data now. ``heldout-2``
+was written and committed before any run on it: the figure to quote (every look is in
+``benchmarks/results/validation-log.md``). Besides each topic's count it
 reports purity: any report topic that mixes a planted topic with another or with other questions.
 
 Usage: ``nice python benchmarks/bench_gap_topics.py [--set heldout-1|heldout-2]``
