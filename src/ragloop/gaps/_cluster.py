@@ -6,10 +6,12 @@ Why this method (numpy only, no new dependency):
   (a term every question uses, like the product's name, weighs little; ``zapier`` weighs a lot). Every term two
   questions share has a column of its own (feature hashing, tried first, made unrelated questions alike whenever
   two of their terms collided), up to :data:`EXACT_TERMS`; rarer shared terms past that share hashed columns.
-  With the index's embedder the question's embedding is joined to it, each half
-  carrying half the weight, so the cosine of two questions is the mean of their term cosine and their embedding
-  cosine: the terms keep named things apart ("Zapier" vs "Salesforce"), the embedding joins paraphrases that share
-  no word.
+  With the index's embedder the question's embedding is joined to it, weighted so that the cosine of two
+  questions is :data:`DENSE_WEIGHT` (0.8) times their embedding cosine plus 0.2 times their term cosine (a
+  weighted sum of two cosines is still a dot product of unit rows, so average linkage stays exact): the
+  embedding joins paraphrases that share no word ("black background at night" and "dark mode"), the terms keep
+  named things apart ("Zapier" vs "Salesforce"). Each distinct question is embedded once per report (or its
+  embedding is read from the turn log when the log kept one from the same embedder).
 - **What the knowledge base lacks, and where the question landed.** A term none of the turn's hits mentions
   (``TurnRow.unfound``: "trello" when no page says Trello) is what the gap is about, so it counts twice in the term
   vector. And each question carries its *retrieval neighbourhood*: the chunks its search ranked first (the
@@ -42,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "DENSE_WEIGHT",
     "EXACT_TERMS",
     "HASHED_DIM",
     "MAX_ITEMS",
@@ -67,6 +70,11 @@ NEIGHBOURS = 3
 #: the end-to-end scenario of ``tests/gaps`` (0.5 merged a rated-down question into a planted topic), reported on
 #: the second planted set.
 NEIGHBOUR_WEIGHT = 0.25
+#: Share of the question embeddings' cosine in the combined similarity (the term cosine gets the rest); chosen with
+#: ``DENSE_THRESHOLD`` of ``gaps._build`` on heldout-1 and heldout-2 of ``benchmarks/bench_gap_topics.py`` (tuning
+#: data: 0.5 kept the "Mac application" and "black background" paraphrases apart from their topics), reported on
+#: heldout-3.
+DENSE_WEIGHT = 0.8
 _FLOOR = -8.0  # below any cosine: masks merged groups and the diagonal
 
 F32 = npt.NDArray[np.float32]
@@ -110,12 +118,20 @@ def _unit(x: npt.NDArray[np.floating]) -> F32:
     return out
 
 
-def combine(lexical: F32, dense: F32 | None) -> F32:
-    """Term and embedding vectors joined so that a cosine is the mean of the two cosines (terms alone without)."""
+def combine(lexical: F32, dense: F32 | None, weight: float = DENSE_WEIGHT) -> F32:
+    """Term and embedding vectors joined so that a dot product is ``(1 - weight)`` times the term cosine plus
+    ``weight`` times the embedding cosine (terms alone when ``dense`` is ``None``).
+
+    Rows stay unit length (a zero term row keeps only its embedding half), so average linkage on their means is
+    still exact. ``weight`` must lie in ``[0, 1]``.
+    """
     if dense is None:
         return lexical
-    half = np.float32(math.sqrt(0.5))
-    return np.hstack([lexical * half, _unit(dense) * half]).astype(np.float32)
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"the embedding weight must lie in [0, 1], not {weight!r}")
+    lex = np.float32(math.sqrt(1.0 - weight))
+    emb = np.float32(math.sqrt(weight))
+    return np.hstack([lexical * lex, _unit(dense) * emb]).astype(np.float32)
 
 
 def neighbourhood_vectors(hits: Sequence[Mapping[str, float]], df: Mapping[str, int], total: int) -> F32:
