@@ -1,23 +1,26 @@
 """Gap grouping on a planted-topic log: are all paraphrases of an unanswerable topic put in one gap?
 
 Topics the bundled sample knowledge base does not answer, four paraphrases each (set ``heldout-1``: a
-whiteboard, Trello import, video calls; set ``heldout-2``: Gantt charts, dark mode, a desktop app, recurring
-tasks), are asked through the offline chat over the sample (hash embedder)
-by several users over a week, mixed with the sample's answerable questions; every turn goes to a SQLite turn log.
-The report is then built exactly as ``ragloop gaps --turn-log … --since … --min-turns 2`` builds it (terms only,
-the default), and for each planted topic it prints the rank of the report topic holding most of its paraphrases,
-how many of its 4 paraphrases that topic holds, and whether any other question landed in it.
+whiteboard, Trello import, video calls; ``heldout-2``: Gantt charts, dark mode, a desktop app, recurring tasks;
+``heldout-3``: interface language, keyboard shortcuts, mind maps, email-to-task, printing), are asked through the
+offline chat over the sample by several users over a week, mixed with the sample's answerable questions; every
+turn goes to a SQLite turn log. With ``--embedder minilm`` (the default) the sample is indexed with MiniLM and the
+report is built exactly as ``ragloop gaps --turn-log … --index DIR --since … --min-turns 2`` builds it (each
+distinct gap question embedded once; the report's time and the number embedded are printed); with ``--embedder
+hash``, as ``ragloop gaps`` builds it without ``--index`` (terms only). For each planted topic it prints the rank
+of the report topic holding most of its paraphrases, how many of its 4 that topic holds, any other question in it,
+and any paraphrase the chat answered (no gap, so never grouped).
 
 It asserts nothing; it prints the table with the load average and writes
-``benchmarks/results/bench_gap_topics-SET.json`` and ``.txt``.
+``benchmarks/results/bench_gap_topics-SET.json`` and ``.txt`` (``-SET-hash`` with ``--embedder hash``).
 
-``heldout-1`` was written as held out and looked at once with the grouping as it was; #34 then tuned the
-grouping's new signals (missing terms, retrieval neighbourhood) on it, so it is tuning data now. ``heldout-2``
-was written and committed before any run on it: the figure to quote (every look is in
-``benchmarks/results/validation-log.md``). Besides each topic's count it
-reports purity: any report topic that mixes a planted topic with another or with other questions.
+``heldout-1`` and ``heldout-2`` were each written as held out, looked at, and then used by #34 to tune the
+grouping (missing terms, retrieval neighbourhood, then the embedding weight and threshold): tuning data now.
+``heldout-3`` was written and committed before any run on it: the figure to quote (every look is in
+``benchmarks/results/validation-log.md``). Besides each topic's count it reports purity: any report topic that
+mixes a planted topic with another or with other questions.
 
-Usage: ``nice python benchmarks/bench_gap_topics.py [--set heldout-1|heldout-2]``
+Usage: ``nice python benchmarks/bench_gap_topics.py [--set heldout-1|heldout-2|heldout-3] [--embedder minilm|hash]``
 """
 
 from __future__ import annotations
