@@ -262,7 +262,9 @@ def score(report: Any, turns: Any, planted_set: dict[str, list[str]]) -> dict[st
 def main(argv: list[str] | None = None) -> int:
     """Run it and write the results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", choices=sorted(SETS), default="heldout-2", help="planted set (default heldout-2)")
+    parser.add_argument(
+        "--set", choices=sorted(SETS), default="heldout-3", help="planted set (default heldout-3, the held-out one)"
+    )
     parser.add_argument(
         "--embedder",
         choices=("hash", "minilm"),
