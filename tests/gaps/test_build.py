@@ -212,3 +212,50 @@ class TestStoredEmbeddings:
 
         [topic] = build_report([stored, other], since=T0, until=T0 + DAY, embed=embed, embedder="mini").topics  # type: ignore[arg-type]
         assert asked == ["Automation glue service?"] and topic.users == 2
+
+
+class TestNeighbourhoodGrouping:
+    """Paraphrases that share little (one common word, each its own missing term) but land on the same pages are
+    one topic; the same questions landing on different pages are not (#34)."""
+
+    @staticmethod
+    def _log(same_pages: bool) -> list[LoggedTurn]:
+        background = [
+            _turn(100 + i, f"How do I set up {w}?", "context", hits=(_hit(f"{w}.md", 0.9),))
+            for i, w in enumerate(["sso", "saml", "scim", "webhooks", "billing", "export", "api", "audit"])
+        ]
+        kanban = (_hit("import-csv.md", 0.8), _hit("boards.md", 0.6))
+        other = (_hit("calendar.md", 0.8), _hit("mobile.md", 0.6))
+        gaps = [
+            _turn(1, "Kanban board migration?", user="a", unfound=("kanban",), hits=kanban),
+            _turn(2, "Kanban board migration?", user="b", unfound=("kanban",), hits=kanban),
+            _turn(3, "Trello board cards?", user="c", unfound=("trello",), hits=kanban if same_pages else other),
+            _turn(4, "Trello board cards?", user="d", unfound=("trello",), hits=kanban if same_pages else other),
+        ]
+        return background + gaps
+
+    def test_same_neighbourhood_joins_paraphrases(self) -> None:
+        report = build_report(self._log(True), since=T0, until=T0 + DAY, min_turns=2)
+        topic = next(t for t in report.topics if "t0001" in t.turn_ids)
+        assert {"t0001", "t0003"} <= set(topic.turn_ids)
+        assert "retrieval-neighbourhood" in report.method
+
+    def test_different_neighbourhoods_stay_apart(self) -> None:
+        report = build_report(self._log(False), since=T0, until=T0 + DAY, min_turns=2)
+        topic = next(t for t in report.topics if "t0001" in t.turn_ids)
+        assert "t0003" not in topic.turn_ids
+
+    def test_a_term_no_page_mentions_weighs_more(self) -> None:
+        """Two questions sharing only the term no page mentions ("whiteboard") are one topic because that term
+        counts twice; with no ``unfound`` recorded the same two stay apart (their other words outweigh it)."""
+        q1, q2 = "Open shared whiteboard colleagues quickly today?", "Whiteboard feature?"
+        background = [_turn(10 + i, f"Set up {w}?", "context") for i, w in enumerate(["sso", "saml", "scim", "api"])]
+
+        def log(unfound: tuple[str, ...]) -> list[LoggedTurn]:
+            return [_turn(1, q1, user="a", unfound=unfound), _turn(2, q2, user="b", unfound=unfound), *background]
+
+        def together(report: object) -> bool:
+            return any({"t0001", "t0002"} <= set(t.turn_ids) for t in report.topics)  # type: ignore[attr-defined]
+
+        assert together(build_report(log(("whiteboard",)), since=T0, until=T0 + DAY, min_turns=2))
+        assert not together(build_report(log(()), since=T0, until=T0 + DAY, min_turns=2))

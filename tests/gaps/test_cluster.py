@@ -31,11 +31,81 @@ class TestLexical:
         assert 0.0 < float(np.linalg.norm(v[0])) < 1.0  # only the shared term has a column
 
     def test_combine_averages_the_cosines(self) -> None:
-        """Joined vectors' dot product is the mean of the term cosine and the embedding cosine."""
+        """At weight 0.5 joined vectors' dot product is the mean of the term cosine and the embedding cosine."""
+        lex = np.array([[1.0, 0.0], [1.0, 0.0]], dtype=np.float32)
+        dense = np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32)
+        joined = combine(lex, dense, 0.5)
+        assert abs(float(joined[0] @ joined[1]) - 0.5) < 1e-6
+
+
+def _unit_rows(rows: list[list[float]]) -> np.ndarray:
+    x = np.array(rows, dtype=np.float32)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)
+
+
+_rows = st.lists(st.floats(-1, 1, allow_nan=False, width=32), min_size=3, max_size=3)
+
+
+class TestCombinedSimilarity:
+    """The question-embedding cosine joined to the term cosine (#34): a weighted sum, symmetric, in range."""
+
+    def test_default_weight_is_the_embeddings_share(self) -> None:
+        """Same terms, orthogonal embeddings: the similarity is the term share, 1 - DENSE_WEIGHT."""
+        from ragloop.gaps._cluster import DENSE_WEIGHT
+
         lex = np.array([[1.0, 0.0], [1.0, 0.0]], dtype=np.float32)
         dense = np.array([[1.0, 0.0], [0.0, 1.0]], dtype=np.float32)
         joined = combine(lex, dense)
-        assert abs(float(joined[0] @ joined[1]) - 0.5) < 1e-6
+        assert abs(float(joined[0] @ joined[1]) - (1 - DENSE_WEIGHT)) < 1e-6
+        assert combine(lex, None) is lex
+
+    def test_weight_out_of_range_is_refused(self) -> None:
+        """A weight outside [0, 1] is a ValueError naming the range, not a silent NaN."""
+        import pytest
+
+        lex = np.eye(2, dtype=np.float32)
+        with pytest.raises(ValueError, match=r"\[0, 1\]"):
+            combine(lex, lex, 1.5)
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        lex=st.lists(_rows, min_size=2, max_size=5),
+        dense=st.lists(_rows, min_size=2, max_size=5),
+        weight=st.floats(0, 1, allow_nan=False),
+    )
+    def test_weighted_sum_symmetric_and_bounded(
+        self, lex: list[list[float]], dense: list[list[float]], weight: float
+    ) -> None:
+        """For any unit term rows and any embeddings, the joined dot product is (1-w) term cosine + w embedding
+        cosine: symmetric, at most 1, and 1 on the diagonal of a row with both halves non-zero."""
+        n = min(len(lex), len(dense))
+        a, b = _unit_rows(lex[:n]), _unit_rows(dense[:n])
+        joined = combine(a, b, weight)
+        sim = joined @ joined.T
+        expected = (1 - weight) * (a @ a.T) + weight * (b @ b.T)
+        assert np.allclose(sim, expected, atol=1e-5)
+        assert np.allclose(sim, sim.T, atol=1e-6)
+        assert float(sim.max()) <= 1 + 1e-5
+
+    @settings(max_examples=40, deadline=None)
+    @given(
+        dense=st.lists(_rows, min_size=2, max_size=7),
+        seed=st.integers(0, 2**16),
+        threshold=st.floats(0.1, 0.9),
+    )
+    def test_grouping_does_not_depend_on_question_order(
+        self, dense: list[list[float]], seed: int, threshold: float
+    ) -> None:
+        """Shuffling the questions permutes the rows but not the partition average linkage finds on them."""
+        terms = [["a", "b"] if i % 2 else ["b", "c"] for i in range(len(dense))]
+        x = combine(_vectors(terms), _unit_rows(dense) + np.float32(1e-3) * np.arange(len(dense))[:, None])
+        perm = np.random.default_rng(seed).permutation(len(dense))
+        first = cluster(x, [1.0] * len(x), threshold)
+        second = cluster(x[perm], [1.0] * len(x), threshold)
+        groups = {frozenset(i for i in range(len(x)) if first[i] == g) for g in set(first)}
+        moved = {frozenset(int(perm[i]) for i in range(len(x)) if second[i] == g) for g in set(second)}
+        assert groups == moved
 
 
 class TestAverageLinkage:
@@ -94,3 +164,39 @@ class TestScale:
         labels = cluster(x, [1.0] * len(x), 0.5, max_items=200)
         pairs = {(int(t), int(lab)) for t, lab in zip(topics, labels, strict=True)}
         assert len(pairs) == len(set(topics.tolist())) == len(set(labels))
+
+
+class TestNeighbourhood:
+    def test_shared_specific_chunks_add_their_cosine(self) -> None:
+        """Joined vectors' dot product is the term cosine plus the weight times the neighbourhood cosine."""
+        from ragloop.gaps import neighbourhood_vectors, with_neighbourhood
+
+        hits = [{"c1": 0.9, "c2": 0.5}, {"c1": 0.9, "c2": 0.5}, {"c3": 0.9}]
+        df = {"c1": 2, "c2": 2, "c3": 1}
+        nb = neighbourhood_vectors(hits, df, 50)
+        assert float(nb[0] @ nb[2]) == 0.0  # nothing shared, nothing added
+        lex = np.zeros((3, 1), dtype=np.float32)
+        joined = with_neighbourhood(lex, nb, 0.25)
+        assert abs(float(joined[0] @ joined[1]) - 0.25 * float(nb[0] @ nb[1])) < 1e-6
+        assert float(nb[0] @ nb[1]) > 0.5
+
+    def test_chunks_every_search_hits_add_almost_nothing(self) -> None:
+        """Two neighbourhoods made only of chunks every turn hits are nearly orthogonal after scaling."""
+        from ragloop.gaps import neighbourhood_vectors
+
+        hits = [{"generic": 0.8, "start": 0.6}, {"generic": 0.8, "start": 0.6}]
+        nb = neighbourhood_vectors(hits, {"generic": 100, "start": 100}, 100)
+        assert float(nb[0] @ nb[1]) < 0.05
+
+    @settings(max_examples=50, deadline=None)
+    @given(
+        st.lists(st.dictionaries(st.sampled_from("abcdefg"), st.floats(0.0, 1.0), max_size=4), min_size=1, max_size=8),
+        st.integers(1, 200),
+    )
+    def test_rows_are_at_most_unit(self, hits: list[dict[str, float]], total: int) -> None:
+        """Every row has norm <= 1 (specificity <= 1), so the added cosine never exceeds the weight."""
+        from ragloop.gaps import neighbourhood_vectors
+
+        df = {c: 1 for c in "abcdefg"}
+        nb = neighbourhood_vectors(hits, df, total)
+        assert (np.linalg.norm(nb, axis=1) <= 1.0 + 1e-5).all()

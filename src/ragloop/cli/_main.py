@@ -21,6 +21,7 @@ from ragloop.cli.chat import add_ask, add_chat
 from ragloop.cli.check import add_check
 from ragloop.cli.doctor import add_doctor
 from ragloop.cli.gaps import add_gaps
+from ragloop.cli.handoff import add_handoff
 from ragloop.cli.ingest import add_ingest_options, build_index, cmd_explain, ingest_for_index, print_skips
 from ragloop.cli.mcp import add_mcp
 from ragloop.cli.replay import add_replay
@@ -232,6 +233,7 @@ _COMMANDS: tuple[Callable[[Any], None], ...] = (
     add_gaps,
     add_check,
     add_replay,
+    add_handoff,
 )
 
 

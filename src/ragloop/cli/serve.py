@@ -96,6 +96,14 @@ def add_serve(sub: Any) -> None:
         help="POST each hand-off's packet to URL, signed with $RAGLOOP_HANDOFF_SECRET (X-Ragloop-Signature)",
     )
     p.add_argument(
+        "--handoff-resend-every",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="re-send the deliveries that exhausted their retries every S seconds (default 60; 0: only after a "
+        "later hand-off and by `ragloop handoff resend`)",
+    )
+    p.add_argument(
         "--log-level",
         default="warning",
         type=str.lower,
@@ -278,7 +286,15 @@ def _handoff(args: argparse.Namespace) -> Any:
 
     from ragloop.serve import Handoff
 
-    return Handoff(Path(args.handoff_drafts), url=args.handoff_url, secret=secret.encode() if secret else None)
+    every = float(getattr(args, "handoff_resend_every", 60.0))
+    if not every >= 0:
+        raise ConfigError(f"--handoff-resend-every must be 0 or a positive number of seconds, got {every}")
+    return Handoff(
+        Path(args.handoff_drafts),
+        url=args.handoff_url,
+        secret=secret.encode() if secret else None,
+        resend_every_s=every,
+    )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

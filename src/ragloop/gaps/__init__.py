@@ -26,7 +26,16 @@ from __future__ import annotations
 from typing import Any
 
 from ragloop.gaps._build import DEFAULT_THRESHOLD, DENSE_THRESHOLD, build_report, is_gap, turn_cause
-from ragloop.gaps._cluster import average_linkage, cluster, combine, lexical_vectors
+from ragloop.gaps._cluster import (
+    NEIGHBOUR_WEIGHT,
+    NEIGHBOURS,
+    average_linkage,
+    cluster,
+    combine,
+    lexical_vectors,
+    neighbourhood_vectors,
+    with_neighbourhood,
+)
 from ragloop.gaps._html import CAUSE_NAMES, report_html
 from ragloop.gaps._lifecycle import STATUSES, apply_lifecycle, assign_ids, next_status, weekly
 from ragloop.gaps._report import CAUSES, Cause, GapReport, NearPage, StalePage, Topic
@@ -36,6 +45,8 @@ __all__ = [
     "CAUSE_NAMES",
     "DEFAULT_THRESHOLD",
     "DENSE_THRESHOLD",
+    "NEIGHBOURS",
+    "NEIGHBOUR_WEIGHT",
     "STATUSES",
     "Cause",
     "GapReport",
@@ -51,10 +62,12 @@ __all__ = [
     "draft_cases",
     "is_gap",
     "lexical_vectors",
+    "neighbourhood_vectors",
     "next_status",
     "report_html",
     "turn_cause",
     "weekly",
+    "with_neighbourhood",
 ]
 
 

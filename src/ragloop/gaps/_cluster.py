@@ -6,10 +6,20 @@ Why this method (numpy only, no new dependency):
   (a term every question uses, like the product's name, weighs little; ``zapier`` weighs a lot). Every term two
   questions share has a column of its own (feature hashing, tried first, made unrelated questions alike whenever
   two of their terms collided), up to :data:`EXACT_TERMS`; rarer shared terms past that share hashed columns.
-  With the index's embedder the question's embedding is joined to it, each half
-  carrying half the weight, so the cosine of two questions is the mean of their term cosine and their embedding
-  cosine: the terms keep named things apart ("Zapier" vs "Salesforce"), the embedding joins paraphrases that share
-  no word.
+  With the index's embedder the question's embedding is joined to it, weighted so that the cosine of two
+  questions is :data:`DENSE_WEIGHT` (0.8) times their embedding cosine plus 0.2 times their term cosine (a
+  weighted sum of two cosines is still a dot product of unit rows, so average linkage stays exact): the
+  embedding joins paraphrases that share no word ("black background at night" and "dark mode"), the terms keep
+  named things apart ("Zapier" vs "Salesforce"). Each distinct question is embedded once per report (or its
+  embedding is read from the turn log when the log kept one from the same embedder).
+- **What the knowledge base lacks, and where the question landed.** A term none of the turn's hits mentions
+  (``TurnRow.unfound``: "trello" when no page says Trello) is what the gap is about, so it counts twice in the term
+  vector. And each question carries its *retrieval neighbourhood*: the chunks its search ranked first (the
+  :data:`NEIGHBOURS` most confident per turn), weighted by confidence and by an IDF over the period's turns (a
+  chunk every search hits weighs little). Its cosine is *added*, at :data:`NEIGHBOUR_WEIGHT`, to the term (and
+  embedding) cosine by joining the unit neighbourhood vector scaled by its square root: two paraphrases that
+  share no word but land on the same pages ("kanban board import" and "Trello") come closer, and the sum keeps
+  average linkage exact on group means. Both come from the turn's own record, so no model is needed.
 - **Average linkage with a threshold.** Topics are not known in number, so k-means does not fit; single linkage
   chains unrelated questions through one ambiguous one; average linkage merges two groups only while their
   questions are, on average, at least ``threshold`` alike, and the result does not depend on input order.
@@ -33,13 +43,38 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["EXACT_TERMS", "HASHED_DIM", "MAX_ITEMS", "average_linkage", "cluster", "combine", "lexical_vectors"]
+__all__ = [
+    "DENSE_WEIGHT",
+    "EXACT_TERMS",
+    "HASHED_DIM",
+    "MAX_ITEMS",
+    "NEIGHBOURS",
+    "NEIGHBOUR_WEIGHT",
+    "average_linkage",
+    "cluster",
+    "combine",
+    "lexical_vectors",
+    "neighbourhood_vectors",
+    "with_neighbourhood",
+]
 
 #: Shared terms that get a column of their own in the term vectors; rarer ones share hashed columns.
 EXACT_TERMS = 4096
 HASHED_DIM = 1024
 #: Most items clustered exactly; above it a leader pass groups near-duplicates first.
 MAX_ITEMS = 3000
+#: Chunks of a turn's hits (most confident first) that make its retrieval neighbourhood.
+NEIGHBOURS = 3
+#: Weight of the neighbourhood cosine added to the term (and embedding) cosine; chosen on the first planted set
+#: of ``benchmarks/bench_gap_topics.py`` (tuning data since it was looked at; 0.1-0.5 all grouped it fully) and
+#: the end-to-end scenario of ``tests/gaps`` (0.5 merged a rated-down question into a planted topic), reported on
+#: the second planted set.
+NEIGHBOUR_WEIGHT = 0.25
+#: Share of the question embeddings' cosine in the combined similarity (the term cosine gets the rest); chosen with
+#: ``DENSE_THRESHOLD`` of ``gaps._build`` on heldout-1 and heldout-2 of ``benchmarks/bench_gap_topics.py`` (tuning
+#: data: 0.5 kept the "Mac application" and "black background" paraphrases apart from their topics), reported on
+#: heldout-3.
+DENSE_WEIGHT = 0.8
 _FLOOR = -8.0  # below any cosine: masks merged groups and the diagonal
 
 F32 = npt.NDArray[np.float32]
@@ -83,12 +118,55 @@ def _unit(x: npt.NDArray[np.floating]) -> F32:
     return out
 
 
-def combine(lexical: F32, dense: F32 | None) -> F32:
-    """Term and embedding vectors joined so that a cosine is the mean of the two cosines (terms alone without)."""
+def combine(lexical: F32, dense: F32 | None, weight: float = DENSE_WEIGHT) -> F32:
+    """Term and embedding vectors joined so that a dot product is ``(1 - weight)`` times the term cosine plus
+    ``weight`` times the embedding cosine (terms alone when ``dense`` is ``None``).
+
+    Rows stay unit length (a zero term row keeps only its embedding half), so average linkage on their means is
+    still exact. ``weight`` must lie in ``[0, 1]``.
+    """
     if dense is None:
         return lexical
-    half = np.float32(math.sqrt(0.5))
-    return np.hstack([lexical * half, _unit(dense) * half]).astype(np.float32)
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"the embedding weight must lie in [0, 1], not {weight!r}")
+    lex = np.float32(math.sqrt(1.0 - weight))
+    emb = np.float32(math.sqrt(weight))
+    return np.hstack([lexical * lex, _unit(dense) * emb]).astype(np.float32)
+
+
+def neighbourhood_vectors(hits: Sequence[Mapping[str, float]], df: Mapping[str, int], total: int) -> F32:
+    """Unit vectors of retrieval neighbourhoods: ``{chunk id: confidence}`` per item, each chunk weighted by its
+    confidence times ``log(1 + total / df[chunk])`` (``df``: how many of ``total`` turns had it among their
+    neighbours). Only chunks two items share get a column (others add to no dot product); an item without hits
+    has a zero row, so it adds nothing to any cosine.
+
+    Each row is then scaled by its *specificity*, the confidence-weighted mean of its chunks' IDF over the
+    largest IDF a shared chunk can have (``log(1 + total / 2)``): two unrelated questions whose searches both
+    fell back on the pages every search hits get almost nothing from sharing them.
+    """
+    held = Counter(c for h in hits for c in h)
+    columns = {c: i for i, c in enumerate(sorted(c for c, n in held.items() if n >= 2))}
+    out = np.zeros((len(hits), max(1, len(columns))), dtype=np.float32)
+    top = math.log(1.0 + max(total, 2) / 2)
+    for i, h in enumerate(hits):
+        idf = {c: math.log(1.0 + max(total, 1) / max(df.get(c, 0), 1)) for c in h}
+        weights = {c: conf * idf[c] for c, conf in h.items()}
+        norm = math.sqrt(sum(w * w for w in weights.values()))
+        mass = sum(h.values())
+        if norm <= 0 or mass <= 0:
+            continue
+        specificity = min(1.0, sum(conf * idf[c] for c, conf in h.items()) / mass / top)
+        for c, w in weights.items():
+            column = columns.get(c)
+            if column is not None:
+                out[i, column] = w / norm * specificity
+    return out
+
+
+def with_neighbourhood(vectors: F32, neighbourhood: F32, weight: float = NEIGHBOUR_WEIGHT) -> F32:
+    """``vectors`` joined with ``neighbourhood`` so that a dot product is the vectors' cosine plus ``weight``
+    times the neighbourhoods' cosine."""
+    return np.hstack([vectors, neighbourhood * np.float32(math.sqrt(weight))]).astype(np.float32)
 
 
 def average_linkage(means: F32, weights: npt.NDArray[np.float64], threshold: float) -> npt.NDArray[np.int64]:

@@ -10,6 +10,7 @@ the client-safe reply (:meth:`ragloop.chat.Reply.client_dict`), never the decisi
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import html as htmllib
 import importlib.resources
@@ -97,7 +98,8 @@ def create_app(  # noqa: PLR0913 — every collaborator of the app, by keyword
         ``app.state.ragloop_sessions`` its session store (close it with ``await store.aclose()``) and
         ``app.state.ragloop_shut_down`` a function that refuses new turns (503) and cancels those in flight
         (each ends with an error saying the server is shutting down); call it when your server stops. The
-        app's lifespan runs the MCP endpoint (``/mcp``): when you mount the app, enter
+        app's lifespan runs the MCP endpoint (``/mcp``) and the hand-off webhook's periodic re-send: when you
+        mount the app, enter
         ``app.router.lifespan_context(app)`` in your own lifespan.
 
     Raises:
@@ -113,13 +115,14 @@ def create_app(  # noqa: PLR0913 — every collaborator of the app, by keyword
     checks["sessions"] = _sessions_probe(store)
     server = _Server(rag, settings, store, source_url, checks)
     h = _Handlers(server)
+    handoff_routes = HandoffRoutes(h, rag, handoff) if handoff is not None else None
     routes = [
         Route("/v1/chat/completions", h.guarded("chat.completions", h.completions), methods=["POST"]),
         Route("/v1/responses", h.guarded("responses", h.responses), methods=["POST"]),
         Route("/v1/models", h.guarded("models", h.models), methods=["GET"]),
         Route("/api/chat", h.guarded("api.chat", h.api_chat), methods=["POST"]),
         Route("/v1/feedback", h.guarded("feedback", h.feedback), methods=["POST"]),
-        *_handoff_routes(h, rag, handoff),
+        *(handoff_routes.routes() if handoff_routes is not None else ()),
         Route("/healthz", h.healthz, methods=["GET"]),
         Route("/readyz", h.readyz, methods=["GET"]),
         Route("/metrics", h.guarded("metrics", h.metrics_text), methods=["GET"]),
@@ -150,7 +153,7 @@ def create_app(  # noqa: PLR0913 — every collaborator of the app, by keyword
                 allow_headers=["authorization", "content-type"],
             )
         )
-    lifespan = None
+    endpoint = None
     if settings.mcp:
         from ragloop.serve._mcp import build_mcp_server
         from ragloop.serve._mcp_http import McpEndpoint
@@ -158,10 +161,14 @@ def create_app(  # noqa: PLR0913 — every collaborator of the app, by keyword
         endpoint = McpEndpoint(build_mcp_server(server, documents), h.checks, server.metrics, server.quota_counts)
         routes.append(Route("/mcp", endpoint))
 
-        @asynccontextmanager
-        async def lifespan(app: Starlette) -> AsyncIterator[None]:
-            async with endpoint.lifespan():
-                yield
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            if endpoint is not None:
+                await stack.enter_async_context(endpoint.lifespan())
+            if handoff_routes is not None:  # re-sends the webhook's given-up deliveries now and then
+                await stack.enter_async_context(handoff_routes.lifespan())
+            yield
 
     app = Starlette(
         routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_error}, lifespan=lifespan
@@ -178,20 +185,6 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     what = {404: "no such endpoint", 405: "method not allowed"}.get(exc.status_code, str(exc.detail))
     error = Rejected(exc.status_code, f"{what}: {request.method} {request.url.path:.200}")
     return Response(error.body(), status_code=exc.status_code, headers={**(exc.headers or {}), **_JSON})
-
-
-def _handoff_routes(h: _Handlers, rag: ChatRAG, handoff: Handoff | None) -> list[Route]:
-    if handoff is None:
-        return []
-    routes = HandoffRoutes(h.checks, rag, handoff, h.metrics)
-    return [
-        Route("/v1/handoff", h.guarded("handoff", routes.create), methods=["POST"]),
-        Route(
-            "/v1/handoff/{handoff_id}/resolution",
-            h.guarded("handoff.resolution", routes.resolution),
-            methods=["POST"],
-        ),
-    ]
 
 
 def _page(title: str | None = None, colour: str | None = None) -> tuple[str, str]:

@@ -69,7 +69,8 @@ class Metrics:
         self.registry.register(_TurnLogCollector(turn_log))
 
     def watch_handoffs(self, counts: Callable[[], Mapping[str, int]]) -> None:
-        """Expose the hand-off webhook's deliveries by result (``delivered``, ``failed``, ``dropped``)."""
+        """Expose the hand-off webhook's deliveries by result (``delivered``, ``failed``, ``dropped``, ``parked``,
+        ``resent``)."""
         self.registry.register(_HandoffCollector(counts))
 
     def watch_quotas(

@@ -9,6 +9,8 @@
     ragloop_gap_turns        (v2) which gap each gap turn belongs to (what keeps a gap's id across runs)
     ragloop_replays          (v2) per turn, the latest ``ragloop replay --mark-gaps``: when, and whether answered
     ragloop_handoffs         (v2) turns handed off to a person: who, the packet sent, the resolution
+    ragloop_handoff_outbox   (v2, added with #34) webhook deliveries that exhausted their retries, kept to be re-sent
+                             byte for byte (same body, signature and idempotency key) until one is accepted
 
 A log of version 1 is migrated the first time it is opened for writing (turns, or the gaps' state: the v2 tables
 created, the version row raised); a reader reads its v1 tables as they are. Nothing of the log itself changes.
@@ -198,6 +200,10 @@ class SQLBackend(LifecycleTables):
             "answered integer not null)",
             f"create table if not exists ragloop_handoffs (handoff_id text primary key, turn_id text not null, "
             f"principal text not null, at {f} not null, packet text not null, resolution text)",
+            # Additive (an older ragloop of v2 ignores it), so created on every writable open without a new version.
+            f"create table if not exists ragloop_handoff_outbox (handoff_id text primary key, url text not null, "
+            f"body text not null, signature text not null, failed_at {f} not null, attempts integer not null, "
+            f"last_error text, claimed_until {f}, delivered_at {f})",
         ]
 
     # --- operations ---------------------------------------------------------------------------------------

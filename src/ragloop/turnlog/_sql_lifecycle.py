@@ -11,7 +11,11 @@ from typing import Any
 
 from attrs import frozen
 
-__all__ = ["GapBook", "GapRecord", "LifecycleTables"]
+__all__ = ["DELIVERED_KEPT_S", "GapBook", "GapRecord", "LifecycleTables"]
+
+
+#: How long a delivered row stays in the hand-off outbox (a week), for whoever inspects the table.
+DELIVERED_KEPT_S = 7 * 86_400.0
 
 
 @frozen
@@ -157,4 +161,74 @@ class LifecycleTables:
             return bool(cur.rowcount)
 
         result: bool = self._run(True, work)
+        return result
+
+    # --- the hand-off webhook's outbox ------------------------------------------------------------------------
+
+    def park_delivery(self, handoff_id: str, url: str, body: str, signature: str, at: float, error: str) -> None:
+        """Keep a delivery that exhausted its retries, to be re-sent as it is (a second park counts an attempt)."""
+        sql = self._sql(
+            "insert into ragloop_handoff_outbox (handoff_id, url, body, signature, failed_at, attempts, last_error) "
+            "values (?, ?, ?, ?, ?, 1, ?) on conflict (handoff_id) do update set "
+            "attempts = ragloop_handoff_outbox.attempts + 1, last_error = excluded.last_error, claimed_until = null"
+        )
+        self._run(True, lambda conn: conn.cursor().execute(sql, (handoff_id, url, body, signature, at, error)))
+
+    def claim_deliveries(self, now: float, hold_s: float, limit: int) -> list[tuple[str, str, str, str]]:
+        """Up to ``limit`` undelivered ones, oldest first, as ``(handoff_id, url, body, signature)``, each claimed
+        until ``now + hold_s`` so that no other sender (another replica, ``ragloop handoff resend``) takes it
+        meanwhile."""
+
+        def work(conn: Any) -> list[tuple[str, str, str, str]]:
+            cur = conn.cursor()
+            # A week after its delivery a row has done its work (nothing sends a delivered one again).
+            cur.execute(
+                self._sql("delete from ragloop_handoff_outbox where delivered_at is not null and delivered_at < ?"),
+                (now - DELIVERED_KEPT_S,),
+            )
+            free = "delivered_at is null and (claimed_until is null or claimed_until < ?)"
+            cur.execute(
+                self._sql(
+                    f"select handoff_id, url, body, signature from ragloop_handoff_outbox where {free} "
+                    "order by failed_at, handoff_id limit ?"
+                ),
+                (now, limit),
+            )
+            out = []
+            for handoff_id, url, body, signature in cur.fetchall():
+                cur.execute(
+                    self._sql(f"update ragloop_handoff_outbox set claimed_until = ? where handoff_id = ? and {free}"),
+                    (now + hold_s, handoff_id, now),
+                )
+                if cur.rowcount == 1:
+                    out.append((str(handoff_id), str(url), str(body), str(signature)))
+            return out
+
+        result: list[tuple[str, str, str, str]] = self._run(True, work)
+        return result
+
+    def settle_delivery(self, handoff_id: str, delivered: bool, at: float, error: str | None = None) -> None:
+        """Record a re-send's result: delivered (never sent again), or one more failed attempt (released)."""
+        if delivered:
+            sql = self._sql(
+                "update ragloop_handoff_outbox set delivered_at = ?, claimed_until = null where handoff_id = ?"
+            )
+            args: tuple[Any, ...] = (at, handoff_id)
+        else:
+            sql = self._sql(
+                "update ragloop_handoff_outbox set attempts = attempts + 1, last_error = ?, claimed_until = null "
+                "where handoff_id = ?"
+            )
+            args = (error, handoff_id)
+        self._run(True, lambda conn: conn.cursor().execute(sql, args))
+
+    def undelivered(self) -> int:
+        """How many kept deliveries wait to be re-sent."""
+
+        def work(conn: Any) -> int:
+            cur = conn.cursor()
+            cur.execute("select count(*) from ragloop_handoff_outbox where delivered_at is null")
+            return int(cur.fetchone()[0])
+
+        result: int = self._run(True, work)
         return result

@@ -1,0 +1,243 @@
+"""The hand-off webhook: each packet POSTed signed, retried with backoff, and — when every retry failed — kept in
+the turn log's database and re-sent later, byte for byte, until the receiver accepts it.
+
+A delivery is the packet's exact body, its signature ``X-Ragloop-Signature: sha256=<HMAC-SHA256 of the body>``
+and its idempotency key (``Idempotency-Key`` and ``X-Ragloop-Handoff``: the hand-off id). One that exhausted its
+:attr:`~ragloop.serve.Handoff.attempts` is *parked* in ``ragloop_handoff_outbox`` (SQLite or Postgres: it survives
+a restart) with the URL it was meant for, and re-sent, unchanged (so a receiver that deduplicates by the key sees
+it once, and the stored signature still verifies), by :func:`resend`:
+
+- after each later hand-off's own delivery;
+- every :attr:`~ragloop.serve.Handoff.resend_every_s` seconds while the server runs (its lifespan);
+- by ``ragloop handoff resend --turn-log URL`` (no secret needed: the stored signature is sent).
+
+A sender *claims* the rows it re-sends (for twice the attempt's time limit) so that two senders (two replicas,
+the CLI beside a server) never send one at the same time; an accepted one is never sent again (its row is deleted
+a week later). Delivery is at
+least once: a receiver that took a packet but whose answer never arrived gets it again, with the same key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import anyio
+import httpx
+
+from ragloop._log import get_logger
+
+__all__ = ["Outbox", "Settings", "Webhook", "resend", "sign"]
+
+log = get_logger("ragloop.serve.handoff")
+
+
+def sign(body: bytes, secret: bytes) -> str:
+    """The signature header's value: ``sha256=`` and the hex HMAC-SHA256 of ``body`` under ``secret``."""
+    return "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+class Settings(Protocol):
+    """What a webhook is configured with (:class:`~ragloop.serve.Handoff`)."""
+
+    @property
+    def url(self) -> str | None:
+        """Where packets go."""
+
+    @property
+    def secret(self) -> bytes | None:
+        """The shared secret they are signed with."""
+
+    @property
+    def attempts(self) -> int:
+        """Deliveries tried per packet."""
+
+    @property
+    def backoff_s(self) -> float:
+        """Wait before the second attempt (doubled after)."""
+
+    @property
+    def timeout_s(self) -> float:
+        """Time limit of one attempt."""
+
+    @property
+    def max_pending(self) -> int:
+        """Packets being delivered at once."""
+
+
+class Outbox(Protocol):
+    """Where given-up deliveries wait (the turn log's backend: :class:`~ragloop.turnlog.SQLBackend`)."""
+
+    def park_delivery(self, handoff_id: str, url: str, body: str, signature: str, at: float, error: str) -> None:
+        """Keep a delivery that exhausted its retries."""
+
+    def claim_deliveries(self, now: float, hold_s: float, limit: int) -> list[tuple[str, str, str, str]]:
+        """Claim up to ``limit`` undelivered ones: ``(handoff_id, url, body, signature)``."""
+        ...
+
+    def settle_delivery(self, handoff_id: str, delivered: bool, at: float, error: str | None = None) -> None:
+        """Record a re-send's result."""
+
+
+def _headers(handoff_id: str, signature: str) -> dict[str, str]:
+    return {
+        "content-type": "application/json",
+        "x-ragloop-signature": signature,
+        "x-ragloop-handoff": handoff_id,
+        "idempotency-key": handoff_id,
+    }
+
+
+async def _post(client: httpx.AsyncClient, url: str, body: bytes, headers: Mapping[str, str], timeout_s: float) -> str:
+    """One attempt: ``""`` when accepted (2xx), else why not."""
+    try:
+        with anyio.fail_after(timeout_s):
+            r = await client.post(url, content=body, headers=dict(headers), timeout=timeout_s)
+        return "" if 200 <= r.status_code < 300 else f"status {r.status_code}"
+    except (httpx.HTTPError, TimeoutError) as exc:
+        return type(exc).__name__
+
+
+async def resend(
+    outbox: Outbox,
+    client: httpx.AsyncClient,
+    *,
+    timeout_s: float = 5.0,
+    limit: int = 100,
+    clock: Callable[[], float] = time.time,
+    strict: bool = False,
+) -> tuple[int, int]:
+    """Re-send up to ``limit`` parked deliveries once each, oldest first; ``(delivered, still failing)``.
+
+    The outbox's own errors (a dead database) are logged and end the pass (what was not claimed waits for the
+    next), or, with ``strict``, raised.
+    """
+    try:
+        claimed = await anyio.to_thread.run_sync(outbox.claim_deliveries, clock(), 2 * timeout_s, limit)
+    except Exception as exc:
+        if strict:
+            raise
+        log.warning("handoff.outbox_unavailable", error=type(exc).__name__)
+        return 0, 0
+    delivered = failed = 0
+    for handoff_id, url, body, signature in claimed:
+        why = await _post(client, url, body.encode("utf-8"), _headers(handoff_id, signature), timeout_s)
+        try:
+            await anyio.to_thread.run_sync(outbox.settle_delivery, handoff_id, not why, clock(), why or None)
+        except Exception as exc:  # noqa: BLE001 — its claim lapses and a later pass sends it again (same key)
+            log.warning("handoff.outbox_unavailable", error=type(exc).__name__)
+        if why:
+            failed += 1
+            log.warning("handoff.resend_failed", reason=why, handoff=handoff_id)
+        else:
+            delivered += 1
+    return delivered, failed
+
+
+class Webhook:
+    """Delivers packets to :attr:`~ragloop.serve.Handoff.url`, bounded, retried, counted, parked in ``outbox``
+    when every attempt failed and re-sent from it; never raises."""
+
+    def __init__(
+        self,
+        handoff: Settings,
+        client: httpx.AsyncClient | None = None,
+        outbox: Outbox | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.handoff = handoff
+        self.client = client
+        self.outbox = outbox
+        self.clock = clock
+        self.pending = 0
+        self._resending = anyio.Lock()
+        #: Packets delivered, given up on after every attempt, not sent (too many pending), parked for a later
+        #: re-send, and delivered by a re-send.
+        self.counts = {"delivered": 0, "failed": 0, "dropped": 0, "parked": 0, "resent": 0}
+
+    def admit(self) -> bool:
+        """Take a delivery slot; ``False`` (counted as dropped) when ``max_pending`` are in flight."""
+        if self.pending >= self.handoff.max_pending:
+            self.counts["dropped"] += 1
+            return False
+        self.pending += 1
+        return True
+
+    async def deliver(self, packet: Mapping[str, Any]) -> bool:
+        """POST ``packet`` (after :meth:`admit`), retrying a refused, failed or slow attempt with backoff; given
+        up, it is parked in the outbox. Once it is delivered (the receiver is up), the outbox's earlier deliveries
+        are re-sent (:meth:`resend`), outside the delivery slot."""
+        h = self.handoff
+        assert h.url is not None and h.secret is not None
+        body = json.dumps(packet, ensure_ascii=False, sort_keys=True).encode("utf-8")
+        handoff_id = str(packet.get("handoff_id", ""))
+        signature = sign(body, h.secret)
+        client = self.client or httpx.AsyncClient()
+        try:
+            try:
+                wait, why = h.backoff_s, ""
+                for attempt in range(1, h.attempts + 1):
+                    why = await _post(client, h.url, body, _headers(handoff_id, signature), h.timeout_s)
+                    if not why:
+                        break
+                    log.warning("handoff.webhook_retry", attempt=attempt, reason=why, handoff=handoff_id)
+                    if attempt < h.attempts:
+                        await anyio.sleep(wait)
+                        wait *= 2
+            finally:
+                self.pending -= 1
+            if why:
+                self.counts["failed"] += 1
+                await self._park(handoff_id, h.url, body, signature, why)
+                return False
+            self.counts["delivered"] += 1
+            await self.resend(client)
+            return True
+        finally:
+            if self.client is None:
+                await client.aclose()
+
+    async def keep(self, packet: Mapping[str, Any]) -> None:
+        """Park ``packet`` unsent (it found ``max_pending`` deliveries in flight): a re-send takes it."""
+        h = self.handoff
+        assert h.url is not None and h.secret is not None
+        body = json.dumps(packet, ensure_ascii=False, sort_keys=True).encode("utf-8")
+        await self._park(str(packet.get("handoff_id", "")), h.url, body, sign(body, h.secret), "too many pending")
+
+    async def _park(self, handoff_id: str, url: str, body: bytes, signature: str, why: str) -> None:
+        if self.outbox is None:
+            return
+        text = body.decode("utf-8")
+        try:
+            await anyio.to_thread.run_sync(
+                self.outbox.park_delivery, handoff_id, url, text, signature, self.clock(), why
+            )
+            self.counts["parked"] += 1
+        except Exception as exc:  # noqa: BLE001 — a dead database loses this delivery (logged, counted as failed)
+            log.warning("handoff.outbox_unavailable", error=type(exc).__name__, handoff=handoff_id)
+
+    async def resend(self, client: httpx.AsyncClient | None = None, limit: int = 100) -> tuple[int, int]:
+        """One re-send pass over the outbox (one pass at a time per server); ``(delivered, still failing)``."""
+        if self.outbox is None:
+            return 0, 0
+        async with self._resending:
+            own = client or self.client or httpx.AsyncClient()
+            try:
+                done, failed = await resend(
+                    self.outbox, own, timeout_s=self.handoff.timeout_s, limit=limit, clock=self.clock
+                )
+            finally:
+                if client is None and self.client is None:
+                    await own.aclose()
+        self.counts["resent"] += done
+        return done, failed
+
+    async def resend_every(self, seconds: float) -> None:
+        """Re-send the outbox every ``seconds`` until cancelled (the server's lifespan runs it)."""
+        while True:
+            await anyio.sleep(seconds)
+            await self.resend()
