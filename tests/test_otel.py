@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from ragloop.chat import ChatRAG, Reply, ReplyReady
-from ragloop.llm.openai_judges import OpenAIJudges
+from ragloop.llm.openai import OpenAIJudges
 from ragloop.otel import instrument
 from ragloop.testing import RecordedRequest, ScriptedOpenAIServer, ScriptedResponse, stream, tool_calls, verdicts
 from ragloop.turn import TurnSettings
