@@ -47,7 +47,7 @@ def build(base_url: str, model: str, index: Any, settings: TurnSettings, caps: d
     import openai
 
     from ragloop.llm.offline import OfflineAnswerer, OfflineDecider
-    from ragloop.llm.openai_judges import OpenAIJudges
+    from ragloop.llm.openai import OpenAIJudges
     from ragloop.retrievers.live import SQLiteTicketSource
     from ragloop.text.terms import CorpusStats
 

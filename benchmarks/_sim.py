@@ -196,7 +196,7 @@ def build_chat(
 
     from ragloop.chat import ChatRAG
     from ragloop.llm.offline import OfflineAnswerer, OfflineDecider
-    from ragloop.llm.openai_judges import OpenAIJudges
+    from ragloop.llm.openai import OpenAIJudges
     from ragloop.retrievers.live import SQLiteTicketSource
     from ragloop.text.terms import CorpusStats
 

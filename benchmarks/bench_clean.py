@@ -3,7 +3,7 @@
 For every pattern that made the old cleaning regexes quadratic (issue 12: 64 KB of ``[a](`` took 53 s and 144 KB
 of unclosed ``<script>`` 15 s), plus realistic markdown and HTML pages as a baseline, the script repeats the
 pattern up to each size in ``--sizes`` (default 64 KB, 128 KB, 256 KB, 512 KB, 1 MB) and times
-:func:`ragloop.retrievers.clean.clean_text` on it (median of ``--repeats`` rounds; each round times every
+:func:`ragloop.retrievers.ingest.clean_text` on it (median of ``--repeats`` rounds; each round times every
 size, so machine noise hits all sizes alike). Per pattern it reports the time at every size, µs per KB at the
 largest size, the ratio of the largest to the smallest time (16 for linear growth from 64 KB to 1 MB, 256 for
 quadratic) and the fitted exponent of time against size (1.0 is linear, 2.0 quadratic). It asserts nothing;
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from ragloop.retrievers.clean import clean_text
+from ragloop.retrievers.ingest import clean_text
 
 RESULTS = Path(__file__).parent / "results"
 

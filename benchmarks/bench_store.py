@@ -72,11 +72,10 @@ import numpy as np
 import numpy.typing as npt
 
 from ragloop.errors import RetrievalError
-from ragloop.retrievers.chunking import chunk_id
 from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder
 from ragloop.retrievers.evaluate import evaluate_run, load_qrels, load_queries, percentile, rank_docs
 from ragloop.retrievers.index import KnowledgeIndex, index_text
-from ragloop.retrievers.ingest import ingest_path
+from ragloop.retrievers.ingest import chunk_id, ingest_path
 from ragloop.retrievers.postgres import PostgresStore
 from ragloop.retrievers.update import update_index
 from ragloop.state import Chunk

@@ -9,7 +9,10 @@ against single-shot's (the question's own search, documents by best chunk, as ``
 Variants: ``default`` (the shipped :class:`~ragloop.retrievers.ranking.FusionRanker`, ``lead=1``), ``lead-0``
 (the default before issue 32: fusion and feature rerank alone), ``fused`` (no feature rerank), ``anchor-<w>``
 (the question's list weighted ``w``), ``lead-<n>`` (the question's own first ``n`` documents kept in the first
-``n`` places), ``no-hops`` (the hop lists left out), feature ablations and fusion knobs. Prints one row per
+``n`` places), ``no-hops`` (the hop lists left out), feature ablations and fusion knobs; and the issue-32 candidates
+for "never let fusion demote the single-shot head when the hops add nothing": ``no-hop-lead-<n>`` (``lead=n`` in a
+turn that accepted no hop, else 1), ``settled-lead-<n>`` (``lead=n`` when no chunk outside the question's own
+list was graded relevant) and ``no-hop-settled-lead-<n>`` (both). Prints one row per
 variant and writes ``results/tune-ranking-<folder>.json``. It never asserts anything; thresholds are chosen from
 its rows.
 
@@ -123,7 +126,22 @@ def variants(doc: Callable[[str], str]) -> dict[str, Variant]:
             FusionSettings(irrelevant_factor=irr, lead=1)
         ).order(c)
     out["bridge-if-split"] = lambda c, h: (base if len(c.searches) > 2 else FusionRanker(features=nob)).order(c)
+    for n in (2, 3):
+        out[f"settled-lead-{n}"] = lambda c, h, n=n: FusionRanker(FusionSettings(lead=n if settled(c) else 1)).order(c)
+        out[f"no-hop-lead-{n}"] = lambda c, h, n=n: FusionRanker(FusionSettings(lead=1 if h else n)).order(c)
+        out[f"no-hop-settled-lead-{n}"] = lambda c, h, n=n: FusionRanker(
+            FusionSettings(lead=n if not h and settled(c) else 1)
+        ).order(c)
     return out
+
+
+def settled(candidates: Candidates) -> bool:
+    """True when no chunk outside the question's own list was graded relevant: the other searches (decide's
+    parts, rewrites, hops) found nothing new the grader kept, so fusion has no evidence to reorder its head."""
+    own = {h.id for h in candidates.searches.get(candidates.anchor or "", ())}
+    return candidates.anchor is not None and not any(
+        "relevant" in labels for cid, labels in candidates.grades.items() if cid not in own
+    )
 
 
 def main() -> None:

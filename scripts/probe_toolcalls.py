@@ -5,7 +5,7 @@ the same with three worked turns) it starts ``tests/llamacpp_server.py`` and sen
 
 - the ``search`` tool with ``tool_choice`` ``auto`` and ``required`` (one user question, 48-token cap),
   printing each response's ``finish_reason``, ``content`` and ``tool_calls`` as the server sent them;
-- ragloop's :class:`~ragloop.llm.openai_judges.OpenAIDecider` in ``tools`` mode (its real system prompt,
+- ragloop's :class:`~ragloop.llm.openai.OpenAIDecider` in ``tools`` mode (its real system prompt,
   ``tool_choice="auto"``, parallel calls) on a search question, a second one and small talk: the Decision,
   or the error the decider raised;
 - ``ragloop doctor``'s probes (:func:`~ragloop.llm.doctor.diagnose`, 24-token caps).
@@ -38,7 +38,7 @@ from tests.llamacpp_server import TOOLS_TEMPLATE, LlamaCppServer  # noqa: E402
 
 from ragloop.llm import prompts  # noqa: E402
 from ragloop.llm.doctor import diagnose  # noqa: E402
-from ragloop.llm.openai_judges import OpenAIDecider  # noqa: E402
+from ragloop.llm.openai import OpenAIDecider  # noqa: E402
 from ragloop.state import PageContext  # noqa: E402
 
 QUESTION = "How do I rotate an API key?"

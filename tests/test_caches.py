@@ -13,7 +13,7 @@ from ragloop.caches import Cache, Caches, MemoryCache, cache_key
 from ragloop.chat import ChatRAG
 from ragloop.errors import ConfigError
 from ragloop.llm.cached import CachedGrader
-from ragloop.llm.openai_judges import OpenAIJudges
+from ragloop.llm.openai import OpenAIJudges
 from ragloop.retrievers.cached import CachedEmbedder, CachedRetriever
 from ragloop.retrievers.embed import HashEmbedder
 from ragloop.retrievers.index import KnowledgeIndex

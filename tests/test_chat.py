@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
+from attrs import define, evolve
 
+from ragloop.caches import Caches, MemoryCache
 from ragloop.chat import ChatRAG, ReplyReady, validate_question
-from ragloop.errors import InputError
-from ragloop.events import Progress, Token
+from ragloop.errors import InputError, UnknownFilterKey
+from ragloop.events import Progress, RunResult, Token
 from ragloop.retrievers.live import SQLiteTicketSource
+from ragloop.runner import Graph
 from ragloop.sample import sample_questions_path
-from ragloop.turn import Turn
+from ragloop.turn import Turn, TurnRecord, turn_record
 
 pytestmark = pytest.mark.anyio
 
@@ -239,3 +243,66 @@ class TestClientUrl:
         out = reply.client_dict()
         assert [c["url"] for c in out["citations"]] == [None, "https://ok.example/a"]
         assert out["citations"][0]["source"] == "evil.md"
+
+
+class TestReadsThroughItsTurn:
+    """A chat holds its built turn and reads every part from it: replacing a part changes the next turn."""
+
+    QUESTION = "How many times does Lumen retry a failed webhook delivery?"
+
+    async def test_a_replaced_graph_runs_the_next_ask_and_stream(self, rag: ChatRAG) -> None:
+        """``rag.turn = evolve(rag.turn, graph=...)``: ``ask`` and ``stream`` run the new graph."""
+        seen: list[str] = []
+
+        def summarize(result: RunResult) -> TurnRecord:
+            seen.append(result.run_id)
+            return turn_record(result)
+
+        g = rag.turn.graph
+        graph = Graph(
+            g.nodes, start=g.start, finish=g.finish, edges=g.edges, max_steps=g.max_steps, summarize=summarize
+        )
+        rag.turn = evolve(rag.turn, graph=graph)
+        assert rag.graph is graph and rag.nodes == graph.nodes
+        reply = await rag.ask(self.QUESTION)
+        assert seen == [reply.turn_id] and "8 times" in reply.text
+        async with rag.stream(self.QUESTION) as events:
+            last = [e async for e in events][-1]
+        assert isinstance(last, ReplyReady) and seen == [reply.turn_id, last.reply.turn_id]
+
+    async def test_replaced_caches_are_the_ones_the_next_ask_uses(self, rag: ChatRAG) -> None:
+        """Caches with a reply cache swapped into the built turn: the second ask is answered from it."""
+        assert rag.caches is None or rag.caches.replies is None
+        rag.turn = evolve(rag.turn, caches=Caches(replies=MemoryCache()))
+        first, second = await rag.ask(self.QUESTION), await rag.ask(self.QUESTION)
+        assert first.record.cache_hits.get("reply") is None
+        assert second.record.cache_hits == {"reply": 1} and second.text == first.text
+
+    async def test_replaced_settings_set_the_next_turns_deadline(self, rag: ChatRAG) -> None:
+        """The deadline a turn gets comes from the built turn's settings as they are now."""
+        rag.turn = evolve(rag.turn, settings=evolve(rag.settings, deadline_s=float("nan")))
+        assert math.isnan(rag.settings.deadline_s or 0.0)
+        with pytest.raises(InputError, match="deadline_s must be a positive number"):
+            await rag.ask(self.QUESTION)
+
+    async def test_a_replaced_retriever_is_the_one_filters_are_checked_against(self, rag: ChatRAG) -> None:
+        """Filter keys are checked against the retriever of the built turn as it is now."""
+        with pytest.raises(UnknownFilterKey):
+            rag.check_filters({"tier": ("gold",)})
+        rag.turn = evolve(rag.turn, retriever=_KnowsKeys(frozenset({"tier"})))
+        rag.check_filters({"tier": ("gold",)})
+        with pytest.raises(UnknownFilterKey, match="tier"):
+            rag.check_filters({"tenant": ("acme",)})
+
+
+@define
+class _KnowsKeys:
+    """A retriever that only says which metadata keys it knows (what filter checks read)."""
+
+    keys: frozenset[str]
+
+    def metadata_keys(self) -> frozenset[str]:
+        return self.keys
+
+    async def search(self, query: str, k: int, filters: object = None) -> list[object]:
+        return []

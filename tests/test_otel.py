@@ -12,8 +12,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from ragloop.chat import ChatRAG, Reply
-from ragloop.llm.openai_judges import OpenAIJudges
+from ragloop.chat import ChatRAG, Reply, ReplyReady
+from ragloop.llm.openai import OpenAIJudges
 from ragloop.otel import instrument
 from ragloop.testing import RecordedRequest, ScriptedOpenAIServer, ScriptedResponse, stream, tool_calls, verdicts
 from ragloop.turn import TurnSettings
@@ -136,6 +136,26 @@ class TestSpans:
         failed = [s for s in spans if s.name == "chat fast" and s.status.status_code == StatusCode.ERROR]
         assert failed and dict(failed[0].attributes or {})["error.type"] == "JudgeError"
         assert dict(_one(spans, "ragloop.turn").attributes or {})["ragloop.fail_open"] == reply.record.fail_open > 0
+
+    async def test_the_chats_built_turn_is_instrumented(self, sample_cache: Path) -> None:
+        """instrument() replaces the graph inside the chat's built turn: ``rag.turn``, ``ask`` and ``stream``
+        all see the traced graph (it used to replace a copy, leaving ``rag.turn.graph`` untraced)."""
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        rag = ChatRAG.sample(cache_dir=sample_cache)
+        untraced = rag.turn.graph
+        instrument(rag, provider)
+        assert rag.turn.graph is rag.graph is not untraced and rag.nodes == untraced.nodes
+        reply = await rag.ask("How many times does Lumen retry a failed webhook delivery?")
+        async with rag.stream("How do I rotate an API key?") as events:
+            streamed = [e async for e in events][-1]
+        assert isinstance(streamed, ReplyReady)
+        turns = [s for s in exporter.get_finished_spans() if s.name == "ragloop.turn"]
+        assert len(turns) == 2 and reply.text
+        again = ChatRAG(rag.turn)  # a chat over the instrumented turn traces too
+        await again.ask("Hello!")
+        assert len([s for s in exporter.get_finished_spans() if s.name == "ragloop.turn"]) == 3
 
 
 def test_import_ragloop_does_not_import_opentelemetry() -> None:

@@ -27,7 +27,8 @@ from ragloop.errors import ConfigError
 from ragloop.events import Event, EventStream
 from ragloop.retrievers.base import Retriever
 from ragloop.retrievers.filters import FiltersArg, check_retriever_filters
-from ragloop.runner import Node, RunResult
+from ragloop.retrievers.live import LiveSource
+from ragloop.runner import Graph, Node, RunResult
 from ragloop.state import Caller, Citation, ContextBlock, Message, Outcome, TurnState
 from ragloop.text.safety import client_url
 from ragloop.turn import (
@@ -47,12 +48,14 @@ from ragloop.turn.request import (
     turn_state,
     validate_question,
 )
-from ragloop.turn.settings import turn_deadline
+from ragloop.turn.settings import TurnSettings, turn_deadline
 
 if TYPE_CHECKING:
     import openai
 
+    from ragloop.caches import Caches
     from ragloop.retrievers.index import KnowledgeIndex
+    from ragloop.retrievers.postgres import PostgresStore
     from ragloop.retrievers.scope import Corpus
     from ragloop.turnlog import Rating, TurnLog
 
@@ -161,11 +164,11 @@ class AskOptions(TypedDict, total=False):
 class ChatRAG:
     """Answers chat questions with a built turn: ``ask``, ``stream``, the reply cache and ``aclose``.
 
-    ``ChatRAG(turn)`` runs a :class:`~ragloop.turn.Turn` (built here) or a :class:`~ragloop.turn.BuiltTurn`;
-    ``ChatRAG(retriever=..., decider=..., ...)`` builds the default turn from its collaborators one by one
-    (the keywords of :class:`~ragloop.turn.options.TurnWiring`, through
-    :meth:`~ragloop.turn.builder.Turn.of`); :meth:`from_index`, :meth:`from_store`, :meth:`from_retriever` and
-    :meth:`sample` open one with the default judges.
+    ``ChatRAG(turn)`` runs a :class:`~ragloop.turn.Turn` (built here) or a :class:`~ragloop.turn.BuiltTurn`,
+    reading its graph, settings, live sources, caches and store through ``self.turn`` (replace that and the next
+    turn runs the new one); ``ChatRAG(retriever=..., decider=..., ...)`` builds the default turn from its
+    collaborators (:class:`~ragloop.turn.options.TurnWiring`, :meth:`~ragloop.turn.builder.Turn.of`);
+    :meth:`from_index`, :meth:`from_store`, :meth:`from_retriever` and :meth:`sample` open one.
 
     Args:
         turn: The turn to run.
@@ -196,26 +199,43 @@ class ChatRAG:
     ) -> None:
         if turn is not None and wiring:
             raise ConfigError(f"pass a turn or its collaborators ({', '.join(sorted(wiring))}), not both")
-        built = (turn or Turn.of(**wiring)).build() if not isinstance(turn, BuiltTurn) else turn
-        #: The turn this chat runs.
-        self.turn = built
-        #: Its graph (``turn.graph``; :func:`ragloop.otel.instrument` rebuilds it with a tracing hook).
-        self.graph = built.graph
-        self.settings = built.settings
-        self.live_sources = built.live_sources
-        #: The caches given (:meth:`ask` uses the reply cache, when there is one).
-        self.caches = built.caches
-        #: True when every judge is offline (no model calls).
-        self.offline = built.offline
-        #: The Postgres store this chat opened (:meth:`from_store`); :meth:`aclose` closes it.
-        self.store = built.store
+        #: The turn this chat runs (``rag.turn = attrs.evolve(rag.turn, ...)``: the next turn runs the new one).
+        self.turn: BuiltTurn = (turn or Turn.of(**wiring)).build() if not isinstance(turn, BuiltTurn) else turn
         self.max_question_chars = max_question_chars
         self.max_history_messages = max_history_messages
         self.max_history_chars = max_history_chars
         #: The turn log, if any (see ``turn_log``); :meth:`aclose` closes it.
         self.turn_log = turn_log
-        #: The raw retriever: filter keys are checked against the metadata keys it knows.
-        self._retriever = built.retriever
+
+    @property
+    def graph(self) -> Graph:
+        """The graph the next turn runs (``turn.graph``; :func:`ragloop.otel.instrument` replaces it in ``turn``)."""
+        return self.turn.graph
+
+    @property
+    def settings(self) -> TurnSettings:
+        """The turn's settings (``turn.settings``)."""
+        return self.turn.settings
+
+    @property
+    def live_sources(self) -> tuple[LiveSource, ...]:
+        """The live sources the turn consults (``turn.live_sources``); :meth:`aclose` closes them."""
+        return self.turn.live_sources
+
+    @property
+    def caches(self) -> Caches | None:
+        """The turn's caches (``turn.caches``); :meth:`ask` uses the reply cache, when there is one."""
+        return self.turn.caches
+
+    @property
+    def offline(self) -> bool:
+        """True when every judge is offline (no model calls)."""
+        return self.turn.offline
+
+    @property
+    def store(self) -> PostgresStore | None:
+        """The Postgres store the turn opened (:meth:`from_store`); :meth:`aclose` closes it."""
+        return self.turn.store
 
     @property
     def nodes(self) -> Mapping[str, Node]:
@@ -229,20 +249,14 @@ class ChatRAG:
         llm: openai.AsyncOpenAI | None = None,
         **options: Unpack[IndexOptions],
     ) -> ChatRAG:
-        """A chat over an index directory (or a loaded :class:`~ragloop.retrievers.index.KnowledgeIndex`).
-
-        ``ChatRAG(Turn.from_index(index, llm, **options))``: see :meth:`~ragloop.turn.builder.Turn.from_index`
-        and :class:`~ragloop.turn.options.IndexOptions`.
-        """
+        """``ChatRAG(Turn.from_index(index, llm, **options))``: see :meth:`~ragloop.turn.builder.Turn.from_index`."""
         return cls(Turn.from_index(index, llm, **options))
 
     @classmethod
     def from_store(cls, url: str, llm: openai.AsyncOpenAI | None = None, **options: Unpack[StoreOptions]) -> ChatRAG:
-        """A chat over a PostgreSQL collection written by ``ragloop index DIR --store URL`` (``[postgres]`` extra).
+        """``ChatRAG(Turn.from_store(url, llm, **options))`` (:meth:`~ragloop.turn.builder.Turn.from_store`).
 
-        ``ChatRAG(Turn.from_store(url, llm, **options))``: see :meth:`~ragloop.turn.builder.Turn.from_store`
-        and :class:`~ragloop.turn.options.StoreOptions`; :meth:`aclose` closes
-        the store's pool.
+        :meth:`aclose` closes the store's pool.
         """
         return cls(Turn.from_store(url, llm, **options))
 
@@ -254,12 +268,8 @@ class ChatRAG:
         llm: openai.AsyncOpenAI | None = None,
         **options: Unpack[RetrieverOptions],
     ) -> ChatRAG:
-        """A chat over any retriever; ``texts`` (every chunk's text, or a :class:`~ragloop.retrievers.scope.Corpus`
-        with their metadata: each caller's judges then know only the chunks it can find) feed the offline judges.
-
-        ``ChatRAG(Turn.from_retriever(retriever, texts, llm, **options))``: see
-        :meth:`~ragloop.turn.builder.Turn.from_retriever` and :class:`~ragloop.turn.options.RetrieverOptions`.
-        """
+        """``ChatRAG(Turn.from_retriever(retriever, texts, llm, **options))``: see
+        :meth:`~ragloop.turn.builder.Turn.from_retriever` (``texts`` feed the offline judges)."""
         return cls(Turn.from_retriever(retriever, texts, llm, **options))
 
     @classmethod
@@ -270,11 +280,8 @@ class ChatRAG:
         cache_dir: str | os.PathLike[str] | None = None,
         **options: Unpack[IndexOptions],
     ) -> ChatRAG:
-        """A chat over the bundled sample knowledge base and its live ticket source.
-
-        The sample index is built on first use and cached in ``cache_dir`` (default ``~/.cache/ragloop``); see
-        :meth:`~ragloop.turn.builder.Turn.sample`.
-        """
+        """A chat over the bundled sample knowledge base and its live ticket source (see
+        :meth:`~ragloop.turn.builder.Turn.sample`; built on first use, cached in ``cache_dir``)."""
         return cls(Turn.sample(llm, cache_dir=cache_dir, **options))
 
     def new_state(
@@ -312,7 +319,7 @@ class ChatRAG:
         Raises:
             UnknownFilterKey: A key no chunk has; the message lists the known keys.
         """
-        check_retriever_filters(self._retriever, filters)
+        check_retriever_filters(self.turn.retriever, filters)
 
     def _start(self, question: str, options: AskOptions) -> tuple[TurnState, float | None]:
         """The turn's validated state and deadline (``ask`` and ``stream`` check their input alike)."""
@@ -395,9 +402,9 @@ class ChatRAG:
         principal = options.get("principal")
 
         def ready(result: RunResult) -> tuple[Event, ...]:
-            events = _reply_ready(result)
-            self._log_turn(events[0].reply, result.state, principal)
-            return events
+            event = ReplyReady(_reply(result), run_id=result.run_id)  # ends the stream, after RunFinished
+            self._log_turn(event.reply, result.state, principal)
+            return (event,)
 
         return self.graph.stream(state, deadline_s=deadline, then=ready)
 
@@ -405,17 +412,12 @@ class ChatRAG:
         """Close the live sources' connections, the store's pool, the turn log and a ranker's client."""
         for source in self.live_sources:
             await source.aclose()
-        if (closer := getattr(getattr(self.turn.nodes.get("answer"), "ranker", None), "aclose", None)) is not None:
+        if (closer := getattr(getattr(self.nodes.get("answer"), "ranker", None), "aclose", None)) is not None:
             await closer()
         if self.store is not None:
             await self.store.aclose()
         if self.turn_log is not None:
             await self.turn_log.aclose()
-
-
-def _reply_ready(result: RunResult) -> tuple[ReplyReady]:
-    """The event that ends a chat stream, after the runner's :class:`RunFinished`."""
-    return (ReplyReady(_reply(result), run_id=result.run_id),)
 
 
 def _reusable(reply: Reply) -> bool:

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from attrs import evolve
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 
@@ -39,7 +40,7 @@ from ragloop.errors import ConfigError
 from ragloop.events import RunResult, Step
 from ragloop.runner import Graph
 from ragloop.state import TurnState
-from ragloop.turn import TurnRecord, turn_record
+from ragloop.turn import BuiltTurn, TurnRecord, turn_record
 from ragloop.usage import LLMCall
 
 __all__ = ["TurnTracer", "instrument"]
@@ -201,8 +202,9 @@ def instrument(
     """Trace every turn of a :class:`~ragloop.chat.ChatRAG` from now on; returns the tracer.
 
     The chat's graph is rebuilt with a ``summarize`` hook that exports each finished turn's spans, then returns
-    its decision record as before. A :class:`~ragloop.runner.Graph` of your own cannot be changed once built:
-    give it ``summarize=tracer.summarizer(turn_record)`` when you build it.
+    its decision record as before; the rebuilt graph replaces the one in the chat's built turn (``chat.turn``),
+    which everything the chat does reads. A :class:`~ragloop.runner.Graph` of your own cannot be changed once
+    built: give it ``summarize=tracer.summarizer(turn_record)`` when you build it.
 
     Args:
         chat: The chat (anything with a ``graph`` attribute it runs its turns on).
@@ -219,7 +221,7 @@ def instrument(
         )
     tracer = TurnTracer(tracer_provider, capture_content=capture_content)
     graph: Graph = chat.graph
-    chat.graph = Graph(
+    traced = Graph(
         graph.nodes,
         start=graph.start,
         finish=graph.finish,
@@ -229,4 +231,8 @@ def instrument(
         summarize=tracer.summarizer(graph.summarize or turn_record),
         context=graph.context,
     )
+    if isinstance(built := getattr(chat, "turn", None), BuiltTurn):
+        chat.turn = evolve(built, graph=traced)  # a ChatRAG reads its graph through its built turn
+    else:
+        chat.graph = traced
     return tracer

@@ -37,6 +37,7 @@ from attrs import field, frozen
 from ragloop.errors import PlanError
 
 __all__ = [
+    "MAX_SUBQUERIES",
     "Fate",
     "FateStatus",
     "Plan",

@@ -47,14 +47,21 @@ __all__ = [
     "wants_live",
 ]
 
-#: The default turn's node names: what its nodes return, and what the policy routes to.
+#: The default turn's node names (what its nodes return, and what the policy routes to): the ``plan`` node's.
 PLAN: Final = "plan"
+#: The ``decide`` node's name.
 DECIDE: Final = "decide"
+#: The ``retrieve`` node's name.
 RETRIEVE: Final = "retrieve"
+#: The ``grade`` node's name.
 GRADE: Final = "grade"
+#: The ``live`` node's name.
 LIVE: Final = "live"
+#: The ``rewrite`` node's name.
 REWRITE: Final = "rewrite"
+#: The ``hop`` node's name.
 HOP: Final = "hop"
+#: The ``answer`` node's name.
 ANSWER: Final = "answer"
 
 #: The default turn's edges, the one place they are written: each node → the routes it may return, each

@@ -20,7 +20,7 @@ from ragloop.chat import ChatRAG, ReplyReady
 from ragloop.errors import JudgeOutputError
 from ragloop.events import Token
 from ragloop.llm.doctor import diagnose
-from ragloop.llm.openai_judges import OpenAIDecider, OpenAIJudges
+from ragloop.llm.openai import OpenAIDecider, OpenAIJudges
 from ragloop.sample import sample_index
 from ragloop.state import PageContext
 from ragloop.turn import Judges, Turn, TurnSettings

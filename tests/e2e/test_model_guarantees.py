@@ -23,7 +23,7 @@ from attrs import evolve
 
 from ragloop.chat import ChatRAG, Reply
 from ragloop.errors import JudgeOutputError, JudgeTruncated
-from ragloop.llm.openai_judges import OpenAIDecider, OpenAIJudges, OpenAIRewriter
+from ragloop.llm.openai import OpenAIDecider, OpenAIJudges, OpenAIRewriter
 from ragloop.sample import sample_index
 from ragloop.state import PageContext
 from ragloop.testing import (

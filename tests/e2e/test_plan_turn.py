@@ -10,7 +10,7 @@ import pytest
 
 from ragloop.chat import ChatRAG
 from ragloop.cli import main
-from ragloop.llm.openai_planner import OpenAISQLWriter
+from ragloop.llm.openai import OpenAISQLWriter
 from ragloop.retrievers.sql import SQLiteSource
 from ragloop.sample import SAMPLE_CRM_ALLOW, sample_crm_path
 from ragloop.testing import (

@@ -10,7 +10,7 @@ import pytest
 
 from ragloop.errors import JudgeOutputError
 from ragloop.llm.batch_grade import batch_response_format, parse_verdicts
-from ragloop.llm.openai_judges import OpenAIGrader
+from ragloop.llm.openai import OpenAIGrader
 from ragloop.llm.prompts import FENCE_OPEN
 from ragloop.nodes.grade import Grade
 from ragloop.policy import RoutingPolicy

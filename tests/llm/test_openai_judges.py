@@ -11,7 +11,7 @@ import pytest
 from attrs import evolve
 
 from ragloop.errors import ConfigError, JudgeError, JudgeOutputError, JudgeTimeout
-from ragloop.llm.openai_judges import (
+from ragloop.llm.openai import (
     OpenAIAnswerer,
     OpenAIDecider,
     OpenAIGrader,

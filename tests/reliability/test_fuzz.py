@@ -51,8 +51,8 @@ class TestCleaning:
     @given(nasty_text, st.integers(20, 300), FORMATS)
     def test_chunking_arbitrary_text(self, text: str, max_tokens: int, fmt: str) -> None:
         """Chunking arbitrary unicode never raises; chunks are non-empty and within the token limit."""
-        from ragloop.retrievers.chunking import index_text
         from ragloop.retrievers.embed import minilm_tokenizer
+        from ragloop.retrievers.ingest import index_text
 
         tok = minilm_tokenizer()
         assert tok is not None

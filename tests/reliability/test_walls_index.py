@@ -501,7 +501,7 @@ def _runs(draw: st.DrawFn) -> list[tuple[int, dict[str, str]]]:
 
 
 def _chunks(folder: dict[str, str]) -> list[Chunk]:
-    from ragloop.retrievers.chunking import chunk_id
+    from ragloop.retrievers.ingest import chunk_id
 
     return [Chunk(id=chunk_id(text), text=text, doc_id=path, metadata={"path": path}) for path, text in folder.items()]
 

@@ -16,7 +16,6 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ragloop.errors import ConfigError, InputError
-from ragloop.retrievers.chunking import chunk_blocks, chunk_id, index_text
 from ragloop.retrievers.embed import HashEmbedder, minilm_tokenizer
 from ragloop.retrievers.index import KnowledgeIndex
 from ragloop.retrievers.ingest import (
@@ -24,7 +23,9 @@ from ragloop.retrievers.ingest import (
     IngestResult,
     Skip,
     chunk_document,
+    chunk_id,
     document_blocks,
+    index_text,
     ingest_path,
     load_beir,
     load_folder,
@@ -32,6 +33,7 @@ from ragloop.retrievers.ingest import (
     safe_name,
     skip_kinds,
 )
+from ragloop.retrievers.ingest._chunk import chunk_blocks
 from tests.strategies import markdown_documents, markup_text
 
 DATA = Path(__file__).parents[2] / ".." / "shared" / "data"

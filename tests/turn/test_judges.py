@@ -53,7 +53,7 @@ class TestOpenAI:
         """Judges.openai: the model's four judges, the offline decider and answerer behind them, the plan model."""
         import openai
 
-        from ragloop.llm.openai_judges import OpenAIAnswerer, OpenAIDecider
+        from ragloop.llm.openai import OpenAIAnswerer, OpenAIDecider
 
         client = openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="none")
         judges = Judges.openai(client, TEXTS, fast_model="fast", answer_model="big", timeout_s=3.0)
@@ -77,7 +77,7 @@ class TestPlanners:
 
     def test_model_planner_with_offline_behind_it(self) -> None:
         """With a plan model the model planner plans over every source, the offline planner behind it."""
-        from ragloop.llm.openai_planner import OpenAIPlanner
+        from ragloop.llm.openai import OpenAIPlanner
 
         judges = Judges(FakeDecider(), FakeGrader(), FakeRewriter(), FakeAnswerer(), plan_model=PlanModel(None, "m", 2))
         planner, fallback = judges.planners(self.sources(), ())

@@ -28,6 +28,7 @@ from ragloop.text.safety import terminal_safe
 
 __all__ = ["MAX_DEPTH", "OUTCOMES", "Case", "CasesError", "load_cases", "parse_cases"]
 
+#: The outcomes a case may expect (a reply's ``outcome``).
 OUTCOMES = ("context", "partial", "none", "direct")
 #: Deepest nesting of a case line (a case needs 3: the case, history, a message).
 MAX_DEPTH = 32

@@ -31,7 +31,7 @@ from ragloop.usage import LLMCall, record_call
 if TYPE_CHECKING:
     from ragloop.retrievers.sql import SQLSchema
 
-__all__ = ["OfflinePlanner", "Planner", "SchemaSource"]
+__all__ = ["ENTITY_VALUES", "OfflinePlanner", "Planner", "SchemaSource"]
 
 
 @runtime_checkable

@@ -40,7 +40,9 @@ from ragloop.state import (
 
 __all__ = [
     "CUT_BY_TIME",
+    "MAX_ANSWER_CHARS",
     "NOT_IN_TIME",
+    "SAYS_NOT_COVERED",
     "Abstainer",
     "Answer",
     "Extractive",

@@ -16,7 +16,7 @@ from ragloop.retrievers.live import LiveSource, lookup_for, record_hit, split_ma
 from ragloop.runner import emit
 from ragloop.state import Graded, LiveLookup, TurnState, Verdict
 
-__all__ = ["Live", "record_hit", "split_matches"]
+__all__ = ["MAX_RECORD_CHARS", "Live", "record_hit", "split_matches"]
 
 log = get_logger("ragloop.nodes.live")
 #: A record's title and link are one line each: longer ones are cut (a title) or dropped (a link), recorded.

@@ -41,7 +41,7 @@ from ragloop.state import Caller, Decision, Graded, QueryState, TurnState, Verdi
 if TYPE_CHECKING:
     from ragloop.llm.planner import Planner
 
-__all__ = ["PlanExecution", "PlanNode", "Strategy", "execute_plan", "slot_values"]
+__all__ = ["MAX_SLOT_VALUES", "PlanExecution", "PlanNode", "Strategy", "execute_plan", "slot_values"]
 
 log = get_logger("ragloop.nodes.plan")
 

@@ -50,6 +50,7 @@ __all__ = [
     "default_embedder",
     "embed_batched",
     "embedder_named",
+    "file_sha256",
     "minilm_tokenizer",
     "normalize_rows",
 ]

@@ -56,6 +56,7 @@ __all__ = [
     "KnowledgeIndex",
     "Mode",
     "check_index_target",
+    "glob_escape",
     "index_scopes",
     "index_text",
 ]

@@ -41,6 +41,7 @@ from ragloop.state import Hit
 
 __all__ = ["JOIN_MODES", "JoinMode", "JoinedRetriever", "join_hits"]
 
+#: How a :class:`JoinedRetriever` merges its members' hits (see :data:`JOIN_MODES`).
 JoinMode = Literal["rrf", "confidence", "concatenate"]
 #: The modes :class:`JoinedRetriever` knows.
 JOIN_MODES: tuple[JoinMode, ...] = ("rrf", "confidence", "concatenate")

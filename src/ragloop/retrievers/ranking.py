@@ -91,7 +91,8 @@ def keep_lead(ranked: Sequence[Hit], anchor: Sequence[str], n: int) -> list[Hit]
     kept = [c for c in head if c in lead] + [c for c in head if c not in lead][: n - len(lead)]
     position = {h.id: i for i, h in enumerate(ranked)}
     front = sorted({*kept, *(c for c in missing if c in by_id)}, key=position.__getitem__)
-    return [by_id[c] for c in front] + [h for h in ranked if h.id not in set(front)]
+    placed = set(front)  # once, not once per hit
+    return [by_id[c] for c in front] + [h for h in ranked if h.id not in placed]
 
 
 @runtime_checkable

@@ -209,6 +209,8 @@ class ContextBlock:
     section: str = ""
 
 
+#: Where one query of the turn stands: not searched yet, enough context, short of it, failed, rewritten,
+#: or no context found at all.
 QueryStatus = Literal["pending", "enough", "short", "failed", "rewritten", "no_context"]
 
 

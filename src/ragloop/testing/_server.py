@@ -28,7 +28,9 @@ from ragloop.testing._script import Latency, ScriptedResponse, embeddings_ok, er
 if TYPE_CHECKING:
     import openai
 
+#: Chooses the scripted answer to one recorded request (the ``matcher=`` of :class:`ScriptedOpenAIServer`).
 Matcher = Callable[[RecordedRequest], ScriptedResponse]
+#: Maps one input text to its embedding vector (the server's ``/embeddings`` answers).
 EmbedFn = Callable[[str], Sequence[float]]
 #: ``(query, documents) -> one relevance score per document`` for ``/rerank``.
 RerankFn = Callable[[str, Sequence[str]], Sequence[float]]

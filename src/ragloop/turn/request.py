@@ -64,6 +64,7 @@ def validate_question(question: object, *, max_chars: int = MAX_QUESTION_CHARS) 
 
 #: Most earlier messages accepted as history, and the longest one (characters), by default.
 MAX_HISTORY_MESSAGES = 50
+#: Longest history message accepted by default (characters).
 MAX_HISTORY_CHARS = 32_000
 #: What a turn keeps of each history message: its last this-many characters (judging a megabyte of history
 #: would hold the event loop; the latest words are what a follow-up refers to).

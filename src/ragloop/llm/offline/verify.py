@@ -32,7 +32,7 @@ from ragloop.retrievers.base import Embedder
 from ragloop.state import ContextBlock, Verification
 from ragloop.text.terms import STOPWORDS, key_terms, stem, tokenize
 
-__all__ = ["OfflineVerifier", "reply_sentences"]
+__all__ = ["FRAMING", "MAX_CACHED_WORDS", "MAX_MEANING_WORDS", "SHARED_PREFIX", "OfflineVerifier", "reply_sentences"]
 
 _CITED = re.compile(r"(?<![\w)])\[(\d{1,6})\]")  # a free-standing marker (arr[0] is code), never a huge number
 _SENTENCE = re.compile(r"(?<=\])\s+(?!\[)|(?<=[.!?])\s+(?=[A-Z])|\n\s*\n")

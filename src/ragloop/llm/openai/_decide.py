@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DecideMode", "OpenAIDecider", "ToolsDropped", "parse_search_calls"]
 
+#: How the decider asks for its searches: ``tools`` (a ``search`` tool), ``json`` (a JSON reply, for servers
+#: without tools) or ``auto`` (tools until the server drops them, then ``json``).
 DecideMode = Literal["auto", "tools", "json"]
 
 

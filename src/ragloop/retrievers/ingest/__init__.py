@@ -23,7 +23,7 @@ Example::
 
 from ragloop.retrievers.ingest._beir import load_beir
 from ragloop.retrievers.ingest._blocks import Block, MissingExtra, render
-from ragloop.retrievers.ingest._chunk import index_text
+from ragloop.retrievers.ingest._chunk import chunk_id, index_text
 from ragloop.retrievers.ingest._clean import clean_text, split_front_matter
 from ragloop.retrievers.ingest._files import load_folder, read_document
 from ragloop.retrievers.ingest._globs import FileFilter
@@ -71,6 +71,7 @@ __all__ = [
     "Tokenizer",
     "WordTokens",
     "chunk_document",
+    "chunk_id",
     "clean_text",
     "default_tokenizer",
     "document_blocks",

@@ -126,7 +126,7 @@ def clean_text(text: str, fmt: str, *, budget_s: float | None = None) -> str:
         ``clean_text(clean_text(x, f), f) == clean_text(x, f)`` for every ``x``.
 
     Raises:
-        ValueError: ``fmt`` is not one of :data:`FORMATS`.
+        ValueError: ``fmt`` is not one of the formats above.
         InputError: cleaning took longer than ``budget_s``.
     """
     if fmt not in FORMATS:

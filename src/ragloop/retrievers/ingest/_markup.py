@@ -1,4 +1,4 @@
-"""HTML, shortcode and image markup removal: the regex half of :mod:`ragloop.retrievers.clean`.
+"""HTML, shortcode and image markup removal: the regex half of :func:`~ragloop.retrievers.ingest.clean_text`.
 
 Every pattern here either stops at a character that starts the next candidate or is bounded, and paired
 constructs are matched in one left-to-right pass against an index of their closers (:func:`_sub_paired`), so

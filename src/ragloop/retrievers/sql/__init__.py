@@ -6,7 +6,7 @@ allowlist (types, primary keys, foreign keys, and the distinct values of small t
 A sub-query becomes SQL through a :class:`SQLWriter`: :class:`OfflineSQLWriter` (the common shapes of an
 ordinary question — values, date ranges, comparisons, counts, totals, rankings, one-hop joins; anything else is
 refused with "cannot answer offline" and what it could not write) or a model (structured output, see
-:mod:`ragloop.llm.openai_planner`). Whatever wrote it, the statement passes :func:`check_sql`, which accepts
+:mod:`ragloop.llm.openai`). Whatever wrote it, the statement passes :func:`check_sql`, which accepts
 only what it can prove safe:
 
 - one comment-free ``SELECT`` (``WITH … SELECT`` and ``UNION`` / ``INTERSECT`` / ``EXCEPT`` of them included),

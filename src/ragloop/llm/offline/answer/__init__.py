@@ -73,6 +73,7 @@ from ragloop.usage import LLMCall, record_call
 
 __all__ = [
     "INJECTION",
+    "MAX_GAP_WORDS",
     "NOT_COVERED",
     "AbstainRule",
     "Asked",

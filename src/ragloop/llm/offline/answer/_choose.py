@@ -51,6 +51,7 @@ __all__ = [
     "value_near",
 ]
 
+#: What kind of value a question asks for, when it asks for one.
 Asked = Literal["year", "number", "version", "name"]
 _ASK_YEAR = re.compile(r"\b(?:(?:in )?(?:what|which) year|when|what (?:date|century|decade))\b", re.IGNORECASE)
 _ASK_NUMBER = re.compile(
