@@ -44,7 +44,7 @@ from ragloop.text.ids import extract_ids, ids_conflict, missing_ids
 from ragloop.text.terms import CorpusStats, key_terms, stem, tokenize
 from ragloop.usage import LLMCall, record_call
 
-__all__ = ["Calibration", "Coverage", "OfflineGrader", "coverage"]
+__all__ = ["MAX_CACHED", "Calibration", "Coverage", "OfflineGrader", "coverage"]
 
 
 @frozen

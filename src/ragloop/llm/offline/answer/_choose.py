@@ -96,13 +96,11 @@ def has_asked_for(asked: Asked, text: str, question_words: Collection[str] = ())
 _WORD = re.compile(r"[\w'’.,-]*\w")
 #: "How many X …", "How long is the X good for", "How big can the X be": the words naming what is counted or
 #: measured run up to the first of these (a verb, an auxiliary or a preposition), or the question's end.
-_SUBJECT_END = frozenset(
-    re.findall(
-        r"\w+",
-        "can could do does did are is were was will would should may might must have has be per in on of for at to "
-        "by with from before after until when if good valid take takes last kept stay cost costs allowed",
-    )
+_SUBJECT_WORDS = (
+    "can could do does did are is were was will would should may might must have has be per in on of for at to "
+    "by with from before after until when if good valid take takes last kept stay cost costs allowed"
 )
+_SUBJECT_END = frozenset(re.findall(r"\w+", _SUBJECT_WORDS))
 _HOW_MUCH = re.compile(
     r"\bhow many\s+([^?.!]*)|\bhow (?:much|long|big|large|old|far|often|soon|quickly|fast)\s+"
     r"(?:is|are|do|does|can|will|should|must)\s+(?:the|my|a|an|your|our|their)\s+([^?.!]*)",
