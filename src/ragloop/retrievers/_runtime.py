@@ -119,8 +119,10 @@ def drop_nan_guards(model: Any) -> int:
 
 class _OpenVINORunner:
     name = "openvino"
-    #: Texts per call and the multiple sequences are padded to (texts are sorted by token count first).
-    batch_size = 16
+    #: Texts per call and the multiple sequences are padded to (texts are sorted by token count first). On
+    #: single-threaded streams, batches of 4 cost the same CPU time as 8 or 16 and each stream's scratch memory
+    #: is a quarter: 390 MB for two streams against 700 MB (``benchmarks/results/bench_ingest-ov-variants.txt``).
+    batch_size = 4
     pad_to = 8
 
     def __init__(self, model: Path, threads: int) -> None:

@@ -170,8 +170,8 @@ class MiniLMEmbedder:
     built; a mismatch is a :class:`~ragloop.errors.ConfigError`.
 
     Args:
-        batch_size: Texts per model call; default 16 on OpenVINO (same CPU time as 32, half the peak memory),
-            32 on ONNX Runtime.
+        batch_size: Texts per model call; default 4 on OpenVINO (per stream: the same CPU time as 16, a
+            quarter of the scratch memory), 32 on ONNX Runtime.
         max_length: Token limit per text (at most 512, the model's position limit).
         threads: The runtime's threads (on OpenVINO, single-threaded streams run side by side) for bulk
             embedding; defaults to the cores this process may use (its CPU affinity), at most 4.
