@@ -154,6 +154,19 @@ class TestMiniLMRuntimes:
         assert float(np.min(np.sum(first[perm] * again, axis=1))) > 0.999
         assert float(np.min(np.sum(first[:5] * first[5:10], axis=1))) > 0.9999  # the same text, the same vector
 
+    def test_the_query_session_is_loaded_at_the_first_query(self) -> None:
+        """A bulk build never loads the single-threaded query session (about 190 MB); the first query-sized call
+        does, once, and its vector is the bulk path's."""
+        e = MiniLMEmbedder(runtime="openvino", threads=2)
+        bulk = e.embed_sync([self.TEXTS[0]] * 5)
+        assert e._small_runner is None
+        query = e.embed_sync([self.TEXTS[0]])
+        runner = e._small_runner
+        assert runner is not None and runner.name == "onnxruntime"
+        e.embed_sync(["another question"])
+        assert e._small_runner is runner
+        assert float(bulk[0] @ query[0]) > 0.999
+
     def test_the_softmax_nan_guards_are_dropped(self) -> None:
         """The export's Select(IsNaN(softmax), 0, softmax) guards (six, one per layer) leave the graph."""
         import openvino as ov

@@ -37,6 +37,7 @@ from ragloop.retrievers.wordpiece import WordPieceTokens, minilm_tokenizer, toke
 if TYPE_CHECKING:
     import openai
 
+    from ragloop.retrievers._runtime import ModelRunner
     from ragloop.retrievers.base import Embedder
 
 __all__ = [
@@ -256,14 +257,26 @@ class MiniLMEmbedder:
         self._bulk = runner(runtime, model, self.threads)
         self.runtime = self._bulk.name
         self.batch_size = batch_size or self._bulk.batch_size
-        # Query-sized inputs run faster on one thread: waking a pool costs more than it saves there.
-        self._small = (
-            runner("onnxruntime", model, 1) if self.threads > 1 or self._bulk.name != "onnxruntime" else self._bulk
+        # Query-sized inputs run faster on one thread: waking a pool costs more than it saves there. That session
+        # is loaded at the first such call (about 190 MB a build never needs).
+        self._model = model
+        self._small_runner: ModelRunner | None = (
+            None if self.threads > 1 or self._bulk.name != "onnxruntime" else self._bulk
         )
+        self._small_lock = threading.Lock()
         self._inputs = self._bulk.inputs()
         self.tokenizer = WordPieceTokens(tok_file)
         # Tokenizer objects are not documented as thread-safe; serialise tokenisation only.
         self._tok_lock = threading.Lock()
+
+    def _small(self) -> ModelRunner:
+        """The single-threaded ONNX Runtime session for query-sized inputs, loaded on first use."""
+        with self._small_lock:
+            if self._small_runner is None:
+                from ragloop.retrievers._runtime import runner
+
+                self._small_runner = runner("onnxruntime", self._model, 1)
+            return self._small_runner
 
     def _token_ids(self, texts: Sequence[str]) -> list[npt.NDArray[np.int32]]:
         """Every text's token ids (truncated, unpadded), tokenised a block at a time."""
@@ -295,7 +308,7 @@ class MiniLMEmbedder:
         if len(ids) <= _SMALL_BATCH and max(len(r) for r in ids) <= 64:
             # Query-sized: the single-threaded session, no padding beyond the longest text.
             feeds = self._feeds(ids, 1)
-            out[:] = _mean_pool(self._small.run(feeds), feeds["attention_mask"])
+            out[:] = _mean_pool(self._small().run(feeds), feeds["attention_mask"])
             if progress is not None:
                 progress(len(texts), len(texts))
             return out
