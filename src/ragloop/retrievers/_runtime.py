@@ -1,23 +1,36 @@
 """The runtimes that run the MiniLM ONNX model: ONNX Runtime (the ``[embed]`` extra) or OpenVINO (``[openvino]``).
 
-Both load the same int8 ONNX file and return the same ``last_hidden_state``. OpenVINO runs it 2.4–2.7× faster
-on the 2-core x86 machine of ``benchmarks/bench_ingest.py`` (its int8 kernels use VNNI where ONNX Runtime's
-dynamic-quantised MatMuls do not), with embeddings within cosine 0.9997 of ONNX Runtime's; it is compiled with
-``INFERENCE_PRECISION_HINT=f32`` so the non-quantised parts stay in float32 on every CPU.
+Both load the same int8 ONNX file and return the same ``last_hidden_state``. OpenVINO runs it 2.2x faster on
+the 2-core x86 machine of ``benchmarks/bench_ingest.py`` (its int8 kernels use VNNI where ONNX Runtime's
+dynamic-quantised MatMuls do not), with embeddings within cosine 0.9997 of ONNX Runtime's. On top of that
+(``benchmarks/results/bench_ingest-ov-variants.txt``):
+
+- the export's NaN guard after each attention softmax (``Select(IsNaN(p), 0, p)``: never true here, every row
+  attends to at least ``[CLS]``) is removed from the graph;
+- the float parts run in bfloat16 where the CPU has native bf16 (``avx512_bf16``, AMX), float32 elsewhere;
+- bulk work runs as one single-threaded stream per thread (``THROUGHPUT``; one blocking request per stream, each
+  from its own Python thread), not one stream whose every operator is split across the cores.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from ragloop.errors import ConfigError
 
-__all__ = ["RUNTIMES", "ModelRunner", "openvino_available", "runner"]
+__all__ = ["RUNTIMES", "ModelRunner", "drop_nan_guards", "openvino_available", "runner"]
+
+_Tag = TypeVar("_Tag")
+Feeds = dict[str, "npt.NDArray[np.int64]"]
 
 #: Runtimes :func:`runner` knows; ``"auto"`` is OpenVINO when installed, else ONNX Runtime.
 RUNTIMES = ("auto", "onnxruntime", "openvino")
@@ -38,6 +51,10 @@ class ModelRunner(Protocol):
 
     def inputs(self) -> set[str]:
         """The model's input names."""
+        ...
+
+    def run_all(self, batches: Iterable[tuple[_Tag, Feeds]]) -> Iterator[tuple[_Tag, npt.NDArray[np.float32]]]:
+        """``(tag, last_hidden_state)`` for every ``(tag, feeds)`` batch, in any order (several may run at once)."""
         ...
 
 
@@ -74,27 +91,59 @@ class _OrtRunner:
         (hidden,) = self._session.run(["last_hidden_state"], feeds)
         return np.asarray(hidden, dtype=np.float32)
 
+    def run_all(self, batches: Iterable[tuple[_Tag, Feeds]]) -> Iterator[tuple[_Tag, npt.NDArray[np.float32]]]:
+        for tag, feeds in batches:
+            yield tag, self.run(feeds)
+
+
+def drop_nan_guards(model: Any) -> int:
+    """Remove ``Select(IsNaN(p), 0, p)`` after every ``Softmax`` ``p`` of an OpenVINO model; return how many.
+
+    The export guards each attention softmax against a row that masks every key (``NaN``). A MiniLM input
+    always attends to ``[CLS]``, so the guard never fires and only costs two elementwise passes per layer.
+    """
+    dropped = 0
+    for op in model.get_ops():
+        if op.get_type_name() != "IsNaN" or op.input_value(0).get_node().get_type_name() != "Softmax":
+            continue
+        probs = op.input_value(0)
+        for target in list(op.output(0).get_target_inputs()):
+            select = target.get_node()
+            if select.get_type_name() == "Select" and select.input_value(2) == probs:
+                select.output(0).replace(probs)
+                dropped += 1
+    if dropped:
+        model.validate_nodes_and_infer_types()
+    return dropped
+
 
 class _OpenVINORunner:
     name = "openvino"
-    #: Texts per call and the multiple sequences are padded to: the same CPU time as 32 (measured), about half
-    #: the peak memory, and few distinct shapes.
-    batch_size = 16
-    pad_to = 32
+    #: Texts per call and the multiple sequences are padded to (texts are sorted by token count first). On
+    #: single-threaded streams, batches of 4 cost the same CPU time as 8 or 16 and each stream's scratch memory
+    #: is a quarter: 390 MB for two streams against 700 MB (``benchmarks/results/bench_ingest-ov-variants.txt``).
+    batch_size = 4
+    pad_to = 8
 
     def __init__(self, model: Path, threads: int) -> None:
         import openvino as ov
 
         core = ov.Core()
+        bf16 = "BF16" in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+        self.precision = "bf16" if bf16 else "f32"
+        self.streams = threads
         config = {
             "INFERENCE_NUM_THREADS": threads,
-            "PERFORMANCE_HINT": "LATENCY",
-            "INFERENCE_PRECISION_HINT": "f32",
+            "NUM_STREAMS": threads,  # one single-threaded stream per core
+            "PERFORMANCE_HINT": "THROUGHPUT",
+            "INFERENCE_PRECISION_HINT": self.precision,
             # Compiled kernels are otherwise kept for every input shape seen: hundreds of MB over a build.
             "CPU_RUNTIME_CACHE_CAPACITY": 0,
         }
         try:
-            self._compiled: Any = core.compile_model(core.read_model(str(model)), "CPU", config)
+            graph = core.read_model(str(model))
+            drop_nan_guards(graph)
+            self._compiled: Any = core.compile_model(graph, "CPU", config)
         except Exception as exc:  # openvino raises RuntimeError subclasses of its own
             raise ConfigError(
                 f"OpenVINO could not load the MiniLM model {model}: {exc}; use runtime='onnxruntime'"
@@ -111,6 +160,30 @@ class _OpenVINORunner:
             request = self._local.request = self._compiled.create_infer_request()
         result = request.infer(feeds)
         return np.array(result[self._output], dtype=np.float32)  # a copy: the request reuses its buffer
+
+    def run_all(self, batches: Iterable[tuple[_Tag, Feeds]]) -> Iterator[tuple[_Tag, npt.NDArray[np.float32]]]:
+        # One blocking infer per stream at a time, each from its own thread (the infer releases the GIL), so the
+        # streams run side by side; results come back in submission order.
+        free: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for _ in range(self.streams):
+            free.put(self._compiled.create_infer_request())
+
+        def infer(tag: _Tag, feeds: Feeds) -> tuple[_Tag, npt.NDArray[np.float32]]:
+            request = free.get()
+            try:
+                result = request.infer(feeds)
+                return tag, np.array(result[self._output], dtype=np.float32)
+            finally:
+                free.put(request)
+
+        with ThreadPoolExecutor(self.streams, thread_name_prefix="ragloop-openvino") as pool:
+            pending: deque[Future[tuple[_Tag, npt.NDArray[np.float32]]]] = deque()
+            for tag, feeds in batches:
+                if len(pending) >= self.streams:
+                    yield pending.popleft().result()
+                pending.append(pool.submit(infer, tag, feeds))
+            while pending:
+                yield pending.popleft().result()
 
 
 def runner(runtime: str, model: Path, threads: int) -> ModelRunner:

