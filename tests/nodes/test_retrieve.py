@@ -136,6 +136,32 @@ class TestRetrieve:
         kinds = [e.kind async for e in g.stream(with_queries("q")) if isinstance(e, Progress)]
         assert kinds == ["search", "retrieved"]
 
+    async def test_the_retrieved_event_tells_searches_that_waited_out_from_a_store_that_is_down(self) -> None:
+        """'busy' lists the failed queries that ran out of time (a busy store, the query timeout), not those
+        that found the store down or failed otherwise: the serve tells the client busy from unavailable."""
+        from ragloop import Graph
+        from ragloop.errors import StoreBusy, StoreUnavailable
+
+        retriever = FakeRetriever(
+            {"good": [make_hit("good text")]},
+            errors={
+                "busy": StoreBusy("no free connection"),
+                "grouped": ExceptionGroup("hybrid", [StoreBusy("a"), TimeoutError()]),
+                "down": StoreUnavailable("unreachable"),
+                "mixed": ExceptionGroup("hybrid", [StoreBusy("a"), StoreUnavailable("b")]),
+                "broken": OSError("index down"),
+            },
+            delays={"slow": 30},
+        )
+        node = turn_node("retrieve", retriever=retriever, timeout_s=0.05)
+        g = Graph({"retrieve": _Only(node)}, start="retrieve", finish="retrieve")
+        state = with_queries("good", "busy", "grouped", "down", "mixed", "broken", "slow")
+        with anyio.fail_after(10):
+            done = [e async for e in g.stream(state) if isinstance(e, Progress) and e.kind == "retrieved"]
+        data = done[0].data or {}
+        assert sorted(data["failed"]) == ["broken", "busy", "down", "grouped", "mixed", "slow"]
+        assert sorted(data["busy"]) == ["busy", "grouped", "slow"]
+
 
 class _Only:
     """Wraps a node so that it ends the run (for streaming one node)."""

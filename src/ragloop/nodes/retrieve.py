@@ -12,7 +12,7 @@ import attrs
 from attrs import define, field
 
 from ragloop._log import get_logger
-from ragloop.errors import error_text
+from ragloop.errors import StoreBusy, error_text
 from ragloop.events import Progress
 from ragloop.policy import ANSWER, EDGES, GRADE, RETRIEVE
 from ragloop.retrievers.base import Retriever, search_with_filters
@@ -20,7 +20,7 @@ from ragloop.runner import emit
 from ragloop.state import Graded, Hit, TurnState, Verdict
 from ragloop.text.ids import missing_ids
 
-__all__ = ["Retrieve", "content_key", "merge_budget", "merge_hits"]
+__all__ = ["Retrieve", "content_key", "merge_budget", "merge_hits", "waited_out"]
 
 log = get_logger("ragloop.nodes.retrieve")
 _SPACE = re.compile(r"\W+", re.UNICODE)
@@ -81,6 +81,16 @@ def _needs_anchor(state: TurnState, pending: Sequence[str]) -> bool:
     return _plain(state.question) not in {_plain(q) for q in pending}
 
 
+def waited_out(exc: BaseException) -> bool:
+    """Whether a search failed for want of time (a busy store, a timeout), not because its store is down.
+
+    A group (hybrid search runs two tasks) counts when every error in it does.
+    """
+    if isinstance(exc, BaseExceptionGroup):
+        return all(waited_out(e) for e in exc.exceptions)
+    return isinstance(exc, StoreBusy | TimeoutError)
+
+
 def _describe(exc: BaseException) -> str:
     """``"Type: short message"`` of the error itself, not of the task group wrapping it (hybrid search runs two
     tasks)."""
@@ -120,6 +130,7 @@ class Retrieve:
         started = time.perf_counter()
         results: dict[str, list[Hit]] = {}
         limiter = anyio.CapacityLimiter(max(1, self.max_concurrency))
+        busy: set[str] = set()  # failed waiting (a timeout, a busy store), not because the store is down
 
         async def one(query: str) -> None:
             async with limiter:
@@ -128,8 +139,11 @@ class Retrieve:
                         found = await self._search(state, query)
                 except TimeoutError:
                     state.queries[query].error = f"timed out after {self.timeout_s}s"
+                    busy.add(query)
                 except Exception as exc:  # noqa: BLE001 — fail-open: one failing query never cancels its siblings
                     state.queries[query].error = _describe(exc)
+                    if waited_out(exc):
+                        busy.add(query)
                 else:
                     state.searches[query] = found
                     results[query] = [h for h in found if h.id not in state.shown]
@@ -167,6 +181,7 @@ class Retrieve:
                 data={
                     "hits": {q: len(state.queries[q].hits) for q in pending},
                     "failed": [q for q in pending if state.queries[q].status == "failed"],
+                    "busy": [q for q in pending if state.queries[q].status == "failed" and q in busy],
                 },
             )
         )

@@ -18,7 +18,7 @@ from ragloop.chat import ReplyReady, client_url
 from ragloop.errors import InputError, UnknownFilterKey
 from ragloop.events import Event, EventStream, NodeFinished, Progress, Token
 from ragloop.serve._metrics import Metrics
-from ragloop.serve._outage import searches, store_unavailable
+from ragloop.serve._outage import searches, store_busy, store_unavailable
 from ragloop.serve._quota import KeyedRate, KeyedSlots, QuotaCounts, SessionQuota, SessionsFull
 from ragloop.serve._scrub import TextScrubber, scrub
 from ragloop.serve._sessions import SessionStore
@@ -34,6 +34,10 @@ log = get_logger("ragloop.serve")
 
 #: The refusal of a turn whose every document search failed: it would otherwise answer "found nothing".
 STORE_DOWN = "the knowledge base is unavailable (every search of this turn failed); retry in a moment"
+#: The refusal of a turn whose every document search ran out of time waiting on a store that answers (busy).
+STORE_BUSY = (
+    "the knowledge base is busy (every search of this turn ran out of time waiting for it); retry in a few seconds"
+)
 
 
 _PYTHON_ADVICE = re.compile(r"[,;]?\s*(?:or )?pass a larger \w+ to ChatRAG|[,;]?\s*e\.g\. rag\.\w+\(.*?\)(?=$|[;.])")
@@ -75,7 +79,7 @@ class _TurnView:
         self.scrubber = TextScrubber()
         #: Tokens kept back once a search failed, until the reply shows whether the knowledge base was down.
         self.held: list[Token] | None = None
-        self.failed = self.answered = 0
+        self.failed = self.answered = self.busy = 0
 
     async def show(self, event: Event) -> list[Event]:
         """The events to pass on for ``event`` (none while tokens are held); :class:`Rejected` 503 on an outage."""
@@ -83,8 +87,8 @@ class _TurnView:
         if isinstance(event, NodeFinished):
             metrics.node_seconds.labels(node=event.node).observe(event.duration)
         elif isinstance(event, Progress):
-            failed, answered = searches(event)
-            self.failed, self.answered = self.failed + failed, self.answered + answered
+            failed, answered, busy = searches(event)
+            self.failed, self.answered, self.busy = self.failed + failed, self.answered + answered, self.busy + busy
             if failed and self.held is None:
                 self.held = []
             event = attrs.evolve(event, message=scrub(event.message))
@@ -99,6 +103,11 @@ class _TurnView:
         elif isinstance(event, ReplyReady):
             reply = _clean(event.reply)
             metrics.observe_record(reply.outcome, reply.record.as_dict())
+            if store_busy(reply.outcome, self.failed, self.answered, self.busy):
+                metrics.rejected.labels(reason="store_busy").inc()
+                log.warning("knowledge base busy", errors=list(reply.record.errors)[:5])
+                retry = {"retry-after": str(max(1, self.server.settings.retry_after_s))}
+                raise Rejected(503, STORE_BUSY, kind="server_error", code="store_busy", headers=retry)
             if store_unavailable(reply.outcome, self.failed, self.answered):
                 metrics.rejected.labels(reason="store_unavailable").inc()
                 log.error("knowledge base unavailable", errors=list(reply.record.errors)[:5])
