@@ -109,7 +109,16 @@ class StoreBusy(RetrievalError):
     long as the search could wait. Not an outage: a service should answer it with "the knowledge base is busy,
     retry shortly" (HTTP 503 with ``Retry-After``), never with "unavailable" or "found nothing". Raise the pool
     size (``pool_size``, ``--pool-size``), add database capacity, or send fewer turns at once.
+
+    Args:
+        message: What was busy and what to do.
+        queued: The call waited for a connection and got none (it never ran a statement): trying again later
+            costs the server nothing. ``False``: a statement ran past its timeout.
     """
+
+    def __init__(self, message: str, *, queued: bool = True) -> None:
+        super().__init__(message)
+        self.queued = queued
 
 
 class LiveSourceError(RagloopError):

@@ -114,3 +114,16 @@ class TestStoreBusy:
     def test_a_plan_reason_is_busy_when_it_waited_out(self, reason: str, expected: bool) -> None:
         """The plan node's fate reasons: a busy store or a timeout, not a store that is down."""
         assert busy_reason(reason) is expected
+
+
+class TestRefusal:
+    def test_busy_is_503_store_busy_with_retry_after_and_down_is_store_unavailable(self) -> None:
+        """The refusal the serve raises: store_busy carries Retry-After (at least 1 s), store_unavailable none."""
+        from ragloop.serve._outage import refusal
+
+        busy = refusal("none", 2, 0, 2, 0)
+        assert busy is not None and busy.status == 503 and busy.code == "store_busy"
+        assert busy.headers == {"retry-after": "1"} and "busy" in busy.message
+        down = refusal("none", 2, 0, 1, 5)
+        assert down is not None and down.code == "store_unavailable" and not down.headers
+        assert refusal("none", 1, 1, 1, 5) is None and refusal("context", 2, 0, 2, 5) is None

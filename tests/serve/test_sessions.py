@@ -335,3 +335,44 @@ async def test_a_postgres_session_store_that_is_down_fails_fast() -> None:
                 await store.load("u", "s1")
     finally:
         await store.aclose()
+
+
+async def test_a_busy_postgres_session_store_saves_the_turn_within_the_callers_deadline(pg_url: str) -> None:
+    """Every pooled connection held (the server up): an append under a deadline waits past ``wait_s`` and saves
+    the turn once a connection is free (before: PoolTimeout after wait_s, and the server dropped an acknowledged
+    turn); without a deadline it still fails after wait_s, as the load of a turn's history should."""
+    from psycopg_pool import PoolTimeout
+
+    from ragloop.state import Message
+
+    store = PostgresSessionStore(pg_url, max_connections=1, wait_s=0.5)
+    try:
+        assert await store.create("alice", "busy-1") is True
+        taken, release = anyio.Event(), anyio.Event()
+
+        async def hold() -> None:
+            async with await store._connection():
+                taken.set()
+                await release.wait()
+
+        saved: list[bool] = []
+
+        async def append() -> None:
+            with anyio.fail_after(30):  # the turn's deadline
+                saved.append(await store.append("alice", "busy-1", (Message("user", "q"), Message("assistant", "a"))))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hold)
+            await taken.wait()
+            with pytest.raises(PoolTimeout):  # no deadline: wait_s, as before
+                await store.load("alice", "busy-1")
+            tg.start_soon(append)
+            await anyio.sleep(1.5)  # three times wait_s
+            assert not saved
+            release.set()
+        assert saved == [True]
+        history = await store.load("alice", "busy-1")
+        assert history is not None and [m.content for m in history] == ["q", "a"]
+    finally:
+        await store.aclose()
+        await _pg_drop(pg_url)

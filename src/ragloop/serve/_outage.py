@@ -20,8 +20,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from ragloop.events import Progress
+from ragloop.serve._stream import Rejected
 
-__all__ = ["busy_reason", "searches", "store_busy", "store_unavailable"]
+__all__ = ["STORE_BUSY", "STORE_DOWN", "busy_reason", "refusal", "searches", "store_busy", "store_unavailable"]
+
+#: The refusal of a turn whose every document search failed: it would otherwise answer "found nothing".
+STORE_DOWN = "the knowledge base is unavailable (every search of this turn failed); retry in a moment"
+#: The refusal of a turn whose every document search ran out of time waiting on a store that answers (busy).
+STORE_BUSY = (
+    "the knowledge base is busy (every search of this turn ran out of time waiting for it); retry in a few seconds"
+)
 
 #: The plan source name of the document search (see ``ragloop.chat._planning``).
 DOCUMENTS = "documents"
@@ -63,3 +71,14 @@ def store_busy(outcome: str, failed: int, answered: int, busy: int) -> bool:
     """True when :func:`store_unavailable` holds and every failed search ran out of time waiting (none found the
     store down or failed otherwise): the store is busy, not unavailable."""
     return store_unavailable(outcome, failed, answered) and busy >= failed
+
+
+def refusal(outcome: str, failed: int, answered: int, busy: int, retry_after_s: int) -> Rejected | None:
+    """The 503 a turn ends with instead of "found nothing": ``store_busy`` (with ``Retry-After``) when
+    :func:`store_busy`, ``store_unavailable`` when :func:`store_unavailable`; ``None`` when the turn answers."""
+    if store_busy(outcome, failed, answered, busy):
+        retry = {"retry-after": str(max(1, retry_after_s))}
+        return Rejected(503, STORE_BUSY, kind="server_error", code="store_busy", headers=retry)
+    if store_unavailable(outcome, failed, answered):
+        return Rejected(503, STORE_DOWN, kind="server_error", code="store_unavailable")
+    return None

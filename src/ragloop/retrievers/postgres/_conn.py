@@ -185,7 +185,8 @@ class Connections:
             except psycopg.errors.QueryCanceled as exc:
                 raise StoreBusy(
                     f"the Postgres statement ran past statement_timeout_s={self.statement_timeout_s}s ({exc}); "
-                    "raise the retrieval timeout or check the server's load"
+                    "raise the retrieval timeout or check the server's load",
+                    queued=False,
                 ) from exc
             except psycopg.OperationalError as exc:
                 # Checked on error, not on checkout: the pool drops the broken connection, and the second
