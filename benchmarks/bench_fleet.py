@@ -281,6 +281,15 @@ def _read(endpoint: str, name: str, data: str, out: dict[str, Any]) -> None:
         out["error"] = "error event: " + str(obj.get("errorText"))[:48]
 
 
+def _error_code(text: str) -> str:
+    """The ``error.code`` of an error body in OpenAI's envelope (``""`` when it has none)."""
+    try:
+        error = json.loads(text).get("error")
+    except (ValueError, AttributeError):
+        return ""
+    return str(error.get("code") or "") if isinstance(error, dict) else ""
+
+
 async def stream_turn(client: httpx.AsyncClient, base: str, endpoint: str, question: str, session: str | None) -> dict:
     """One streamed turn: ``ttft``, ``last``, ``complete``, ``reply``, ``session``, or ``error`` (an exception's
     class name, ``HTTP <status>``, ``error event``, ``no completion marker``)."""
@@ -291,7 +300,7 @@ async def stream_turn(client: httpx.AsyncClient, base: str, endpoint: str, quest
         async with client.stream("POST", base + path, json=body) as r:
             if r.status_code != 200:
                 await r.aread()
-                out["error"] = f"HTTP {r.status_code}"
+                out["error"] = f"HTTP {r.status_code} {_error_code(r.text)}".rstrip()
                 return out
             name = "message"
             async for line in r.aiter_lines():
