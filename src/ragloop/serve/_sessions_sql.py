@@ -255,6 +255,8 @@ class PostgresSessionStore:
         self._conninfo = conninfo
         self._wait_s = wait_s
         self._answered_at = -math.inf  # when a pooled connection was last handed out
+        self._probe_lock = anyio.Lock()
+        self._probed: tuple[float, str | None] | None = None  # when the last probe ran, and why it failed
 
     async def _connection(self) -> Any:
         async with self._setup:
@@ -282,14 +284,21 @@ class PostgresSessionStore:
             until = wait_until(started, anyio.current_effective_deadline(), self._wait_s)
             if until - time.monotonic() <= 0:
                 raise
-            try:
-                await probe(self._conninfo, 3.0)
-            except StoreBusy:
-                pass  # refused at the connection limit: up
-            except StoreUnavailable as exc:
-                no_answer = isinstance(exc.__cause__, TimeoutError)
-                if not (no_answer and time.monotonic() - self._answered_at < ANSWERED_WINDOW_S):
-                    raise
+            # One probe at a time, its answer standing for a second: the calls queued on a busy pool must not
+            # each open a connection of their own (one connection past the pool, at most).
+            async with self._probe_lock:
+                if self._probed is None or time.monotonic() - self._probed[0] >= 1.0:
+                    try:
+                        await probe(self._conninfo, 3.0)
+                        self._probed = (time.monotonic(), None)
+                    except StoreBusy:
+                        self._probed = (time.monotonic(), None)  # refused at the connection limit: up
+                    except StoreUnavailable as exc:
+                        no_answer = isinstance(exc.__cause__, TimeoutError)
+                        up = no_answer and time.monotonic() - self._answered_at < ANSWERED_WINDOW_S
+                        self._probed = (time.monotonic(), None if up else str(exc))
+                if self._probed[1] is not None:
+                    raise StoreUnavailable(self._probed[1]) from None
             conn = await self._pool.getconn(timeout=max(0.001, until - time.monotonic()))
         self._answered_at = time.monotonic()
         try:
