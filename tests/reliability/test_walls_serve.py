@@ -590,8 +590,9 @@ class TestStoreOutage:
         assert again.status_code == 200 and "couldn't find" not in again.text
 
     async def test_a_busy_store_is_a_503_store_busy_with_retry_after_never_unavailable(self, pg_url: str) -> None:
-        """The store's one pooled connection held by the test (the server up): every search of a turn waits out
-        its retrieval timeout, and the client gets 503 ``store_busy`` with ``Retry-After`` (a whole completion)
+        """The store's one pooled connection held by the test (the server up): every search of a turn waits for
+        it, queueing again while the turn's 6 s deadline allows, and the client gets 503 ``store_busy`` with
+        ``Retry-After`` (a whole completion)
         or an error event ``store_busy`` (a stream) — never ``store_unavailable`` nor "found nothing"; released,
         the same question is answered (before: 503 store_unavailable, "the knowledge base is unavailable")."""
         import psycopg
@@ -601,7 +602,7 @@ class TestStoreOutage:
 
         name, url = await self._database(pg_url)
         try:
-            settings = TurnSettings(retrieve_timeout_s=1.0, deadline_s=20.0)
+            settings = TurnSettings(retrieve_timeout_s=1.0, deadline_s=6.0)
             rag = ChatRAG.from_store(url, collection="kb", settings=settings, pool_size=1)
             store = rag.store
             assert store is not None
@@ -614,8 +615,10 @@ class TestStoreOutage:
                     taken.set()
                     await release.wait()
 
+            # A turn ends by its deadline plus the server's grace (15 s); the client waits well past that.
+            limit = settings.deadline_s + ServeSettings().deadline_grace_s + 60
             with serving(app, close=rag.aclose) as base:
-                async with httpx.AsyncClient(base_url=base, timeout=30) as client, anyio.create_task_group() as tg:
+                async with httpx.AsyncClient(base_url=base, timeout=limit) as client, anyio.create_task_group() as tg:
                     fine = await client.post("/v1/chat/completions", json=_ask(question))  # opens the pool
                     tg.start_soon(hold)
                     await taken.wait()
