@@ -181,8 +181,11 @@ class Replica:
         cmd = [sys.executable, *python, "-m", "ragloop.cli", "serve", "--port", str(self.port), "--no-page"]
         cmd += ["--store", url, "--collection", "kb", "--sessions", url, "--turn-log", url, "--deadline", "120"]
         cmd += ["--pool-size", str(pool_size), "--max-concurrency", str(max(64, 2 * clients))]
+        # Its log to a file, never an undrained pipe: a replica whose warnings filled a pipe's 64 KiB would block
+        # in its logging call, its event loop with it (read back only when it exits).
+        self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115 — closed in stop()
         self.proc = subprocess.Popen(
-            cmd, env={**env, "PGAPPNAME": name}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            cmd, env={**env, "PGAPPNAME": name}, stdout=subprocess.DEVNULL, stderr=self.log, text=True
         )
         self.alive = True
         self.answered = 0
@@ -191,7 +194,7 @@ class Replica:
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited: {self.proc.stderr.read() if self.proc.stderr else ''}")
+                raise RuntimeError(f"{self.name} exited: {self.stderr()}")
             with contextlib.suppress(httpx.TransportError):
                 if httpx.get(self.base + "/readyz", timeout=5).status_code == 200:
                     return
@@ -211,8 +214,12 @@ class Replica:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(30)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
+        self.log.close()
+
+    def stderr(self) -> str:
+        """What the process has written to stderr so far."""
+        self.log.seek(0)
+        return self.log.read()
 
 
 # --- one turn --------------------------------------------------------------------------------------------------
@@ -274,6 +281,15 @@ def _read(endpoint: str, name: str, data: str, out: dict[str, Any]) -> None:
         out["error"] = "error event: " + str(obj.get("errorText"))[:48]
 
 
+def _error_code(text: str) -> str:
+    """The ``error.code`` of an error body in OpenAI's envelope (``""`` when it has none)."""
+    try:
+        error = json.loads(text).get("error")
+    except (ValueError, AttributeError):
+        return ""
+    return str(error.get("code") or "") if isinstance(error, dict) else ""
+
+
 async def stream_turn(client: httpx.AsyncClient, base: str, endpoint: str, question: str, session: str | None) -> dict:
     """One streamed turn: ``ttft``, ``last``, ``complete``, ``reply``, ``session``, or ``error`` (an exception's
     class name, ``HTTP <status>``, ``error event``, ``no completion marker``)."""
@@ -284,7 +300,7 @@ async def stream_turn(client: httpx.AsyncClient, base: str, endpoint: str, quest
         async with client.stream("POST", base + path, json=body) as r:
             if r.status_code != 200:
                 await r.aread()
-                out["error"] = f"HTTP {r.status_code}"
+                out["error"] = f"HTTP {r.status_code} {_error_code(r.text)}".rstrip()
                 return out
             name = "message"
             async for line in r.aiter_lines():

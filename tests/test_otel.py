@@ -22,6 +22,8 @@ from ragloop.usage import Price
 pytestmark = pytest.mark.anyio
 
 QUESTION = "How much does the Business plan cost per seat?"
+#: Every time limit of a traced turn: well past any load.
+_PATIENT_S = 300.0
 
 
 def _model(request: RecordedRequest) -> ScriptedResponse:
@@ -40,7 +42,9 @@ async def _traced_turn(sample_cache: Path, *, capture_content: bool) -> tuple[Re
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     async with ScriptedOpenAIServer(matcher=_model) as server, server.client() as client:
-        judges = OpenAIJudges.create(client, fast_model="fast", answer_model="big")
+        # Time limits far past any load (at load 20 a 5 s search or a 20 s judge call timed out, and the turn
+        # fell back): the spans are under test here, not the limits.
+        judges = OpenAIJudges.create(client, fast_model="fast", answer_model="big", timeout_s=_PATIENT_S)
         rag = ChatRAG(
             retriever=index.retriever("hybrid"),
             decider=judges.decider,
@@ -48,7 +52,11 @@ async def _traced_turn(sample_cache: Path, *, capture_content: bool) -> tuple[Re
             rewriter=judges.rewriter,
             answerer=judges.answerer,
             settings=TurnSettings(
-                fast_path_confidence=1.01, prices={"fast": Price(1.0, 2.0), "big": Price(10.0, 20.0)}
+                fast_path_confidence=1.01,
+                prices={"fast": Price(1.0, 2.0), "big": Price(10.0, 20.0)},
+                retrieve_timeout_s=_PATIENT_S,
+                grade_timeout_s=_PATIENT_S,
+                deadline_s=None,
             ),
         )
         instrument(rag, provider, capture_content=capture_content)

@@ -11,7 +11,8 @@ Every error derives from :class:`RagloopError`, and every message says what to d
     ├── IndexError_           an index directory is missing, corrupt or built with another embedder
     ├── PruneRefused          an index run would remove more of its scope than it may without ``prune``
     ├── RetrievalError        a retriever or embedder failed
-    │   └── StoreUnavailable  the knowledge store's database cannot be reached (down, refused, unreachable)
+    │   ├── StoreUnavailable  the knowledge store's database cannot be reached (down, refused, unreachable)
+    │   └── StoreBusy         the store's database answers, but no connection to it came within the deadline
     ├── LiveSourceError       a live source (ticket system, catalogue, …) failed
     ├── PlanError             a retrieval plan is invalid (unknown source, cycle, dangling dependency, …)
     ├── SourceError           a plan source (documents, SQL, live) failed
@@ -42,6 +43,7 @@ __all__ = [
     "RetrievalError",
     "RouteError",
     "SourceError",
+    "StoreBusy",
     "StoreUnavailable",
     "TurnLogError",
     "UnknownFilterKey",
@@ -98,6 +100,25 @@ class StoreUnavailable(RetrievalError):
     Distinct from a search that merely failed or ran past its timeout: a service should answer it with "the
     knowledge base is unavailable" (HTTP 503), never with "found nothing".
     """
+
+
+class StoreBusy(RetrievalError):
+    """The knowledge store's database answers, but no connection to it came free within the caller's deadline.
+
+    Every pooled connection was in use (or the server refused one more: its connection limit is reached) for as
+    long as the search could wait. Not an outage: a service should answer it with "the knowledge base is busy,
+    retry shortly" (HTTP 503 with ``Retry-After``), never with "unavailable" or "found nothing". Raise the pool
+    size (``pool_size``, ``--pool-size``), add database capacity, or send fewer turns at once.
+
+    Args:
+        message: What was busy and what to do.
+        queued: The call waited for a connection and got none (it never ran a statement): trying again later
+            costs the server nothing. ``False``: a statement ran past its timeout.
+    """
+
+    def __init__(self, message: str, *, queued: bool = True) -> None:
+        super().__init__(message)
+        self.queued = queued
 
 
 class LiveSourceError(RagloopError):

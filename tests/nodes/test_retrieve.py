@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import anyio
 import pytest
 from hypothesis import given
@@ -135,6 +137,81 @@ class TestRetrieve:
         )
         kinds = [e.kind async for e in g.stream(with_queries("q")) if isinstance(e, Progress)]
         assert kinds == ["search", "retrieved"]
+
+    async def test_the_retrieved_event_tells_searches_that_waited_out_from_a_store_that_is_down(self) -> None:
+        """'busy' lists the failed queries that ran out of time (a busy store, the query timeout), not those
+        that found the store down or failed otherwise: the serve tells the client busy from unavailable."""
+        from ragloop import Graph
+        from ragloop.errors import StoreBusy, StoreUnavailable
+
+        retriever = FakeRetriever(
+            {"good": [make_hit("good text")]},
+            errors={
+                "busy": StoreBusy("no free connection"),
+                "grouped": ExceptionGroup("hybrid", [StoreBusy("a"), TimeoutError()]),
+                "down": StoreUnavailable("unreachable"),
+                "mixed": ExceptionGroup("hybrid", [StoreBusy("a"), StoreUnavailable("b")]),
+                "broken": OSError("index down"),
+            },
+            delays={"slow": 30},
+        )
+        node = turn_node("retrieve", retriever=retriever, timeout_s=0.05)
+        g = Graph({"retrieve": _Only(node)}, start="retrieve", finish="retrieve")
+        state = with_queries("good", "busy", "grouped", "down", "mixed", "broken", "slow")
+        with anyio.fail_after(10):
+            done = [e async for e in g.stream(state) if isinstance(e, Progress) and e.kind == "retrieved"]
+        data = done[0].data or {}
+        assert sorted(data["failed"]) == ["broken", "busy", "down", "grouped", "mixed", "slow"]
+        assert sorted(data["busy"]) == ["busy", "grouped", "slow"]
+
+
+class _BusyThen:
+    """A retriever whose store is busy for its first ``busy`` searches (StoreBusy after ``wait_s``), then answers."""
+
+    def __init__(self, busy: int, *, queued: bool = True, wait_s: float = 0.05) -> None:
+        self.busy, self.queued, self.wait_s, self.calls = busy, queued, wait_s, 0
+
+    async def search(self, query: str, k: int = 10, filters: object = None) -> list[object]:
+        from ragloop.errors import StoreBusy
+
+        self.calls += 1
+        if self.calls <= self.busy:
+            await anyio.sleep(self.wait_s)
+            raise StoreBusy("no free connection (all 1 busy)", queued=self.queued)
+        return [make_hit("found after the wait")]
+
+
+class TestBusyStore:
+    """A search that waited out a busy store queues again within the turn's deadline (issue 35)."""
+
+    async def test_a_busy_store_is_waited_for_within_the_turns_deadline(self) -> None:
+        """Busy for three searches, a 30 s turn deadline, a 1 s retrieval timeout: the query is answered."""
+        retriever = _BusyThen(3)
+        state = with_queries("q")
+        with anyio.move_on_after(30) as scope:  # the runner's deadline scope of the turn
+            await turn_node("retrieve", retriever=retriever, timeout_s=1.0)(state)
+        assert not scope.cancelled_caught
+        assert retriever.calls == 4 and state.queries["q"].status != "failed"
+        assert [h.text for h in state.queries["q"].hits] == ["found after the wait"]
+
+    async def test_without_room_in_the_deadline_the_query_fails_as_busy(self) -> None:
+        """The deadline leaves less than twice the retrieval timeout: no second try, the query failed busy."""
+        retriever = _BusyThen(3)
+        state = with_queries("q")
+        with anyio.move_on_after(1.5):
+            await turn_node("retrieve", retriever=retriever, timeout_s=1.0)(state)
+        assert retriever.calls == 1 and state.queries["q"].status == "failed"
+        assert "StoreBusy" in (state.queries["q"].error or "")
+
+    @pytest.mark.parametrize("deadline", [None, 30.0])
+    async def test_no_deadline_or_a_statement_timeout_is_not_tried_again(self, deadline: float | None) -> None:
+        """No turn deadline (nothing bounds the waiting): one try. A statement that ran past its timeout
+        (queued=False): one try, since running it again costs the store as much again."""
+        retriever = _BusyThen(3, queued=deadline is None)
+        state = with_queries("q")
+        with anyio.move_on_after(deadline if deadline is not None else math.inf):
+            await turn_node("retrieve", retriever=retriever, timeout_s=1.0)(state)
+        assert retriever.calls == 1 and state.queries["q"].status == "failed"
 
 
 class _Only:

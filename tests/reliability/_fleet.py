@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -86,7 +87,10 @@ class Replica:
         cmd += ["--store", self.db_url, "--collection", "kb", "--sessions", self.db_url, "--turn-log", self.db_url]
         cmd += ["--deadline", "120", *self.extra]
         env = {**base, **self.env, "PGAPPNAME": self.name}
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # Its log to a file, never an undrained pipe: a replica whose warnings filled a pipe's 64 KiB would block
+        # in its logging call, its event loop with it.
+        self.log = tempfile.TemporaryFile("w+")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=self.log, text=True)
         deadline = time.monotonic() + START_S
         said = "no answer"
         while time.monotonic() < deadline:
@@ -122,16 +126,17 @@ class Replica:
         return int(self.proc.returncode)
 
     def stderr(self) -> str:
-        """What the process wrote to stderr (once it has exited)."""
-        if self.proc is None or self.proc.stderr is None or self.proc.poll() is None:
+        """What the process has written to stderr so far."""
+        if self.proc is None or self.log.closed:
             return ""
-        return self.proc.stderr.read()
+        self.log.seek(0)
+        return self.log.read()
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.stop()
-        if self.proc is not None and self.proc.stderr is not None:
-            self.proc.stderr.close()
+        if self.proc is not None:
+            self.log.close()
 
 
 def connections(url: str) -> dict[str, int]:

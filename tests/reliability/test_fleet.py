@@ -79,7 +79,8 @@ def fleet(pg_url: str) -> Iterator[tuple[str, ScriptedOpenAIServer]]:
 def per_replica_connections() -> int:
     """The most connections one ``ragloop serve --store --sessions --turn-log`` opens at its defaults, from the
     code's own defaults: the store's pool, the session store's pool, the turn log's one connection, and the one
-    connection the store opens once to check its collection."""
+    connection each of the store and the session store opens outside its pool (the store's check when it
+    opens, then its probe of a busy pool; the session store's probe of a busy pool, one at a time)."""
     import inspect
 
     from ragloop.cli._main import build_parser
@@ -87,7 +88,7 @@ def per_replica_connections() -> int:
 
     store_pool = build_parser().parse_args(["serve"]).pool_size
     session_pool = inspect.signature(PostgresSessionStore).parameters["max_connections"].default
-    return int(store_pool) + int(session_pool) + 1 + 1
+    return int(store_pool) + int(session_pool) + 1 + 1 + 1
 
 
 def _env(model: ScriptedOpenAIServer) -> dict[str, str]:
@@ -287,12 +288,13 @@ class TestKill:
 
 class TestConnectionBudget:
     def test_four_replicas_at_the_defaults_fit_under_max_connections(self, pg_url: str) -> None:
-        """docs/serving.md's formula at the defaults: 4 replicas x (pool 10 + sessions 10 + turn log 1 + check 1)
-        = 88 connections at most, under the server's max_connections less its superuser reserve (100 - 3)."""
+        """docs/serving.md's formula at the defaults: 4 replicas x (pool 10 + sessions 10 + turn log 1 + the
+        store's check or probe 1 + the session store's probe 1) = 92 connections at most, under the server's
+        max_connections less its superuser reserve (100 - 3)."""
         import psycopg
 
         with psycopg.connect(pg_url, autocommit=True) as conn:
             limit = int(conn.execute("show max_connections").fetchone()[0])  # type: ignore[index]
             reserved = int(conn.execute("show superuser_reserved_connections").fetchone()[0])  # type: ignore[index]
-        assert per_replica_connections() == 22
+        assert per_replica_connections() == 23
         assert 4 * per_replica_connections() <= limit - reserved, (limit, reserved)

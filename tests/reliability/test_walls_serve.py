@@ -589,6 +589,60 @@ class TestStoreOutage:
         assert back.status_code == 200, back.text
         assert again.status_code == 200 and "couldn't find" not in again.text
 
+    async def test_a_busy_store_is_a_503_store_busy_with_retry_after_never_unavailable(self, pg_url: str) -> None:
+        """The store's one pooled connection held by the test (the server up): every search of a turn waits for
+        it, queueing again while the turn's 6 s deadline allows, and the client gets 503 ``store_busy`` with
+        ``Retry-After`` (a whole completion)
+        or an error event ``store_busy`` (a stream) — never ``store_unavailable`` nor "found nothing"; released,
+        the same question is answered (before: 503 store_unavailable, "the knowledge base is unavailable")."""
+        import psycopg
+
+        from ragloop.chat import ChatRAG
+        from ragloop.turn import TurnSettings
+
+        name, url = await self._database(pg_url)
+        try:
+            settings = TurnSettings(retrieve_timeout_s=1.0, deadline_s=6.0)
+            rag = ChatRAG.from_store(url, collection="kb", settings=settings, pool_size=1)
+            store = rag.store
+            assert store is not None
+            app = create_app(rag, settings=ServeSettings(ready_interval_s=0.0))
+            question = "What is the webhook signing secret prefix?"
+            taken, release = anyio.Event(), anyio.Event()
+
+            async def hold() -> None:
+                async with store._conn.pool.connection():
+                    taken.set()
+                    await release.wait()
+
+            # A turn ends by its deadline plus the server's grace (15 s); the client waits well past that.
+            limit = settings.deadline_s + ServeSettings().deadline_grace_s + 60
+            with serving(app, close=rag.aclose) as base:
+                async with httpx.AsyncClient(base_url=base, timeout=limit) as client, anyio.create_task_group() as tg:
+                    fine = await client.post("/v1/chat/completions", json=_ask(question))  # opens the pool
+                    tg.start_soon(hold)
+                    await taken.wait()
+                    try:
+                        whole = await client.post("/v1/chat/completions", json=_ask(question))
+                        sse = await client.post("/api/chat", json={"message": question})
+                        metrics = (await client.get("/metrics")).text
+                    finally:
+                        release.set()
+                    again = await client.post("/v1/chat/completions", json=_ask(question))
+        finally:
+            async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+                await conn.execute(f"drop database if exists {name} with (force)")
+        assert fine.status_code == 200, fine.text
+        assert whole.status_code == 503 and whole.json()["error"]["code"] == "store_busy", whole.text
+        assert "busy" in whole.json()["error"]["message"] and int(whole.headers["retry-after"]) >= 1
+        name_, payload = sse_events(sse.text)[-1]
+        assert name_ == "error" and json.loads(payload)["error"]["code"] == "store_busy", sse.text
+        for response in (whole, sse):
+            assert "store_unavailable" not in response.text and "couldn't find" not in response.text.lower()
+        assert 'ragloop_requests_rejected_total{reason="store_busy"} 2.0' in metrics
+        assert 'reason="store_unavailable"' not in metrics
+        assert again.status_code == 200 and "couldn't find" not in again.text, again.text
+
 
 def _with_database(url: str, name: str) -> str:
     """``url`` with its database replaced by ``name`` (pgserver URLs: postgresql://user:@/db?host=/socket)."""

@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import pytest
@@ -334,3 +335,132 @@ class TestStoreDown:
                 tg.start_soon(store._run, hold)
                 tg.start_soon(search)
         assert found
+
+
+_BUSY = iter(range(10_000))
+
+
+class TestStoreBusy:
+    """A pool that is exhausted while its server answers is *busy*: the search waits for a connection within its
+    caller's deadline, then raises StoreBusy; it is never StoreUnavailable (issue 35: under a fleet's load the
+    survivor's clients were told the knowledge base was unavailable)."""
+
+    @staticmethod
+    async def _store(url: str, collection: str, **kw: Any) -> Any:
+        from ragloop.retrievers.postgres import PostgresStore
+
+        store = PostgresStore(url, HashEmbedder(32), collection=collection, **kw)
+        chunks = [Chunk(id=f"c{i}", text=f"how to rotate api key {i}", doc_id=f"d{i}.md") for i in range(3)]
+        await store.sync(chunks)
+        assert await store.search("rotate api key", 3)  # the pool is open, its one connection idle
+        return store
+
+    async def test_a_search_waits_for_a_busy_pool_up_to_its_callers_deadline(
+        self, pg_url: str, collection: str
+    ) -> None:
+        """pool_size=1 held by the test for 2.5 s, statement_timeout_s=1, the caller's deadline 30 s: the search
+        waits and is answered (before: RetrievalError 'no free connection' after the 1 s statement timeout)."""
+        store = await self._store(pg_url, collection, pool_size=1, statement_timeout_s=1)
+        found: list[Any] = []
+        try:
+            taken, release = anyio.Event(), anyio.Event()
+
+            async def hold() -> None:
+                async with store._conn.pool.connection():
+                    taken.set()
+                    await release.wait()
+
+            async def search() -> None:
+                with anyio.fail_after(30):
+                    found.extend(await store.search("rotate api key", 3))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(hold)
+                await taken.wait()
+                tg.start_soon(search)
+                await anyio.sleep(2.5)  # past the statement timeout and the first wait
+                assert not found
+                release.set()
+        finally:
+            await store.aclose()
+        assert found
+
+    async def test_a_pool_held_past_the_deadline_is_store_busy_never_unavailable(
+        self, pg_url: str, collection: str
+    ) -> None:
+        """The only connection held for good: a search under a 3 s deadline raises StoreBusy (a RetrievalError
+        naming the pool and what to do) before the deadline cancels it; never StoreUnavailable or a timeout."""
+        from ragloop.errors import StoreBusy, StoreUnavailable
+
+        store = await self._store(pg_url, collection, pool_size=1, statement_timeout_s=10)
+        try:
+            taken, release = anyio.Event(), anyio.Event()
+
+            async def hold() -> None:
+                async with store._conn.pool.connection():
+                    taken.set()
+                    await release.wait()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(hold)
+                await taken.wait()
+                try:
+                    with anyio.fail_after(3.0), pytest.raises(StoreBusy, match="all 1 busy") as caught:
+                        await store.search("rotate api key", 3)
+                finally:
+                    release.set()
+            assert not isinstance(caught.value, StoreUnavailable)
+            assert isinstance(caught.value, RetrievalError) and "pool_size" in str(caught.value)
+            assert await store.search("rotate api key", 3)  # released: it searches again
+        finally:
+            await store.aclose()
+
+    async def test_a_server_at_its_connection_limit_is_busy_not_down(self, pg_url: str) -> None:
+        """A role limited to one connection, its pool's one connection held: the pool cannot grow and the probe
+        is refused 'too many connections' — the server answered, so the search waits and is answered once the
+        connection is free (before: StoreUnavailable after the first second)."""
+        import psycopg
+
+        from tests.reliability.test_walls_serve import _with_database
+
+        n = f"{os.getpid()}_{next(_BUSY)}"
+        role, name = f"busy_role_{n}", f"busy_db_{n}"
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+            await conn.execute(f"create role {role} login")
+            await conn.execute(f"create database {name} owner {role}")
+        url = _with_database(pg_url, name)
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute("create extension if not exists vector")
+        parts = urlsplit(url)  # pgserver: postgresql://postgres:@/db?host=/socket
+        user_url = urlunsplit((parts.scheme, f"{role}:@{parts.netloc.rpartition('@')[2]}", *parts[2:]))
+        try:
+            store = await self._store(user_url, "kb", pool_size=2, statement_timeout_s=10)
+            async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+                await conn.execute(f"alter role {role} connection limit 1")  # the pool's one connection is it
+            found: list[Any] = []
+            try:
+                taken, release = anyio.Event(), anyio.Event()
+
+                async def hold() -> None:
+                    async with store._conn.pool.connection():
+                        taken.set()
+                        await release.wait()
+
+                async def search() -> None:
+                    with anyio.fail_after(30):
+                        found.extend(await store.search("rotate api key", 3))
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(hold)
+                    await taken.wait()
+                    tg.start_soon(search)
+                    await anyio.sleep(2.5)  # past the first wait: the probe was refused at the limit
+                    assert not found
+                    release.set()
+            finally:
+                await store.aclose()
+            assert found
+        finally:
+            async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+                await conn.execute(f"drop database if exists {name} with (force)")
+                await conn.execute(f"drop role if exists {role}")

@@ -756,6 +756,33 @@ class TestStoreOutage:
         assert data[-1] == "[DONE]" and json.loads(data[-2])["error"]["type"] == "server_error"
         assert not any('"content":"none' in d for d in data)
 
+    async def test_every_search_waiting_out_a_busy_store_is_503_store_busy_with_retry_after(self) -> None:
+        """Every search raises StoreBusy (or times out): 503 store_busy with Retry-After, an error event store_busy
+        when streaming — never store_unavailable, never a "found nothing" token (before: store_unavailable)."""
+        from ragloop.errors import StoreBusy
+
+        rag = self._rag(_Every(StoreBusy("no free connection (all 10 busy)")), ("rotate api key",))
+        async with asgi_client(create_app(rag)) as client:
+            whole = await client.post("/v1/chat/completions", json=_question())
+            sse = await client.post("/api/chat", json={"message": "rotate"})
+            metrics = (await client.get("/metrics")).text
+        assert whole.status_code == 503 and whole.json()["error"]["code"] == "store_busy", whole.text
+        assert "busy" in whole.json()["error"]["message"] and int(whole.headers["retry-after"]) >= 1
+        events = sse_events(sse.text)
+        assert events[-1][0] == "error" and json.loads(events[-1][1])["error"]["code"] == "store_busy"
+        assert "token" not in [name for name, _ in events]
+        assert 'ragloop_requests_rejected_total{reason="store_busy"} 2.0' in metrics
+
+    async def test_busy_and_down_searches_together_are_unavailable(self) -> None:
+        """One search found the store busy, the other found it down: the turn is store_unavailable (down wins)."""
+        from ragloop.errors import StoreBusy, StoreUnavailable
+
+        errors = {"rotate api key": StoreBusy("all busy"), "broken shard": StoreUnavailable("refused")}
+        rag = self._rag(errors, ("rotate api key", "broken shard"))
+        async with asgi_client(create_app(rag)) as client:
+            whole = await client.post("/v1/chat/completions", json=_question())
+        assert whole.status_code == 503 and whole.json()["error"]["code"] == "store_unavailable", whole.text
+
     async def test_a_partial_outage_still_answers(self) -> None:
         """One of two searches fails: the turn answers from the other (200, the found passages cited)."""
         rag = self._rag({"broken shard": ConnectionError("one shard down")}, ("rotate api key", "broken shard"))
@@ -801,6 +828,19 @@ class TestReadiness:
         checks = {"index": "ok", "model": "not configured", "sessions": "unavailable", "store": "unavailable"}
         assert r.json() == {"status": "not ready", "checks": checks}
         assert "10.0.0" not in r.text
+
+    async def test_a_busy_store_is_ready_and_says_busy(self, rag: ChatRAG) -> None:
+        """A store probe that finds every connection in use (StoreBusy): 200, the store's check 'busy' — a fleet
+        on one busy database must not drop every replica from rotation at once."""
+        from ragloop.errors import StoreBusy
+
+        async def store() -> bool:
+            raise StoreBusy("no free connection (all 10 busy)")
+
+        async with asgi_client(create_app(rag, store_check=store)) as client:
+            r = await client.get("/readyz")
+        assert r.status_code == 200, r.text
+        assert r.json()["checks"]["store"] == "busy"
 
 
 class TestHostAllowlistUnit:

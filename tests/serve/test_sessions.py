@@ -335,3 +335,93 @@ async def test_a_postgres_session_store_that_is_down_fails_fast() -> None:
                 await store.load("u", "s1")
     finally:
         await store.aclose()
+
+
+async def test_a_busy_postgres_session_store_saves_the_turn_within_the_callers_deadline(pg_url: str) -> None:
+    """Every pooled connection held (the server up): an append under a deadline waits past ``wait_s`` and saves
+    the turn once a connection is free (before: PoolTimeout after wait_s, and the server dropped an acknowledged
+    turn); without a deadline it still fails after wait_s, as the load of a turn's history should."""
+    from psycopg_pool import PoolTimeout
+
+    from ragloop.state import Message
+
+    store = PostgresSessionStore(pg_url, max_connections=1, wait_s=0.5)
+    try:
+        assert await store.create("alice", "busy-1") is True
+        taken, release = anyio.Event(), anyio.Event()
+
+        async def hold() -> None:
+            async with await store._connection():
+                taken.set()
+                await release.wait()
+
+        saved: list[bool] = []
+
+        async def append() -> None:
+            with anyio.fail_after(30):  # the turn's deadline
+                saved.append(await store.append("alice", "busy-1", (Message("user", "q"), Message("assistant", "a"))))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hold)
+            await taken.wait()
+            with pytest.raises(PoolTimeout):  # no deadline: wait_s, as before
+                await store.load("alice", "busy-1")
+            tg.start_soon(append)
+            await anyio.sleep(1.5)  # three times wait_s
+            assert not saved
+            release.set()
+        assert saved == [True]
+        history = await store.load("alice", "busy-1")
+        assert history is not None and [m.content for m in history] == ["q", "a"]
+    finally:
+        await store.aclose()
+        await _pg_drop(pg_url)
+
+
+async def test_appends_queued_on_a_busy_postgres_session_store_share_one_probe(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight appends waiting on a held pool: they ask the server whether it is up one at a time, each answer
+    standing for a second — not one direct connection each (the 200-client bench saw 59 connections open on a
+    replica whose formula allows 23)."""
+    import ragloop.retrievers.postgres._common as common
+    from ragloop.state import Message
+
+    probes: list[float] = []
+    real = common.probe
+
+    async def counting(url: str, timeout_s: float) -> None:
+        probes.append(anyio.current_time())
+        await real(url, timeout_s)
+
+    monkeypatch.setattr(common, "probe", counting)
+    store = PostgresSessionStore(pg_url, max_connections=1, wait_s=0.3)
+    try:
+        ids = [f"probe-{i}" for i in range(8)]
+        for sid in ids:
+            assert await store.create("alice", sid) is True
+        taken, release = anyio.Event(), anyio.Event()
+
+        async def hold() -> None:
+            async with await store._connection():
+                taken.set()
+                await release.wait()
+
+        async def append(sid: str) -> None:
+            with anyio.fail_after(30):
+                assert await store.append("alice", sid, (Message("user", "q"), Message("assistant", "a")))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hold)
+            await taken.wait()
+            started = anyio.current_time()
+            for sid in ids:
+                tg.start_soon(append, sid)
+            await anyio.sleep(1.0)
+            held_for = anyio.current_time() - started
+            release.set()
+        assert probes, "no append found the pool busy"
+        assert len(probes) <= 1 + int(held_for), (probes, held_for)  # one per second of the hold, at most
+    finally:
+        await store.aclose()
+        await _pg_drop(pg_url)

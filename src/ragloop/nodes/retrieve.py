@@ -12,7 +12,7 @@ import attrs
 from attrs import define, field
 
 from ragloop._log import get_logger
-from ragloop.errors import error_text
+from ragloop.errors import StoreBusy, error_text
 from ragloop.events import Progress
 from ragloop.policy import ANSWER, EDGES, GRADE, RETRIEVE
 from ragloop.retrievers.base import Retriever, search_with_filters
@@ -20,7 +20,7 @@ from ragloop.runner import emit
 from ragloop.state import Graded, Hit, TurnState, Verdict
 from ragloop.text.ids import missing_ids
 
-__all__ = ["Retrieve", "content_key", "merge_budget", "merge_hits"]
+__all__ = ["Retrieve", "content_key", "merge_budget", "merge_hits", "queued", "waited_out"]
 
 log = get_logger("ragloop.nodes.retrieve")
 _SPACE = re.compile(r"\W+", re.UNICODE)
@@ -81,6 +81,24 @@ def _needs_anchor(state: TurnState, pending: Sequence[str]) -> bool:
     return _plain(state.question) not in {_plain(q) for q in pending}
 
 
+def waited_out(exc: BaseException) -> bool:
+    """Whether a search failed for want of time (a busy store, a timeout), not because its store is down.
+
+    A group (hybrid search runs two tasks) counts when every error in it does.
+    """
+    if isinstance(exc, BaseExceptionGroup):
+        return all(waited_out(e) for e in exc.exceptions)
+    return isinstance(exc, StoreBusy | TimeoutError)
+
+
+def queued(exc: BaseException) -> bool:
+    """Whether a search failed only waiting for a connection to a store that answers (it ran no statement), so
+    queueing it again costs the store nothing. A group counts when every error in it does."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(queued(e) for e in exc.exceptions)
+    return isinstance(exc, StoreBusy) and exc.queued
+
+
 def _describe(exc: BaseException) -> str:
     """``"Type: short message"`` of the error itself, not of the task group wrapping it (hybrid search runs two
     tasks)."""
@@ -96,7 +114,9 @@ class Retrieve:
         k: Hits per query.
         per_query_budget: Merged hits kept for one query (see :func:`merge_budget`).
         total_budget: Most merged hits kept, however many queries.
-        timeout_s: Time limit per query; a slow query is recorded as failed, the others go on.
+        timeout_s: Time limit per query; a slow query is recorded as failed, the others go on. A query that
+            found every connection of its store in use (:class:`~ragloop.errors.StoreBusy`, queued) searches
+            again while the turn's deadline leaves twice this much: a busy store is waited for within the turn.
         max_concurrency: Queries searched at once.
         fast_path_confidence: Confidence a hit needs to count for the fast path.
         fast_path_min_hits: One query with at least this many hits at ``fast_path_confidence`` skips grading,
@@ -120,16 +140,19 @@ class Retrieve:
         started = time.perf_counter()
         results: dict[str, list[Hit]] = {}
         limiter = anyio.CapacityLimiter(max(1, self.max_concurrency))
+        busy: set[str] = set()  # failed waiting (a timeout, a busy store), not because the store is down
 
         async def one(query: str) -> None:
             async with limiter:
                 try:
-                    with anyio.fail_after(self.timeout_s):
-                        found = await self._search(state, query)
+                    found = await self._patient_search(state, query)
                 except TimeoutError:
                     state.queries[query].error = f"timed out after {self.timeout_s}s"
+                    busy.add(query)
                 except Exception as exc:  # noqa: BLE001 — fail-open: one failing query never cancels its siblings
                     state.queries[query].error = _describe(exc)
+                    if waited_out(exc):
+                        busy.add(query)
                 else:
                     state.searches[query] = found
                     results[query] = [h for h in found if h.id not in state.shown]
@@ -167,6 +190,7 @@ class Retrieve:
                 data={
                     "hits": {q: len(state.queries[q].hits) for q in pending},
                     "failed": [q for q in pending if state.queries[q].status == "failed"],
+                    "busy": [q for q in pending if state.queries[q].status == "failed" and q in busy],
                 },
             )
         )
@@ -182,6 +206,23 @@ class Retrieve:
             )
             return ANSWER
         return GRADE
+
+    async def _patient_search(self, state: TurnState, query: str) -> list[Hit]:
+        """One query's search under ``timeout_s``; one that waited out a busy store (every connection in use)
+        queues again while :meth:`_time_for_another` (raises what the last attempt raised)."""
+        while True:
+            try:
+                with anyio.fail_after(self.timeout_s):
+                    return await self._search(state, query)
+            except Exception as exc:
+                if not (queued(exc) and self._time_for_another()):
+                    raise
+
+    def _time_for_another(self) -> bool:
+        """Whether a search that waited out a busy store may queue again: the turn's deadline (the runner's, the
+        server's) leaves room for another whole search and as much again for the rest of the turn."""
+        left = anyio.current_effective_deadline() - anyio.current_time()
+        return not math.isinf(left) and left > 2 * self.timeout_s  # no deadline: nothing bounds the queueing
 
     async def _search(self, state: TurnState, query: str) -> list[Hit]:
         return await search_with_filters(self.retriever, query, self.k, state.filters)

@@ -33,6 +33,7 @@ from ragloop._log import get_logger
 from ragloop.chat import ReplyReady
 from ragloop.errors import InputError, RagloopError
 from ragloop.events import Progress
+from ragloop.nodes.retrieve import waited_out
 from ragloop.serve._documents import Documents
 from ragloop.serve._mcp_schemas import ASK_INPUT, ASK_OUTPUT, PROMPT, SEARCH_INPUT, SEARCH_OUTPUT, prompt_text
 from ragloop.serve._principals import ANONYMOUS, Principal
@@ -159,9 +160,11 @@ class _Tools:
         except InputError as exc:  # a filter key no document has: the caller's mistake, said as such
             metrics.requests.labels(endpoint="mcp.search", status="400").inc()
             raise _invalid(f"filters: {exc}") from None
-        except Exception:  # a store outage or a timeout: the model reads the reason, the log has the details
+        except Exception as exc:  # a store outage or a timeout: the model reads the reason, the log has the details
             log.exception("mcp search failed")
             metrics.requests.labels(endpoint="mcp.search", status="503").inc()
+            if waited_out(exc):
+                return _tool_error("the knowledge base is busy (the search ran out of time); retry in a few seconds")
             return _tool_error("the knowledge base is unavailable (the search failed); retry in a moment")
         metrics.requests.labels(endpoint="mcp.search", status="200").inc()
         rows = [

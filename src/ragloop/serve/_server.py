@@ -15,10 +15,10 @@ import attrs
 
 from ragloop._log import get_logger
 from ragloop.chat import ReplyReady, client_url
-from ragloop.errors import InputError, UnknownFilterKey
+from ragloop.errors import InputError, StoreBusy, UnknownFilterKey
 from ragloop.events import Event, EventStream, NodeFinished, Progress, Token
 from ragloop.serve._metrics import Metrics
-from ragloop.serve._outage import searches, store_unavailable
+from ragloop.serve._outage import refusal, searches
 from ragloop.serve._quota import KeyedRate, KeyedSlots, QuotaCounts, SessionQuota, SessionsFull
 from ragloop.serve._scrub import TextScrubber, scrub
 from ragloop.serve._sessions import SessionStore
@@ -31,9 +31,6 @@ if TYPE_CHECKING:
     from ragloop.chat import ChatRAG, Reply
 
 log = get_logger("ragloop.serve")
-
-#: The refusal of a turn whose every document search failed: it would otherwise answer "found nothing".
-STORE_DOWN = "the knowledge base is unavailable (every search of this turn failed); retry in a moment"
 
 
 _PYTHON_ADVICE = re.compile(r"[,;]?\s*(?:or )?pass a larger \w+ to ChatRAG|[,;]?\s*e\.g\. rag\.\w+\(.*?\)(?=$|[;.])")
@@ -75,7 +72,7 @@ class _TurnView:
         self.scrubber = TextScrubber()
         #: Tokens kept back once a search failed, until the reply shows whether the knowledge base was down.
         self.held: list[Token] | None = None
-        self.failed = self.answered = 0
+        self.failed = self.answered = self.busy = 0
 
     async def show(self, event: Event) -> list[Event]:
         """The events to pass on for ``event`` (none while tokens are held); :class:`Rejected` 503 on an outage."""
@@ -83,8 +80,8 @@ class _TurnView:
         if isinstance(event, NodeFinished):
             metrics.node_seconds.labels(node=event.node).observe(event.duration)
         elif isinstance(event, Progress):
-            failed, answered = searches(event)
-            self.failed, self.answered = self.failed + failed, self.answered + answered
+            failed, answered, busy = searches(event)
+            self.failed, self.answered, self.busy = self.failed + failed, self.answered + answered, self.busy + busy
             if failed and self.held is None:
                 self.held = []
             event = attrs.evolve(event, message=scrub(event.message))
@@ -99,10 +96,11 @@ class _TurnView:
         elif isinstance(event, ReplyReady):
             reply = _clean(event.reply)
             metrics.observe_record(reply.outcome, reply.record.as_dict())
-            if store_unavailable(reply.outcome, self.failed, self.answered):
-                metrics.rejected.labels(reason="store_unavailable").inc()
-                log.error("knowledge base unavailable", errors=list(reply.record.errors)[:5])
-                raise Rejected(503, STORE_DOWN, kind="server_error", code="store_unavailable")
+            refused = refusal(reply.outcome, self.failed, self.answered, self.busy, self.server.settings.retry_after_s)
+            if refused is not None:
+                metrics.rejected.labels(reason=refused.code).inc()
+                log.error(refused.message, errors=list(reply.record.errors)[:5])
+                raise refused
             if self.turn.session_id is not None:
                 await self.server.remember(self.turn, reply.text)
             held, self.held = self.held or [], None
@@ -412,7 +410,8 @@ class _Server:
         return out
 
     async def ready(self) -> tuple[bool, dict[str, str]]:
-        """Whether every probe passes, and each probe's word (``ok``, ``unavailable``, ``not configured``)."""
+        """Whether every probe passes, and each probe's word (``ok``, ``busy``, ``unavailable``, ``not configured``;
+        ``busy``: a store that answers with every connection in use, which counts as ready)."""
         now = time.monotonic()
         if now - self._ready_at < self.settings.ready_interval_s:  # probes at most this often, however often polled
             return self._ready
@@ -423,6 +422,11 @@ class _Server:
             try:
                 with anyio.fail_after(3.0):
                     ok = await check()
+            except StoreBusy:
+                # Up, every connection in use: ready. Failing it would take every replica of a fleet on one
+                # busy database out of rotation at once, moving the load nowhere.
+                results[name] = "busy"
+                return
             except Exception:  # noqa: BLE001 — fail-open: any probe failure means "not ready", never a 500
                 ok = False
             results[name] = "ok" if ok else "unreachable" if name == "model" else "unavailable"
@@ -431,6 +435,6 @@ class _Server:
             for name, check in self.checks.items():
                 tg.start_soon(probe, name, check)
         results.setdefault("model", "not configured")
-        ok = all(v in ("ok", "not configured") for v in results.values())
+        ok = all(v in ("ok", "busy", "not configured") for v in results.values())
         self._ready, self._ready_at = (ok, results), now
         return self._ready

@@ -13,10 +13,12 @@ recently used rows go when it is at ``per_owner``, and a table at ``total`` refu
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -221,8 +223,11 @@ class PostgresSessionStore:
         limits: History caps per session.
         quota: Sessions per principal and in all, and the idle time after which a session is deleted.
         max_connections: Size of the connection pool.
-        wait_s: Longest wait for a connection; a store that is down then fails the load or save quickly
-            (the turn answers without history) instead of holding the turn to its deadline.
+        wait_s: How long a load or save waits for a pooled connection before it asks the server directly
+            whether it is up: one that is down (refused, gone) then fails quickly (the turn answers without
+            history) instead of holding the turn to its deadline; one that answers (every connection merely
+            in use) is waited for until just before the caller's deadline (the turn's: an acknowledged turn
+            is saved, not dropped, when the pool is busy), or fails after ``wait_s`` where there is none.
     """
 
     def __init__(
@@ -247,6 +252,11 @@ class PostgresSessionStore:
         )
         self._ready = False
         self._setup = anyio.Lock()
+        self._conninfo = conninfo
+        self._wait_s = wait_s
+        self._answered_at = -math.inf  # when a pooled connection was last handed out
+        self._probe_lock = anyio.Lock()
+        self._probed: tuple[float, str | None] | None = None  # when the last probe ran, and why it failed
 
     async def _connection(self) -> Any:
         async with self._setup:
@@ -255,7 +265,46 @@ class PostgresSessionStore:
                 async with self._pool.connection() as conn, conn.transaction():
                     await self._set_up(conn)
                 self._ready = True
-        return self._pool.connection()
+        return self._patient()
+
+    @asynccontextmanager
+    async def _patient(self) -> AsyncIterator[Any]:
+        """A pooled connection: ``wait_s``, then — the server up, every connection busy — until just before the
+        caller's deadline (see the class's ``wait_s``); a server that is down raises ``StoreUnavailable``."""
+        from psycopg_pool import PoolTimeout
+
+        from ragloop.errors import StoreBusy, StoreUnavailable
+        from ragloop.retrievers.postgres._common import probe
+        from ragloop.retrievers.postgres._conn import ANSWERED_WINDOW_S, wait_until
+
+        started = time.monotonic()
+        try:
+            conn = await self._pool.getconn(timeout=self._wait_s)
+        except PoolTimeout:
+            until = wait_until(started, anyio.current_effective_deadline(), self._wait_s)
+            if until - time.monotonic() <= 0:
+                raise
+            # One probe at a time, its answer standing for a second: the calls queued on a busy pool must not
+            # each open a connection of their own (one connection past the pool, at most).
+            async with self._probe_lock:
+                if self._probed is None or time.monotonic() - self._probed[0] >= 1.0:
+                    try:
+                        await probe(self._conninfo, 3.0)
+                        self._probed = (time.monotonic(), None)
+                    except StoreBusy:
+                        self._probed = (time.monotonic(), None)  # refused at the connection limit: up
+                    except StoreUnavailable as exc:
+                        no_answer = isinstance(exc.__cause__, TimeoutError)
+                        up = no_answer and time.monotonic() - self._answered_at < ANSWERED_WINDOW_S
+                        self._probed = (time.monotonic(), None if up else str(exc))
+                if self._probed[1] is not None:
+                    raise StoreUnavailable(self._probed[1]) from None
+            conn = await self._pool.getconn(timeout=max(0.001, until - time.monotonic()))
+        self._answered_at = time.monotonic()
+        try:
+            yield conn
+        finally:
+            await self._pool.putconn(conn)
 
     async def _set_up(self, conn: Any) -> None:
         # One server-wide advisory lock: replicas starting together do not race each other's create or migration.

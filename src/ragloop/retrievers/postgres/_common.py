@@ -11,7 +11,7 @@ import anyio.to_thread
 from attrs import frozen
 
 from ragloop._redact import hide_credentials, hide_password
-from ragloop.errors import ConfigError, StoreUnavailable
+from ragloop.errors import ConfigError, StoreBusy, StoreUnavailable
 from ragloop.retrievers.base import Embedder
 from ragloop.retrievers.bm25 import Tokenizer
 
@@ -112,11 +112,29 @@ def tsvector(tokens: Sequence[str]) -> str:
     return " ".join(parts)
 
 
+#: SQLSTATE ``too_many_connections``: the server answered, and refused one more connection.
+TOO_MANY_CONNECTIONS = "53300"
+
+
+def at_connection_limit(exc: BaseException) -> bool:
+    """Whether a failed connection attempt was refused by a server at its connection limit (it is up, and busy).
+
+    ``max_connections`` reached ("sorry, too many clients already"), the reserved slots left ("remaining
+    connection slots are reserved"), or the database's or role's ``CONNECTION LIMIT`` ("too many connections
+    for database"); psycopg does not always carry the SQLSTATE of a refused connection, so the text counts too.
+    """
+    if getattr(exc, "sqlstate", None) == TOO_MANY_CONNECTIONS:
+        return True
+    text = str(exc).casefold()
+    return any(m in text for m in ("too many clients", "too many connections", "connection slots are reserved"))
+
+
 async def probe(url: str, timeout_s: float) -> None:
     """Open and close one connection to ``url`` within ``timeout_s``.
 
     Raises:
         StoreUnavailable: it failed (refused, no such host or socket, no answer); the message hides passwords.
+        StoreBusy: the server answered and refused the connection at its connection limit.
     """
     psycopg = psycopg_module()
     try:
@@ -126,6 +144,11 @@ async def probe(url: str, timeout_s: float) -> None:
             )
     except (psycopg.Error, TimeoutError) as exc:
         reason = hide_credentials(str(exc), url) if isinstance(exc, psycopg.Error) else "no answer to a connection"
+        if isinstance(exc, psycopg.Error) and at_connection_limit(exc):
+            raise StoreBusy(
+                f"the Postgres store at {hide_password(url)} is at its connection limit ({reason}); raise the "
+                "server's max_connections (or the database's connection limit) or lower pool sizes"
+            ) from exc
         raise StoreUnavailable(
             f"the Postgres store is unreachable ({reason}); check that the database at {hide_password(url)} is up"
         ) from exc

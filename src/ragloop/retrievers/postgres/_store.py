@@ -6,12 +6,12 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ragloop.errors import ConfigError, RetrievalError, StoreUnavailable
+from ragloop.errors import ConfigError, RetrievalError, StoreBusy, StoreUnavailable
 from ragloop.retrievers.base import Embedder
 from ragloop.retrievers.bm25 import Tokenizer
 from ragloop.retrievers.filters import Filters
 from ragloop.retrievers.postgres import _schema, _search, _sync
-from ragloop.retrievers.postgres._common import _APP, StoreInfo, psycopg_module
+from ragloop.retrievers.postgres._common import _APP, StoreInfo, at_connection_limit, psycopg_module
 from ragloop.retrievers.postgres._conn import Connections
 from ragloop.retrievers.postgres._scope import ScopeStatsCache
 from ragloop.retrievers.scope import Corpus, Scope
@@ -203,7 +203,10 @@ class PostgresStore:
         try:
             conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, fallback_application_name=_APP)
         except psycopg.Error as exc:
-            raise StoreUnavailable(f"cannot connect to {self._conn.redacted()}: {self._conn.hidden(str(exc))}") from exc
+            why = f"cannot connect to {self._conn.redacted()}: {self._conn.hidden(str(exc))}"
+            if at_connection_limit(exc):
+                raise StoreBusy(f"{why}; raise the server's max_connections or lower pool sizes") from exc
+            raise StoreUnavailable(why) from exc
         async with conn:
             try:
                 await self._ensure_schema(conn)
