@@ -150,6 +150,10 @@ class _OpenVINORunner:
             ) from exc
         self._output = self._compiled.output("last_hidden_state")
         self._local = threading.local()  # an infer request serves one call at a time: one per thread
+        # One infer here, on one thread, before any stream runs: the bindings set up their numpy API lazily under a
+        # pybind11 call-once that deadlocks when two threads reach it first at the same time (seen as a build hung
+        # for 13 minutes with both streams parked in ``tensor.data``).
+        self.run({name: np.ones((1, self.pad_to), dtype=np.int64) for name in self.inputs()})
 
     def inputs(self) -> set[str]:
         return {name for port in self._compiled.inputs for name in port.get_names()}
