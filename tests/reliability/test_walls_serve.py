@@ -295,13 +295,13 @@ class TestRequestHardening:
                 s.settimeout(0.2)
                 while time.monotonic() - started < 5:
                     try:
-                        s.sendall(b"a")
-                    except OSError:
-                        break
-                    try:
+                        if not reply:  # trickle until the answer starts, as a slow client would
+                            s.sendall(b"a")
                         chunk = s.recv(4096)
                     except TimeoutError:
                         continue
+                    except OSError:  # a reset once the server gave up on the body ends the read too
+                        break
                     if not chunk:
                         break
                     reply += chunk
