@@ -6,6 +6,7 @@ them, so the CLI modules form no cycle).
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -17,7 +18,7 @@ from ragloop.errors import ConfigError
 if TYPE_CHECKING:
     from ragloop.retrievers.base import Embedder
 
-__all__ = ["Progress", "close_embedder", "embedder_for_index", "make_embedder"]
+__all__ = ["Progress", "close_embedder", "embedder_for_index", "make_embedder", "positive_int"]
 
 
 def make_embedder(kind: str, base_url: str | None = None) -> Embedder:
@@ -163,3 +164,14 @@ class Progress:
             self.stream.write(self._line(done, total, self.clock()) + "\n")
             self.stream.flush()
             self._plain = 0
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: a whole number of at least 1 (a clear usage error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value

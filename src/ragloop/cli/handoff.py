@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ragloop.cli._common import positive_int
+
 __all__ = ["add_handoff", "cmd_resend"]
 
 
@@ -31,20 +33,10 @@ def add_handoff(sub: Any) -> None:
         "every retry failed. Exit 1 when some still fail.",
     )
     r.add_argument("--turn-log", required=True, metavar="URL", help="the turn log: sqlite:PATH or postgresql://…")
-    r.add_argument("--limit", type=_positive, default=1000, metavar="N", help="most deliveries re-sent (1,000)")
+    r.add_argument("--limit", type=positive_int, default=1000, metavar="N", help="most deliveries re-sent (1,000)")
     r.add_argument("--timeout", type=float, default=10.0, metavar="S", help="time limit per delivery (10 s)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=cmd_resend)
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
-    return value
 
 
 def cmd_resend(args: argparse.Namespace) -> int:

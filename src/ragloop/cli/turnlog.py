@@ -12,6 +12,8 @@ import argparse
 import os
 from typing import TYPE_CHECKING
 
+from ragloop.cli._common import positive_int
+
 if TYPE_CHECKING:
     from ragloop.retrievers.base import Embedder
     from ragloop.turnlog import TurnLog
@@ -39,7 +41,7 @@ def add_turn_log_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--turn-log-per-key",
-        type=_positive_int,
+        type=positive_int,
         default=100_000,
         metavar="N",
         help="most turns kept per API key: a key over it loses its own oldest turns (default: %(default)s)",
@@ -68,13 +70,3 @@ def open_turn_log(args: argparse.Namespace, embedder: Embedder | None = None) ->
         max_turns_per_principal=getattr(args, "turn_log_per_key", 100_000),
         embedder=embedder if private else None,
     )
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
-    return value
