@@ -203,6 +203,18 @@ class TestBusyStore:
         assert retriever.calls == 1 and state.queries["q"].status == "failed"
         assert "StoreBusy" in (state.queries["q"].error or "")
 
+    async def test_a_store_busy_at_once_is_queued_again_after_growing_pauses(self) -> None:
+        """A store that refuses at once (no pool wait) for a whole 4 s turn with a 1 s retrieval timeout: the
+        search queues again only after pauses of 0.05 s doubling to 0.25 s, so it is tried a handful of times in
+        the 2 s the deadline leaves for re-queueing, never thousands (before: it spun a core until the deadline)."""
+        retriever = _BusyThen(10**9, wait_s=0.0)
+        state = with_queries("q")
+        with anyio.move_on_after(4.0):
+            await turn_node("retrieve", retriever=retriever, timeout_s=1.0)(state)
+        # Pauses 0.05, 0.1, 0.2, 0.25, 0.25, ... fill the 2 s of room: at most 1 + 10 tries, even on a fast machine.
+        assert 2 <= retriever.calls <= 12, retriever.calls
+        assert state.queries["q"].status == "failed" and "StoreBusy" in (state.queries["q"].error or "")
+
     @pytest.mark.parametrize("deadline", [None, 30.0])
     async def test_no_deadline_or_a_statement_timeout_is_not_tried_again(self, deadline: float | None) -> None:
         """No turn deadline (nothing bounds the waiting): one try. A statement that ran past its timeout

@@ -606,7 +606,8 @@ class TestStoreOutage:
             rag = ChatRAG.from_store(url, collection="kb", settings=settings, pool_size=1)
             store = rag.store
             assert store is not None
-            app = create_app(rag, settings=ServeSettings(ready_interval_s=0.0))
+            # The server's deadline is the turn's (its default 60 s would override the rag's 6 s).
+            app = create_app(rag, settings=ServeSettings(ready_interval_s=0.0, deadline_s=settings.deadline_s))
             question = "What is the webhook signing secret prefix?"
             taken, release = anyio.Event(), anyio.Event()
 

@@ -23,6 +23,7 @@ from ragloop.chat import ChatRAG
 from ragloop.events import Token
 from ragloop.state import Decision
 from ragloop.testing import FakeAnswerer, FakeDecider, FakeGrader, FakeRetriever, FakeRewriter, make_hit
+from ragloop.turn import TurnSettings
 
 DOCS = {
     "rotate api key": [
@@ -53,14 +54,16 @@ def fake_rag(
     answerer: Any = None,
     decide: FakeDecider | None = None,
     cls: type[ChatRAG] = ChatRAG,
+    settings: TurnSettings | None = None,
 ) -> ChatRAG:
-    """A chat over fakes (no model, no index)."""
+    """A chat over fakes (no model, no index), with the default turn settings unless ``settings``."""
     return cls(
         retriever=retriever or FakeRetriever(DOCS),
         decider=decide or decider(),
         grader=FakeGrader(),
         rewriter=FakeRewriter(),
         answerer=answerer or FakeAnswerer(),
+        settings=settings or TurnSettings(),
     )
 
 

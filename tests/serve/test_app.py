@@ -736,15 +736,19 @@ class TestStoreOutage:
     def _rag(self, errors: Mapping[str, BaseException], queries: tuple[str, ...]) -> ChatRAG:
         from ragloop.state import Decision
         from ragloop.testing import FakeDecider
+        from ragloop.turn import TurnSettings
 
         decide = FakeDecider(lambda q: Decision(queries=queries, reason="test"))
-        return fake_rag(retriever=FakeRetriever(DOCS, errors=errors), decide=decide)
+        # A 0.5 s search under the 3 s turn of _outage_app: a busy search queues again for 2 s (the room the
+        # deadline leaves), not for the 50 s the defaults 5 s / 60 s would (the mapping to 503 is the same).
+        settings = TurnSettings(retrieve_timeout_s=0.5)
+        return fake_rag(retriever=FakeRetriever(DOCS, errors=errors), decide=decide, settings=settings)
 
     async def test_every_search_failing_is_a_503_and_an_error_event(self) -> None:
         """The store raises on every query: 503 store_unavailable for a whole completion, an error event (and no
         token of a "found nothing" answer) for /api/chat and a streamed completion."""
         rag = self._rag(_Every(ConnectionError("store down")), ("rotate api key",))
-        async with asgi_client(create_app(rag)) as client:
+        async with asgi_client(_outage_app(rag)) as client:
             whole = await client.post("/v1/chat/completions", json=_question())
             sse = await client.post("/api/chat", json={"message": "rotate"})
             chunked = await client.post("/v1/chat/completions", json={**_question(), "stream": True})
@@ -762,7 +766,7 @@ class TestStoreOutage:
         from ragloop.errors import StoreBusy
 
         rag = self._rag(_Every(StoreBusy("no free connection (all 10 busy)")), ("rotate api key",))
-        async with asgi_client(create_app(rag)) as client:
+        async with asgi_client(_outage_app(rag)) as client:
             whole = await client.post("/v1/chat/completions", json=_question())
             sse = await client.post("/api/chat", json={"message": "rotate"})
             metrics = (await client.get("/metrics")).text
@@ -779,17 +783,22 @@ class TestStoreOutage:
 
         errors = {"rotate api key": StoreBusy("all busy"), "broken shard": StoreUnavailable("refused")}
         rag = self._rag(errors, ("rotate api key", "broken shard"))
-        async with asgi_client(create_app(rag)) as client:
+        async with asgi_client(_outage_app(rag)) as client:
             whole = await client.post("/v1/chat/completions", json=_question())
         assert whole.status_code == 503 and whole.json()["error"]["code"] == "store_unavailable", whole.text
 
     async def test_a_partial_outage_still_answers(self) -> None:
         """One of two searches fails: the turn answers from the other (200, the found passages cited)."""
         rag = self._rag({"broken shard": ConnectionError("one shard down")}, ("rotate api key", "broken shard"))
-        async with asgi_client(create_app(rag)) as client:
+        async with asgi_client(_outage_app(rag)) as client:
             r = await client.post("/v1/chat/completions", json=_question())
         assert r.status_code == 200, r.text
         assert r.json()["ragloop"]["citations"]
+
+
+def _outage_app(rag: ChatRAG) -> Any:
+    """The app of TestStoreOutage: 3 s turns, so a busy search re-queues for seconds, not the default minute."""
+    return create_app(rag, settings=ServeSettings(deadline_s=3.0))
 
 
 class _Every(Mapping[str, BaseException]):

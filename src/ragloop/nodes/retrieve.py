@@ -81,6 +81,10 @@ def _needs_anchor(state: TurnState, pending: Sequence[str]) -> bool:
     return _plain(state.question) not in {_plain(q) for q in pending}
 
 
+#: The first pause before a search that found the store busy queues again (it doubles each time).
+REQUEUE_PAUSE_S = 0.05
+
+
 def waited_out(exc: BaseException) -> bool:
     """Whether a search failed for want of time (a busy store, a timeout), not because its store is down.
 
@@ -209,7 +213,13 @@ class Retrieve:
 
     async def _patient_search(self, state: TurnState, query: str) -> list[Hit]:
         """One query's search under ``timeout_s``; one that waited out a busy store (every connection in use)
-        queues again while :meth:`_time_for_another` (raises what the last attempt raised)."""
+        queues again while :meth:`_time_for_another` (raises what the last attempt raised).
+
+        Between tries it pauses, ``REQUEUE_PAUSE_S`` doubling up to a quarter of ``timeout_s``: a real pool waits
+        for a connection before it gives up, but a store that refuses at once must not spin a core until the
+        deadline.
+        """
+        pause = REQUEUE_PAUSE_S
         while True:
             try:
                 with anyio.fail_after(self.timeout_s):
@@ -217,6 +227,8 @@ class Retrieve:
             except Exception as exc:
                 if not (queued(exc) and self._time_for_another()):
                     raise
+            await anyio.sleep(pause)
+            pause = min(2 * pause, max(REQUEUE_PAUSE_S, self.timeout_s / 4))
 
     def _time_for_another(self) -> bool:
         """Whether a search that waited out a busy store may queue again: the turn's deadline (the runner's, the
