@@ -81,8 +81,8 @@ def _needs_anchor(state: TurnState, pending: Sequence[str]) -> bool:
     return _plain(state.question) not in {_plain(q) for q in pending}
 
 
-#: The first pause before a search that found the store busy queues again (it doubles each time).
-REQUEUE_PAUSE_S = 0.05
+# The first pause before a search that found the store busy queues again (it doubles each time).
+_REQUEUE_PAUSE_S = 0.05
 
 
 def waited_out(exc: BaseException) -> bool:
@@ -215,11 +215,11 @@ class Retrieve:
         """One query's search under ``timeout_s``; one that waited out a busy store (every connection in use)
         queues again while :meth:`_time_for_another` (raises what the last attempt raised).
 
-        Between tries it pauses, ``REQUEUE_PAUSE_S`` doubling up to a quarter of ``timeout_s``: a real pool waits
+        Between tries it pauses, 0.05 s doubling up to a quarter of ``timeout_s``: a real pool waits
         for a connection before it gives up, but a store that refuses at once must not spin a core until the
         deadline.
         """
-        pause = REQUEUE_PAUSE_S
+        pause = _REQUEUE_PAUSE_S
         while True:
             try:
                 with anyio.fail_after(self.timeout_s):
@@ -228,7 +228,7 @@ class Retrieve:
                 if not (queued(exc) and self._time_for_another()):
                     raise
             await anyio.sleep(pause)
-            pause = min(2 * pause, max(REQUEUE_PAUSE_S, self.timeout_s / 4))
+            pause = min(2 * pause, max(_REQUEUE_PAUSE_S, self.timeout_s / 4))
 
     def _time_for_another(self) -> bool:
         """Whether a search that waited out a busy store may queue again: the turn's deadline (the runner's, the
