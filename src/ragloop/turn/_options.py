@@ -1,6 +1,6 @@
 """The keyword arguments of the turn's constructors, each list written once.
 
-``ChatRAG(...)``, :meth:`ragloop.turn.builder.Turn.of` and :func:`ragloop.turn.default_nodes` take a turn's
+``ChatRAG(...)``, :meth:`ragloop.turn.Turn.of` and :func:`ragloop.turn.default_nodes` take a turn's
 collaborators one by one (:class:`TurnWiring`); ``Turn.from_retriever`` / ``from_index`` / ``from_store`` /
 ``sample`` (and the ``ChatRAG`` constructors of the same names) take a retriever, an index or a store plus the
 options below.
@@ -19,7 +19,7 @@ from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.live import LiveSource
 from ragloop.retrievers.ranking import Ranker
 from ragloop.retrievers.sources import Source
-from ragloop.turn.settings import TurnSettings
+from ragloop.turn._settings import TurnSettings
 
 if TYPE_CHECKING:
     from ragloop.caches import Caches

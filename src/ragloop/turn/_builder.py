@@ -29,10 +29,10 @@ from ragloop.retrievers.scope import Corpus
 from ragloop.retrievers.sources import Source
 from ragloop.runner import Graph, Node
 from ragloop.turn._edits import check_plan_routes, insert_node, plan_table, replace_node
-from ragloop.turn.judges import Judges
-from ragloop.turn.options import IndexOptions, RetrieverOptions, StoreOptions, TurnWiring, check_options, require
-from ragloop.turn.settings import TurnSettings
-from ragloop.turn.wiring import build_graph, default_nodes
+from ragloop.turn._judges import Judges
+from ragloop.turn._options import IndexOptions, RetrieverOptions, StoreOptions, TurnWiring, check_options, require
+from ragloop.turn._settings import TurnSettings
+from ragloop.turn._wiring import build_graph, default_nodes
 
 if TYPE_CHECKING:
     import openai
@@ -160,7 +160,7 @@ class Turn:
                 :class:`~ragloop.retrievers.scope.Corpus` (texts with their metadata) when callers are scoped by
                 filters (tenants): each turn's judges then know only the chunks its filters let it find.
             llm: An ``openai.AsyncOpenAI`` client; ``None`` runs the offline judges (no model, no network).
-            **options: See :class:`~ragloop.turn.options.RetrieverOptions`.
+            **options: See :class:`~ragloop.turn.RetrieverOptions`.
 
         Raises:
             ConfigError: ``llm`` without ``fast_model``.
@@ -207,7 +207,7 @@ class Turn:
         Args:
             index: The index directory, or a :class:`~ragloop.retrievers.index.KnowledgeIndex`.
             llm: As in :meth:`from_retriever`.
-            **options: See :class:`~ragloop.turn.options.IndexOptions`.
+            **options: See :class:`~ragloop.turn.IndexOptions`.
         """
         check_options(options, IndexOptions, "from_index")
         from ragloop.retrievers.index import KnowledgeIndex
@@ -236,7 +236,7 @@ class Turn:
         Args:
             url: ``postgresql://`` URL of a database with the ``vector`` extension.
             llm: As in :meth:`from_retriever`.
-            **options: See :class:`~ragloop.turn.options.StoreOptions`.
+            **options: See :class:`~ragloop.turn.StoreOptions`.
 
         Raises:
             ConfigError: A mode other than ``hybrid``.
@@ -265,7 +265,7 @@ class Turn:
         Args:
             llm: As in :meth:`from_retriever`.
             cache_dir: Where the sample index is cached.
-            **options: See :class:`~ragloop.turn.options.IndexOptions` (``live_sources`` defaults to the sample's
+            **options: See :class:`~ragloop.turn.IndexOptions` (``live_sources`` defaults to the sample's
                 :class:`~ragloop.retrievers.live.SQLiteTicketSource`).
         """
         from pathlib import Path

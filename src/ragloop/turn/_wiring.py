@@ -25,9 +25,9 @@ from ragloop.retrievers.ranking import FusionRanker
 from ragloop.retrievers.scope import turn_scope
 from ragloop.runner import Graph, Node
 from ragloop.state import TurnState
-from ragloop.turn.options import TurnWiring, require
-from ragloop.turn.record import turn_record
-from ragloop.turn.settings import TurnSettings
+from ragloop.turn._options import TurnWiring, require
+from ragloop.turn._record import turn_record
+from ragloop.turn._settings import TurnSettings
 from ragloop.usage import metering
 
 __all__ = ["build_graph", "default_nodes"]
@@ -36,7 +36,7 @@ __all__ = ["build_graph", "default_nodes"]
 def default_nodes(**wiring: Unpack[TurnWiring]) -> dict[str, Node]:
     """The seven nodes of the default turn, wired to the given collaborators (no bridger: no hops).
 
-    The keywords are :class:`~ragloop.turn.options.TurnWiring`'s. With a ``planner`` (and the ``plan_sources``
+    The keywords are :class:`~ragloop.turn.TurnWiring`'s. With a ``planner`` (and the ``plan_sources``
     it plans over, the document source included), an eighth node, ``plan``, starts the turn: it runs
     multi-source plans in dependency waves and sends every other question to ``decide`` (see
     :mod:`ragloop.nodes.plan`).
