@@ -166,8 +166,8 @@ class ChatRAG:
 
     ``ChatRAG(turn)`` runs a :class:`~ragloop.turn.Turn` (built here) or a :class:`~ragloop.turn.BuiltTurn`,
     reading its graph, settings, live sources, caches and store through ``self.turn`` (replace that and the next
-    turn runs the new one); ``ChatRAG(retriever=..., decider=..., ...)`` builds the default turn from its
-    collaborators (:class:`~ragloop.turn.TurnWiring`, :meth:`~ragloop.turn.Turn.of`);
+    turn runs the new one); ``ChatRAG(retriever=..., decider=..., ...)``, the compatibility path, builds the default
+    turn from its collaborators one by one (:class:`~ragloop.turn.TurnWiring`, :meth:`~ragloop.turn.Turn.of`);
     :meth:`from_index`, :meth:`from_store`, :meth:`from_retriever` and :meth:`sample` open one.
 
     Args:
