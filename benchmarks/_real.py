@@ -30,7 +30,7 @@ import _sim
 
 from ragloop.chat import ChatRAG, ReplyReady
 from ragloop.events import RunFinished, Token
-from ragloop.turn import TurnSettings
+from ragloop.turn import Judges, Turn, TurnSettings
 
 NODES = ("decide", "retrieve", "grade", "live", "rewrite", "hop", "answer")
 JUDGE_NODE = {"decide": "decide", "grade": "grade", "rewrite": "rewrite", "answer": "answer", "direct": "answer"}
@@ -63,18 +63,21 @@ def build(base_url: str, model: str, index: Any, settings: TurnSettings, caps: d
         grade_max_chars=600,
         max_tokens=caps,
     )
-    rag = ChatRAG(
-        retriever=_sim.Timed(index.retriever("hybrid"), "search"),
-        decider=_sim.Timed(judges.decider, "decide"),
-        grader=_sim.Timed(judges.grader, "grade"),
-        rewriter=_sim.Timed(judges.rewriter, "rewrite"),
-        answerer=_sim.Timed(judges.answerer, "answer"),
-        live_sources=(_sim.Timed(SQLiteTicketSource(require_caller=False), "live"),),
-        settings=settings,
-        embedder=_sim.Timed(index.embedder, "embed"),
+    timed = Judges(
+        _sim.Timed(judges.decider, "decide"),
+        _sim.Timed(judges.grader, "grade"),
+        _sim.Timed(judges.rewriter, "rewrite"),
+        _sim.Timed(judges.answerer, "answer"),
         fallback_decider=offline_decider,
         fallback_answerer=OfflineAnswerer(stats),
     )
+    turn = Turn(
+        _sim.Timed(index.retriever("hybrid"), "search"),
+        timed,
+        settings=settings,
+        embedder=_sim.Timed(index.embedder, "embed"),
+    )
+    rag = ChatRAG(turn.add_source(_sim.Timed(SQLiteTicketSource(require_caller=False), "live")))
     return rag, client
 
 

@@ -199,6 +199,7 @@ def build_chat(
     from ragloop.llm.openai import OpenAIJudges
     from ragloop.retrievers.live import SQLiteTicketSource
     from ragloop.text.terms import CorpusStats
+    from ragloop.turn import Judges, Turn
 
     stats = CorpusStats.from_texts([c.text for c in index.chunks])
     offline_decider = OfflineDecider(stats, max_queries=settings.max_queries)
@@ -212,20 +213,23 @@ def build_chat(
     judges = OpenAIJudges.create(
         client, fast_model="sim-fast", answer_model="sim-answer", glossary=offline_decider.terms_glossary
     )
-    rag = ChatRAG(
-        retriever=Timed(index.retriever("hybrid"), "search"),
-        decider=Timed(judges.decider, "decide"),
-        grader=Timed(judges.grader, "grade"),
-        rewriter=Timed(judges.rewriter, "rewrite"),
-        answerer=Timed(judges.answerer, "answer"),
-        live_sources=(Timed(SQLiteTicketSource(require_caller=False), "live"),),
-        settings=settings,
-        embedder=Timed(index.embedder, "embed"),
+    timed = Judges(
+        Timed(judges.decider, "decide"),
+        Timed(judges.grader, "grade"),
+        Timed(judges.rewriter, "rewrite"),
+        Timed(judges.answerer, "answer"),
         fallback_decider=offline_decider,
         fallback_answerer=OfflineAnswerer(stats),
+    )
+    turn = Turn(
+        Timed(index.retriever("hybrid"), "search"),
+        timed,
+        settings=settings,
+        embedder=Timed(index.embedder, "embed"),
         caches=caches,
         index_version=lambda: index.version,
     )
+    rag = ChatRAG(turn.add_source(Timed(SQLiteTicketSource(require_caller=False), "live")))
     return rag, client
 
 

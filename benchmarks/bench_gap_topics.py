@@ -156,7 +156,7 @@ def measure(name: str = "heldout-1", embedder: str = "hash") -> dict[str, Any]:
 
     from ragloop.chat import ChatRAG
     from ragloop.cli import main
-    from ragloop.cli.gaps import _embedding
+    from ragloop.cli._gaps import _embedding
     from ragloop.gaps import build_report
     from ragloop.sample import sample_kb_path
     from ragloop.turn import Turn

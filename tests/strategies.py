@@ -21,7 +21,7 @@ from ragloop.testing import (
     FakeRewriter,
     make_hit,
 )
-from ragloop.turn import TurnSettings, build_graph, default_nodes
+from ragloop.turn import Judges, TurnSettings, build_graph, default_nodes
 
 __all__ = [
     "OFFLINE_CORPUS",
@@ -303,7 +303,7 @@ def turn_node(name: str, /, *, settings: TurnSettings = TurnSettings(), **fields
     wiring = {k: fields.pop(k) for k in list(fields) if k in _WIRING}
     if name == "hop" and "bridger" not in wiring:
         wiring["bridger"] = FakeBridger()
-    node = default_nodes(settings=settings, **_fakes(**wiring))[name]
+    node = _default_nodes(settings, _fakes(**wiring))[name]
     return attrs.evolve(node, **fields)
 
 
@@ -316,7 +316,15 @@ _WIRING = frozenset(
 def graph_of(**overrides: Any) -> Graph:
     """The default chat-turn graph over in-memory fakes (weak hits for every query), with overrides."""
     settings = overrides.pop("settings", TurnSettings())
-    return build_graph(default_nodes(settings=settings, **_fakes(**overrides)), settings)
+    return build_graph(_default_nodes(settings, _fakes(**overrides)), settings)
+
+
+def _default_nodes(settings: TurnSettings, wiring: dict[str, Any]) -> dict[str, Any]:
+    """:func:`ragloop.turn.default_nodes` over flat fakes: the judge keys make the ``Judges``, the rest
+    (``retriever``, ``live_sources``, ``embedder``) are its arguments."""
+    judged = {f.name for f in attrs.fields(Judges)}
+    judges = Judges(**{k: wiring.pop(k) for k in list(wiring) if k in judged})
+    return dict(default_nodes(wiring.pop("retriever"), judges, settings=settings, **wiring))
 
 
 # --- evaluation -----------------------------------------------------------------------------------------

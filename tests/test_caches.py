@@ -29,7 +29,7 @@ from ragloop.testing import (
     tool_calls,
     verdicts,
 )
-from ragloop.turn import TurnSettings
+from ragloop.turn import Judges, Turn, TurnSettings
 from ragloop.usage import UsageMeter, metering
 
 pytestmark = pytest.mark.anyio
@@ -257,14 +257,13 @@ class TestRepeatedQuestion:
 def _chat(index: KnowledgeIndex, client: openai.AsyncOpenAI, caches: Caches | None) -> ChatRAG:
     judges = OpenAIJudges.create(client, fast_model="fast", answer_model="answer")
     return ChatRAG(
-        retriever=index.retriever("hybrid"),
-        decider=judges.decider,
-        grader=judges.grader,
-        rewriter=judges.rewriter,
-        answerer=judges.answerer,
-        caches=caches,
-        index_version=lambda: index.version,
-        settings=TurnSettings(fast_path_confidence=1.01),  # no fast path: the hits are graded
+        Turn(
+            index.retriever("hybrid"),
+            Judges(judges.decider, judges.grader, judges.rewriter, judges.answerer),
+            caches=caches,
+            index_version=lambda: index.version,
+            settings=TurnSettings(fast_path_confidence=1.01),  # no fast path: the hits are graded
+        )
     )
 
 
@@ -276,14 +275,13 @@ class TestReplyCache:
         def chat(caches: Caches) -> tuple[ChatRAG, FakeRetriever]:
             retriever = FakeRetriever({"q": [make_hit("Keys expire after their TTL.")]})
             rag = ChatRAG(
-                retriever=retriever,
-                decider=FakeDecider(),
-                grader=FakeGrader(),
-                rewriter=FakeRewriter(),
-                answerer=FakeAnswerer(),
-                caches=caches,
-                index_version=lambda: "v1",
-                settings=TurnSettings(fast_path_confidence=1.01),
+                Turn(
+                    retriever,
+                    Judges(FakeDecider(), FakeGrader(), FakeRewriter(), FakeAnswerer()),
+                    caches=caches,
+                    index_version=lambda: "v1",
+                    settings=TurnSettings(fast_path_confidence=1.01),
+                )
             )
             return rag, retriever
 

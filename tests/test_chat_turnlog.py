@@ -16,6 +16,7 @@ from ragloop.errors import ConfigError, StoreUnavailable
 from ragloop.gaps import build_report, is_gap
 from ragloop.state import Hit
 from ragloop.testing import FakeAnswerer, FakeDecider, FakeGrader, FakeRetriever, FakeRewriter, make_hit
+from ragloop.turn import Judges, Turn
 from ragloop.turnlog import FeedbackItem, SQLiteBackend, StoredRow, TurnLog
 
 pytestmark = pytest.mark.anyio
@@ -23,16 +24,9 @@ pytestmark = pytest.mark.anyio
 DOCS = {"How do I rotate a key?": [make_hit("Create a new key, then revoke the old one.", source="api-keys.md")]}
 
 
-def _rag(log: TurnLog | None, **kwargs: object) -> ChatRAG:
-    return ChatRAG(
-        retriever=FakeRetriever(DOCS),
-        decider=FakeDecider(),
-        grader=FakeGrader(),
-        rewriter=FakeRewriter(),
-        answerer=FakeAnswerer(),
-        turn_log=log,
-        **kwargs,  # type: ignore[arg-type]
-    )
+def _rag(log: TurnLog | None, caches: Caches | None = None) -> ChatRAG:
+    judges = Judges(FakeDecider(), FakeGrader(), FakeRewriter(), FakeAnswerer())
+    return ChatRAG(Turn(FakeRetriever(DOCS), judges, caches=caches), turn_log=log)
 
 
 class _DownStore(FakeRetriever):
@@ -102,14 +96,8 @@ class TestStoreOutage:
         """A store outage ends a turn 'none' (a server refuses it with a 503): the log keeps the row, its queries
         marked failed, and ``ragloop gaps`` does not report the question as missing from the knowledge base."""
         log = TurnLog.open(f"sqlite:{tmp_path / 't.db'}")
-        rag = ChatRAG(
-            retriever=_DownStore(),
-            decider=FakeDecider(),
-            grader=FakeGrader(),
-            rewriter=FakeRewriter(),
-            answerer=FakeAnswerer(),
-            turn_log=log,
-        )
+        judges = Judges(FakeDecider(), FakeGrader(), FakeRewriter(), FakeAnswerer())
+        rag = ChatRAG(Turn(_DownStore(), judges), turn_log=log)
         replies = [await rag.ask("How do I rotate a key?", principal=p) for p in ("key:1", "key:2")]
         await rag.aclose()
         turns = TurnLog.open(f"sqlite:{tmp_path / 't.db'}").turns()

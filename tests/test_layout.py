@@ -30,11 +30,7 @@ OVER_LIMIT: dict[str, str] = {
 
 #: Modules with logic that no test imports by name, with where their tests are.
 TESTED_THROUGH: dict[str, str] = {
-    "ragloop.turn.options": "the public ragloop.turn names (tests/turn/, tests/test_turn.py)",
-    "ragloop.turn.record": "ragloop.turn.turn_record (tests/test_turn.py, tests/test_golden.py)",
     "ragloop.turn.request": "the public ragloop.turn names (tests/turn/, tests/test_turn.py)",
-    "ragloop.turn.settings": "ragloop.turn.TurnSettings (tests/turn/, tests/test_turn.py)",
-    "ragloop.turn.wiring": "ragloop.turn.default_nodes and the Turn builder (tests/turn/test_builder.py)",
 }
 
 

@@ -16,7 +16,7 @@ from ragloop.chat import ChatRAG, Reply, ReplyReady
 from ragloop.llm.openai import OpenAIJudges
 from ragloop.otel import instrument
 from ragloop.testing import RecordedRequest, ScriptedOpenAIServer, ScriptedResponse, stream, tool_calls, verdicts
-from ragloop.turn import TurnSettings
+from ragloop.turn import Judges, Turn, TurnSettings
 from ragloop.usage import Price
 
 pytestmark = pytest.mark.anyio
@@ -45,20 +45,15 @@ async def _traced_turn(sample_cache: Path, *, capture_content: bool) -> tuple[Re
         # Time limits far past any load (at load 20 a 5 s search or a 20 s judge call timed out, and the turn
         # fell back): the spans are under test here, not the limits.
         judges = OpenAIJudges.create(client, fast_model="fast", answer_model="big", timeout_s=_PATIENT_S)
-        rag = ChatRAG(
-            retriever=index.retriever("hybrid"),
-            decider=judges.decider,
-            grader=judges.grader,
-            rewriter=judges.rewriter,
-            answerer=judges.answerer,
-            settings=TurnSettings(
-                fast_path_confidence=1.01,
-                prices={"fast": Price(1.0, 2.0), "big": Price(10.0, 20.0)},
-                retrieve_timeout_s=_PATIENT_S,
-                grade_timeout_s=_PATIENT_S,
-                deadline_s=None,
-            ),
+        settings = TurnSettings(
+            fast_path_confidence=1.01,
+            prices={"fast": Price(1.0, 2.0), "big": Price(10.0, 20.0)},
+            retrieve_timeout_s=_PATIENT_S,
+            grade_timeout_s=_PATIENT_S,
+            deadline_s=None,
         )
+        parts = Judges(judges.decider, judges.grader, judges.rewriter, judges.answerer)
+        rag = ChatRAG(Turn(index.retriever("hybrid"), parts, settings=settings))
         instrument(rag, provider, capture_content=capture_content)
         reply = await rag.ask(QUESTION)
     return reply, list(exporter.get_finished_spans())
@@ -131,12 +126,11 @@ class TestSpans:
         async with ScriptedOpenAIServer(matcher=failing_grade) as server, server.client() as client:
             judges = OpenAIJudges.create(client, fast_model="fast", answer_model="big")
             rag = ChatRAG(
-                retriever=index.retriever("hybrid"),
-                decider=judges.decider,
-                grader=judges.grader,
-                rewriter=judges.rewriter,
-                answerer=judges.answerer,
-                settings=TurnSettings(fast_path_confidence=1.01),
+                Turn(
+                    index.retriever("hybrid"),
+                    Judges(judges.decider, judges.grader, judges.rewriter, judges.answerer),
+                    settings=TurnSettings(fast_path_confidence=1.01),
+                )
             )
             instrument(rag, provider)
             reply = await rag.ask(QUESTION)

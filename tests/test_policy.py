@@ -207,16 +207,10 @@ class TestEdgeTable:
     def nodes(self) -> dict[str, Any]:
         from ragloop.llm.planner import OfflinePlanner
         from ragloop.testing import FakeAnswerer, FakeDecider, FakeGrader, FakeRetriever, FakeRewriter
-        from ragloop.turn import default_nodes
+        from ragloop.turn import Judges, default_nodes
 
-        return default_nodes(
-            retriever=FakeRetriever(),
-            decider=FakeDecider(),
-            grader=FakeGrader(),
-            rewriter=FakeRewriter(),
-            answerer=FakeAnswerer(),
-            planner=OfflinePlanner(None),
-        )
+        judges = Judges(FakeDecider(), FakeGrader(), FakeRewriter(), FakeAnswerer(), planner=OfflinePlanner(None))
+        return default_nodes(FakeRetriever(), judges)
 
     def test_every_default_node_declares_its_entry(self) -> None:
         """Each default node's routes are its entry of EDGES, in order, and no node is missing from it."""

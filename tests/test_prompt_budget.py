@@ -117,7 +117,7 @@ class TestAnswerNode:
         state.history = tuple(Message("user", "w" * 400) for _ in range(3))
         answerer = Recording()
         budget = PromptBudget(context_tokens=2 * 260, history_tokens=450, counter=CharEstimate(1.0))
-        await Answer(answerer, max_blocks=8, budget=budget)(state)
+        await Answer(answerer, max_blocks=8, rank_timeout_s=10.0, budget=budget)(state)
         assert answerer.blocks == [1, 2] and [b.n for b in state.blocks] == [1, 2]
         assert state.prompt_cuts is not None and len(state.prompt_cuts.blocks_cut) == 2
         assert state.prompt_cuts.history_dropped == 2 and answerer.history[0] == history_note(2)
@@ -128,5 +128,5 @@ class TestAnswerNode:
         state = TurnState(question="q")
         state.history = (Message("user", "hi"),)
         answerer = Recording()
-        await Answer(answerer, max_blocks=8)(state)
+        await Answer(answerer, max_blocks=8, rank_timeout_s=10.0)(state)
         assert answerer.history == [Message("user", "hi")] and state.prompt_cuts is None

@@ -99,7 +99,43 @@ def out_of_step(package: griffe.Module, name: str) -> list[str]:
     return problems
 
 
+def public_modules(src: Path) -> set[str]:
+    """Every module under ``src/ragloop`` with no leading underscore in any part of its dotted name."""
+    names = set()
+    for path in sorted((src / "ragloop").rglob("*.py")):
+        parts = path.relative_to(src).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        if not any(part.startswith("_") for part in parts):
+            names.add(".".join(parts))
+    return names
+
+
 class TestReferenceInStep:
+    def test_every_public_module_is_in_the_reference(self) -> None:
+        """A module a user can import by a public name has a ``:::`` directive in ``docs/api`` (document it, or
+        rename it with a leading underscore)."""
+        missing = public_modules(ROOT / "src") - set(documented_modules())
+        assert missing == set(), f"document these in docs/api/*.md or make them private (_name): {sorted(missing)}"
+
+    def test_every_referenced_module_is_public(self) -> None:
+        """The reference documents no private module and no module that does not exist."""
+        extra = set(documented_modules()) - public_modules(ROOT / "src")
+        assert extra == set(), f"docs/api/*.md documents modules that are private or gone: {sorted(extra)}"
+
+    def test_public_modules_skips_private_parts(self, tmp_path: Path) -> None:
+        """A private module, a module in a private package and ``__main__`` are not public; a package is."""
+        for rel in (
+            "ragloop/__init__.py",
+            "ragloop/a.py",
+            "ragloop/_b.py",
+            "ragloop/_p/c.py",
+            "ragloop/q/__init__.py",
+            "ragloop/q/__main__.py",
+        ):
+            (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / rel).write_text("")
+        assert public_modules(tmp_path) == {"ragloop", "ragloop.a", "ragloop.q"}
+
     @pytest.mark.parametrize("name", [n for n, shown in documented_modules().items() if shown])
     def test_a_documented_module_exports_exactly_what_it_documents(self, package: griffe.Module, name: str) -> None:
         """Every ``__all__`` name has a docstring (the reference shows it) and every documented name is exported."""

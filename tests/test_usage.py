@@ -8,7 +8,7 @@ import pytest
 
 from ragloop.chat import ChatRAG
 from ragloop.testing import FakeAnswerer, FakeDecider, FakeGrader, FakeRetriever, FakeRewriter, make_hit
-from ragloop.turn import TurnSettings
+from ragloop.turn import Judges, Turn, TurnSettings
 from ragloop.usage import LLMCall, Price, UsageMeter, cost_of, metering, record_cache, record_call
 
 pytestmark = pytest.mark.anyio
@@ -40,14 +40,9 @@ class TestCost:
         """A turn's record is priced with TurnSettings.prices (offline judges: cost 0; without prices: None)."""
 
         def chat(settings: TurnSettings) -> ChatRAG:
-            return ChatRAG(
-                retriever=FakeRetriever({"q": [make_hit("text")]}),
-                decider=FakeDecider(),
-                grader=FakeGrader(),
-                rewriter=FakeRewriter(),
-                answerer=FakeAnswerer(),
-                settings=settings,
-            )
+            retriever = FakeRetriever({"q": [make_hit("text")]})
+            judges = Judges(FakeDecider(), FakeGrader(), FakeRewriter(), FakeAnswerer())
+            return ChatRAG(Turn(retriever, judges, settings=settings))
 
         assert (await chat(TurnSettings(prices=PRICES)).ask("q")).record.cost == 0.0
         assert (await chat(TurnSettings()).ask("q")).record.cost is None

@@ -1,7 +1,7 @@
 """ragloop: a tiny graph runner and a default chat-turn graph for agentic retrieval-augmented generation.
 
 The runner (:class:`~ragloop.runner.Graph`) knows nothing about RAG; the chat turn is built from it by
-:class:`~ragloop.turn.builder.Turn` (see :mod:`ragloop.turn`) and run by :class:`~ragloop.chat.ChatRAG`; what a
+:class:`~ragloop.turn.Turn` (see :mod:`ragloop.turn`) and run by :class:`~ragloop.chat.ChatRAG`; what a
 node, retriever, source or judge of your own must be is :mod:`ragloop.extend`. Heavy parts (numpy, faiss,
 openai, onnxruntime) load only when first used, so ``import ragloop`` stays fast.
 """

@@ -41,6 +41,7 @@ from ragloop.turn import (
     TurnWiring,
     turn_record,
 )
+from ragloop.turn._settings import TurnSettings, turn_deadline
 from ragloop.turn.request import (
     MAX_HISTORY_CHARS,
     MAX_HISTORY_MESSAGES,
@@ -48,7 +49,6 @@ from ragloop.turn.request import (
     turn_state,
     validate_question,
 )
-from ragloop.turn.settings import TurnSettings, turn_deadline
 
 if TYPE_CHECKING:
     import openai
@@ -166,8 +166,8 @@ class ChatRAG:
 
     ``ChatRAG(turn)`` runs a :class:`~ragloop.turn.Turn` (built here) or a :class:`~ragloop.turn.BuiltTurn`,
     reading its graph, settings, live sources, caches and store through ``self.turn`` (replace that and the next
-    turn runs the new one); ``ChatRAG(retriever=..., decider=..., ...)`` builds the default turn from its
-    collaborators (:class:`~ragloop.turn.options.TurnWiring`, :meth:`~ragloop.turn.builder.Turn.of`);
+    turn runs the new one); ``ChatRAG(retriever=..., decider=..., ...)``, the compatibility path, builds the default
+    turn from its collaborators one by one (:class:`~ragloop.turn.TurnWiring`, :meth:`~ragloop.turn.Turn.of`);
     :meth:`from_index`, :meth:`from_store`, :meth:`from_retriever` and :meth:`sample` open one.
 
     Args:
@@ -178,7 +178,7 @@ class ChatRAG:
         turn_log: Where finished turns go (:class:`~ragloop.turnlog.TurnLog`; ``None``: nothing is stored), for
             ``ragloop gaps`` and :meth:`feedback`; it never slows or fails a turn (a use of the chat, not a node).
         **wiring: Without ``turn``: the turn's collaborators (``retriever``, ``decider``, ``grader``,
-            ``rewriter``, ``answerer`` required; see :class:`~ragloop.turn.options.TurnWiring`). With ``caches``
+            ``rewriter``, ``answerer`` required; see :class:`~ragloop.turn.TurnWiring`). With ``caches``
             whose ``replies`` cache is set, whole replies of :meth:`ask` to a question without history (same page,
             filters, caller and index version) are reused.
 
@@ -249,12 +249,12 @@ class ChatRAG:
         llm: openai.AsyncOpenAI | None = None,
         **options: Unpack[IndexOptions],
     ) -> ChatRAG:
-        """``ChatRAG(Turn.from_index(index, llm, **options))``: see :meth:`~ragloop.turn.builder.Turn.from_index`."""
+        """``ChatRAG(Turn.from_index(index, llm, **options))``: see :meth:`~ragloop.turn.Turn.from_index`."""
         return cls(Turn.from_index(index, llm, **options))
 
     @classmethod
     def from_store(cls, url: str, llm: openai.AsyncOpenAI | None = None, **options: Unpack[StoreOptions]) -> ChatRAG:
-        """``ChatRAG(Turn.from_store(url, llm, **options))`` (:meth:`~ragloop.turn.builder.Turn.from_store`).
+        """``ChatRAG(Turn.from_store(url, llm, **options))`` (:meth:`~ragloop.turn.Turn.from_store`).
 
         :meth:`aclose` closes the store's pool.
         """
@@ -269,7 +269,7 @@ class ChatRAG:
         **options: Unpack[RetrieverOptions],
     ) -> ChatRAG:
         """``ChatRAG(Turn.from_retriever(retriever, texts, llm, **options))``: see
-        :meth:`~ragloop.turn.builder.Turn.from_retriever` (``texts`` feed the offline judges)."""
+        :meth:`~ragloop.turn.Turn.from_retriever` (``texts`` feed the offline judges)."""
         return cls(Turn.from_retriever(retriever, texts, llm, **options))
 
     @classmethod
@@ -281,7 +281,7 @@ class ChatRAG:
         **options: Unpack[IndexOptions],
     ) -> ChatRAG:
         """A chat over the bundled sample knowledge base and its live ticket source (see
-        :meth:`~ragloop.turn.builder.Turn.sample`; built on first use, cached in ``cache_dir``)."""
+        :meth:`~ragloop.turn.Turn.sample`; built on first use, cached in ``cache_dir``)."""
         return cls(Turn.sample(llm, cache_dir=cache_dir, **options))
 
     def new_state(
@@ -428,7 +428,7 @@ def _reusable(reply: Reply) -> bool:
 
 def _from_reply_cache(reply: Reply) -> Reply:
     """A cached reply as this turn's: no calls, no tokens, no cost, and a record that says it came from the cache."""
-    from ragloop.turn.record import replayed_record
+    from ragloop.turn._record import replayed_record
 
     return evolve(reply, record=replayed_record(reply.record, uuid.uuid4().hex[:16]))
 

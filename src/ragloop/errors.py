@@ -21,7 +21,8 @@ Every error derives from :class:`RagloopError`, and every message says what to d
     └── JudgeError            an LLM or offline judge failed; nodes fail open on it
         ├── JudgeTimeout      the call ran past its timeout (after the SDK's retries)
         └── JudgeOutputError  the model's output could not be parsed (bad JSON, bad tool arguments)
-            └── JudgeTruncated the output stopped at the output cap (finish_reason "length")
+            ├── JudgeTruncated the output stopped at the output cap (finish_reason "length")
+            └── ToolsDropped  a question that needs a search answered in plain text: the tools were dropped
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ __all__ = [
     "SourceError",
     "StoreBusy",
     "StoreUnavailable",
+    "ToolsDropped",
     "TurnLogError",
     "UnknownFilterKey",
     "error_text",
@@ -155,6 +157,11 @@ class JudgeOutputError(JudgeError):
 
 class JudgeTruncated(JudgeOutputError):
     """A judge's output stopped at its output cap (``finish_reason="length"``); what arrived may be incomplete."""
+
+
+class ToolsDropped(JudgeOutputError):
+    """The model answered a question that needs a search in plain text although the ``search`` tool was
+    offered: the server probably dropped the tools (a chat template without tool support)."""
 
 
 _SILENT = {"TimeoutError": "timed out", "CancelledError": "cancelled", "Cancelled": "cancelled"}

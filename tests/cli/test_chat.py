@@ -1,4 +1,4 @@
-"""Tests for ragloop.cli.chat: the terminal (plain when piped, markdown on a terminal), the chat commands, line
+"""Tests for ragloop.cli._chat: the terminal (plain when piped, markdown on a terminal), the chat commands, line
 input and history, and `ragloop chat` fed from a pipe. The pseudo-terminal tests are in test_cli_chat_pty.py."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import anyio
 import pytest
 
 from ragloop.chat import Reply
-from ragloop.cli.chat._input import LineReader, history_path
-from ragloop.cli.chat._session import COMMANDS, ChatSession, help_text
-from ragloop.cli.chat._terminal import Terminal
+from ragloop.cli._chat._input import LineReader, history_path
+from ragloop.cli._chat._session import COMMANDS, ChatSession, help_text
+from ragloop.cli._chat._terminal import Terminal
 from ragloop.state import Chunk
 from tests.reliability._support import offline_rag, small_index
 
@@ -126,7 +126,7 @@ class TestTerminalOutput:
 
     def test_a_page_cited_in_two_sections_is_one_source(self) -> None:
         """A page whose two sections are cited is one numbered line, its other section indented under it."""
-        from ragloop.cli.chat._terminal import sources_lines
+        from ragloop.cli._chat._terminal import sources_lines
         from ragloop.state import Citation, CitedSection
 
         page = Citation(

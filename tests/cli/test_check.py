@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ragloop.cli import main
-from ragloop.cli.check import parse_min_pass
+from ragloop.cli._check import parse_min_pass
 
 
 @pytest.fixture

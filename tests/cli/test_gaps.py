@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ragloop.cli import main
-from ragloop.cli.gaps import parse_since, parse_until
+from ragloop.cli._gaps import parse_since, parse_until
 from ragloop.errors import ConfigError
 
 NOW = 1_746_403_200.0  # 2025-05-05 00:00 UTC

@@ -1,4 +1,4 @@
-"""Tests for ragloop.cli.ingest: ``ragloop index`` globs, --explain, the skip summary, progress, openai embedder."""
+"""Tests for ragloop.cli._ingest: ``ragloop index`` globs, --explain, the skip summary, progress, openai embedder."""
 
 from __future__ import annotations
 

@@ -161,7 +161,7 @@ class TestHelp:
 
     def test_the_removed_share_in_help_is_the_real_cap(self) -> None:
         """The share `index --help` quotes for --prune is the cap the update enforces."""
-        from ragloop.cli.store import REMOVED_SHARE_SHOWN
+        from ragloop.cli._store import REMOVED_SHARE_SHOWN
         from ragloop.retrievers.update import MAX_REMOVED_SHARE
 
         assert REMOVED_SHARE_SHOWN == MAX_REMOVED_SHARE

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ragloop.cli import main
-from ragloop.cli.store import parse_meta
+from ragloop.cli._store import parse_meta
 from ragloop.errors import ConfigError
 
 

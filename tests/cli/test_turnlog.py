@@ -82,7 +82,7 @@ class TestServeTurnLog:
     def test_serve_hands_its_turn_log_options_to_the_chat(self, tmp_path: Path) -> None:
         """`serve --turn-log …` reaches the chat it builds (through the options `ask` shares with it)."""
         from ragloop.cli import build_parser
-        from ragloop.cli.serve import _chat_args
+        from ragloop.cli._serve import _chat_args
 
         url = f"sqlite:{tmp_path / 'turns.db'}"
         args = build_parser().parse_args(["serve", "--turn-log", url, "--turn-log-retention", "30"])
@@ -93,7 +93,7 @@ class TestServeTurnLog:
         """``--turn-log-per-key N`` is the log's per-key cap (default 100,000); 0 is refused before anything
         loads."""
         from ragloop.cli import build_parser
-        from ragloop.cli.turnlog import open_turn_log
+        from ragloop.cli._turnlog import open_turn_log
 
         url = f"sqlite:{tmp_path / 'turns.db'}"
         for extra, cap in (([], 100_000), (["--turn-log-per-key", "7"], 7)):

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from ragloop.chat import ChatRAG
 from ragloop.kbcheck import Case, CaseResult, judge, junit_xml, run_cases, summarize, wilson_interval, xml_text
 from ragloop.testing import FakeAnswerer, FakeDecider, FakeGrader, FakeRetriever, FakeRewriter, make_hit
+from ragloop.turn import Judges, Turn
 
 pytestmark = pytest.mark.anyio
 
@@ -18,13 +19,7 @@ DOCS = {"How do I rotate a key?": [make_hit("Revoke the old key.", source="docs/
 
 
 def _rag() -> ChatRAG:
-    return ChatRAG(
-        retriever=FakeRetriever(DOCS),
-        decider=FakeDecider(),
-        grader=FakeGrader(),
-        rewriter=FakeRewriter(),
-        answerer=FakeAnswerer(),
-    )
+    return ChatRAG(Turn(FakeRetriever(DOCS), Judges(FakeDecider(), FakeGrader(), FakeRewriter(), FakeAnswerer())))
 
 
 class TestJudge:

@@ -149,7 +149,7 @@ class TestStateRanked:
         hits = [make_hit(f"t{i}", chunk_id=f"c{i}") for i in range(3)]
         state.searches = {"q": hits}
         state.graded = [Graded("q", h, Verdict("relevant")) for h in hits[:2]]
-        node = Answer(FakeAnswerer(), max_blocks=8, ranker=Fixed(["c2", "c1", "c0"]))
+        node = Answer(FakeAnswerer(), max_blocks=8, rank_timeout_s=10.0, ranker=Fixed(["c2", "c1", "c0"]))
         await node(state)
         assert [h.id for h in state.ranked or ()] == ["c2", "c1", "c0"]
         assert [b.chunk_id for b in state.blocks] == ["c1", "c0"]  # c2 was never graded: not handed on
@@ -161,6 +161,6 @@ class TestStateRanked:
         hits = [make_hit(f"t{i}", chunk_id=f"c{i}") for i in range(2)]
         state.searches = {"q": hits}
         state.graded = [Graded("q", h, Verdict("relevant")) for h in hits]
-        node = Answer(FakeAnswerer(), max_blocks=8, ranker=Slow())
+        node = Answer(FakeAnswerer(), max_blocks=8, rank_timeout_s=10.0, ranker=Slow())
         await node.salvage(state)
         assert [h.id for h in state.ranked or ()] == ["c0", "c1"]

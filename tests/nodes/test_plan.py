@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import anyio
 import pytest
@@ -17,7 +18,22 @@ from ragloop.plan import Plan, Slot, SubQuery, dependents
 from ragloop.retrievers.sources import Filters, SourceResult
 from ragloop.state import Message, TurnState
 from ragloop.testing import make_hit
+from ragloop.turn import TurnSettings
 from tests.strategies import plan_dags
+
+_S = TurnSettings()
+#: The plan node's knobs as the default turn sets them.
+KNOBS: dict[str, Any] = {
+    "max_subqueries": _S.max_subqueries,
+    "timeout_s": _S.plan_timeout_s,
+    "max_concurrency": _S.plan_concurrency,
+}
+
+
+def plan_node(planner: Planner, sources: Mapping[str, Any], **fields: Any) -> PlanNode:
+    """A plan node with the default turn's knobs, unless ``fields`` sets them."""
+    return PlanNode(planner, sources, **{**KNOBS, **fields})
+
 
 pytestmark = pytest.mark.anyio
 
@@ -219,7 +235,7 @@ class TestPlanNode:
 
     async def test_no_plan_goes_to_decide(self) -> None:
         """A question the planner does not plan keeps today's route."""
-        node = PlanNode(ScriptedPlanner(None), _sources())
+        node = plan_node(ScriptedPlanner(None), _sources())
         state = TurnState(question="hi")
         assert await node(state) == "decide"
         assert state.plan is None
@@ -227,7 +243,7 @@ class TestPlanNode:
     async def test_single_wave_of_documents_is_a_decide(self) -> None:
         """A plan of document searches in one wave becomes decide's queries and goes to retrieve."""
         plan = Plan((SubQuery("a", "documents", "sso setup"), SubQuery("b", "documents", "plan prices")))
-        node = PlanNode(ScriptedPlanner(plan), _sources())
+        node = plan_node(ScriptedPlanner(plan), _sources())
         state = TurnState(question="q")
         assert await node(state) == "retrieve"
         assert state.decision is not None and state.decision.queries == ("sso setup", "plan prices")
@@ -236,7 +252,7 @@ class TestPlanNode:
     async def test_bridge_plan_runs_and_hands_over(self) -> None:
         """Rows become graded context, passages go to grading, and the plan run is on the state."""
         sources = _sources()
-        node = PlanNode(ScriptedPlanner(_bridge()), sources)
+        node = plan_node(ScriptedPlanner(_bridge()), sources)
         state = TurnState(question="q")
         assert await node(state) == "grade"
         assert state.plan is not None and len(state.plan.waves) == 2
@@ -249,7 +265,7 @@ class TestPlanNode:
     async def test_gaps_are_no_context_with_reason(self) -> None:
         """A refused sub-query and its skipped dependents end as no_context, named with the reason (the answer lists
         them as missing)."""
-        node = PlanNode(ScriptedPlanner(_bridge()), _sources(refuse=frozenset({"plan of Harbor Lane Bank"})))
+        node = plan_node(ScriptedPlanner(_bridge()), _sources(refuse=frozenset({"plan of Harbor Lane Bank"})))
         state = TurnState(question="q")
         assert await node(state) == "answer"
         q = state.queries["plan of Harbor Lane Bank (sql: cannot answer offline: test)"]
@@ -259,7 +275,7 @@ class TestPlanNode:
 
     async def test_failing_planner_falls_back(self) -> None:
         """A planner that raises is recorded and the fallback plans."""
-        node = PlanNode(ScriptedPlanner(RuntimeError("model down")), _sources(), fallback=ScriptedPlanner(_bridge()))
+        node = plan_node(ScriptedPlanner(RuntimeError("model down")), _sources(), fallback=ScriptedPlanner(_bridge()))
         state = TurnState(question="q")
         assert await node(state) == "grade"
         assert state.plan is not None and state.plan.planner == "fallback: scripted"
@@ -268,7 +284,7 @@ class TestPlanNode:
     async def test_invalid_plan_falls_back(self) -> None:
         """An invalid plan is named in the errors; the fallback's plan (here: none) is used."""
         bad = Plan((SubQuery("a", "crm", "x"),))
-        node = PlanNode(ScriptedPlanner(bad), _sources(), fallback=ScriptedPlanner(None), gate=False)
+        node = plan_node(ScriptedPlanner(bad), _sources(), fallback=ScriptedPlanner(None), gate=False)
         state = TurnState(question="q")
         assert await node(state) == "decide"
         assert "unknown source 'crm'" in state.errors[0]
@@ -278,7 +294,7 @@ class TestPlanGate:
     async def test_a_question_the_fallback_does_not_plan_never_asks_the_model(self) -> None:
         """The offline planner finds no plan source's entity: decide routes the question, no planning call."""
         model, offline = ScriptedPlanner(_bridge(), name="model"), ScriptedPlanner(None, name="offline")
-        node = PlanNode(model, _sources(), fallback=offline)
+        node = plan_node(model, _sources(), fallback=offline)
         state = TurnState(question="How do I rotate an API key?")
         assert await node(state) == "decide"
         assert (model.calls, offline.calls) == (0, 1) and state.plan is None and not state.errors
@@ -286,7 +302,7 @@ class TestPlanGate:
     async def test_a_question_the_fallback_plans_gets_the_models_plan(self) -> None:
         """The offline planner plans it: the model planner is asked and its plan runs."""
         model, offline = ScriptedPlanner(_bridge(), name="model"), ScriptedPlanner(_bridge(), name="offline")
-        node = PlanNode(model, _sources(), fallback=offline)
+        node = plan_node(model, _sources(), fallback=offline)
         state = TurnState(question="What plan is Harbor Lane Bank on?")
         assert await node(state) == "grade"
         assert state.plan is not None and state.plan.planner == "model"
@@ -295,7 +311,7 @@ class TestPlanGate:
     async def test_a_failing_model_falls_back_to_the_gates_plan_without_planning_twice(self) -> None:
         """The model fails after the gate let the question through: the offline plan the gate made runs."""
         model, offline = ScriptedPlanner(RuntimeError("down"), name="model"), ScriptedPlanner(_bridge(), name="offline")
-        node = PlanNode(model, _sources(), fallback=offline)
+        node = plan_node(model, _sources(), fallback=offline)
         state = TurnState(question="q")
         assert await node(state) == "grade"
         assert state.plan is not None and state.plan.planner == "fallback: offline"
@@ -305,7 +321,7 @@ class TestPlanGate:
         """An offline planner that raises does not decide the route: the model planner is asked, as without a
         gate."""
         model, offline = ScriptedPlanner(_bridge(), name="model"), ScriptedPlanner(RuntimeError("x"), name="offline")
-        node = PlanNode(model, _sources(), fallback=offline)
+        node = plan_node(model, _sources(), fallback=offline)
         state = TurnState(question="q")
         assert await node(state) == "grade"
         assert model.calls == 1 and state.plan is not None and state.plan.planner == "model"
@@ -313,7 +329,7 @@ class TestPlanGate:
     async def test_gate_off_asks_the_model_about_everything(self) -> None:
         """gate=False: the model planner is asked first, whatever the offline planner would say."""
         model, offline = ScriptedPlanner(None, name="model"), ScriptedPlanner(None, name="offline")
-        node = PlanNode(model, _sources(), fallback=offline, gate=False)
+        node = plan_node(model, _sources(), fallback=offline, gate=False)
         assert await node(TurnState(question="hi")) == "decide"
         assert (model.calls, offline.calls) == (1, 0)
 

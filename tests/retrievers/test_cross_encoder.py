@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from ragloop.chat import ChatRAG
 from ragloop.errors import ConfigError, RetrievalError
+from ragloop.retrievers._wordpiece import tokenizer_asset
 from ragloop.retrievers.cross_encoder import (
     CrossEncoderRanker,
     OnnxCrossEncoder,
@@ -24,7 +25,6 @@ from ragloop.retrievers.cross_encoder import (
 )
 from ragloop.retrievers.ranking import Candidates, FusionRanker, Ranker
 from ragloop.retrievers.rerank import RerankSettings
-from ragloop.retrievers.wordpiece import tokenizer_asset
 from ragloop.state import Chunk, Hit
 from ragloop.testing import (
     FakeAnswerer,

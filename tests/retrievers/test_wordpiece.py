@@ -1,11 +1,11 @@
-"""Tests for ragloop.retrievers.wordpiece: MiniLM's tokenizer, token spans of long texts cut in pieces."""
+"""Tests for ragloop.retrievers._wordpiece: MiniLM's tokenizer, token spans of long texts cut in pieces."""
 
 from __future__ import annotations
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ragloop.retrievers.wordpiece import minilm_tokenizer, tokenizer_asset
+from ragloop.retrievers._wordpiece import minilm_tokenizer, tokenizer_asset
 
 #: Characters that stress a cut: letters, accents and combining marks, CJK (split apart by the normaliser),
 #: control characters it drops (a cut before one would split a word), every kind of space, punctuation.

@@ -15,6 +15,7 @@ from ragloop.events import Token
 from ragloop.serve import MemorySessionStore, ServeSettings, SessionLimits, create_app
 from ragloop.state import Chunk, ContextBlock, Hit, Message, Outcome
 from ragloop.testing import FakeRetriever
+from ragloop.turn import Judges, Turn
 from tests.serve.conftest import DOCS, StuckRag, asgi_client, decider, fake_rag, sse_events
 
 pytestmark = pytest.mark.anyio
@@ -323,14 +324,9 @@ class TestApiChat:
         from ragloop.testing import FakeGrader, FakeRewriter
 
         claim = "Keys are stored on the moon forever."
-        rag = ChatRAG(
-            retriever=FakeRetriever(DOCS),
-            decider=decider(),
-            grader=FakeGrader(),
-            rewriter=FakeRewriter(),
-            answerer=_Streams(f"Create a new key, deploy it, then revoke the old one. [1] {claim} [1]"),
-            verifier=OfflineVerifier(),
-        )
+        answerer = _Streams(f"Create a new key, deploy it, then revoke the old one. [1] {claim} [1]")
+        judges = Judges(decider(), FakeGrader(), FakeRewriter(), answerer, verifier=OfflineVerifier())
+        rag = ChatRAG(Turn(FakeRetriever(DOCS), judges))
         async with asgi_client(create_app(rag)) as client:
             r = await client.post("/api/chat", json={"message": "How do I rotate an API key?"})
         events = sse_events(r.text)

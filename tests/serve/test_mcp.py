@@ -145,7 +145,7 @@ class TestStdio:
         (or a notification without one), the rest of it skipped, and the next line is intact."""
         import io
 
-        from ragloop.cli.mcp import CappedLines
+        from ragloop.cli._mcp import CappedLines
 
         raw = b'{"id": 1}\n' + b'{"jsonrpc": "2.0", "id": "a-7", "params": "' + b"y" * 300_000 + b'"}\n'
         raw += b"z" * 5_000 + b"\n" + b'{"id": 2}\n'

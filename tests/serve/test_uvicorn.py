@@ -299,7 +299,7 @@ class TestServeOptions:
     def test_sessions_option(self, tmp_path: Path) -> None:
         """--sessions takes memory, sqlite:PATH or a postgresql:// URL (with the session quota of the flags);
         anything else is a one-line error."""
-        from ragloop.cli.serve import _sessions
+        from ragloop.cli._serve import _sessions
         from ragloop.errors import ConfigError
         from ragloop.serve import MemorySessionStore, SessionQuota, SQLiteSessionStore
 
@@ -312,7 +312,7 @@ class TestServeOptions:
 
     def test_source_base_url_links_sources(self) -> None:
         """--source-base-url links a file source under the base URL; URL sources keep their own."""
-        from ragloop.cli.serve import _source_url
+        from ragloop.cli._serve import _source_url
 
         link = _source_url("https://docs.example.com/kb")
         assert link("guides/sso saml.md") == "https://docs.example.com/kb/guides/sso%20saml.md"
@@ -341,7 +341,7 @@ class TestServeAccess:
     )
     def test_access_rules(self, argv: tuple[str, ...], keys: int, hosts: tuple[str, ...], who: str) -> None:
         """Loopback without keys allows only loopback Host names; keys or an explicit opt-out open other hosts."""
-        from ragloop.cli.serve import _access
+        from ragloop.cli._serve import _access
 
         allowed, line = _access(self._args(*argv), keys)
         assert allowed == hosts and who in line
@@ -349,7 +349,7 @@ class TestServeAccess:
     @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.1.20", "kb.example.com"])
     def test_a_public_address_without_keys_is_refused(self, host: str) -> None:
         """Any address that is not loopback, without keys and without --allow-no-keys: ConfigError naming the fix."""
-        from ragloop.cli.serve import _access
+        from ragloop.cli._serve import _access
         from ragloop.errors import ConfigError
 
         with pytest.raises(ConfigError, match=r"set RAGLOOP_API_KEYS or --keys keys\.toml"):

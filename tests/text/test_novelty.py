@@ -1,11 +1,11 @@
-"""Tests for ragloop.text.novelty: normalised terms and near-duplicate queries."""
+"""Tests for ragloop.text.novelty: normalised terms, near-duplicate queries and the content key of a text."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragloop.text.novelty import is_near_duplicate, normalised_terms
+from ragloop.text.novelty import content_key, is_near_duplicate, normalised_terms
 from tests.strategies import topics
 
 
@@ -40,3 +40,25 @@ class TestIsNearDuplicate:
     def test_identical_term_sets_are_duplicates(self, query: str, others: list[str]) -> None:
         """A query is always a duplicate of itself (and of its upper-cased form) among other tries."""
         assert is_near_duplicate(query, [*others, query.upper()])
+
+
+class TestContentKey:
+    def test_copies_share_a_key(self) -> None:
+        """Case, punctuation and runs of whitespace do not change the key; different words do."""
+        assert (
+            content_key("  Reset the SSO\n\tpassword!  ")
+            == content_key("reset  the sso password")
+            == ("reset the sso password")
+        )
+        assert content_key("reset the password") != content_key("reset the sso password")
+
+    def test_casefold_not_lower(self) -> None:
+        """The key folds case the Unicode way (German sharp s matches "ss")."""
+        assert content_key("Straße") == content_key("STRASSE")
+
+    @given(st.text())
+    def test_the_key_is_its_own_key(self, text: str) -> None:
+        """The key is already normal: keying it again changes nothing, and it has no edge or double spaces."""
+        key = content_key(text)
+        assert content_key(key) == key
+        assert key == key.strip() and "  " not in key

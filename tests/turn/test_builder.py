@@ -1,4 +1,4 @@
-"""Tests for ragloop.turn.builder: the Turn builder (insert_after, replace, add_source, build) and BuiltTurn."""
+"""Tests for ragloop.turn._builder: the Turn builder (insert_after, replace, add_source, build) and BuiltTurn."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for ragloop.turn.judges: the Judges bundle, offline and model, and the planners it makes."""
+"""Tests for ragloop.turn._judges: the Judges bundle, offline and model, and the planners it makes."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ class TestSmallKnowledgeBase:
         """Offline judges over four pages use the small-corpus abstention threshold; over many, the default."""
         from ragloop.llm.offline.answer import AbstainRule
         from ragloop.llm.offline.answer._abstain import SMALL_THRESHOLD
-        from ragloop.turn.judges import Judges
+        from ragloop.turn._judges import Judges
         from tests.llm.test_offline_grade import SHOP
         from tests.strategies import OFFLINE_CORPUS
 

@@ -1,6 +1,6 @@
 """What the ``ragloop`` subcommands share: the embedder ``--embedder`` names and the progress line.
 
-Imported by :mod:`ragloop.cli._main`, :mod:`ragloop.cli.ingest` and :mod:`ragloop.cli.store` (it imports none of
+Imported by :mod:`ragloop.cli._main`, :mod:`ragloop.cli._ingest` and :mod:`ragloop.cli._store` (it imports none of
 them, so the CLI modules form no cycle).
 """
 

@@ -1,5 +1,5 @@
-"""The ``ragloop`` command: ``ask``, ``chat`` (in :mod:`ragloop.cli.chat`), ``index``, ``search``, ``eval``, and
-``gaps`` and ``check`` (in :mod:`ragloop.cli.gaps` and :mod:`ragloop.cli.check`).
+"""The ``ragloop`` command: ``ask``, ``chat`` (in :mod:`ragloop.cli._chat`), ``index``, ``search``, ``eval``, and
+``gaps`` and ``check`` (in :mod:`ragloop.cli._gaps` and :mod:`ragloop.cli._check`).
 
 Each subcommand is a pair of functions, ``_add_<name>(sub)`` (its arguments) and ``_cmd_<name>(args)``
 (what it does, returning the exit status), registered in :data:`_COMMANDS`. Heavy modules are imported
@@ -16,17 +16,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ragloop.cli._chat import add_ask, add_chat
+from ragloop.cli._check import add_check
 from ragloop.cli._common import Progress, make_embedder
-from ragloop.cli.chat import add_ask, add_chat
-from ragloop.cli.check import add_check
-from ragloop.cli.doctor import add_doctor
-from ragloop.cli.gaps import add_gaps
-from ragloop.cli.handoff import add_handoff
-from ragloop.cli.ingest import add_ingest_options, build_index, cmd_explain, ingest_for_index, print_skips
-from ragloop.cli.mcp import add_mcp
-from ragloop.cli.replay import add_replay
-from ragloop.cli.serve import add_serve
-from ragloop.cli.store import (
+from ragloop.cli._doctor import add_doctor
+from ragloop.cli._gaps import add_gaps
+from ragloop.cli._handoff import add_handoff
+from ragloop.cli._ingest import add_ingest_options, build_index, cmd_explain, ingest_for_index, print_skips
+from ragloop.cli._mcp import add_mcp
+from ragloop.cli._replay import add_replay
+from ragloop.cli._serve import add_serve
+from ragloop.cli._store import (
     add_filter_option,
     add_index_options,
     add_store_options,
@@ -96,7 +96,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
     out = index.save(args.out, source=args.path)
     seconds = time.perf_counter() - started
     if args.json:
-        from ragloop.cli.ingest import summary_dict
+        from ragloop.cli._ingest import summary_dict
 
         record = {
             **summary_dict(result),
@@ -250,7 +250,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``ragloop`` command; returns the exit status (2 for a ragloop error, with one line on stderr)."""
+    """Run the ``ragloop`` command.
+
+    Args:
+        argv: The arguments after the program's name (``["ask", "what is ragloop?"]``); ``None`` reads
+            ``sys.argv``.
+
+    Returns:
+        The exit status: the subcommand's own (0 when it succeeded), 2 for a ragloop error (with one line on
+        stderr), 130 when interrupted.
+    """
     parser = build_parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
     configured = _configure_logging()

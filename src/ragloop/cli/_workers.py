@@ -1,6 +1,6 @@
 """``ragloop serve --workers N``: N worker processes serving one listening socket, and their supervisor.
 
-The supervisor binds the address once and starts N workers (``python -m ragloop.cli.serve``), each given the
+The supervisor binds the address once and starts N workers (``python -m ragloop.cli._serve``), each given the
 socket's file descriptor and the command's options (JSON in ``RAGLOOP_SERVE_WORKER``; :func:`worker_args`). Each worker
 is a whole ``ragloop serve``: its own index or store pool, session store, turn log and turn slots; the kernel
 spreads new connections over them. On SIGINT or SIGTERM the supervisor sends SIGTERM to every worker, each stops as
@@ -58,7 +58,7 @@ class _Pool:
 
     def start(self, i: int) -> None:
         env = {**os.environ, _ENV: _options(self.args), "RAGLOOP_SERVE_FD": str(self.sock.fileno())}
-        cmd = [sys.executable, "-m", "ragloop.cli.serve", str(i)]
+        cmd = [sys.executable, "-m", "ragloop.cli._serve", str(i)]
         self.procs[i] = subprocess.Popen(cmd, env=env, pass_fds=(self.sock.fileno(),))
         self.started[i] = time.monotonic()
 

@@ -242,7 +242,7 @@ class Answer:
     abstainer: Abstainer | None = field(default=None, kw_only=True)
     ranker: Ranker | None = field(default=None, kw_only=True)
     default_ranking: FusionRanker = field(factory=FusionRanker, kw_only=True)
-    rank_timeout_s: float = field(default=10.0, kw_only=True)
+    rank_timeout_s: float = field(kw_only=True)
     max_chars: int = field(default=MAX_ANSWER_CHARS, kw_only=True)
     budget: PromptBudget | None = field(default=None, kw_only=True)
     freshness: Freshness | None = field(default=None, kw_only=True)

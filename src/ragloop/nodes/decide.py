@@ -8,10 +8,10 @@ from ragloop._log import get_logger
 from ragloop.errors import error_text
 from ragloop.events import Progress
 from ragloop.llm.protocols import Decider
-from ragloop.nodes.retrieve import content_key
 from ragloop.policy import ANSWER, DECIDE, EDGES, RETRIEVE
 from ragloop.runner import emit
 from ragloop.state import Decision, QueryState, TurnState
+from ragloop.text.novelty import content_key
 
 __all__ = ["Decide", "unique_queries"]
 

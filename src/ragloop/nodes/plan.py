@@ -272,9 +272,9 @@ class PlanNode:
     sources: Mapping[str, Source]
     fallback: Planner | None = None
     documents: str = "documents"
-    max_subqueries: int = 6
-    timeout_s: float = 5.0
-    max_concurrency: int = 4
+    max_subqueries: int = field(kw_only=True)
+    timeout_s: float = field(kw_only=True)
+    max_concurrency: int = field(kw_only=True)
     gate: bool = True
     routes: tuple[str, ...] = field(default=EDGES[PLAN], init=False)
 

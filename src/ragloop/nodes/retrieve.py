@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Mapping, Sequence
 
@@ -19,16 +18,11 @@ from ragloop.retrievers.base import Retriever, search_with_filters
 from ragloop.runner import emit
 from ragloop.state import Graded, Hit, TurnState, Verdict
 from ragloop.text.ids import missing_ids
+from ragloop.text.novelty import content_key
 
 __all__ = ["Retrieve", "content_key", "merge_budget", "merge_hits", "queued", "waited_out"]
 
 log = get_logger("ragloop.nodes.retrieve")
-_SPACE = re.compile(r"\W+", re.UNICODE)
-
-
-def content_key(text: str) -> str:
-    """The normalised content two copies of one chunk share: case-folded words, single-spaced."""
-    return _SPACE.sub(" ", text.casefold()).strip()
 
 
 def merge_budget(n_queries: int, *, per_query: int, total: int) -> int:

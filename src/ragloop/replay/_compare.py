@@ -19,6 +19,7 @@ from attrs import frozen
 
 __all__ = ["VERDICTS", "Outcome", "ReplayItem", "ReplayReport", "Verdict", "order", "verdict"]
 
+#: What :func:`verdict` says of one replayed question (``VERDICTS`` lists them worst first).
 Verdict = Literal["broken", "fixed", "changed", "same"]
 #: What a replayed question can say, worst first (the order reports list them in).
 VERDICTS: tuple[Verdict, ...] = ("broken", "fixed", "changed", "same")

@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ragloop.errors import ConfigError, RetrievalError
-from ragloop.retrievers.wordpiece import WordPieceTokens, minilm_tokenizer, tokenizer_asset
+from ragloop.retrievers._wordpiece import WordPieceTokens, minilm_tokenizer, tokenizer_asset
 
 if TYPE_CHECKING:
     import openai

@@ -33,7 +33,7 @@ from ragloop.serve._principals import Principal
 from ragloop.serve._replies import _SSE_HEADERS
 from ragloop.serve._server import _Server
 from ragloop.serve._stream import Body, Rejected, Start, json_bytes
-from ragloop.serve._validate import _RequestChecks, _Turn
+from ragloop.serve._validate import _ChatRequest, _RequestChecks
 
 HEADERS = {**_SSE_HEADERS, "x-vercel-ai-ui-message-stream": "v1"}
 _DONE = b"data: [DONE]\n\n"
@@ -62,7 +62,7 @@ def _parts_text(checks: _RequestChecks, message: Mapping[str, Any], where: str, 
     return checks._text("\n".join(texts), f"{where}.parts", limit)
 
 
-def ai_sdk_turn(checks: _RequestChecks, body: Mapping[str, Any], principal: Principal) -> _Turn:
+def ai_sdk_request(checks: _RequestChecks, body: Mapping[str, Any], principal: Principal) -> _ChatRequest:
     """The turn of an AI SDK ``useChat`` request."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -81,7 +81,7 @@ def ai_sdk_turn(checks: _RequestChecks, body: Mapping[str, Any], principal: Prin
         {"role": m["role"], "content": _parts_text(checks, m, f"messages[{i}]", checks.settings.max_message_chars)}
         for i, m in enumerate(messages[:-1])
     ]
-    return _Turn(
+    return _ChatRequest(
         _parts_text(checks, messages[-1], f"messages[{last}]", None),
         checks._history(history, "messages"),
         None,
@@ -110,7 +110,7 @@ def _sources(citations: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-async def ai_sdk_stream(server: _Server, turn: _Turn, start: Start, body: Body) -> None:
+async def ai_sdk_stream(server: _Server, turn: _ChatRequest, start: Start, body: Body) -> None:
     """Write the turn as a UI message stream."""
     turn = await server.prepare(turn)
     async with aclosing(server.events(turn)) as events:

@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ragloop._log import get_logger
-from ragloop.serve._aisdk import ai_sdk_error, ai_sdk_stream, ai_sdk_turn
+from ragloop.serve._aisdk import ai_sdk_error, ai_sdk_request, ai_sdk_stream
 from ragloop.serve._feedback import feedback_response
 from ragloop.serve._replies import (
     _INTERNAL,
@@ -23,7 +23,7 @@ from ragloop.serve._replies import (
 from ragloop.serve._responses import _Response
 from ragloop.serve._responses_request import responses_request
 from ragloop.serve._server import _Server
-from ragloop.serve._stream import Body, Rejected, Start, TurnResponse
+from ragloop.serve._stream import Body, Rejected, Start, StreamedResponse
 from ragloop.serve._validate import _RequestChecks
 
 _FAILED = Rejected(500, _INTERNAL, kind="server_error")
@@ -45,7 +45,7 @@ class _Handlers:
         self.checks = _RequestChecks(server.settings)
 
     def guarded(
-        self, endpoint: str, handler: Callable[[Request], Awaitable[Response | TurnResponse]]
+        self, endpoint: str, handler: Callable[[Request], Awaitable[Response | StreamedResponse]]
     ) -> Callable[[Request], Awaitable[Any]]:
         """``handler`` with :class:`Rejected` turned into its JSON error and every status counted."""
 
@@ -61,13 +61,13 @@ class _Handlers:
 
         return route
 
-    def turn_response(
+    def streamed_response(
         self,
         endpoint: str,
         principal: str,
         write: Callable[[Start, Body], Awaitable[None]],
         stream_error: Callable[[Rejected], bytes],
-    ) -> TurnResponse:
+    ) -> StreamedResponse:
         """A response holding one of ``principal``'s turn slots while ``write`` runs, under the hard deadline.
 
         ``stream_error`` renders the last frame written when the turn fails after the stream started (a store
@@ -112,18 +112,18 @@ class _Handlers:
             server.release_slot(principal)
             metrics.requests.labels(endpoint=endpoint, status=status["code"] or "500").inc()
 
-        return TurnResponse(produce, on_disconnect=cancelled, on_done=done, keepalive_s=server.settings.keepalive_s)
+        return StreamedResponse(produce, on_disconnect=cancelled, on_done=done, keepalive_s=server.settings.keepalive_s)
 
-    async def completions(self, request: Request) -> Response | TurnResponse:
+    async def completions(self, request: Request) -> Response | StreamedResponse:
         """``POST /v1/chat/completions``."""
         principal = self.checks.authorize(request)
-        turn, stream, include_usage = self.checks.openai_turn(await self.checks.read_json(request), principal)
+        turn, stream, include_usage = self.checks.openai_request(await self.checks.read_json(request), principal)
         completion = _Completion(self.server, turn, include_usage)
-        return self.turn_response(
+        return self.streamed_response(
             "chat.completions", principal.name, completion.stream if stream else completion.once, _completion_error
         )
 
-    async def api_chat(self, request: Request) -> Response | TurnResponse:
+    async def api_chat(self, request: Request) -> Response | StreamedResponse:
         """``POST /api/chat`` (``?format=ai-sdk``: the Vercel AI SDK's UI message stream)."""
         principal = self.checks.authorize(request)
         fmt = request.query_params.get("format", "ragloop")
@@ -133,26 +133,26 @@ class _Handlers:
             )
         body = await self.checks.read_json(request)
         if fmt == "ai-sdk":
-            turn = ai_sdk_turn(self.checks, body, principal)
+            turn = ai_sdk_request(self.checks, body, principal)
 
             async def write_ui(start: Start, out: Body) -> None:
                 await ai_sdk_stream(self.server, turn, start, out)
 
-            return self.turn_response("api.chat.ai-sdk", principal.name, write_ui, ai_sdk_error)
-        turn = self.checks.api_turn(body, principal)
+            return self.streamed_response("api.chat.ai-sdk", principal.name, write_ui, ai_sdk_error)
+        turn = self.checks.api_request(body, principal)
 
         async def write(start: Start, out: Body) -> None:
             await _api_stream(self.server, turn, start, out)
 
-        return self.turn_response("api.chat", principal.name, write, _api_error)
+        return self.streamed_response("api.chat", principal.name, write, _api_error)
 
-    async def responses(self, request: Request) -> Response | TurnResponse:
+    async def responses(self, request: Request) -> Response | StreamedResponse:
         """``POST /v1/responses`` (the OpenAI Responses API)."""
         principal = self.checks.authorize(request)
         asked = responses_request(self.checks, await self.checks.read_json(request), principal)
         response = _Response(self.server, asked)
         write = response.stream if asked.stream else response.once
-        return self.turn_response("responses", principal.name, write, response.failed)
+        return self.streamed_response("responses", principal.name, write, response.failed)
 
     async def feedback(self, request: Request) -> Response:
         """``POST /v1/feedback``: a rating of one of the caller's turns (another principal's turn is a 404)."""

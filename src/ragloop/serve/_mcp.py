@@ -43,7 +43,7 @@ from ragloop.serve._server import _Server
 from ragloop.serve._sessions import MemorySessionStore
 from ragloop.serve._settings import ServeSettings
 from ragloop.serve._stream import Rejected
-from ragloop.serve._validate import _RequestChecks, _Turn
+from ragloop.serve._validate import _ChatRequest, _RequestChecks
 
 if TYPE_CHECKING:
     from ragloop.chat import ChatRAG, Reply
@@ -189,7 +189,9 @@ class _Tools:
     ) -> types.CallToolResult:
         history = self.checks._history(arguments.get("history"), "history")
         filters = self.scope(principal, arguments.get("filters"))
-        turn = _Turn(arguments["question"], history, None, None, None, "question", principal, tuple(filters.items()))
+        turn = _ChatRequest(
+            arguments["question"], history, None, None, None, "question", principal, tuple(filters.items())
+        )
         server, metrics = self.server, self.server.metrics
         try:
             server.take_slot(principal.name)
@@ -227,7 +229,7 @@ class _Tools:
             server.release_slot(principal.name)
             metrics.requests.labels(endpoint="mcp.ask", status=status).inc()
 
-    async def _run(self, ctx: ServerRequestContext[Any, Any], turn: _Turn) -> Reply | None:
+    async def _run(self, ctx: ServerRequestContext[Any, Any], turn: _ChatRequest) -> Reply | None:
         reply = None
         steps = 0
         async with aclosing(self.server.events(turn)) as events:

@@ -12,7 +12,7 @@ from ragloop.chat import ReplyReady
 from ragloop.events import Correction, Progress, Token
 from ragloop.serve._server import _Server
 from ragloop.serve._stream import Body, Rejected, Start, error_body, json_bytes
-from ragloop.serve._validate import _Turn
+from ragloop.serve._validate import _ChatRequest
 
 if TYPE_CHECKING:
     from ragloop.chat import Reply
@@ -71,7 +71,7 @@ def _completion_error(exc: Rejected) -> bytes:
 class _Completion:
     """One OpenAI-compatible chat completion, written whole or as ``chat.completion.chunk`` events."""
 
-    def __init__(self, server: _Server, turn: _Turn, include_usage: bool) -> None:
+    def __init__(self, server: _Server, turn: _ChatRequest, include_usage: bool) -> None:
         self.server = server
         self.turn = turn
         self.include_usage = include_usage
@@ -126,7 +126,7 @@ class _Completion:
         await body(json_bytes(obj))
 
 
-async def _api_stream(server: _Server, turn: _Turn, start: Start, body: Body) -> None:
+async def _api_stream(server: _Server, turn: _ChatRequest, start: Start, body: Body) -> None:
     """``/api/chat``: ``progress``, ``token``, ``correction`` (streamed words taken back) and a last ``reply``
     event, each one JSON payload."""
     turn = await server.prepare(turn)

@@ -17,7 +17,7 @@ from attrs import frozen
 
 from ragloop.serve._principals import Principal
 from ragloop.serve._stream import Rejected
-from ragloop.serve._validate import _RequestChecks, _Turn
+from ragloop.serve._validate import _ChatRequest, _RequestChecks
 
 #: Fields accepted and ignored (sampling, caching and bookkeeping hints the server has no use for).
 _IGNORED = frozenset(
@@ -63,7 +63,7 @@ class ResponsesRequest:
         metadata: Echoed back on the response.
     """
 
-    turn: _Turn
+    turn: _ChatRequest
     stream: bool
     store: bool
     previous_response_id: str | None
@@ -177,7 +177,7 @@ def responses_request(checks: _RequestChecks, body: Mapping[str, Any], principal
     session = session_of(previous) if previous is not None else None
     if previous is not None and session is None:
         raise unknown_response(previous)
-    turn = _Turn(
+    turn = _ChatRequest(
         question,
         history,
         session,

@@ -24,7 +24,7 @@ from ragloop.serve._scrub import TextScrubber, scrub
 from ragloop.serve._sessions import SessionStore
 from ragloop.serve._settings import ServeSettings
 from ragloop.serve._stream import Rejected
-from ragloop.serve._validate import _Turn
+from ragloop.serve._validate import _ChatRequest
 from ragloop.state import Chunk, Message
 
 if TYPE_CHECKING:
@@ -61,10 +61,10 @@ def _clean(reply: Reply) -> Reply:
     )
 
 
-class _TurnView:
+class _ClientView:
     """What the client of one turn is shown: metrics counted, text scrubbed, tokens held after a failed search."""
 
-    def __init__(self, server: _Server, turn: _Turn) -> None:
+    def __init__(self, server: _Server, turn: _ChatRequest) -> None:
         self.server = server
         self.turn = turn
         self.started = time.perf_counter()
@@ -262,7 +262,7 @@ class _Server:
 
     # --- the session ------------------------------------------------------------------------------------
 
-    async def prepare(self, turn: _Turn) -> _Turn:
+    async def prepare(self, turn: _ChatRequest) -> _ChatRequest:
         """The turn with its session resolved: a new session started, or an existing one's history loaded.
 
         Raises :class:`Rejected` 404 for a session the principal does not have — whether no one has it or another
@@ -325,7 +325,7 @@ class _Server:
                 )
         raise RuntimeError("three fresh random session ids all existed")  # pragma: no cover
 
-    async def remember(self, turn: _Turn, answer: str) -> None:
+    async def remember(self, turn: _ChatRequest, answer: str) -> None:
         """Append the question and the answer to the turn's session (a failure is logged and counted)."""
         assert turn.session_id is not None
         messages = (Message("user", turn.question), Message("assistant", answer))
@@ -341,7 +341,7 @@ class _Server:
 
     # --- running a turn -------------------------------------------------------------------------------
 
-    def _stream(self, turn: _Turn) -> EventStream | AsyncGenerator[Event, None]:
+    def _stream(self, turn: _ChatRequest) -> EventStream | AsyncGenerator[Event, None]:
         return self.rag.stream(
             turn.question,
             history=turn.history,
@@ -353,7 +353,7 @@ class _Server:
             principal=turn.principal.name,
         )
 
-    async def events(self, turn: _Turn) -> AsyncGenerator[Event, None]:
+    async def events(self, turn: _ChatRequest) -> AsyncGenerator[Event, None]:
         """The turn's events, counted and cleaned; raises :class:`Rejected` (before the first event) on bad input.
 
         ``turn`` has been through :meth:`prepare`. The first event comes as soon as the input is accepted (so a
@@ -366,7 +366,7 @@ class _Server:
             stream = self._stream(turn)
         except InputError as exc:
             raise self._invalid(exc, turn) from None
-        view = _TurnView(self, turn)
+        view = _ClientView(self, turn)
         async with aclosing(stream):
             try:
                 event: Event | None = await anext(stream)
@@ -377,14 +377,14 @@ class _Server:
                     yield shown
                 event = await anext(stream, None)
 
-    def _invalid(self, exc: InputError, turn: _Turn) -> Rejected:
+    def _invalid(self, exc: InputError, turn: _ChatRequest) -> Rejected:
         """The 400 for input the chat refused: ``param`` names the field at fault, the message is for an HTTP
         client (no Python advice)."""
         self.metrics.rejected.labels(reason="invalid").inc()
         param = "filters" if isinstance(exc, UnknownFilterKey) else turn.question_param
         return Rejected(400, for_clients(str(exc), param), param=param)
 
-    async def reply(self, turn: _Turn) -> Reply:
+    async def reply(self, turn: _ChatRequest) -> Reply:
         """Run ``turn`` (prepared) to its end: the reply, shown as :meth:`events` shows it."""
         async with aclosing(self.events(turn)) as events:
             async for event in events:

@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 
-__all__ = ["KEEPALIVE", "Rejected", "TurnResponse", "error_body", "json_bytes"]
+__all__ = ["KEEPALIVE", "Rejected", "StreamedResponse", "error_body", "json_bytes"]
 
 #: The comment an idle event stream is sent: a line starting with ``:`` is no event (the SSE specification).
 KEEPALIVE = b": keep-alive\n\n"
@@ -123,7 +123,7 @@ def _event_stream(headers: Mapping[str, str]) -> bool:
     return any(k.lower() == "content-type" and v.startswith("text/event-stream") for k, v in headers.items())
 
 
-class TurnResponse:
+class StreamedResponse:
     """An ASGI response whose body is produced by ``produce(start, body)`` while the client stays connected.
 
     ``produce`` decides the status itself (so it can still answer 400 when the turn rejects its input

@@ -26,7 +26,7 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @frozen
-class _Turn:
+class _ChatRequest:
     """A validated request for one turn.
 
     ``session_id`` with ``new_session`` starts that session (the id the server made, or the client's own);
@@ -263,7 +263,9 @@ class _RequestChecks:
             return None
         return self._text(value, name, 2048)
 
-    def openai_turn(self, body: Mapping[str, Any], principal: Principal = ANONYMOUS) -> tuple[_Turn, bool, bool]:
+    def openai_request(
+        self, body: Mapping[str, Any], principal: Principal = ANONYMOUS
+    ) -> tuple[_ChatRequest, bool, bool]:
         """The turn of an OpenAI chat request, whether to stream, and whether to add a usage chunk."""
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -285,10 +287,10 @@ class _RequestChecks:
         if sid is not None or new:  # the server-side history replaces the sent one
             history = ()
         param = f"messages[{len(messages) - 1}].content"
-        turn = _Turn(question, history, sid, None, None, param, principal, filters, new)
+        turn = _ChatRequest(question, history, sid, None, None, param, principal, filters, new)
         return turn, stream, usage
 
-    def api_turn(self, body: Mapping[str, Any], principal: Principal = ANONYMOUS) -> _Turn:
+    def api_request(self, body: Mapping[str, Any], principal: Principal = ANONYMOUS) -> _ChatRequest:
         """The turn of an ``/api/chat`` request."""
         if "message" not in body:
             raise Rejected(400, "message is required: the user's question as a string", param="message")
@@ -300,7 +302,7 @@ class _RequestChecks:
                 "send either a session (session_id or new_session; the server keeps the history) or history, not both",
                 param="history",
             )
-        return _Turn(
+        return _ChatRequest(
             question,
             self._history(body.get("history"), "history"),
             sid,

@@ -6,7 +6,8 @@ the offline judges and the nodes all analyse text the same way.
 - :mod:`.terms` — :func:`tokenize`, :data:`STOPWORDS`, :func:`stem`, :func:`key_terms`, :class:`CorpusStats`
   (document frequencies, IDF, term association) and glossary mining.
 - :mod:`.ids` — exact identifiers (tickets, error codes, versions) and the exact-id rule.
-- :mod:`.novelty` — is a query new, or a near-duplicate of one already tried?
+- :mod:`.novelty` — is a query new, or a near-duplicate of one already tried? (and :func:`content_key`, what two
+  copies of one text share)
 
 numpy loads only when :class:`CorpusStats` is built.
 """
@@ -14,7 +15,7 @@ numpy loads only when :class:`CorpusStats` is built.
 from __future__ import annotations
 
 from ragloop.text.ids import IdKind, extract_ids, id_matches, ids_conflict, missing_ids, normalise_id
-from ragloop.text.novelty import is_near_duplicate, normalised_terms, term_overlap
+from ragloop.text.novelty import content_key, is_near_duplicate, normalised_terms, term_overlap
 from ragloop.text.terms import (
     STOPWORDS,
     CorpusStats,
@@ -33,6 +34,7 @@ __all__ = [
     "CorpusStats",
     "IdKind",
     "KeyTerm",
+    "content_key",
     "content_words",
     "extract_ids",
     "has_snowball",

@@ -1,16 +1,25 @@
-"""Is a query new? Pure functions over normalised term sets.
+"""Is a query new? Pure functions over normalised term sets, and the key two copies of one text share.
 
 The offline rewriter checks its own output with :func:`is_near_duplicate`; the rewrite node uses it to reject a judge's
 rewrite that repeats a query already tried this turn (and adds embedding cosine when it has an embedder).
+:func:`content_key` is what retrieve merges copies of one chunk by and decide drops repeated queries by.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from ragloop.text.terms import key_terms
 
-__all__ = ["is_near_duplicate", "normalised_terms", "term_overlap"]
+__all__ = ["content_key", "is_near_duplicate", "normalised_terms", "term_overlap"]
+
+_SPACE = re.compile(r"\W+", re.UNICODE)
+
+
+def content_key(text: str) -> str:
+    """The normalised content two copies of one chunk share: case-folded words, single-spaced."""
+    return _SPACE.sub(" ", text.casefold()).strip()
 
 
 def normalised_terms(query: str) -> frozenset[str]:

@@ -6,18 +6,19 @@ and add (``insert_after``, ``replace``, ``add_source``) and validates it once in
 graph cannot change; ``ChatRAG(turn.build())`` runs it. The edges live in ``ragloop.policy.EDGES``; the extension
 contract (what a node, a retriever or a judge must be) is :mod:`ragloop.extend`.
 
-Modules: ``settings`` (:class:`TurnSettings`), ``judges`` (:class:`Judges`), ``builder`` (:class:`Turn`,
-:class:`BuiltTurn`), ``options`` (the constructors' keywords), ``wiring`` (:func:`default_nodes`,
-:func:`build_graph`), ``request`` (what a turn starts from: :func:`~ragloop.turn.request.turn_state`) and
-``record`` (:class:`TurnRecord` and :func:`turn_record`).
+Its names are imported from here; the modules behind them are private: ``_settings`` (:class:`TurnSettings`),
+``_judges`` (:class:`Judges`), ``_builder`` (:class:`Turn`, :class:`BuiltTurn`), ``_options`` (the
+constructors' keywords), ``_wiring`` (:func:`default_nodes`, :func:`build_graph`) and ``_record``
+(:class:`TurnRecord` and :func:`turn_record`). One module is public: ``request`` (what a turn starts from:
+:func:`~ragloop.turn.request.turn_state`).
 """
 
 from __future__ import annotations
 
-from ragloop.turn.builder import BuiltTurn, Turn
-from ragloop.turn.judges import Judges, PlanModel
-from ragloop.turn.options import IndexOptions, RetrieverOptions, StoreOptions, TurnWiring
-from ragloop.turn.record import (
+from ragloop.turn._builder import BuiltTurn, Turn
+from ragloop.turn._judges import Judges, PlanModel
+from ragloop.turn._options import IndexOptions, RetrieverOptions, StoreOptions, TurnWiring
+from ragloop.turn._record import (
     CallRecord,
     DecisionRecord,
     GradeRecord,
@@ -26,8 +27,8 @@ from ragloop.turn.record import (
     TurnRecord,
     turn_record,
 )
-from ragloop.turn.settings import TurnSettings
-from ragloop.turn.wiring import build_graph, default_nodes
+from ragloop.turn._settings import TurnSettings
+from ragloop.turn._wiring import build_graph, default_nodes
 
 __all__ = [
     "BuiltTurn",

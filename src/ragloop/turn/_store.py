@@ -1,11 +1,11 @@
-"""Opening a Postgres store for :meth:`ragloop.turn.builder.Turn.from_store` and reading its corpus."""
+"""Opening a Postgres store for :meth:`ragloop.turn.Turn.from_store` and reading its corpus."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from ragloop.errors import ConfigError
-from ragloop.turn.settings import TurnSettings
+from ragloop.turn._settings import TurnSettings
 
 if TYPE_CHECKING:
     from ragloop.retrievers.postgres import PostgresStore

@@ -34,7 +34,7 @@ from ragloop.turnlog._sql import FeedbackItem, SQLBackend, StoredRow
 if TYPE_CHECKING:
     from ragloop.retrievers.base import Embedder
     from ragloop.state import Citation, TurnState
-    from ragloop.turn.record import TurnRecord
+    from ragloop.turn._record import TurnRecord
 
 __all__ = ["TurnLog", "TurnLogStats"]
 

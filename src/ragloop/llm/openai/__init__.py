@@ -24,9 +24,10 @@ the non-JSON guard, finish-reason metering, error redaction), which :class:`Open
 
 from __future__ import annotations
 
+from ragloop.errors import ToolsDropped
 from ragloop.llm.openai._answer import OpenAIAnswerer
 from ragloop.llm.openai._call import ServerCompat
-from ragloop.llm.openai._decide import DecideMode, OpenAIDecider, ToolsDropped, parse_search_calls
+from ragloop.llm.openai._decide import DecideMode, OpenAIDecider, parse_search_calls
 from ragloop.llm.openai._grade import OpenAIGrader, parse_verdict
 from ragloop.llm.openai._judges import OpenAIJudges
 from ragloop.llm.openai._plan import OpenAIPlanner, OpenAISQLWriter, plan_from_json

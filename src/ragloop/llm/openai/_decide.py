@@ -10,7 +10,7 @@ import attrs
 import openai
 from attrs import define, field
 
-from ragloop.errors import JudgeOutputError, JudgeTruncated
+from ragloop.errors import JudgeOutputError, JudgeTruncated, ToolsDropped
 from ragloop.llm import prompts
 from ragloop.llm.budget import DEFAULT_BUDGETS, DEFAULT_OUTPUT_TOKENS, CallBudget
 from ragloop.llm.guards import is_small_talk, query_problem, reply_problem
@@ -29,7 +29,7 @@ from ragloop.state import Decision, Message, PageContext
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletion
 
-__all__ = ["DecideMode", "OpenAIDecider", "ToolsDropped", "parse_search_calls"]
+__all__ = ["DecideMode", "OpenAIDecider", "parse_search_calls"]
 
 #: How the decider asks for its searches: ``tools`` (a ``search`` tool), ``json`` (a JSON reply, for servers
 #: without tools) or ``auto`` (tools until the server drops them, then ``json``).
@@ -77,11 +77,6 @@ def _usable_queries(queries: Sequence[str], who: str) -> tuple[tuple[str, ...], 
     if not kept:
         raise JudgeOutputError(f"{who}: no usable search query ({'; '.join(rejected) or 'none given'})")
     return tuple(kept), rejected
-
-
-class ToolsDropped(JudgeOutputError):
-    """The model answered a question that needs a search in plain text although the ``search`` tool was
-    offered: the server probably dropped the tools (a chat template without tool support)."""
 
 
 @define

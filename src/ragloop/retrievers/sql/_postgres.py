@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,9 +12,8 @@ from ragloop._log import get_logger
 from ragloop._redact import hide_credentials
 from ragloop.errors import ConfigError, QueryRefused, SourceError
 from ragloop.retrievers.sources import Filters, SourceResult
-from ragloop.retrievers.sql._check import check_sql
 from ragloop.retrievers.sql._offline import OfflineSQLWriter
-from ragloop.retrievers.sql._rows import ForCaller, _rows_result
+from ragloop.retrievers.sql._rows import ForCaller, run_checked
 from ragloop.retrievers.sql._schema import Param, SQLSchema, SQLWriter, Table, TenantKey, _allowed
 from ragloop.retrievers.sql._tenant import check_tenants
 from ragloop.state import Caller
@@ -141,25 +139,14 @@ class PostgresSQLSource:
 
     async def run(self, query: str, filters: Filters, *, caller: Caller | None = None) -> SourceResult:
         """Write, check and run one statement for ``query`` (see :meth:`SQLiteSource.run`)."""
-        schema = await self.schema()
-        written = await self.writer.write(query, schema)
-        tenant = caller.tenant if caller is not None else None
-        sql, params = check_sql(
-            written.sql,
-            written.params,
-            schema,
-            max_rows=self.max_rows,
-            filters=filters,
-            tenants=self.tenants,
-            tenant=tenant,
-        )
-        self.statements.append(sql)
-        started = time.perf_counter()
-        columns, rows = await self._execute(_pg_text(sql), params, tenant=tenant)
         label = self.url.rsplit("/", 1)[-1].split("?", 1)[0] or "postgres"
-        return _rows_result(
-            self.name, label, sql, params, columns, rows, schema, written.note, time.perf_counter() - started
-        )
+        return await run_checked(self, query, filters, caller, self._run_statement, label)
+
+    async def _run_statement(
+        self, sql: str, params: tuple[Param, ...], tenant: str | None
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """One checked statement, its ``%`` escaped for psycopg, in its bounded transaction (with the tenant)."""
+        return await self._execute(_pg_text(sql), params, tenant=tenant)
 
     async def _connect(self) -> Any:
         import psycopg

@@ -1,15 +1,21 @@
-"""What both SQL sources share: a source bound to a caller, and rows turned into cited hits."""
+"""What both SQL sources share: a source bound to a caller, the body of ``run``, and rows turned into cited hits."""
 
 from __future__ import annotations
 
 import hashlib
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from attrs import frozen
 
 from ragloop.retrievers.sources import Filters, SourceResult
-from ragloop.retrievers.sql._schema import Param, SQLSchema
+from ragloop.retrievers.sql._check import check_sql
+from ragloop.retrievers.sql._schema import Param, SQLSchema, SQLWriter, TenantKey
 from ragloop.state import Caller, Chunk, Hit
+
+#: How a source runs one checked statement: ``(sql, params, tenant) -> (columns, rows)``.
+Execute = Callable[[str, tuple[Param, ...], str | None], Awaitable[tuple[list[str], list[tuple[Any, ...]]]]]
 
 
 class _CallerRun(Protocol):
@@ -53,7 +59,46 @@ class ForCaller:
         return ForCaller(self.source, caller)
 
 
-def _rows_result(  # noqa: PLR0913 - one call site per source, all keyword-free positional data
+class _Checked(Protocol):
+    name: str
+    writer: SQLWriter
+    tenants: Mapping[str, TenantKey]
+    max_rows: int
+    statements: list[str]
+
+    async def schema(self) -> SQLSchema: ...
+
+
+async def run_checked(
+    source: _Checked, query: str, filters: Filters, caller: Caller | None, execute: Execute, label: str
+) -> SourceResult:
+    """The ``run`` of both SQL sources: write a statement for ``query``, check it (allowlist, ``LIMIT``, filters,
+    the caller's tenant), record it, run it through the source's ``execute`` and cite its rows under ``label``.
+
+    Raises:
+        QueryRefused: The writer could not write it, or the check refused it (the message names the rule).
+        SourceError: Whatever ``execute`` raises for a database failure.
+    """
+    schema = await source.schema()
+    written = await source.writer.write(query, schema)
+    tenant = caller.tenant if caller is not None else None
+    sql, params = check_sql(
+        written.sql,
+        written.params,
+        schema,
+        max_rows=source.max_rows,
+        filters=filters,
+        tenants=source.tenants,
+        tenant=tenant,
+    )
+    source.statements.append(sql)
+    started = time.perf_counter()
+    columns, rows = await execute(sql, params, tenant)
+    seconds = time.perf_counter() - started
+    return _rows_result(source.name, label, sql, params, columns, rows, schema, written.note, seconds)
+
+
+def _rows_result(  # noqa: PLR0913 - one call site (run_checked), all keyword-free positional data
     name: str,
     label: str,
     sql: str,

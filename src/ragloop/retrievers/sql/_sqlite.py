@@ -17,9 +17,8 @@ from ragloop.errors import ConfigError, QueryRefused, SourceError
 from ragloop.retrievers._threads import run_in_daemon_thread
 from ragloop.retrievers.sources import Filters, SourceResult
 from ragloop.retrievers.sql._allow import FUNCTIONS
-from ragloop.retrievers.sql._check import check_sql
 from ragloop.retrievers.sql._offline import OfflineSQLWriter
-from ragloop.retrievers.sql._rows import ForCaller, _rows_result
+from ragloop.retrievers.sql._rows import ForCaller, run_checked
 from ragloop.retrievers.sql._schema import Param, SQLSchema, SQLWriter, Table, TenantKey, _allowed
 from ragloop.retrievers.sql._tenant import check_tenants
 from ragloop.state import Caller
@@ -140,25 +139,15 @@ class SQLiteSource:
             QueryRefused: the writer could not write it, or the check refused it (message names the rule).
             SourceError: the database failed, or the statement ran past its time, steps or value size.
         """
-        schema = await self.schema()
-        written = await self.writer.write(query, schema)
-        tenant = caller.tenant if caller is not None else None
-        sql, params = check_sql(
-            written.sql,
-            written.params,
-            schema,
-            max_rows=self.max_rows,
-            filters=filters,
-            tenants=self.tenants,
-            tenant=tenant,
-        )
-        self.statements.append(sql)
-        started = time.perf_counter()
-        columns, rows = await self._in_thread(lambda: self._execute(sql, params))
-        seconds = time.perf_counter() - started
-        return _rows_result(self.name, self.path.name, sql, params, columns, rows, schema, written.note, seconds)
+        return await run_checked(self, query, filters, caller, self._run_statement, self.path.name)
 
     # -- internals ----------------------------------------------------------------------------------------
+
+    async def _run_statement(
+        self, sql: str, params: tuple[Param, ...], tenant: str | None
+    ) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """One checked statement in a thread (the tenant is in the statement already: SQLite has no setting)."""
+        return await self._in_thread(lambda: self._execute(sql, params))
 
     async def _in_thread(self, fn: Callable[[], _T]) -> _T:
         """``fn`` in a daemon thread, at most ``max_concurrency`` at once; a call its caller gave up on (a plan's

@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Unpack
 
-from attrs import frozen
+from attrs import evolve, frozen
 
 from ragloop.errors import ConfigError
 from ragloop.policy import EDGES, RoutingPolicy, most_runs
@@ -29,10 +29,10 @@ from ragloop.retrievers.scope import Corpus
 from ragloop.retrievers.sources import Source
 from ragloop.runner import Graph, Node
 from ragloop.turn._edits import check_plan_routes, insert_node, plan_table, replace_node
-from ragloop.turn.judges import Judges
-from ragloop.turn.options import IndexOptions, RetrieverOptions, StoreOptions, TurnWiring, check_options, require
-from ragloop.turn.settings import TurnSettings
-from ragloop.turn.wiring import build_graph, default_nodes
+from ragloop.turn._judges import Judges
+from ragloop.turn._options import IndexOptions, RetrieverOptions, StoreOptions, TurnWiring, check_options, wiring_judges
+from ragloop.turn._settings import TurnSettings
+from ragloop.turn._wiring import build_graph, default_nodes
 
 if TYPE_CHECKING:
     import openai
@@ -126,10 +126,7 @@ class Turn:
         Raises:
             ConfigError: A required collaborator is missing.
         """
-        require(wiring)
-        flat: dict[str, Any] = dict(wiring)
-        judged: dict[str, Any] = {key: flat.get(key) for key in (*_JUDGED, "planner", "fallback_planner")}
-        judges = Judges(**judged)
+        judges = wiring_judges(wiring)
         turn = cls(
             wiring["retriever"],
             judges,
@@ -160,7 +157,7 @@ class Turn:
                 :class:`~ragloop.retrievers.scope.Corpus` (texts with their metadata) when callers are scoped by
                 filters (tenants): each turn's judges then know only the chunks its filters let it find.
             llm: An ``openai.AsyncOpenAI`` client; ``None`` runs the offline judges (no model, no network).
-            **options: See :class:`~ragloop.turn.options.RetrieverOptions`.
+            **options: See :class:`~ragloop.turn.RetrieverOptions`.
 
         Raises:
             ConfigError: ``llm`` without ``fast_model``.
@@ -207,7 +204,7 @@ class Turn:
         Args:
             index: The index directory, or a :class:`~ragloop.retrievers.index.KnowledgeIndex`.
             llm: As in :meth:`from_retriever`.
-            **options: See :class:`~ragloop.turn.options.IndexOptions`.
+            **options: See :class:`~ragloop.turn.IndexOptions`.
         """
         check_options(options, IndexOptions, "from_index")
         from ragloop.retrievers.index import KnowledgeIndex
@@ -236,7 +233,7 @@ class Turn:
         Args:
             url: ``postgresql://`` URL of a database with the ``vector`` extension.
             llm: As in :meth:`from_retriever`.
-            **options: See :class:`~ragloop.turn.options.StoreOptions`.
+            **options: See :class:`~ragloop.turn.StoreOptions`.
 
         Raises:
             ConfigError: A mode other than ``hybrid``.
@@ -265,7 +262,7 @@ class Turn:
         Args:
             llm: As in :meth:`from_retriever`.
             cache_dir: Where the sample index is cached.
-            **options: See :class:`~ragloop.turn.options.IndexOptions` (``live_sources`` defaults to the sample's
+            **options: See :class:`~ragloop.turn.IndexOptions` (``live_sources`` defaults to the sample's
                 :class:`~ragloop.retrievers.live.SQLiteTicketSource`).
         """
         from pathlib import Path
@@ -404,17 +401,15 @@ class Turn:
         if table is not None and planner is not None and self._plan_table is None:
             check_plan_routes(table, planner, fallback)
         nodes = default_nodes(
-            retriever=self.retriever,
-            live_sources=live,
+            self.retriever,
+            evolve(j, planner=planner, fallback_planner=fallback),
             settings=self.settings,
+            live_sources=live,
             embedder=self.embedder,
-            planner=planner,
             plan_sources=table,
-            fallback_planner=fallback,
             caches=self.caches,
             index_version=self.index_version,
             ranker=self._ranker,
-            **{key: getattr(j, key) for key in _JUDGED},
         )
         edges: dict[str, dict[str, str]] = {}
         runs = {n: most_runs(n, self.policy()) for n in nodes}
@@ -429,7 +424,3 @@ class Turn:
         return BuiltTurn(
             graph, self.settings, live, self.caches, version, j.offline_only, self._store, self.retriever, self.embedder
         )
-
-
-#: The judges a Judges bundle hands the default nodes, under the same names as TurnWiring's.
-_JUDGED = ("decider", "grader", "rewriter", "answerer", "fallback_decider", "fallback_answerer", "bridger", "verifier")

@@ -61,7 +61,7 @@ def _chat(args: argparse.Namespace) -> tuple[Any, Any]:
 
     client, fast, answer = None, None, None
     if args.model:
-        from ragloop.cli.chat import _llm
+        from ragloop.cli._chat import _llm
 
         client, fast, answer = _llm()
         if client is None:

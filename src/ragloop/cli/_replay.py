@@ -56,7 +56,7 @@ def add_replay(sub: Any) -> None:
 
 
 def _since(text: str, now: float) -> float:
-    from ragloop.cli.gaps import parse_since
+    from ragloop.cli._gaps import parse_since
 
     raw = text.strip()
     return parse_since(f"{raw}d" if raw.replace(".", "", 1).isdigit() else raw, now)
@@ -78,7 +78,7 @@ def _store_pages(url: str, collection: str) -> frozenset[str]:
 
 
 def _chat(args: argparse.Namespace) -> tuple[Any, Any, frozenset[str]]:
-    from ragloop.cli.check import _chat as chat_for
+    from ragloop.cli._check import _chat as chat_for
 
     if args.index:
         from ragloop.retrievers.index import KnowledgeIndex

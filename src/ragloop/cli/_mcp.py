@@ -34,7 +34,7 @@ def add_mcp(sub: Any) -> None:
             "and/or OPENAI_API_KEY with RAGLOOP_MODEL select a model (offline without them)."
         ),
     )
-    from ragloop.cli.serve import add_knowledge_options
+    from ragloop.cli._serve import add_knowledge_options
 
     add_knowledge_options(p)
     p.add_argument("--max-concurrency", type=int, default=8, metavar="N", help="turns at once (default 8)")
@@ -110,7 +110,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         raise ConfigError(f"ragloop mcp needs the [serve] extra: pip install 'ragloop[serve]' ({exc})") from exc
     import anyio
 
-    from ragloop.cli.serve import _chat_args, _source_url, build_with_documents
+    from ragloop.cli._serve import _chat_args, _source_url, build_with_documents
 
     settings = ServeSettings(max_concurrent_turns=args.max_concurrency, deadline_s=args.deadline, page=False)
     rag, client, documents = build_with_documents(_chat_args(args))

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import define, field
 
-from ragloop.cli.chat._input import LineReader
-from ragloop.cli.chat._terminal import Terminal, sources_lines
+from ragloop.cli._chat._input import LineReader
+from ragloop.cli._chat._terminal import Terminal, sources_lines
 
 if TYPE_CHECKING:
     from anyio.from_thread import BlockingPortal

@@ -1,15 +1,17 @@
 """The keyword arguments of the turn's constructors, each list written once.
 
-``ChatRAG(...)``, :meth:`ragloop.turn.builder.Turn.of` and :func:`ragloop.turn.default_nodes` take a turn's
-collaborators one by one (:class:`TurnWiring`); ``Turn.from_retriever`` / ``from_index`` / ``from_store`` /
-``sample`` (and the ``ChatRAG`` constructors of the same names) take a retriever, an index or a store plus the
-options below.
+``ChatRAG(...)`` and :meth:`ragloop.turn.Turn.of` take a turn's collaborators one by one (:class:`TurnWiring`,
+the compatibility path; :func:`wiring_judges` maps it onto :class:`~ragloop.turn.Judges`);
+``Turn.from_retriever`` / ``from_index`` / ``from_store`` / ``sample`` (and the ``ChatRAG`` constructors of the
+same names) take a retriever, an index or a store plus the options below.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
+
+import attrs
 
 from ragloop.errors import ConfigError
 from ragloop.llm.planner import Planner
@@ -19,21 +21,31 @@ from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.live import LiveSource
 from ragloop.retrievers.ranking import Ranker
 from ragloop.retrievers.sources import Source
-from ragloop.turn.settings import TurnSettings
+from ragloop.turn._judges import Judges
+from ragloop.turn._settings import TurnSettings
 
 if TYPE_CHECKING:
     from ragloop.caches import Caches
 
-__all__ = ["IndexOptions", "RetrieverOptions", "StoreOptions", "TurnWiring", "check_options", "require"]
+__all__ = [
+    "IndexOptions",
+    "RetrieverOptions",
+    "StoreOptions",
+    "TurnWiring",
+    "check_options",
+    "require",
+    "wiring_judges",
+]
 
 
 class TurnWiring(TypedDict, total=False):
-    """A turn's collaborators one by one: the keywords of ``ChatRAG(...)``, ``Turn.of`` and ``default_nodes``.
+    """A turn's collaborators one by one: the keywords of ``ChatRAG(...)`` and ``Turn.of``.
 
     A compatibility path, kept for code written before the builder: the one way to list a turn's parts is
     ``Turn(retriever, Judges(...), settings=...)`` (its judges in :class:`~ragloop.turn.Judges`, a ranker with
-    ``Turn.ranker``, sources with ``Turn.add_source``), which ``ChatRAG(turn)`` runs. The first five keys are
-    required (``require`` checks).
+    ``Turn.ranker``, sources with ``Turn.add_source``), which ``ChatRAG(turn)`` runs and
+    :func:`~ragloop.turn.default_nodes` wires. Its judge keys are :class:`~ragloop.turn.Judges`' fields of the
+    same names, mapped in one place (``Turn.of``); the first five keys are required.
 
     Attributes:
         retriever: Where to search (required).
@@ -91,6 +103,18 @@ def require(wiring: TurnWiring) -> None:
             f"a turn needs {', '.join(missing)}: pass retriever=, decider=, grader=, rewriter= and answerer=, "
             "or a built turn (ChatRAG(Turn.from_index(...).build()))"
         )
+
+
+def wiring_judges(wiring: TurnWiring) -> Judges:
+    """The compatibility path's one mapping: the :class:`~ragloop.turn.Judges` a flat :class:`TurnWiring` names
+    (each of its keys that is a ``Judges`` field; the others are the builder's arguments).
+
+    Raises:
+        ConfigError: A required collaborator is missing.
+    """
+    require(wiring)
+    flat: Mapping[str, Any] = wiring
+    return Judges(**{f.name: flat[f.name] for f in attrs.fields(Judges) if f.name in flat})
 
 
 class _Common(TypedDict, total=False):

@@ -199,7 +199,7 @@ def store_url(args: argparse.Namespace) -> str | None:
 
 
 def _ingest(args: argparse.Namespace) -> tuple[IngestResult, list[Chunk]]:
-    from ragloop.cli.ingest import ingest_for_index
+    from ragloop.cli._ingest import ingest_for_index
 
     result = ingest_for_index(args)
     return result, attach_metadata(args, result.chunks)

@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any
 
-from ragloop.cli.turnlog import add_turn_log_options
+from ragloop.cli._turnlog import add_turn_log_options
 
 __all__ = ["add_serve", "cmd_serve"]
 
@@ -151,7 +151,7 @@ def add_knowledge_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plan", action="store_true", help="no retrieval planner over the sample CRM database")
     p.add_argument("--cache-dir", metavar="DIR", help="where the sample index is cached (~/.cache/ragloop)")
     p.add_argument("--deadline", type=float, default=60.0, metavar="S", help="time limit per turn (default 60 s)")
-    from ragloop.cli.chat import RERANKER_HELP
+    from ragloop.cli._chat import RERANKER_HELP
 
     p.add_argument("--reranker", metavar="URL|PATH", help=RERANKER_HELP)
 
@@ -392,7 +392,7 @@ def build_with_documents(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
     A ``--index`` is loaded once and shared by both; the sample index is small and loaded a second time.
     """
-    from ragloop.cli.chat import _build
+    from ragloop.cli._chat import _build
     from ragloop.serve import IndexDocuments, StoreDocuments
 
     if args.index and not args.store:
@@ -413,7 +413,7 @@ def build_with_documents(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 def _chat_args(args: argparse.Namespace) -> argparse.Namespace:
     """``args`` completed with the defaults of every ``ragloop ask`` option that ``serve`` does not offer."""
-    from ragloop.cli.chat import _common
+    from ragloop.cli._chat import _common
 
     ask = argparse.ArgumentParser(add_help=False)
     _common(ask)

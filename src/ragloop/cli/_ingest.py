@@ -4,7 +4,7 @@
 ``--embedder-base-url``, ``--explain FILE`` (what one file becomes), the per-file budgets (``--workers``,
 ``--file-timeout``, ``--file-memory``), progress with an ETA (redrawn on a terminal, plain lines elsewhere,
 nothing with ``--quiet``), and the summary of every file left out, by reason, in text and ``--json``.
-Kept apart from :mod:`ragloop.cli._main` and :mod:`ragloop.cli.store` (both call it; it imports neither).
+Kept apart from :mod:`ragloop.cli._main` and :mod:`ragloop.cli._store` (both call it; it imports neither).
 """
 
 from __future__ import annotations

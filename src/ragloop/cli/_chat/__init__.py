@@ -6,8 +6,8 @@ either, over the bundled sample knowledge base and its ticket database, built on
 otherwise they run offline and say so. Progress goes to stderr (a transient status line on a terminal, plain
 lines when piped, nothing with ``--quiet``); the answer (markdown rendered on a terminal, plain text when piped or
 with ``NO_COLOR``; or one JSON object with ``--json``) and its numbered sources go to stdout
-(:mod:`ragloop.cli.chat._terminal`). The chat loop, its commands and Ctrl-C are in
-:mod:`ragloop.cli.chat._session`, line editing and history in :mod:`ragloop.cli.chat._input`.
+(:mod:`ragloop.cli._chat._terminal`). The chat loop, its commands and Ctrl-C are in
+:mod:`ragloop.cli._chat._session`, line editing and history in :mod:`ragloop.cli._chat._input`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ragloop._redact import redact
-from ragloop.cli.chat._terminal import Terminal
-from ragloop.cli.store import add_filter_option, add_store_options, parse_filters, store_url
-from ragloop.cli.turnlog import add_turn_log_options, open_turn_log
+from ragloop.cli._chat._terminal import Terminal
+from ragloop.cli._store import add_filter_option, add_store_options, parse_filters, store_url
+from ragloop.cli._turnlog import add_turn_log_options, open_turn_log
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -277,11 +277,11 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    """Interactive chat: questions and ``/commands`` line by line (see :mod:`ragloop.cli.chat._session`)."""
+    """Interactive chat: questions and ``/commands`` line by line (see :mod:`ragloop.cli._chat._session`)."""
     from anyio.from_thread import start_blocking_portal
 
-    from ragloop.cli.chat._input import LineReader, history_path
-    from ragloop.cli.chat._session import ChatSession
+    from ragloop.cli._chat._input import LineReader, history_path
+    from ragloop.cli._chat._session import ChatSession
     from ragloop.errors import InputError
 
     rag, client = _build(args)

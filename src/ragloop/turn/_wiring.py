@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator, Mapping
-from typing import Unpack
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from ragloop.freshness import Freshness
 from ragloop.llm.cached import CachedGrader
@@ -19,48 +19,69 @@ from ragloop.nodes.plan import PlanNode
 from ragloop.nodes.retrieve import Retrieve
 from ragloop.nodes.rewrite import Rewrite
 from ragloop.policy import ANSWER, DECIDE, PLAN
-from ragloop.retrievers.base import Retriever
+from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.cached import CachedEmbedder, CachedRetriever
-from ragloop.retrievers.ranking import FusionRanker
+from ragloop.retrievers.live import LiveSource
+from ragloop.retrievers.ranking import FusionRanker, Ranker
 from ragloop.retrievers.scope import turn_scope
+from ragloop.retrievers.sources import Source
 from ragloop.runner import Graph, Node
 from ragloop.state import TurnState
-from ragloop.turn.options import TurnWiring, require
-from ragloop.turn.record import turn_record
-from ragloop.turn.settings import TurnSettings
+from ragloop.turn._judges import Judges
+from ragloop.turn._record import turn_record
+from ragloop.turn._settings import TurnSettings
 from ragloop.usage import metering
+
+if TYPE_CHECKING:
+    from ragloop.caches import Caches
 
 __all__ = ["build_graph", "default_nodes"]
 
 
-def default_nodes(**wiring: Unpack[TurnWiring]) -> dict[str, Node]:
-    """The seven nodes of the default turn, wired to the given collaborators (no bridger: no hops).
+def default_nodes(  # noqa: PLR0913 — the turn's collaborators, by keyword after the two it needs
+    retriever: Retriever,
+    judges: Judges,
+    *,
+    settings: TurnSettings = TurnSettings(),
+    live_sources: Sequence[LiveSource] = (),
+    embedder: Embedder | None = None,
+    plan_sources: Mapping[str, Source] | None = None,
+    caches: Caches | None = None,
+    index_version: Callable[[], str] | None = None,
+    ranker: Ranker | None = None,
+) -> dict[str, Node]:
+    """The seven nodes of the default turn over ``retriever``, judged by ``judges`` (no bridger: no hops).
 
-    The keywords are :class:`~ragloop.turn.options.TurnWiring`'s. With a ``planner`` (and the ``plan_sources``
-    it plans over, the document source included), an eighth node, ``plan``, starts the turn: it runs
-    multi-source plans in dependency waves and sends every other question to ``decide`` (see
-    :mod:`ragloop.nodes.plan`).
+    The one place :class:`~ragloop.turn.TurnSettings` meets the nodes' constructors (the settings hold the
+    defaults; the nodes take them as arguments). With a ``judges.planner`` (and the ``plan_sources`` it plans
+    over, the document source included), an eighth node, ``plan``, starts the turn: it runs multi-source plans in
+    dependency waves and sends every other question to ``decide`` (see :mod:`ragloop.nodes.plan`).
 
-    A ``fallback_answerer`` that can also compose a reply without I/O (the offline one: an
+    A ``judges.fallback_answerer`` that can also compose a reply without I/O (the offline one: an
     :class:`~ragloop.nodes.answer.Extractive`) ends a reply the deadline cut short (``Answer.salvage``).
     A ``ranker`` orders the passages the answer numbers and cites (default: the built-in ranking of
-    ``settings.fusion`` and ``settings.rerank``). A ``verifier`` checks every finished reply
+    ``settings.fusion`` and ``settings.rerank``). A ``judges.verifier`` checks every finished reply
     (:func:`ragloop.nodes.answer.verify_reply`). An answerer (or fallback answerer) that can also say when the
     passages do not support an answer (the offline one: an :class:`~ragloop.nodes.answer.Abstainer`) makes the
     turn abstain before it answers (:func:`ragloop.nodes.answer.abstain`).
 
-    With ``caches`` (:class:`~ragloop.caches.Caches`) the grader, the rewrite check's embedder and, when the
-    index's version is known (``index_version``, or a ``version`` attribute of the retriever), the retriever
-    remember their answers across turns (see :mod:`ragloop.caches`).
+    Args:
+        retriever: Where the turn searches.
+        judges: The turn's judges, their fallbacks, its bridger, verifier and planners.
+        settings: The turn's knobs.
+        live_sources: Live sources for the live node (they shape the routing policy too).
+        embedder: The query embedder, for semantic near-duplicate checks of rewrites.
+        plan_sources: The plan node's sources by name, the document source included (with a planner).
+        caches: With caches (:class:`~ragloop.caches.Caches`) the grader, the rewrite check's embedder and,
+            when the index's version is known (``index_version``, or a ``version`` attribute of the retriever),
+            the retriever remember their answers across turns (see :mod:`ragloop.caches`).
+        index_version: The index's current version, which cached search results are keyed on.
+        ranker: Orders the turn's passages for the answer (:class:`~ragloop.retrievers.ranking.Ranker`).
     """
-    require(wiring)
-    retriever, grader, embedder = wiring["retriever"], wiring["grader"], wiring.get("embedder")
-    live_sources, bridger = wiring.get("live_sources", ()), wiring.get("bridger")
-    fallback_answerer, planner = wiring.get("fallback_answerer"), wiring.get("planner")
-    s = wiring.get("settings", TurnSettings())
-    caches = wiring.get("caches")
+    s, grader, bridger, planner = settings, judges.grader, judges.bridger, judges.planner
+    fallback_answerer = judges.fallback_answerer
     if caches is not None:
-        version = wiring.get("index_version") or _version_of(retriever)
+        version = index_version or _version_of(retriever)
         if caches.retrieval is not None and version is not None:
             retriever = CachedRetriever(retriever, caches.retrieval, version)
         if caches.grades is not None:
@@ -72,14 +93,14 @@ def default_nodes(**wiring: Unpack[TurnWiring]) -> dict[str, Node]:
     if planner is not None:  # the retrieval planner goes first; questions it does not plan go on to decide
         nodes["plan"] = PlanNode(
             planner,
-            dict(wiring.get("plan_sources") or {}),
-            fallback=wiring.get("fallback_planner"),
+            dict(plan_sources or {}),
+            fallback=judges.fallback_planner,
             max_subqueries=s.max_subqueries,
             timeout_s=s.plan_timeout_s,
             max_concurrency=s.plan_concurrency,
         )
     return nodes | {
-        "decide": Decide(wiring["decider"], max_queries=s.max_queries, fallback=wiring.get("fallback_decider")),
+        "decide": Decide(judges.decider, max_queries=s.max_queries, fallback=judges.fallback_decider),
         "retrieve": Retrieve(
             retriever,
             k=s.k,
@@ -101,7 +122,7 @@ def default_nodes(**wiring: Unpack[TurnWiring]) -> dict[str, Node]:
         "hop": Hop(bridger, policy=policy, timeout_s=s.hop_timeout_s),
         "live": Live(live_sources, policy=policy, timeout_s=s.live_timeout_s),
         "rewrite": Rewrite(
-            wiring["rewriter"],
+            judges.rewriter,
             policy=policy,
             overlap_threshold=s.overlap_threshold,
             cosine_threshold=s.cosine_threshold,
@@ -109,15 +130,15 @@ def default_nodes(**wiring: Unpack[TurnWiring]) -> dict[str, Node]:
             embedder=embedder,
         ),
         "answer": Answer(
-            wiring["answerer"],
+            judges.answerer,
             max_blocks=s.max_blocks,
             fallback=fallback_answerer,
             extractive=fallback_answerer if isinstance(fallback_answerer, Extractive) else None,
-            verifier=wiring.get("verifier"),
-            abstainer=_abstainer(wiring["answerer"], fallback_answerer),
+            verifier=judges.verifier,
+            abstainer=_abstainer(judges.answerer, fallback_answerer),
             budget=s.prompt_budget,
             freshness=Freshness(max_age_days=s.stale_after_days),
-            ranker=wiring.get("ranker"),
+            ranker=ranker,
             default_ranking=FusionRanker(s.fusion, s.rerank),
             rank_timeout_s=s.rank_timeout_s,
         ),
