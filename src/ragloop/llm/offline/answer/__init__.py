@@ -62,7 +62,7 @@ from ragloop.llm.offline.answer._choose import (
     value_near,
 )
 from ragloop.llm.offline.answer._render import introduces, lead_in, render, with_introduced
-from ragloop.llm.offline.answer._units import Unit, block_units, is_block_unit, split_sentences
+from ragloop.llm.offline.answer._units import Unit, answers_how, block_units, is_block_unit, split_sentences
 from ragloop.llm.offline.decide import split_topics
 from ragloop.retrievers.base import Embedder
 from ragloop.state import Abstention, ContextBlock, Hit, Message, Outcome
@@ -329,8 +329,8 @@ class OfflineAnswerer:
                     # in a row also a term its label holds: the row's values belong to it ("| Team | 1,000 |").
                     if value_near(asked, f"{unit.header} {unit.text}", specific | (q_terms & row_label(unit)), q_words):
                         rel += self.near_bonus
-                if labels(unit, head):
-                    rel += self.asked_bonus  # the row the question's head term labels ("| P2 — high | …")
+                if labels(unit, head) or answers_how(question, unit):
+                    rel += self.asked_bonus  # the row the head term labels ("| P2 — high |"), an API for a how-to
                 rel += self.dense_weight * (dense or {}).get(unit.text, 0.0)
                 held = scored.terms | title | stems_of(unit.heading)
                 on = frozenset(

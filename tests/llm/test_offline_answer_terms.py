@@ -1,0 +1,136 @@
+"""Issue #33, round 3: a reply names the API it describes (a definition's term joins its description), a
+capitalised common word is not an unknown name, and ``partial`` does not fire on filler words."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ragloop.llm.offline.answer import OfflineAnswerer
+from ragloop.llm.offline.answer._units import block_units, definition_term
+from ragloop.state import ContextBlock
+from ragloop.text.terms import CorpusStats
+
+#: A python3-doc reference section as ingest writes it: each ``<dt>`` a one-line paragraph of its own.
+TOKENS = ContextBlock(
+    1,
+    "## Generating tokens\n\nThe `secrets` module provides functions for generating secure tokens, suitable for "
+    "applications such as password resets, hard-to-guess URLs, and similar.\n\nsecrets.token_bytes([nbytes=None])"
+    "\n\nReturn a random byte string containing nbytes number of bytes.\n\nsecrets.token_urlsafe([nbytes=None])\n\n"
+    "Return a random URL-safe text string, containing nbytes random bytes. The text is Base64 encoded, so on "
+    "average each byte results in approximately 1.3 characters.\n\n```pycon\n>>> token_urlsafe(16)\n"
+    "'Drmhze6EPcv0fN_81Bj-nA'\n```\n",
+    title="secrets — Generate secure random numbers for managing secrets",
+    query="random URL-safe token",
+)
+DICT = ContextBlock(
+    2,
+    "## Mapping types\n\nd | other\n\nCreate a new dictionary with the merged keys and values of d and other, "
+    "which must both be dictionaries. The values of other take priority when d and other share keys.\n\n"
+    "list.append(x)\n\nAdd an item to the end of the list.\n",
+    title="Built-in types",
+    query="merge two dictionaries",
+)
+
+
+class TestDefinitionTerms:
+    @pytest.mark.parametrize(
+        "line",
+        [
+            "secrets.token_urlsafe([nbytes=None])",
+            "class csv.DictReader(f, fieldnames=None, restkey=None, restval=None, dialect='excel', *args, **kwds)",
+            "shutil.which(cmd, mode=os.F_OK | os.X_OK, path=None)",
+            "statistics.median(data)",
+            "list.append(x)",
+            "len(d)",
+            "d | other",
+            "key in d",
+            "del d[key]",
+            "exception json.JSONDecodeError(msg, doc, pos)",
+            "`hashlib.file_digest(fileobj, digest, /)`",
+        ],
+    )
+    def test_a_signature_or_operator_form_is_a_term(self, line: str) -> None:
+        """The shapes a python3-doc ``<dt>`` takes are definition terms (backticks dropped)."""
+        assert definition_term(line) == line.replace("`", "")
+
+    @pytest.mark.parametrize(
+        "line",
+        [
+            "Refunds are issued within 14 days.",
+            "See the pricing page (linked below)",
+            "Plans & pricing",
+            "Q & A",
+            "New in version 3.6.",
+            "Source code: Lib/secrets.py",
+            "example.com",
+            "Returns:",
+            "Call open(path) first and then read it line by line",
+        ],
+    )
+    def test_prose_is_not_a_term(self, line: str) -> None:
+        """A sentence, a title-like line, a domain or a line ending in punctuation is not a term."""
+        assert definition_term(line) == ""
+
+    def test_the_term_opens_its_first_description_sentence(self) -> None:
+        """The term is quoted with the first sentence under it, never on its own; the next sentence stays bare."""
+        texts = [u.text for u in block_units(1, TOKENS.text)]
+        assert (
+            "`secrets.token_urlsafe([nbytes=None])`: Return a random URL-safe text string, containing nbytes "
+            "random bytes." in texts
+        )
+        assert "secrets.token_urlsafe([nbytes=None])" not in texts
+        assert "The text is Base64 encoded, so on average each byte results in approximately 1.3 characters." in texts
+
+    def test_a_term_with_nothing_under_it_is_kept(self) -> None:
+        """A term before a heading, a code block or the end of the block is quoted as it stands: nothing is lost."""
+        units = block_units(1, "os.getcwd()\n\n## Next\n\nstatistics.mode(data)\n\n```py\nmode([1])\n```\n\nlen(s)")
+        assert [(u.text, u.heading) for u in units if u.kind == "sentence"] == [
+            ("os.getcwd()", ""),
+            ("statistics.mode(data)", "Next"),
+            ("len(s)", "Next"),
+        ]
+
+    def test_a_list_item_is_never_a_term(self) -> None:
+        """A list item that looks like a call stays an item of its own."""
+        units = block_units(1, "- open(path)\n- close()\n\nThen you are done.")
+        assert [u.kind for u in units] == ["item", "item", "sentence"]
+        assert units[2].text == "Then you are done."
+
+    @pytest.mark.parametrize(
+        ("block", "question", "name"),
+        [
+            (TOKENS, "How do I make a random URL-safe token for a password reset link?", "secrets.token_urlsafe"),
+            (DICT, "How do I merge two dictionaries into a new one?", "d | other"),
+        ],
+    )
+    def test_the_reply_names_the_api_it_describes(self, block: ContextBlock, question: str, name: str) -> None:
+        """The reply's first sentence holds the API's name, not only its description (failed before: the
+        description was quoted without its ``<dt>``)."""
+        stats = CorpusStats.from_texts([TOKENS.text, DICT.text, "Refunds are issued within 14 days."])
+        reply = OfflineAnswerer(stats).compose(question, [block], "context")
+        first = reply.split(". [", 1)[0]
+        assert name in first, reply
+
+    @given(
+        st.lists(
+            st.sampled_from(
+                ["f(x)", "mod.g(a, b=1)", "d | other", "It returns a value.", "Plain words here.", "## Head", "- item"]
+            ),
+            min_size=1,
+            max_size=8,
+        )
+    )
+    def test_no_paragraph_is_lost_or_doubled(self, parts: list[str]) -> None:
+        """Property: every paragraph of a block reaches exactly one unit (a term joined or alone), in order."""
+        text = "\n\n".join(parts)
+        joined = " ".join(u.text for u in block_units(1, text))
+        expected = [p.lstrip("- ") for p in parts if not p.startswith("#")]
+        at = 0
+        for p in expected:
+            found = joined.find(p, at)
+            assert found >= 0, (p, joined)
+            at = found + len(p)
+        for p in set(expected):
+            assert joined.count(p) >= expected.count(p)
