@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragloop.llm.offline.answer import OfflineAnswerer
+from ragloop.llm.offline.answer import AbstainRule, OfflineAnswerer
 from ragloop.llm.offline.answer._units import block_units, definition_term
-from ragloop.state import ContextBlock
+from ragloop.state import Chunk, ContextBlock, Hit
 from ragloop.text.terms import CorpusStats
 
 #: A python3-doc reference section as ingest writes it: each ``<dt>`` a one-line paragraph of its own.
@@ -134,3 +134,51 @@ class TestDefinitionTerms:
             at = found + len(p)
         for p in set(expected):
             assert joined.count(p) >= expected.count(p)
+
+
+HOURS = ContextBlock(
+    3,
+    "The club is open from 6 am to 10 pm on weekdays and from 8 am to 8 pm on weekends. On public holidays we "
+    "close at 4 pm. The last entry is 30 minutes before closing.",
+    title="Opening hours",
+    chunk_id="hours",
+    query="close Saturdays",
+)
+GYM = [HOURS.text, "A guest pass costs €8.", "You can pause your membership for up to three months."]
+
+
+def _hit(cosine: float, chunk_id: str = "hours") -> Hit:
+    return Hit(Chunk(chunk_id, HOURS.text), 1.0, 0.1, scores={"dense": cosine})
+
+
+class TestNamesByMeaning:
+    QUESTION = "What time do you close on Saturdays?"
+
+    def test_a_capitalised_word_the_page_says_otherwise_is_answered(self) -> None:
+        """On a small knowledge base, "Saturdays" over a page about weekends is not an unknown name when the
+        kept passage means the question (failed before: refused, "it says nothing about “Saturdays”")."""
+        answerer = OfflineAnswerer(CorpusStats.from_texts(GYM), abstain_rule=AbstainRule.small())
+        assert answerer.abstain(self.QUESTION, [HOURS], [_hit(0.65)]) is None
+
+    def test_a_name_nothing_means_is_still_refused(self) -> None:
+        """Under the meaning bar, or with the meaning only in a passage that was not kept, the name refuses."""
+        answerer = OfflineAnswerer(CorpusStats.from_texts(GYM), abstain_rule=AbstainRule.small())
+        low = answerer.abstain("Can I pay with Klarna?", [HOURS], [_hit(0.13)])
+        assert low is not None and low.unknown == ("Klarna",)
+        elsewhere = answerer.abstain("Can I pay with Klarna?", [HOURS], [_hit(0.9, "other")])
+        assert elsewhere is not None and elsewhere.unknown == ("Klarna",)
+
+    def test_a_large_knowledge_base_keeps_the_name_rule(self) -> None:
+        """Without ``meaning_at`` (the default rule of a calibrated corpus) a name the corpus never mentions
+        refuses whatever the cosine."""
+        found = OfflineAnswerer(CorpusStats.from_texts(GYM)).abstain(self.QUESTION, [HOURS], [_hit(0.95)])
+        assert found is not None and found.unknown == ("Saturdays",)
+
+    @given(st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.sampled_from(["Saturdays", "Klarna", "ID"]))
+    def test_more_meaning_never_refuses_what_less_answered(self, a: float, b: float, name: str) -> None:
+        """Property: the small rule's verdict is monotone in the kept passage's cosine."""
+        answerer = OfflineAnswerer(CorpusStats.from_texts(GYM), abstain_rule=AbstainRule.small())
+        question = f"What time do you close on {name}?"
+        lo, hi = sorted((a, b))
+        if answerer.abstain(question, [HOURS], [_hit(lo)]) is None:
+            assert answerer.abstain(question, [HOURS], [_hit(hi)]) is None

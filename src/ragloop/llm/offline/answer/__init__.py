@@ -393,7 +393,8 @@ class OfflineAnswerer:
     def abstain(self, question: str, blocks: Sequence[ContextBlock], hits: Sequence[Hit]) -> Abstention | None:
         """Why ``blocks`` (the passages found, ``hits`` their search results best first) do not support an
         answer to ``question``, or ``None`` when they do (see :mod:`._abstain`): a name the corpus never
-        mentions, or an evidence score below the rule's threshold (and, with the rule's ``meaning_at``, no kept
+        mentions (unless, with the rule's ``meaning_at``, a kept passage means the question: "Saturdays" over a
+        page about weekends), or an evidence score below the rule's threshold (and, with ``meaning_at``, no kept
         passage that close to the question by its dense cosine). Needs corpus statistics (``None`` without)."""
         if self.stats is None:
             return None
@@ -401,10 +402,10 @@ class OfflineAnswerer:
         unknown = unknown_names(question, self.stats)
         picked = self.select(question, blocks) if blocks else []
         score = rule.score(picked[0].relevance if picked else 0.0, [h.confidence for h in hits])
-        if unknown:
-            return Abstention(score, rule.threshold, unknown, f"the knowledge base never mentions {_join(unknown)}")
         kept = {b.chunk_id for b in blocks}
         meaning = max((h.scores.get("dense", 0.0) for h in hits if h.id in kept), default=0.0)
+        if unknown and not rule.means(meaning):  # a passage that means it covers the name in other words
+            return Abstention(score, rule.threshold, unknown, f"the knowledge base never mentions {_join(unknown)}")
         if not rule.supported(score, meaning):
             why = f"the best passage scores {score:.2f} as an answer, under the {rule.threshold:.2f} threshold"
             return Abstention(score, rule.threshold, (), why)
