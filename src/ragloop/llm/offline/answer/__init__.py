@@ -61,6 +61,7 @@ from ragloop.llm.offline.answer._choose import (
     stems_of,
     value_near,
 )
+from ragloop.llm.offline.answer._pages import page_weight
 from ragloop.llm.offline.answer._render import introduces, lead_in, render, with_introduced
 from ragloop.llm.offline.answer._units import Unit, answers_how, block_units, is_block_unit, split_sentences
 from ragloop.llm.offline.decide import split_topics
@@ -311,13 +312,13 @@ class OfflineAnswerer:
             mine = units[block.n] = block_units(block.n, block.text)
             if _coverage(block, title, wanted, total, weight) < self.min_block_coverage and not any(map(meant, mine)):
                 continue  # a block about another topic is not cited
-            hosts = _hosts(block)  # once per block, not per unit
+            hosts, kind_weight = _hosts(block), page_weight(block, question)  # once per block, not per unit
             for unit in mine:
                 code, cosine = introduces(unit, mine), meant.cosine(unit)
                 scored = self._score(unit, wanted, total, title, weight, hosts, code, meant=cosine)
                 if scored is None:
                     continue
-                rel = scored.relevance * (self.code_weight if unit.kind == "code" else 1.0)
+                rel = scored.relevance * (self.code_weight if unit.kind == "code" else 1.0) * kind_weight
                 # The asked-for value, of the counted thing ("5" guests per workspace is no count of members).
                 if (
                     asked is not None
