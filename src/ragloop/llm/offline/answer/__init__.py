@@ -330,8 +330,8 @@ class OfflineAnswerer:
                     # in a row also a term its label holds: the row's values belong to it ("| Team | 1,000 |").
                     if value_near(asked, f"{unit.header} {unit.text}", specific | (q_terms & row_label(unit)), q_words):
                         rel += self.near_bonus
-                if labels(unit, head) or answers_how(question, unit):
-                    rel += self.asked_bonus  # the row the head term labels ("| P2 — high |"), an API for a how-to
+                # the row the head term labels ("| P2 — high |"); an API's definition for a how-to, as near as a value
+                rel += self.asked_bonus * labels(unit, head) + self.near_bonus * answers_how(question, unit)
                 rel += self.dense_weight * (dense or {}).get(unit.text, 0.0)
                 held = scored.terms | title | stems_of(unit.heading)
                 on = frozenset(
