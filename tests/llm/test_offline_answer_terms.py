@@ -182,3 +182,26 @@ class TestNamesByMeaning:
         lo, hi = sorted((a, b))
         if answerer.abstain(question, [HOURS], [_hit(lo)]) is None:
             assert answerer.abstain(question, [HOURS], [_hit(hi)]) is None
+
+
+class TestHowToBonusIsNoEvidence:
+    def test_the_abstention_scores_a_definition_lead_without_the_bonus(self) -> None:
+        """The how-to bonus picks a definition to lead, but the abstention's evidence is the lead's relevance
+        without it: "How do I decode a URL-safe base64 string?" over base64's decoder scores what it would
+        with no bonus at all (failed before: 0.3 higher; the pydoc2 held-out look answered 3 of 5 outside questions)."""
+        block = ContextBlock(
+            1,
+            "base64.urlsafe_b64decode(s)\n\nDecode bytes-like object or ASCII string s using the URL- and "
+            "filesystem-safe alphabet, and return the decoded bytes.",
+            title="base64 — Base16, Base32, Base64, Base85 Data Encodings",
+            chunk_id="b",
+        )
+        stats = CorpusStats.from_texts([block.text, TOKENS.text, DICT.text, "Refunds are issued within 14 days."])
+        question = "How do I decode a URL-safe base64 string?"
+        always = AbstainRule(threshold=10.0)  # every verdict is an abstention, so its score is reported
+        with_bonus = OfflineAnswerer(stats, abstain_rule=always)
+        without = OfflineAnswerer(stats, abstain_rule=always, near_bonus=0.0)
+        assert with_bonus.select(question, [block])[0].unit.text.startswith("`base64.urlsafe_b64decode(s)`")
+        scored, plain = with_bonus.abstain(question, [block], []), without.abstain(question, [block], [])
+        assert scored is not None and plain is not None
+        assert scored.score == pytest.approx(plain.score)

@@ -330,7 +330,6 @@ class OfflineAnswerer:
                     # in a row also a term its label holds: the row's values belong to it ("| Team | 1,000 |").
                     if value_near(asked, f"{unit.header} {unit.text}", specific | (q_terms & row_label(unit)), q_words):
                         rel += self.near_bonus
-                # the row the head term labels ("| P2 — high |"); an API's definition for a how-to, as near as a value
                 rel += self.asked_bonus * labels(unit, head) + self.near_bonus * answers_how(question, unit)
                 rel += self.dense_weight * (dense or {}).get(unit.text, 0.0)
                 held = scored.terms | title | stems_of(unit.heading)
@@ -395,14 +394,16 @@ class OfflineAnswerer:
         """Why ``blocks`` (the passages found, ``hits`` their search results best first) do not support an
         answer to ``question``, or ``None`` when they do (see :mod:`._abstain`): a name the corpus never
         mentions (unless, with the rule's ``meaning_at``, a kept passage means the question: "Saturdays" over a
-        page about weekends), or an evidence score below the rule's threshold (and, with ``meaning_at``, no kept
-        passage that close to the question by its dense cosine). Needs corpus statistics (``None`` without)."""
+        page about weekends), or an evidence score below the rule's threshold (the lead's relevance without the
+        how-to bonus, which picks a definition but is no evidence; and, with ``meaning_at``, no kept passage that
+        close to the question by its dense cosine). Needs corpus statistics (``None`` without)."""
         if self.stats is None:
             return None
         rule = self.abstain_rule
         unknown = unknown_names(question, self.stats)
         picked = self.select(question, blocks) if blocks else []
-        score = rule.score(picked[0].relevance if picked else 0.0, [h.confidence for h in hits])
+        lead = picked[0].relevance - self.near_bonus * answers_how(question, picked[0].unit) if picked else 0.0
+        score = rule.score(lead, [h.confidence for h in hits])
         kept = {b.chunk_id for b in blocks}
         meaning = max((h.scores.get("dense", 0.0) for h in hits if h.id in kept), default=0.0)
         if unknown and not rule.means(meaning):  # a passage that means it covers the name in other words

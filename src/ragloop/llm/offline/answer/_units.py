@@ -171,7 +171,10 @@ def defines(unit: Unit) -> bool:
 
 
 def answers_how(question: str, unit: Unit) -> bool:
-    """Whether ``unit`` opens a definition and ``question`` asks for the means to do something (see ``_HOW``)."""
+    """Whether ``unit`` opens a definition and ``question`` asks for the means to do something (see ``_HOW``):
+    the answerer then adds its near bonus, as for a value beside the question's terms (the row a question's head
+    term labels gets the asked bonus); the abstention takes it off again, since it picks the API but is no
+    evidence that the pages cover the question."""
     return defines(unit) and _HOW.match(question) is not None
 
 
