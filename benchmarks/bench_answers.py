@@ -27,6 +27,11 @@ Sets (``--set``):
 - ``pydoc``: ``benchmarks/data/python_docs_questions.jsonl`` over ten pages of Debian's python3-doc
   (:data:`PYDOC_PAGES` of ``/usr/share/doc/python3/html/library``): API questions written before any answer on
   these pages was seen, the API's name as the fact. Held out whole like ``small-heldout``.
+- ``small-heldout2`` and ``pydoc2``: fresh held-out sets of #33's third round, written and committed before any
+  run on them: ``benchmarks/data/small_kb_heldout2_questions.jsonl`` over ``benchmarks/data/small_kbs_heldout2/``
+  (a dental clinic, a municipal waste service, a bike rental; 4 one-paragraph pages each), and
+  ``benchmarks/data/python_docs2_questions.jsonl`` over ten other python3-doc pages (:data:`PYDOC2_PAGES`).
+  Looked at once, with ``--half all``, at the end of the round.
 
 **Before and after in one run.** ``--before SRC`` runs the same questions a second time with ``ragloop``
 imported from ``SRC`` (an exported ``src/`` of another commit, e.g. ``git archive main src | tar -x -C
@@ -71,6 +76,12 @@ PYDOC_PAGES = (
     "secrets.html", "shutil.html", "json.html", "random.html", "textwrap.html",
     "tempfile.html", "csv.html", "zipfile.html", "glob.html", "fnmatch.html",
 )  # fmt: skip
+#: The pages of ``PYDOC`` the ``pydoc2`` set indexes: none of :data:`PYDOC_PAGES`, chosen with its questions.
+PYDOC2_PAGES = (
+    "hashlib.html", "base64.html", "heapq.html", "bisect.html", "statistics.html",
+    "difflib.html", "uuid.html", "itertools.html", "functools.html", "os.path.html",
+)  # fmt: skip
+PYDOC_SETS = {"pydoc": PYDOC_PAGES, "pydoc2": PYDOC2_PAGES}
 SETS = {
     "sample": (_answers.DATA / "sample_kb_questions.jsonl", None),
     "fastapi": (_answers.DATA / "fastapi_docs_questions.jsonl", SHARED / "fastapi-docs"),
@@ -79,8 +90,10 @@ SETS = {
     "small": (_answers.DATA / "small_kb_questions.jsonl", _answers.DATA / "small_kbs"),
     "small-heldout": (_answers.DATA / "small_kb_heldout_questions.jsonl", _answers.DATA / "small_kbs_heldout"),
     "pydoc": (_answers.DATA / "python_docs_questions.jsonl", PYDOC),
+    "small-heldout2": (_answers.DATA / "small_kb_heldout2_questions.jsonl", _answers.DATA / "small_kbs_heldout2"),
+    "pydoc2": (_answers.DATA / "python_docs2_questions.jsonl", PYDOC),
 }
-SMALL_SETS = ("small", "small-heldout")
+SMALL_SETS = ("small", "small-heldout", "small-heldout2")
 HEADLINE = ("answer_at_1", "answer_any", "false_none", "honest_none", "reply_chars_median")
 
 
@@ -115,13 +128,13 @@ def open_index(name: str, corpus: Path | None, embedder: str, cache: Path) -> An
         from ragloop.sample import sample_index
 
         return sample_index(cache, embedder=MiniLMEmbedder() if embedder == "minilm" else HashEmbedder())
-    if name == "pydoc":
+    if name in PYDOC_SETS:
         from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder
         from ragloop.retrievers.index import KnowledgeIndex
         from ragloop.retrievers.ingest import ingest_path
 
         emb = MiniLMEmbedder() if embedder == "minilm" else HashEmbedder()
-        return KnowledgeIndex.build(ingest_path(corpus, include=PYDOC_PAGES).chunks, emb)
+        return KnowledgeIndex.build(ingest_path(corpus, include=PYDOC_SETS[name]).chunks, emb)
     import bench_quality
 
     return bench_quality.open_index(corpus, embedder, cache)

@@ -51,14 +51,18 @@ class TestQuestionSets:
             assert 3 <= len(kb_pages) <= 20
             assert _answers.unsupported_facts([q for q in small if q["kb"] == kb], kb_pages) == []
 
-    def test_heldout_small_kbs_are_sound(self) -> None:
+    @pytest.mark.parametrize("name", ["small-heldout", "small-heldout2"])
+    def test_heldout_small_kbs_are_sound(self, name: str) -> None:
         """The held-out small knowledge bases: 3 of them, each of 3-20 pages; every fact of an answerable
         question is in a page of its own knowledge base, and each holds questions outside it too."""
-        small = _answers.load_set(_answers.DATA / "small_kb_heldout_questions.jsonl")
+        path, corpus = bench_answers.SETS[name]
+        assert path is not None and corpus is not None
+        small = _answers.load_set(path)
         kbs = sorted({q["kb"] for q in small})
         assert len(kbs) >= 3
+        assert sorted(p.name for p in corpus.iterdir() if p.is_dir()) == kbs
         for kb in kbs:
-            folder = _answers.DATA / "small_kbs_heldout" / kb
+            folder = corpus / kb
             kb_pages = {p.name: p.read_text(encoding="utf-8") for p in folder.glob("*.md")}
             assert 3 <= len(kb_pages) <= 20
             mine = [q for q in small if q["kb"] == kb]
@@ -68,16 +72,20 @@ class TestQuestionSets:
         assert len(ids) == len(set(ids))
 
     @pytest.mark.skipif(not bench_answers.PYDOC.is_dir(), reason="Debian's python3-doc is not installed")
-    def test_pydoc_facts_are_in_their_pages(self) -> None:
-        """Every fact of the python3-doc set is in the text ingest extracts from a page it lists (of the set's
-        pages), so the set measures the answerer, not the HTML loader."""
+    @pytest.mark.parametrize("name", ["pydoc", "pydoc2"])
+    def test_pydoc_facts_are_in_their_pages(self, name: str) -> None:
+        """Every fact of a python3-doc set is in the text ingest extracts from a page it lists (of the set's
+        pages), so the set measures the answerer, not the HTML loader; the two sets share no page."""
         from ragloop.retrievers.ingest import ingest_path
 
-        chunks = ingest_path(bench_answers.PYDOC, include=bench_answers.PYDOC_PAGES).chunks
+        assert not set(bench_answers.PYDOC_PAGES) & set(bench_answers.PYDOC2_PAGES)
+        chunks = ingest_path(bench_answers.PYDOC, include=bench_answers.PYDOC_SETS[name]).chunks
         pages: dict[str, str] = {}
         for c in chunks:
             pages[c.doc_id] = pages.get(c.doc_id, "") + "\n\n" + c.text
-        questions = _answers.load_set(_answers.DATA / "python_docs_questions.jsonl")
+        path, _ = bench_answers.SETS[name]
+        assert path is not None
+        questions = _answers.load_set(path)
         assert _answers.unsupported_facts(questions, pages) == []
         assert sum(q["kind"] != "out_of_kb" for q in questions) >= 10
 

@@ -148,5 +148,60 @@ class TestCoverageByMeaning:
         assert meant.uncovered == ()
         exact = await OfflineVerifier().verify("How long is the guarantee on a laptop?", reply, [block])
         assert exact.uncovered == ("guarantee",)
-        other = await OfflineVerifier(embedder=_Synonyms()).verify("Is the phone covered?", reply, [block])
+        # every sentence shares one direction in this stand-in: the lead-means rule is off to test words alone
+        words = OfflineVerifier(embedder=_Synonyms(), min_lead_cosine=None)
+        other = await words.verify("Is the phone covered?", reply, [block])
         assert other.uncovered == ("phone",)
+
+
+class _Cosines:
+    """An embedder giving each known text a unit vector at a set cosine to the question's (the first text)."""
+
+    name = "cosines"
+    dim = 256
+
+    def __init__(self, question: str, cosines: dict[str, float]) -> None:
+        self.question, self.cosines = question, cosines
+
+    async def embed(self, texts: list[str]) -> Any:
+        import numpy as np
+
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, text in enumerate(texts):
+            if text == self.question or text in self.cosines:
+                c = self.cosines.get(text, 1.0)
+                out[i, :2] = [c, float(np.sqrt(max(0.0, 1.0 - c * c)))]
+            else:  # any other text (a word): a direction of its own, unrelated to every other
+                out[i, 2 + sum(map(ord, text)) % (self.dim - 2)] = 1.0
+        return out
+
+
+class TestFillerIsNotPartial:
+    BLOCK = ContextBlock(
+        1,
+        "Every plan includes the free weights area and the group classes; the sauna is included only in Annual.",
+        title="Memberships",
+    )
+    REPLY = "Every plan includes the free weights area and the group classes; the sauna is included only in Annual. [1]"
+    QUESTION = "Is the sauna part of the monthly deal?"
+
+    @pytest.mark.anyio
+    async def test_a_lead_that_means_the_question_leaves_nothing_missing(self) -> None:
+        """ "deal" only frames the question the lead answers (cosine 0.71 under MiniLM): no gap is named, so the
+        reply stays ``context`` (failed before: ``partial``, "The passages I found don't mention “deal”")."""
+        lead = self.REPLY.removesuffix(" [1]")
+        found = await OfflineVerifier(embedder=_Cosines(self.QUESTION, {lead: 0.71})).verify(
+            self.QUESTION, self.REPLY, [self.BLOCK]
+        )
+        assert found.uncovered == ()
+
+    @pytest.mark.anyio
+    async def test_a_lead_about_something_else_still_names_the_gap(self) -> None:
+        """Under ``min_lead_cosine`` (a lead about the opening hours for "parking", 0.43), or without an
+        embedder, the uncovered term is named as before."""
+        block = ContextBlock(1, "The club is open from 6 am to 10 pm on weekdays.", title="Opening hours")
+        reply = "The club is open from 6 am to 10 pm on weekdays. [1]"
+        question = "Is there parking at the club?"
+        far = OfflineVerifier(embedder=_Cosines(question, {reply.removesuffix(" [1]"): 0.43}))
+        assert (await far.verify(question, reply, [block])).uncovered == ("parking",)
+        assert (await OfflineVerifier().verify(question, reply, [block])).uncovered == ("parking",)

@@ -61,8 +61,9 @@ from ragloop.llm.offline.answer._choose import (
     stems_of,
     value_near,
 )
+from ragloop.llm.offline.answer._pages import page_weight
 from ragloop.llm.offline.answer._render import introduces, lead_in, render, with_introduced
-from ragloop.llm.offline.answer._units import Unit, block_units, is_block_unit, split_sentences
+from ragloop.llm.offline.answer._units import Unit, answers_how, block_units, is_block_unit, split_sentences
 from ragloop.llm.offline.decide import split_topics
 from ragloop.retrievers.base import Embedder
 from ragloop.state import Abstention, ContextBlock, Hit, Message, Outcome
@@ -311,13 +312,13 @@ class OfflineAnswerer:
             mine = units[block.n] = block_units(block.n, block.text)
             if _coverage(block, title, wanted, total, weight) < self.min_block_coverage and not any(map(meant, mine)):
                 continue  # a block about another topic is not cited
-            hosts = _hosts(block)  # once per block, not per unit
+            hosts, kind_weight = _hosts(block), page_weight(block, question)  # once per block, not per unit
             for unit in mine:
                 code, cosine = introduces(unit, mine), meant.cosine(unit)
                 scored = self._score(unit, wanted, total, title, weight, hosts, code, meant=cosine)
                 if scored is None:
                     continue
-                rel = scored.relevance * (self.code_weight if unit.kind == "code" else 1.0)
+                rel = scored.relevance * (self.code_weight if unit.kind == "code" else 1.0) * kind_weight
                 # The asked-for value, of the counted thing ("5" guests per workspace is no count of members).
                 if (
                     asked is not None
@@ -329,8 +330,7 @@ class OfflineAnswerer:
                     # in a row also a term its label holds: the row's values belong to it ("| Team | 1,000 |").
                     if value_near(asked, f"{unit.header} {unit.text}", specific | (q_terms & row_label(unit)), q_words):
                         rel += self.near_bonus
-                if labels(unit, head):
-                    rel += self.asked_bonus  # the row the question's head term labels ("| P2 — high | …")
+                rel += self.asked_bonus * labels(unit, head) + self.near_bonus * answers_how(question, unit)
                 rel += self.dense_weight * (dense or {}).get(unit.text, 0.0)
                 held = scored.terms | title | stems_of(unit.heading)
                 on = frozenset(
@@ -393,18 +393,21 @@ class OfflineAnswerer:
     def abstain(self, question: str, blocks: Sequence[ContextBlock], hits: Sequence[Hit]) -> Abstention | None:
         """Why ``blocks`` (the passages found, ``hits`` their search results best first) do not support an
         answer to ``question``, or ``None`` when they do (see :mod:`._abstain`): a name the corpus never
-        mentions, or an evidence score below the rule's threshold (and, with the rule's ``meaning_at``, no kept
-        passage that close to the question by its dense cosine). Needs corpus statistics (``None`` without)."""
+        mentions (unless, with the rule's ``meaning_at``, a kept passage means the question: "Saturdays" over a
+        page about weekends), or an evidence score below the rule's threshold (the lead's relevance without the
+        how-to bonus, which picks a definition but is no evidence; and, with ``meaning_at``, no kept passage that
+        close to the question by its dense cosine). Needs corpus statistics (``None`` without)."""
         if self.stats is None:
             return None
         rule = self.abstain_rule
         unknown = unknown_names(question, self.stats)
         picked = self.select(question, blocks) if blocks else []
-        score = rule.score(picked[0].relevance if picked else 0.0, [h.confidence for h in hits])
-        if unknown:
-            return Abstention(score, rule.threshold, unknown, f"the knowledge base never mentions {_join(unknown)}")
+        lead = picked[0].relevance - self.near_bonus * answers_how(question, picked[0].unit) if picked else 0.0
+        score = rule.score(lead, [h.confidence for h in hits])
         kept = {b.chunk_id for b in blocks}
         meaning = max((h.scores.get("dense", 0.0) for h in hits if h.id in kept), default=0.0)
+        if unknown and not rule.means(meaning):  # a passage that means it covers the name in other words
+            return Abstention(score, rule.threshold, unknown, f"the knowledge base never mentions {_join(unknown)}")
         if not rule.supported(score, meaning):
             why = f"the best passage scores {score:.2f} as an answer, under the {rule.threshold:.2f} threshold"
             return Abstention(score, rule.threshold, (), why)

@@ -1,5 +1,10 @@
 """What an extractive answer can quote from a block: sentences and list items, table rows with their header,
-and fenced code blocks with their indentation — each with the heading it sits under."""
+and fenced code blocks with their indentation — each with the heading it sits under.
+
+A definition's term (an API reference's ``<dt>``, which ingest writes as a one-line paragraph of its own:
+``secrets.token_urlsafe([nbytes=None])``, ``class csv.DictReader(f, …)``, ``d | other``) is never quoted alone:
+it opens the first sentence of the description under it ("`secrets.token_urlsafe([nbytes=None])`: Return a
+random URL-safe text string …"), so a reply that quotes the description names the API it describes."""
 
 from __future__ import annotations
 
@@ -8,7 +13,16 @@ from typing import Literal
 
 from attrs import frozen
 
-__all__ = ["Unit", "block_units", "is_block_unit", "split_sentences"]
+__all__ = [
+    "MAX_TERM_CHARS",
+    "Unit",
+    "answers_how",
+    "block_units",
+    "defines",
+    "definition_term",
+    "is_block_unit",
+    "split_sentences",
+]
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])|\n\s*\n|\n(?=\s*(?:[-*+]\s|\d+\.\s|#))")
 #: Where a paragraph, a list item or a heading ends (inside one, sentences end at terminal punctuation).
@@ -21,6 +35,21 @@ _HEADING = re.compile(r"^\s*#{1,6}\s+(.*?)\s*(?:\{\s*#[\w-]*\s*\})?\s*$")
 _LIST_MARK = re.compile(r"^\s*(?:[-*+]|\d{1,3}[.)])\s+")
 _SEPARATOR = re.compile(r"[\s|:-]+")
 _QUOTE_MARK = re.compile(r"^(?:>\s*)+")
+_KINDS = "class|exception|async|await|abstractmethod|classmethod|staticmethod|coroutine|method|function|attribute"
+_KEYWORDS = rf"(?:(?:{_KINDS}|property|data)\s+)*"
+#: A signature: a (dotted) name and its parameters ("random.sample(population, k, *, counts=None)"), maybe
+#: after a kind word and before a return annotation; or a dotted name alone after a kind word or with a "_".
+_SIGNATURE = re.compile(
+    rf"^{_KEYWORDS}(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:\[[^\]]*\])?\(.*\)(?:\s*->\s*\S.*)?$"
+    rf"|^(?:class|exception|attribute|data)\s+[A-Za-z_][\w.]*$|^[A-Za-z_]\w*(?:\.\w+)*\.(?=\w*_)\w+$"
+)
+#: An operator form of a definition list ("d | other", "key in d", "del d[key]", "s * n"): short, code only.
+_OPERAND = r"[A-Za-z_]\w{0,11}(?:\[\w+\])?"
+_OPERATOR = re.compile(
+    rf"^(?:del\s+)?{_OPERAND}(?:\s+(?:not\s+in|in|is|[|&^+*/%<>=!~-]{{1,3}})\s+{_OPERAND})*(?:\s*=\s*\w{{1,12}})?$"
+)
+#: The longest definition term joined to its description (a longer line is prose, not a signature).
+MAX_TERM_CHARS = 300
 
 Kind = Literal["sentence", "item", "row", "code"]
 
@@ -80,31 +109,84 @@ def _prose_sentences(text: str, headings: bool) -> list[str]:
     return out
 
 
+def definition_term(part: str) -> str:
+    """The definition term a paragraph is (a signature or an operator form on one line, see the module
+    docstring), backticks removed; ``""`` for any other paragraph."""
+    line = part.strip().replace("`", "").strip()
+    if not line or "\n" in line or len(line) > MAX_TERM_CHARS or line[-1] in ".:;,!?":
+        return ""
+    if _SIGNATURE.match(line):
+        return line
+    # an operator form needs an operator and a one-letter lower-case operand: "d | other", "key in d"
+    words = [w for w in re.split(r"[\s\[\]]+", line) if w.isalnum()]
+    if _OPERATOR.match(line) and len(line.split()) > 1 and any(len(w) == 1 and w.islower() for w in words):
+        return line
+    return ""
+
+
+def _prose_units(units: list[Unit], block: int, piece: str, heading: str) -> str:
+    """Append the sentences and list items of a prose piece to ``units``; the heading in force after it."""
+    piece = _HEADING_LINE.sub(r"\1\n\n", piece)
+    terms: list[str] = []  # definition terms waiting for the description under them
+
+    def flush() -> None:  # a term with no description under it is quoted as it stands
+        units.extend(Unit(block, len(units), "sentence", term, heading) for term in terms)
+        terms.clear()
+
+    for part in _PART_END.split(piece):
+        if not part.strip():
+            continue
+        head = _HEADING.match(part)
+        if head is not None and part.lstrip().startswith("#"):
+            flush()
+            heading = " ".join(head.group(1).split())
+            continue
+        item = _LIST_MARK.match(part) is not None
+        term = "" if item else definition_term(part)
+        if term:
+            terms.append(term)
+            continue
+        body = " ".join(_LIST_MARK.sub("", _QUOTE_MARK.sub("", part.strip())).split())
+        for sentence in filter(None, (s.strip() for s in _STOP.split(body))):
+            if terms:
+                sentence = f"{', '.join(f'`{t}`' for t in terms)}: {sentence}"
+                terms.clear()
+            units.append(Unit(block, len(units), "item" if item else "sentence", sentence, heading))
+    flush()
+    return heading
+
+
+#: A question asking for the means to do something ("How do I …", "how to …", "Which function …"): on an API
+#: reference the answer is an API, so a definition's opening sentence answers it.
+_HOW = re.compile(
+    r"^\W*(?:how\s+(?:do|can|could|should|would|shall)\s+(?:i|you|we|one)\b|how\s+to\b"
+    r"|(?:which|what)\s+(?:\w+\s+)?(?:function|method|class|module|call|api|option|parameter|argument)s?\b)",
+    re.IGNORECASE,
+)
+
+
+def defines(unit: Unit) -> bool:
+    """Whether ``unit`` opens a definition: a term joined to its first description sentence."""
+    return unit.kind in ("sentence", "item") and unit.text.startswith("`") and "`: " in unit.text
+
+
+def answers_how(question: str, unit: Unit) -> bool:
+    """Whether ``unit`` opens a definition and ``question`` asks for the means to do something (see ``_HOW``):
+    the answerer then adds its near bonus, as for a value beside the question's terms (the row a question's head
+    term labels gets the asked bonus); the abstention takes it off again, since it picks the API but is no
+    evidence that the pages cover the question."""
+    return defines(unit) and _HOW.match(question) is not None
+
+
 def block_units(block: int, text: str) -> list[Unit]:
-    """Every quotable unit of a block's text, in reading order (headings are context, never units)."""
+    """Every quotable unit of a block's text, in reading order (headings are context, never units); a
+    definition's term opens the first sentence of its description (see the module docstring)."""
     units: list[Unit] = []
     heading = ""
     tables = 0
     start = 0
-
-    def prose(piece: str) -> None:
-        nonlocal heading
-        piece = _HEADING_LINE.sub(r"\1\n\n", piece)
-        for part in _PART_END.split(piece):
-            if not part.strip():
-                continue
-            head = _HEADING.match(part)
-            if head is not None and part.lstrip().startswith("#"):
-                heading = " ".join(head.group(1).split())
-                continue
-            item = _LIST_MARK.match(part) is not None
-            body = " ".join(_LIST_MARK.sub("", _QUOTE_MARK.sub("", part.strip())).split())
-            for sentence in _STOP.split(body):
-                if sentence.strip():
-                    units.append(Unit(block, len(units), "item" if item else "sentence", sentence.strip(), heading))
-
     for m in _ATOMIC.finditer(text):
-        prose(text[start : m.start()])
+        heading = _prose_units(units, block, text[start : m.start()], heading)
         start = m.end()
         lines = [line.rstrip() for line in m.group(0).strip("\n").splitlines()]
         if lines[0].lstrip().startswith("```"):
@@ -118,5 +200,5 @@ def block_units(block: int, text: str) -> list[Unit]:
             if not _SEPARATOR.fullmatch(row):
                 units.append(Unit(block, len(units), "row", row, heading, header, tables))
         tables += 1
-    prose(text[start:])
+    _prose_units(units, block, text[start:], heading)
     return units
