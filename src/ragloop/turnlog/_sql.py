@@ -274,7 +274,9 @@ class SQLBackend(LifecycleTables):
                 (principal, principal, keep - 1),
             )
             gone += [(str(t),) for (t,) in cur.fetchall()]
-        for table in ("ragloop_turns", "ragloop_feedback", "ragloop_gap_turns", "ragloop_replays"):
+        handoffs = "select handoff_id from ragloop_handoffs where turn_id = ?"
+        cur.executemany(self._sql(f"delete from ragloop_handoff_outbox where handoff_id in ({handoffs})"), gone)
+        for table in ("ragloop_turns", "ragloop_feedback", "ragloop_gap_turns", "ragloop_replays", "ragloop_handoffs"):
             cur.executemany(self._sql(f"delete from {table} where turn_id = ?"), gone)
         return len(gone)
 
@@ -291,15 +293,22 @@ class SQLBackend(LifecycleTables):
         return result
 
     def purge(self, before: float) -> int:
-        """Delete turns (and feedback) older than ``before``; how many turns went."""
+        """Delete turns older than ``before`` and everything that points at them (their feedback, gap marks,
+        replays, hand-offs and the hand-offs' webhook deliveries), in one transaction; how many turns went."""
 
         def work(conn: Any) -> int:
             cur = conn.cursor()
             cur.execute(self._sql("delete from ragloop_turns where at < ?"), (before,))
             gone = int(cur.rowcount or 0)
+            # Feedback by its own time: a rating of a turn still in the writer's queue is not an orphan.
             cur.execute(self._sql("delete from ragloop_feedback where at < ?"), (before,))
-            for table in ("ragloop_gap_turns", "ragloop_replays"):  # what pointed at the turns that went
-                cur.execute(f"delete from {table} where turn_id not in (select turn_id from ragloop_turns)")
+            orphan = "turn_id not in (select turn_id from ragloop_turns)"
+            cur.execute(
+                "delete from ragloop_handoff_outbox where handoff_id in "
+                f"(select handoff_id from ragloop_handoffs where {orphan})"
+            )
+            for table in ("ragloop_gap_turns", "ragloop_replays", "ragloop_handoffs"):
+                cur.execute(f"delete from {table} where {orphan}")
             return gone
 
         result: int = self._run(True, work)
