@@ -467,7 +467,7 @@ def _pairs(truth: list[int], pred: list[int]) -> tuple[float, float, float]:
 
 def _grouping(topics: dict[str, list[str]], noise: list[str], embed: Any, threshold: float) -> dict[str, float]:
     """Group the gap questions as ``build_report`` does (terms against the whole traffic, plus embeddings)."""
-    from ragloop.gaps import cluster, combine, lexical_vectors
+    from ragloop.gaps import ATTACH_FLOOR, ATTACH_MARGIN, cluster, combine, lexical_vectors
     from ragloop.text.terms import key_terms, stem
 
     questions = [q for qs in topics.values() for q in qs] + noise
@@ -479,7 +479,8 @@ def _grouping(topics: dict[str, list[str]], noise: list[str], embed: Any, thresh
         df.update(set(ts))
     lexical = lexical_vectors(stems, df, len(questions) + len(background))
     vectors = combine(lexical, np.asarray(embed(questions), dtype=np.float32)) if embed is not None else lexical
-    pred = cluster(vectors, [1.0] * len(questions), threshold)
+    attach = (ATTACH_FLOOR, ATTACH_MARGIN) if embed is not None else None  # as build_report: with embeddings
+    pred = cluster(vectors, [1.0] * len(questions), threshold, attach=attach)
     precision, recall, f1 = _pairs(truth, pred)
     return {"precision": precision, "recall": recall, "f1": f1, "ari": _ari(truth, pred), "groups": len(set(pred))}
 
