@@ -84,7 +84,7 @@ def _handed_off(backend: SQLBackend, turn_id: str, handoff_id: str) -> None:
     """A hand-off of ``turn_id`` whose webhook delivery was parked."""
     packet = f'{{"handoff_id": "{handoff_id}", "question": "secret {turn_id}?"}}'
     backend.save_handoff(handoff_id, turn_id, "p", 1.0, packet)
-    backend.park_delivery(handoff_id, "http://x/hook", packet, "", 1.0, "ConnectError")
+    backend.park_delivery(handoff_id, "http://x/hook", packet, 1.0, "ConnectError")
 
 
 def _outbox_ids(backend: SQLBackend) -> list[str]:
