@@ -16,11 +16,12 @@ It asserts nothing; it prints the table with the load average and writes
 
 ``heldout-1`` and ``heldout-2`` were each written as held out, looked at, and then used by #34 to tune the
 grouping (missing terms, retrieval neighbourhood, then the embedding weight and threshold): tuning data now.
-``heldout-3`` was written and committed before any run on it: the figure to quote (every look is in
-``benchmarks/results/validation-log.md``). Besides each topic's count it reports purity: any report topic that
-mixes a planted topic with another or with other questions.
+``heldout-3`` was written and committed before any run on it, looked at once, and became tuning data too;
+``heldout-4`` (voting, voice input, emoji reactions, expenses, gamification) was written and committed before any
+run on it: the figure to quote (every look is in ``benchmarks/results/validation-log.md``). Besides each
+topic's count it reports purity: any report topic that mixes a planted topic with another or with other questions.
 
-Usage: ``nice python benchmarks/bench_gap_topics.py [--set heldout-1|heldout-2|heldout-3] [--embedder minilm|hash]``
+Usage: ``nice python benchmarks/bench_gap_topics.py [--set heldout-1|…|heldout-4] [--embedder minilm|hash]``
 """
 
 from __future__ import annotations
@@ -126,7 +127,47 @@ PLANTED_3: dict[str, list[str]] = {
         "Printable view of tasks?",
     ],
 }
-SETS = {"heldout-1": (PLANTED, 5), "heldout-2": (PLANTED_2, 11), "heldout-3": (PLANTED_3, 17)}
+#: A fourth held-out set, written (and committed) before any run on it, after heldout-1, -2 and -3 had all been
+#: looked at and become tuning data (#34). Topics the sample knowledge base does not cover and that share no key
+#: word with each other; at least one paraphrase per topic shares no content word with the rest of its topic.
+PLANTED_4: dict[str, list[str]] = {
+    "voting": [
+        "Can team members vote on ideas?",
+        "Is there a poll feature?",
+        "How do I let colleagues upvote a feature request?",
+        "Run a quick survey among my teammates?",
+    ],
+    "voice": [
+        "Can I create a task by voice?",
+        "Is there speech-to-text dictation?",
+        "Dictate a to-do with Siri?",
+        "Can I talk to my phone and have it add a reminder?",
+    ],
+    "emoji": [
+        "Can I react to a comment with an emoji?",
+        "Thumbs-up reactions on tasks?",
+        "How do I add a smiley to someone's update?",
+        "Emoji responses in discussions?",
+    ],
+    "expenses": [
+        "Can I attach receipts and track expenses?",
+        "Is there expense tracking per project?",
+        "How do I log money spent on a job?",
+        "Reimbursement claims for travel costs?",
+    ],
+    "gamification": [
+        "Do users earn badges or points for finishing tasks?",
+        "Is there a leaderboard?",
+        "Gamification to motivate the team?",
+        "Can people collect rewards for closing work?",
+    ],
+}
+SETS = {
+    "heldout-1": (PLANTED, 5),
+    "heldout-2": (PLANTED_2, 11),
+    "heldout-3": (PLANTED_3, 17),
+    "heldout-4": (PLANTED_4, 23),
+}
 START = 1_746_403_200.0  # 2025-05-05 00:00 UTC
 DAYS = 7
 
@@ -263,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run it and write the results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--set", choices=sorted(SETS), default="heldout-3", help="planted set (default heldout-3, the held-out one)"
+        "--set", choices=sorted(SETS), default="heldout-4", help="planted set (default heldout-4, the held-out one)"
     )
     parser.add_argument(
         "--embedder",

@@ -467,7 +467,7 @@ def _pairs(truth: list[int], pred: list[int]) -> tuple[float, float, float]:
 
 def _grouping(topics: dict[str, list[str]], noise: list[str], embed: Any, threshold: float) -> dict[str, float]:
     """Group the gap questions as ``build_report`` does (terms against the whole traffic, plus embeddings)."""
-    from ragloop.gaps import cluster, combine, lexical_vectors
+    from ragloop.gaps import ATTACH_FLOOR, ATTACH_MARGIN, cluster, combine, lexical_vectors
     from ragloop.text.terms import key_terms, stem
 
     questions = [q for qs in topics.values() for q in qs] + noise
@@ -479,7 +479,8 @@ def _grouping(topics: dict[str, list[str]], noise: list[str], embed: Any, thresh
         df.update(set(ts))
     lexical = lexical_vectors(stems, df, len(questions) + len(background))
     vectors = combine(lexical, np.asarray(embed(questions), dtype=np.float32)) if embed is not None else lexical
-    pred = cluster(vectors, [1.0] * len(questions), threshold)
+    attach = (ATTACH_FLOOR, ATTACH_MARGIN) if embed is not None else None  # as build_report: with embeddings
+    pred = cluster(vectors, [1.0] * len(questions), threshold, attach=attach)
     precision, recall, f1 = _pairs(truth, pred)
     return {"precision": precision, "recall": recall, "f1": f1, "ari": _ari(truth, pred), "groups": len(set(pred))}
 
@@ -521,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=100_000, help="synthetic rows for the report time")
     parser.add_argument("--embedded-rows", type=int, default=10_000, help="rows for the report with --index")
     parser.add_argument("--skip-report", action="store_true")
+    parser.add_argument("--grouping-only", action="store_true", help="only the grouping quality (writes --out)")
     parser.add_argument("--embedder", choices=("default", "hash"), default="default", help="the sample index's")
     parser.add_argument("--cache-dir", help="where the sample index is cached (~/.cache/ragloop)")
     parser.add_argument("--out", default=str(RESULTS / "bench_gaps.json"), help="results file (.txt beside it)")
@@ -543,6 +545,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:<16} {r['library_default']:>7} {r['dev_best_threshold']:>8} {h['precision']:>6.3f} "
             f"{h['recall']:>6.3f} {h['f1']:>6.3f} {h['ari']:>6.3f}   (F1 {b['f1']:.3f}, ARI {b['ari']:.3f})"
         )
+    say(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+    if args.grouping_only:
+        results["command"] = " ".join(sys.argv)
+        out = Path(args.out)
+        out.write_text(json.dumps({"result": q, "meta": results}, indent=2) + "\n", encoding="utf-8")
+        out.with_suffix(".txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return 0
     say()
     cost = turn_log_cost(args.turns, args.embedder, args.cache_dir)
     results["turn_log_cost"] = cost

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,8 +116,9 @@ class TestLifecycle:
 
 
 from tests.gaps.conftest import week  # noqa: E402  (the planted week, shared with tests/gaps)
+from tests.retrievers.conftest import pg_server, pg_url  # noqa: E402
 
-__all__ = ["week"]
+__all__ = ["pg_server", "pg_url", "week"]
 
 
 try:
@@ -128,9 +130,61 @@ except ImportError:  # pragma: no cover
     HAVE_MINILM = False
 
 
+_PAIR = ["Can a task repeat every week?", "Create the same chore again each Monday?"]
+_PERIOD = ["--since", "2025-05-04", "--until", "2025-05-06"]
+
+
+def _kb(tmp_path: Path) -> Path:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "webhooks.md").write_text(
+        "# Webhooks\n\nLumen sends a signed POST to your endpoint for each task event. Failed deliveries are "
+        "retried five times with backoff.\n",
+        encoding="utf-8",
+    )
+    (docs / "billing.md").write_text(
+        "# Billing\n\nInvoices are issued monthly. Change your card under Settings, Billing. Refunds are not "
+        "given for partial months.\n",
+        encoding="utf-8",
+    )
+    return docs
+
+
+def _log_turns(turn: Any, url: str) -> list[str]:
+    """Each paraphrase and an answered question, asked by two users, logged at ``url``; the outcomes."""
+    import anyio
+
+    from ragloop.chat import ChatRAG
+    from ragloop.turnlog import TurnLog
+
+    clock = {"now": NOW}
+    log = TurnLog.open(url, clock=lambda: clock["now"])
+    rag = ChatRAG(turn, turn_log=log)
+    answered = "How many times are failed webhook deliveries retried?"
+
+    async def run() -> list[str]:
+        outcomes = []
+        for k, (q, user) in enumerate((q, u) for q in [*_PAIR, answered] for u in ("key:a", "key:b")):
+            clock["now"] = NOW + 60 * (k + 1)
+            outcomes.append((await rag.ask(q, principal=user)).outcome)
+        await rag.aclose()
+        return outcomes
+
+    return anyio.run(run)
+
+
+def _topics(capsys: pytest.CaptureFixture[str], *argv: str) -> list[Any]:
+    import json
+
+    capsys.readouterr()
+    assert main(["gaps", *argv, *_PERIOD, "--json"]) == 0
+    return list(json.loads(capsys.readouterr().out)["topics"])
+
+
 @pytest.mark.skipif(not HAVE_MINILM, reason="needs the [embed] extra")
 class TestMiniLMGrouping:
-    """``ragloop gaps --index`` with a real MiniLM index groups paraphrases that share no word (#34)."""
+    """``ragloop gaps --index`` / ``--store`` with a real MiniLM knowledge base groups paraphrases that share no
+    word (#34)."""
 
     def test_paraphrases_without_a_shared_word_are_one_topic(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -139,47 +193,41 @@ class TestMiniLMGrouping:
         unanswered by a KB on webhooks and billing, each asked by two users) are one gap; the answered webhook
         question is not in it. Before #34's embedding weight (the embedding cosine averaged with the term
         cosine at 0.5) they were two topics."""
-        import json
-
-        import anyio
-
-        from ragloop.chat import ChatRAG
         from ragloop.turn import Turn
-        from ragloop.turnlog import TurnLog
 
-        docs = tmp_path / "docs"
-        docs.mkdir()
-        (docs / "webhooks.md").write_text(
-            "# Webhooks\n\nLumen sends a signed POST to your endpoint for each task event. Failed deliveries are "
-            "retried five times with backoff.\n",
-            encoding="utf-8",
-        )
-        (docs / "billing.md").write_text(
-            "# Billing\n\nInvoices are issued monthly. Change your card under Settings, Billing. Refunds are not "
-            "given for partial months.\n",
-            encoding="utf-8",
-        )
+        docs = _kb(tmp_path)
         assert main(["index", str(docs), "--out", str(tmp_path / "index"), "--embedder", "minilm"]) == 0
-        clock = {"now": NOW}
         url = f"sqlite:{tmp_path / 'turns.db'}"
-        log = TurnLog.open(url, clock=lambda: clock["now"])
-        rag = ChatRAG(Turn.from_index(tmp_path / "index"), turn_log=log)
-        pair = ["Can a task repeat every week?", "Create the same chore again each Monday?"]
-        answered = "How many times are failed webhook deliveries retried?"
-
-        async def run() -> list[str]:
-            outcomes = []
-            for k, (q, user) in enumerate((q, u) for q in [*pair, answered] for u in ("key:a", "key:b")):
-                clock["now"] = NOW + 60 * (k + 1)
-                outcomes.append((await rag.ask(q, principal=user)).outcome)
-            await rag.aclose()
-            return outcomes
-
-        outcomes = anyio.run(run)
-        assert outcomes[:4] == ["none"] * 4  # both paraphrases are gaps on this KB
-        capsys.readouterr()
-        period = ["--since", "2025-05-04", "--until", "2025-05-06"]
-        assert main(["gaps", "--turn-log", url, "--index", str(tmp_path / "index"), *period, "--json"]) == 0
-        topics = json.loads(capsys.readouterr().out)["topics"]
-        assert [sorted(t["examples"]) for t in topics] == [sorted(pair)]
+        assert _log_turns(Turn.from_index(tmp_path / "index"), url)[:4] == ["none"] * 4
+        topics = _topics(capsys, "--turn-log", url, "--index", str(tmp_path / "index"))
+        assert [sorted(t["examples"]) for t in topics] == [sorted(_PAIR)]
         assert topics[0]["turns"] == 4 and topics[0]["users"] == 2
+
+    def test_a_postgres_only_deployment_groups_by_the_stores_embedder(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str], pg_url: str
+    ) -> None:
+        """The same turns served from a real Postgres store (no local index): `gaps --store URL --collection C`
+        embeds with the collection's MiniLM and groups the two paraphrases into one gap of 4 turns, where terms
+        alone (no --store) leave them apart (on main `--store` was an unknown option: a Postgres-only
+        deployment could only group by terms). A collection that is not there, an unreachable server and
+        `--collection` without `--store` are one line, exit 2."""
+        from ragloop.turn import Turn
+
+        docs = _kb(tmp_path)
+        store = ["--store", pg_url, "--collection", "gapstore"]
+        assert main(["index", str(docs), *store, "--embedder", "minilm"]) == 0
+        url = f"sqlite:{tmp_path / 'turns.db'}"
+        assert _log_turns(Turn.from_store(pg_url, collection="gapstore"), url)[:4] == ["none"] * 4
+        topics = _topics(capsys, "--turn-log", url, *store)
+        assert [sorted(t["examples"]) for t in topics] == [sorted(_PAIR)]
+        assert topics[0]["turns"] == 4 and topics[0]["users"] == 2
+        assert len(_topics(capsys, "--turn-log", url)) == 2  # terms alone: two topics
+        for argv, says in (
+            (["--store", pg_url, "--collection", "nosuch"], "nosuch"),
+            (["--store", "postgresql://nobody@127.0.0.1:9/none?connect_timeout=2"], "--store"),
+            (["--collection", "gapstore"], "give --store"),
+        ):
+            capsys.readouterr()
+            assert main(["gaps", "--turn-log", url, *argv, *_PERIOD]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and says in err, err

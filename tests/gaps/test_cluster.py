@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragloop.gaps import average_linkage, cluster, combine, lexical_vectors
+from ragloop.gaps import ATTACH_FLOOR, ATTACH_MARGIN, attach_lone, average_linkage, cluster, combine, lexical_vectors
 
 
 def _vectors(lists: list[list[str]]) -> np.ndarray:
@@ -151,6 +151,97 @@ class TestAverageLinkage:
         second = partition(cluster(x[order], [1.0] * len(x), 0.5), order)
         assert first == second
         assert first == partition(topics, list(range(len(x))))  # and it finds the planted topics
+
+
+def _units(rows: list[list[float]]) -> np.ndarray:
+    x = np.asarray(rows, dtype=np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _partition(labels: list[int], ids: list[int] | None = None) -> set[frozenset[int]]:
+    groups: dict[int, set[int]] = {}
+    for label, i in zip(labels, ids if ids is not None else range(len(labels)), strict=True):
+        groups.setdefault(label, set()).add(i)
+    return {frozenset(g) for g in groups.values()}
+
+
+def _with_cosine(c: float, axis: int, spare: int) -> list[float]:
+    """A unit row whose cosine to the unit vector ``axis`` is ``c`` (the rest on the ``spare`` axis)."""
+    row = [0.0] * 6
+    row[axis], row[spare] = c, (1 - c * c) ** 0.5
+    return row
+
+
+class TestAttachLone:
+    """A question that merged with nothing joins the topic it is clearly nearest to (#34: on main such a paraphrase,
+    "a paper copy of the board" beside "print my task list", stayed a topic of its own below the threshold)."""
+
+    def test_a_lone_paraphrase_joins_its_clearly_nearest_topic(self) -> None:
+        """Two near-identical rows make a topic at 0.4; a third, 0.3 from both and 0.05 from the other topic, joins
+        it with attach and stays alone without (the old behaviour)."""
+        x = _units([[1, 0.05, 0, 0, 0, 0], [1, -0.05, 0, 0, 0, 0], _with_cosine(0.3, 0, 4), [0.05, 0, 1, 0, 0, 0]])
+        plain = cluster(x, [1.0] * 4, 0.4)
+        assert _partition(plain) == {frozenset({0, 1}), frozenset({2}), frozenset({3})}
+        attached = cluster(x, [1.0] * 4, 0.4, attach=(ATTACH_FLOOR, ATTACH_MARGIN))
+        assert _partition(attached) == {frozenset({0, 1, 2}), frozenset({3})}
+
+    def test_below_the_floor_or_between_two_topics_it_stays_alone(self) -> None:
+        """0.15 from its nearest topic (under the 0.2 floor), or 0.3 from one topic and 0.25 from another (under
+        the 0.1 margin): it stays a topic of its own."""
+        far = _units([[1, 0.05, 0, 0, 0, 0], [1, -0.05, 0, 0, 0, 0], _with_cosine(0.15, 0, 4)])
+        assert _partition(cluster(far, [1.0] * 3, 0.4, attach=(0.2, 0.1))) == {frozenset({0, 1}), frozenset({2})}
+        between = np.zeros((5, 6), dtype=np.float32)
+        between[0], between[1] = _units([[1, 0.02, 0, 0, 0, 0], [1, -0.02, 0, 0, 0, 0]])
+        between[2], between[3] = _units([[0, 0, 1, 0.02, 0, 0], [0, 0, 1, -0.02, 0, 0]])
+        v = np.array([0.3, 0.0, 0.25, 0.0, 0.0, 0.0])
+        v[5] = (1 - v @ v) ** 0.5
+        between[4] = v
+        labels = cluster(between, [1.0] * 5, 0.4, attach=(0.2, 0.1))
+        assert frozenset({4}) in _partition(labels)
+
+    def test_two_lone_questions_that_choose_each_other_become_one_topic(self) -> None:
+        """Two lone rows 0.3 alike, far from everything else, are one topic (each chose the other)."""
+        x = _units([_with_cosine(0.3, 0, 1), [1, 0, 0, 0, 0, 0], [0, 0, 0, 1, 0, 0]])
+        assert _partition(attach_lone(x, np.ones(3), np.array([0, 1, 2]))) == {frozenset({0, 1}), frozenset({2})}
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        st.lists(st.integers(0, 4), min_size=2, max_size=20),
+        st.floats(0.0, 0.3),
+        st.integers(0, 2**16),
+        st.randoms(use_true_random=False),
+    )
+    def test_only_lone_items_move_and_order_does_not_matter(
+        self, topics: list[int], spread: float, seed: int, rng: object
+    ) -> None:
+        """Whatever the vectors: every group average linkage made stays whole (attaching only adds lone items
+        to groups or pairs lone items), each lone item that joined a group was at least the floor near it and the
+        margin nearer than to any other, and shuffling the items gives the same partition."""
+        noise = np.random.default_rng(seed).normal(0, spread, size=(len(topics), 6))
+        x = _units((np.eye(6)[topics] + noise).tolist())
+        w = np.ones(len(x))
+        plain = average_linkage(x, w, 0.5)
+        attached = attach_lone(x, w, plain, 0.2, 0.1)
+        before, after = _partition(plain.tolist()), _partition(attached.tolist())
+        for group in before:
+            if len(group) > 1:
+                assert any(group <= g for g in after)
+        for group in after:
+            assert sum(len(g) > 1 for g in before if g <= group) <= 1  # never two old topics joined
+        lone = [i for g in before if len(g) == 1 for i in g]
+        for group in after - before:  # grown: some lone item in it chose a group of the old partition inside it
+            chose = False
+            for i in (i for i in lone if i in group):
+                near = {g: float(np.mean([x[i] @ x[j] for j in g])) for g in before if i not in g}
+                ranked = [*sorted(near.values(), reverse=True), -9.0]
+                target = max(near, key=lambda g: (near[g], -min(g)))
+                ok = ranked[0] >= 0.2 - 1e-5 and ranked[0] - ranked[1] >= 0.1 - 1e-5
+                chose = chose or (ok and target <= group)
+            assert chose
+        order = list(range(len(x)))
+        rng.shuffle(order)  # type: ignore[attr-defined]
+        shuffled = cluster(x[order], [1.0] * len(x), 0.5, attach=(0.2, 0.1))
+        assert _partition(shuffled, order) == _partition(cluster(x, [1.0] * len(x), 0.5, attach=(0.2, 0.1)))
 
 
 class TestScale:

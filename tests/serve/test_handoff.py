@@ -29,7 +29,7 @@ from tests.serve.conftest import asgi_client, fake_rag, serving, sse_events
 
 pytestmark = pytest.mark.anyio
 
-SECRET = b"shared-secret"
+SECRET = b"shared-secret-0123"
 KEYS = ServeSettings(api_keys=("key-alice", "key-bob"))
 
 
@@ -98,7 +98,8 @@ class TestWebhook:
         assert headers["x-ragloop-signature"] == expected == sign(body, SECRET)
         assert json.loads(body)["question"] == "Zapier? é" and headers["x-ragloop-handoff"] == "h-1"
         assert (
-            hook.counts == {"delivered": 1, "failed": 0, "dropped": 0, "parked": 0, "resent": 0} and hook.pending == 0
+            hook.counts == {"delivered": 1, "failed": 0, "dropped": 0, "parked": 0, "resent": 0, "dead": 0}
+            and hook.pending == 0
         )
 
     async def test_refused_then_accepted_is_retried(self, tmp_path: Path) -> None:
@@ -113,7 +114,8 @@ class TestWebhook:
         hook = Webhook(_handoff(tmp_path, _down_url(), attempts=3, backoff_s=0.01))
         assert hook.admit() and not await hook.deliver({"handoff_id": "h-3"})
         assert (
-            hook.counts == {"delivered": 0, "failed": 1, "dropped": 0, "parked": 0, "resent": 0} and hook.pending == 0
+            hook.counts == {"delivered": 0, "failed": 1, "dropped": 0, "parked": 0, "resent": 0, "dead": 0}
+            and hook.pending == 0
         )
 
     async def test_receiver_slow(self, tmp_path: Path) -> None:
@@ -421,6 +423,8 @@ class TestServeOptions:
                 ["--handoff-drafts", "d", "--turn-log", "sqlite:t.db", "--handoff-resend-every", "nan"],
                 "0 or a positive",
             ),
+            (["--handoff-drafts", "d", "--turn-log", "sqlite:t.db", "--handoff-dead-after", "0"], "dead-after"),
+            (["--handoff-drafts", "d", "--turn-log", "sqlite:t.db", "--handoff-dead-after-days", "nan"], "dead-after"),
         ],
     )
     def test_bad_handoff_options_fail_first(

@@ -69,6 +69,33 @@ class TestGapState:
         book = backend.gap_book()
         assert book.members == {"t3": "g-1"} and set(book.replays) == {"t3"}
 
+    def test_purge_takes_the_handoffs_and_deliveries_of_purged_turns(self, backend: SQLBackend) -> None:
+        """Retention deletes the hand-offs of the turns it deletes and their parked webhook deliveries, in the
+        same transaction, and nothing of a kept turn's (on main both stayed: a purged question lived on in the
+        hand-off's packet and the outbox's body, and a dead URL's row was re-sent forever)."""
+        _handed_off(backend, "t1", "h-1")
+        _handed_off(backend, "t3", "h-3")
+        assert backend.purge(15.0) == 1
+        assert backend.handoff("h-1") is None and backend.handoff("h-3") is not None
+        assert _outbox_ids(backend) == ["h-3"]
+
+
+def _handed_off(backend: SQLBackend, turn_id: str, handoff_id: str) -> None:
+    """A hand-off of ``turn_id`` whose webhook delivery was parked."""
+    packet = f'{{"handoff_id": "{handoff_id}", "question": "secret {turn_id}?"}}'
+    backend.save_handoff(handoff_id, turn_id, "p", 1.0, packet)
+    backend.park_delivery(handoff_id, "http://x/hook", packet, 1.0, "ConnectError")
+
+
+def _outbox_ids(backend: SQLBackend) -> list[str]:
+    def work(conn: Any) -> list[str]:
+        cur = conn.cursor()
+        cur.execute("select handoff_id from ragloop_handoff_outbox order by handoff_id")
+        return [str(r[0]) for r in cur.fetchall()]
+
+    result: list[str] = backend._run(False, work)
+    return result
+
 
 def _v1_log(path: Path) -> None:
     """A turn log as ragloop wrote it before schema version 2."""
@@ -159,6 +186,17 @@ class TestPerPrincipalCap:
         assert _ids_of(backend, "victim") == ["k0", "k1"] and _ids_of(backend, "p") == ["t1", "t2", "t3"]
         book = backend.gap_book()
         assert "k2" not in book.members and "k2" not in book.replays  # its gap and replay marks went with it
+
+    def test_the_trim_takes_the_handoffs_and_deliveries_of_trimmed_turns(self, backend: SQLBackend) -> None:
+        """The per-key trim deletes a trimmed turn's hand-off and its parked delivery with it (on main both
+        stayed), and leaves those of the turns it keeps and of other keys."""
+        backend.write([_owned(n, 10.0 + n, "flooder") for n in range(3)], ())
+        _handed_off(backend, "k0", "h-0")
+        _handed_off(backend, "k2", "h-2")
+        _handed_off(backend, "t1", "h-t1")
+        assert backend.write([_owned(3, 20.0, "flooder")], (), keep_per_principal=2) == 2
+        assert backend.handoff("h-0") is None and backend.handoff("h-2") is not None
+        assert _outbox_ids(backend) == ["h-2", "h-t1"]
 
     def test_a_turn_keeps_only_its_latest_rating(self, backend: SQLBackend) -> None:
         """Rating one turn again replaces its rating (the only one ever read), so a key's feedback rows never

@@ -3,7 +3,8 @@
 ``ragloop gaps --turn-log sqlite:turns.db --since 7d`` prints the topics users hit that the knowledge base does
 not answer, most users first; ``--json`` prints the whole report as one JSON object, ``--html FILE`` writes it as
 one static page with its charts, ``--export-cases FILE`` writes the top topics' questions as draft
-``ragloop check`` cases. With ``--index DIR`` questions are also embedded with that index's embedder. Each topic
+``ragloop check`` cases. With ``--index DIR`` questions are also embedded with that index's embedder, with
+``--store URL [--collection C]`` with that PostgreSQL collection's (a deployment without a local index). Each topic
 is a gap with a stable id and a status (``open``, ``fixed`` once ``ragloop replay --mark-gaps`` answers its
 questions, ``reopened``), kept in the turn log's database from run to run.
 """
@@ -39,7 +40,10 @@ def add_gaps(sub: Any) -> None:
     p.add_argument("--turn-log", required=True, metavar="URL", help="the turn log: sqlite:PATH or postgresql://…")
     p.add_argument("--since", default="7d", help="start of the period: 7d, 24h, 2w, or a date (default 7d)")
     p.add_argument("--until", default=None, help="end of the period: a date or datetime, UTC (default now)")
-    p.add_argument("--index", metavar="DIR", help="embed questions with this index's embedder (default: terms only)")
+    kb = p.add_mutually_exclusive_group()
+    kb.add_argument("--index", metavar="DIR", help="embed questions with this index's embedder (default: terms only)")
+    kb.add_argument("--store", metavar="URL", help="... or with this PostgreSQL store's embedder (postgresql://…)")
+    p.add_argument("--collection", default="ragloop", help="the collection in --store (default ragloop)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--html", metavar="FILE", help="write the report as one static HTML page")
     p.add_argument("--export-cases", metavar="FILE", help="write the topics' questions as draft check cases (JSONL)")
@@ -74,12 +78,35 @@ def parse_until(text: str | None, now: float) -> float:
     return now if text is None else _when(text, "--until")
 
 
-def _embedding(index: str | None) -> tuple[Any, str | None]:
-    if index is None:
-        return None, None
-    from ragloop.retrievers.index import KnowledgeIndex
+def _store_embedder(url: str, collection: str) -> Any:
+    """The embedder a PostgreSQL collection was built with (read from the collection, as searches do)."""
+    import anyio
 
-    embedder = KnowledgeIndex.load(index).embedder
+    from ragloop._redact import hide_credentials
+    from ragloop.retrievers.postgres import PostgresStore
+
+    async def read() -> Any:
+        async with PostgresStore(url, None, collection=collection, create=False, pool_size=1) as store:
+            return store.embedder
+
+    try:
+        return anyio.run(read)
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 — the driver's own error: one line and exit 2, never a traceback
+        why = hide_credentials(f"{type(exc).__name__}: {exc}", url)
+        raise ConfigError(f"--store: cannot read the collection {collection!r}'s embedder: {why}") from None
+
+
+def _embedding(index: str | None, store: str | None = None, collection: str = "ragloop") -> tuple[Any, str | None]:
+    if store is not None:
+        embedder = _store_embedder(store, collection)
+    elif index is not None:
+        from ragloop.retrievers.index import KnowledgeIndex
+
+        embedder = KnowledgeIndex.load(index).embedder
+    else:
+        return None, None
     if embedder.name.startswith("hash-"):  # lexical: it grouped worse joined to the terms (bench_gaps.py)
         print(f"ragloop gaps: {embedder.name} is lexical; grouping on terms alone", file=sys.stderr)
         return None, None
@@ -125,7 +152,9 @@ def cmd_gaps(args: argparse.Namespace) -> int:
     since, until = parse_since(args.since, now), parse_until(args.until, now)
     if since >= until:
         raise ConfigError(f"the period is empty: --since {args.since} is not before --until {args.until or 'now'}")
-    embed, name = _embedding(args.index)
+    if args.store is None and args.collection != "ragloop":
+        raise ConfigError("--collection names a collection of --store: give --store URL too")
+    embed, name = _embedding(args.index, args.store, args.collection)
     log = TurnLog.open(args.turn_log)
     try:
         turns = log.turns(since, until, brief_answered=True)

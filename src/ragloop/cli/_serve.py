@@ -103,6 +103,9 @@ def add_serve(sub: Any) -> None:
         help="re-send the deliveries that exhausted their retries every S seconds (default 60; 0: only after a "
         "later hand-off and by `ragloop handoff resend`)",
     )
+    dead = "mark a kept delivery dead (no longer re-sent; `ragloop handoff list --dead`) after"
+    p.add_argument("--handoff-dead-after", type=int, default=1_000, metavar="N", help=f"{dead} N attempts (1,000)")
+    p.add_argument("--handoff-dead-after-days", type=float, default=3.0, metavar="D", help=f"{dead} D days (3)")
     p.add_argument(
         "--log-level",
         default="warning",
@@ -289,11 +292,17 @@ def _handoff(args: argparse.Namespace) -> Any:
     every = float(getattr(args, "handoff_resend_every", 60.0))
     if not every >= 0:
         raise ConfigError(f"--handoff-resend-every must be 0 or a positive number of seconds, got {every}")
+    attempts = int(getattr(args, "handoff_dead_after", 1_000))
+    days = float(getattr(args, "handoff_dead_after_days", 3.0))
+    if attempts < 1 or not days > 0:
+        raise ConfigError(f"--handoff-dead-after must be >= 1 and --handoff-dead-after-days > 0: {attempts}, {days}")
     return Handoff(
         Path(args.handoff_drafts),
         url=args.handoff_url,
         secret=secret.encode() if secret else None,
         resend_every_s=every,
+        dead_after_attempts=attempts,
+        dead_after_days=days,
     )
 
 

@@ -27,8 +27,11 @@ from typing import Any
 
 from ragloop.gaps._build import DEFAULT_THRESHOLD, DENSE_THRESHOLD, build_report, is_gap, turn_cause
 from ragloop.gaps._cluster import (
+    ATTACH_FLOOR,
+    ATTACH_MARGIN,
     NEIGHBOUR_WEIGHT,
     NEIGHBOURS,
+    attach_lone,
     average_linkage,
     cluster,
     combine,
@@ -41,6 +44,8 @@ from ragloop.gaps._lifecycle import STATUSES, apply_lifecycle, assign_ids, next_
 from ragloop.gaps._report import CAUSES, Cause, GapReport, NearPage, StalePage, Topic
 
 __all__ = [
+    "ATTACH_FLOOR",
+    "ATTACH_MARGIN",
     "CAUSES",
     "CAUSE_NAMES",
     "DEFAULT_THRESHOLD",
@@ -55,6 +60,7 @@ __all__ = [
     "Topic",
     "apply_lifecycle",
     "assign_ids",
+    "attach_lone",
     "average_linkage",
     "build_report",
     "cluster",

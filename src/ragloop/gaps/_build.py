@@ -12,6 +12,8 @@ import numpy.typing as npt
 from attrs import define, field
 
 from ragloop.gaps._cluster import (
+    ATTACH_FLOOR,
+    ATTACH_MARGIN,
     DENSE_WEIGHT,
     NEIGHBOUR_WEIGHT,
     NEIGHBOURS,
@@ -161,7 +163,8 @@ def build_report(
     vectors = with_neighbourhood(
         _vectors(listed, df, len(period), embed, embedder), neighbourhood_vectors(hits, chunk_df, len(period))
     )
-    labels = cluster(vectors, [len(i.turns) for i in listed], cut if threshold is None else threshold)
+    attach = None if embed is None else (ATTACH_FLOOR, ATTACH_MARGIN)
+    labels = cluster(vectors, [len(i.turns) for i in listed], cut if threshold is None else threshold, attach=attach)
     groups: dict[int, list[int]] = defaultdict(list)
     for k, label in enumerate(labels):
         groups[label].append(k)
@@ -179,7 +182,11 @@ def build_report(
         + f", plus {NEIGHBOUR_WEIGHT:g} x the retrieval-neighbourhood cosine (top {NEIGHBOURS} chunks per turn)"
     )
     used = cut if threshold is None else threshold
-    method = f"average-linkage clustering on cosine, threshold {used:g}, {vectors_used}"
+    method = f"average-linkage clustering on cosine, threshold {used:g}, {vectors_used}" + (
+        ""
+        if attach is None
+        else f"; a lone question joins its nearest topic at {ATTACH_FLOOR:g} (by {ATTACH_MARGIN:g})"
+    )
     return GapReport(
         since=_iso(since),
         until=_iso(until),

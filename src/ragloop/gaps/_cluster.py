@@ -25,6 +25,13 @@ Why this method (numpy only, no new dependency):
   questions are, on average, at least ``threshold`` alike, and the result does not depend on input order.
   The average cosine of two groups of unit vectors is the dot product of their means, so groups are kept as
   weighted means and merged with the Lance-Williams update: exact, and ``O(n²)`` memory in distinct questions.
+- **A question left alone joins the topic it is clearly nearest to.** A paraphrase that shares no word with the
+  rest of its topic ("a paper copy of the board" beside "print my task list") is often nearer to that topic than
+  to anything else and still below ``threshold``: after the merges, each question (or first-pass group) that
+  merged with nothing joins the group whose average cosine to it is highest when that average is at least
+  :data:`ATTACH_FLOOR` and at least :data:`ATTACH_MARGIN` above its next nearest group (all lone ones decided at
+  once, on the groups as the merges left them, so the order of the input does not matter). With embeddings only:
+  the term cosine alone is too coarse for it.
 - **Scale.** Identical questions are one item with a weight. Past :data:`MAX_ITEMS` distinct items, a first pass
   (leader clustering at a tighter threshold, the most frequent questions first) gathers near-duplicates into
   groups, and average linkage runs on the groups' means. ``benchmarks/bench_gaps.py`` measures both the quality
@@ -44,12 +51,15 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "ATTACH_FLOOR",
+    "ATTACH_MARGIN",
     "DENSE_WEIGHT",
     "EXACT_TERMS",
     "HASHED_DIM",
     "MAX_ITEMS",
     "NEIGHBOURS",
     "NEIGHBOUR_WEIGHT",
+    "attach_lone",
     "average_linkage",
     "cluster",
     "combine",
@@ -75,6 +85,12 @@ NEIGHBOUR_WEIGHT = 0.25
 #: data: 0.5 kept the "Mac application" and "black background" paraphrases apart from their topics), reported on
 #: heldout-3.
 DENSE_WEIGHT = 0.8
+#: Least average cosine at which a question that merged with nothing joins its nearest group, and how much nearer
+#: than the next that group must be; chosen on heldout-1..3 of ``benchmarks/bench_gap_topics.py`` and the
+#: development topics of ``benchmarks/bench_gaps.py`` (tuning data: floors 0.15-0.25 at margin 0.1 mixed no
+#: planted topic; margin 0.05 put "install Lumen on my Mac" into dark mode), reported on heldout-4.
+ATTACH_FLOOR = 0.2
+ATTACH_MARGIN = 0.1
 _FLOOR = -8.0  # below any cosine: masks merged groups and the diagonal
 
 F32 = npt.NDArray[np.float32]
@@ -212,8 +228,51 @@ def average_linkage(means: F32, weights: npt.NDArray[np.float64], threshold: flo
         best_s[stale] = sub[np.arange(len(stale)), best_j[stale]]
     roots = np.array([_root(parent, k) for k in range(n)])
     _, labels = np.unique(roots, return_inverse=True)
+    return _first_order(labels)
+
+
+def _first_order(labels: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Labels renumbered 0, 1, … in order of first member."""
     order = {old: new for new, old in enumerate(dict.fromkeys(labels.tolist()))}
     return np.array([order[x] for x in labels.tolist()], dtype=np.int64)
+
+
+def attach_lone(
+    means: F32,
+    weights: npt.NDArray[np.float64],
+    labels: npt.NDArray[np.int64],
+    floor: float = ATTACH_FLOOR,
+    margin: float = ATTACH_MARGIN,
+) -> npt.NDArray[np.int64]:
+    """``labels`` with each row alone in its group joined to the group it is clearly nearest to.
+
+    A lone row's nearness to a group is the average cosine of their items (its mean dotted with the group's
+    weighted mean: exact for means of unit vectors). It joins its nearest group when that is at least ``floor``
+    and at least ``margin`` above its next nearest; every lone row is decided on the groups as they are (two
+    lone rows that choose each other become one group). Labels come back in order of first member.
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    k = int(labels.max()) + 1 if len(labels) else 0
+    counts = np.bincount(labels, minlength=k)
+    lone = np.flatnonzero(counts[labels] == 1)
+    if k < 2 or not len(lone):
+        return labels
+    w = np.asarray(weights, dtype=np.float64)
+    size = np.bincount(labels, weights=w, minlength=k)
+    sums = np.zeros((k, means.shape[1]), dtype=np.float64)
+    np.add.at(sums, labels, means.astype(np.float64) * w[:, None])
+    near = (means[lone].astype(np.float64) @ sums.T) / size[None, :]
+    near[np.arange(len(lone)), labels[lone]] = _FLOOR
+    best = np.argmax(near, axis=1)
+    top = near[np.arange(len(lone)), best]
+    near[np.arange(len(lone)), best] = _FLOOR
+    second = near.max(axis=1) if k > 2 else np.full(len(lone), _FLOOR)
+    parent = np.arange(k)
+    for row, group, s1, s2 in zip(lone.tolist(), best.tolist(), top.tolist(), second.tolist(), strict=True):
+        if s1 >= floor and s1 - s2 >= margin:
+            a, b = _root(parent, int(labels[row])), _root(parent, group)
+            parent[max(a, b)] = min(a, b)
+    return _first_order(np.array([_root(parent, int(x)) for x in labels.tolist()], dtype=np.int64))
 
 
 def _root(parent: npt.NDArray[np.int64], k: int) -> int:
@@ -254,16 +313,32 @@ def _leaders(x: F32, weights: npt.NDArray[np.float64], threshold: float, cap: in
     return assign
 
 
-def cluster(vectors: F32, weights: Sequence[float], threshold: float, *, max_items: int = MAX_ITEMS) -> list[int]:
-    """A topic label per item (``vectors`` unit rows, ``weights`` their counts); see the module docstring."""
+def cluster(
+    vectors: F32,
+    weights: Sequence[float],
+    threshold: float,
+    *,
+    max_items: int = MAX_ITEMS,
+    attach: tuple[float, float] | None = None,
+) -> list[int]:
+    """A topic label per item (``vectors`` unit rows, ``weights`` their counts); see the module docstring.
+
+    With ``attach`` (``(floor, margin)``, e.g. ``(ATTACH_FLOOR, ATTACH_MARGIN)``), the items (or first-pass
+    groups) that merged with nothing then join the group they are clearly nearest to (:func:`attach_lone`).
+    """
     x = np.asarray(vectors, dtype=np.float32)
     w = np.asarray(weights, dtype=np.float64)
+
+    def linked(means: F32, size: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+        labels = average_linkage(means, size, threshold)
+        return labels if attach is None or not len(labels) else attach_lone(means, size, labels, *attach)
+
     if len(x) <= max_items:
-        return [int(v) for v in average_linkage(x, w, threshold)]
+        return [int(v) for v in linked(x, w)]
     groups = _leaders(x, w, min(0.95, threshold + 0.3), max_items)
     k = int(groups.max()) + 1
     sums = np.zeros((k, x.shape[1]), dtype=np.float64)
     np.add.at(sums, groups, x * w[:, None])
     size = np.bincount(groups, weights=w, minlength=k).astype(np.float64)
-    labels = average_linkage((sums / size[:, None]).astype(np.float32), size, threshold)
+    labels = linked((sums / size[:, None]).astype(np.float32), size)
     return [int(v) for v in labels[groups]]

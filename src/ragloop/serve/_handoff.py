@@ -7,7 +7,8 @@ missing, the pages it cited, the nearest pages, the turn id, its gap id once ``r
 with a webhook, the packet is POSTed there as JSON, signed ``X-Ragloop-Signature:
 sha256=<HMAC-SHA256 of the body with the shared secret>``, in the background after the response (retried with
 exponential backoff; never holding up a turn or this request; one that exhausts its retries, or finds too many
-deliveries in flight, is kept and re-sent later: :mod:`ragloop.serve._webhook`). 202 with the hand-off id.
+deliveries in flight, is kept and re-sent later, signed when sent, until accepted or marked dead:
+:mod:`ragloop.serve._webhook`). 202 with the hand-off id.
 
 ``POST /v1/handoff/{id}/resolution {"answer", "agent"}`` (same key) writes the person's answer as a **draft** page,
 ``<drafts>/handoff-<id>.md``, markdown with front matter (question, answer, agent, date, gap, turn, hand-off), which
@@ -43,7 +44,7 @@ from starlette.routing import Route
 from ragloop._log import get_logger
 from ragloop.errors import ConfigError
 from ragloop.serve._stream import Rejected
-from ragloop.serve._webhook import Webhook, sign
+from ragloop.serve._webhook import DEAD_AFTER_ATTEMPTS, DEAD_AFTER_DAYS, Webhook, sign
 from ragloop.state import Message
 from ragloop.turnlog import hash_identity
 
@@ -79,6 +80,10 @@ class Handoff:
         resend_every_s: How often a serving app re-sends the deliveries that exhausted their attempts (kept in
             the turn log's database; :mod:`ragloop.serve._webhook`); ``0``: only after a later hand-off and by
             ``ragloop handoff resend``.
+        dead_after_attempts: Deliveries tried (the first, with its retries, and each re-send) before a parked one
+            is marked dead: kept, no longer re-sent, counted in ``/metrics``, listed by ``ragloop handoff list
+            --dead``, re-tried by ``ragloop handoff resend --dead``.
+        dead_after_days: Days after its first delivery gave up that a parked one is marked dead.
     """
 
     drafts: Path
@@ -91,8 +96,15 @@ class Handoff:
     max_messages: int = 20
     max_bytes: int = 32_768
     resend_every_s: float = 60.0
+    dead_after_attempts: int = DEAD_AFTER_ATTEMPTS
+    dead_after_days: float = DEAD_AFTER_DAYS
 
     def __attrs_post_init__(self) -> None:
+        if self.dead_after_attempts < 1 or not self.dead_after_days > 0:
+            raise ValueError(
+                "dead_after_attempts must be at least 1 and dead_after_days a positive number of days, got "
+                f"{self.dead_after_attempts!r} and {self.dead_after_days!r}"
+            )
         if self.url is not None and not self.secret:
             raise ValueError("a hand-off webhook needs a shared secret to sign its packets (RAGLOOP_HANDOFF_SECRET)")
 

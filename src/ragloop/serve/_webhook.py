@@ -1,20 +1,26 @@
 """The hand-off webhook: each packet POSTed signed, retried with backoff, and — when every retry failed — kept in
-the turn log's database and re-sent later, byte for byte, until the receiver accepts it.
+the turn log's database and re-sent later, the same body, until the receiver accepts it or it is marked dead.
 
 A delivery is the packet's exact body, its signature ``X-Ragloop-Signature: sha256=<HMAC-SHA256 of the body>``
 and its idempotency key (``Idempotency-Key`` and ``X-Ragloop-Handoff``: the hand-off id). One that exhausted its
 :attr:`~ragloop.serve.Handoff.attempts` is *parked* in ``ragloop_handoff_outbox`` (SQLite or Postgres: it survives
-a restart) with the URL it was meant for, and re-sent, unchanged (so a receiver that deduplicates by the key sees
-it once, and the stored signature still verifies), by :func:`resend`:
+a restart) with the URL it was meant for — its body, not its signature —, and re-sent by :func:`resend`, the same
+body and key (a receiver that deduplicates by the key sees it once) signed at send time with the secret of that
+day (a receiver whose secret was rotated meanwhile verifies it):
 
 - after each later hand-off's own delivery;
 - every :attr:`~ragloop.serve.Handoff.resend_every_s` seconds while the server runs (its lifespan);
-- by ``ragloop handoff resend --turn-log URL`` (no secret needed: the stored signature is sent).
+- by ``ragloop handoff resend --turn-log URL`` (with ``RAGLOOP_HANDOFF_SECRET``, as the server).
+
+A delivery tried :attr:`~ragloop.serve.Handoff.dead_after_attempts` times (the first delivery with its retries is
+one; each re-send one more) or first parked :attr:`~ragloop.serve.Handoff.dead_after_days` ago is marked *dead*
+(:func:`bury`): kept, never re-sent on its own again, counted (``ragloop_handoff_webhook_total{result="dead"}``),
+listed by ``ragloop handoff list --dead`` and re-tried on demand by ``ragloop handoff resend --dead``.
 
 A sender *claims* the rows it re-sends (for twice the attempt's time limit) so that two senders (two replicas,
 the CLI beside a server) never send one at the same time; an accepted one is never sent again (its row is deleted
-a week later). Delivery is at
-least once: a receiver that took a packet but whose answer never arrived gets it again, with the same key.
+a week later). Delivery is at least once: a receiver that took a packet but whose answer never arrived gets it
+again, with the same key.
 """
 
 from __future__ import annotations
@@ -31,9 +37,15 @@ import httpx
 
 from ragloop._log import get_logger
 
-__all__ = ["Outbox", "Settings", "Webhook", "resend", "sign"]
+__all__ = ["DEAD_AFTER_ATTEMPTS", "DEAD_AFTER_DAYS", "Outbox", "Settings", "Webhook", "bury", "resend", "sign"]
 
 log = get_logger("ragloop.serve.handoff")
+
+#: Deliveries tried (the first, with its retries, and each re-send) before a parked one is marked dead: about 17
+#: hours of the server's re-sends every 60 s.
+DEAD_AFTER_ATTEMPTS = 1_000
+#: Days after its first delivery gave up that a parked one is marked dead, however few times it was tried.
+DEAD_AFTER_DAYS = 3.0
 
 
 def sign(body: bytes, secret: bytes) -> str:
@@ -68,15 +80,29 @@ class Settings(Protocol):
     def max_pending(self) -> int:
         """Packets being delivered at once."""
 
+    @property
+    def dead_after_attempts(self) -> int:
+        """Deliveries tried before a parked one is marked dead."""
+
+    @property
+    def dead_after_days(self) -> float:
+        """Days after it was parked that a delivery is marked dead."""
+
 
 class Outbox(Protocol):
     """Where given-up deliveries wait (the turn log's backend: :class:`~ragloop.turnlog.SQLBackend`)."""
 
-    def park_delivery(self, handoff_id: str, url: str, body: str, signature: str, at: float, error: str) -> None:
-        """Keep a delivery that exhausted its retries."""
+    def park_delivery(self, handoff_id: str, url: str, body: str, at: float, error: str) -> None:
+        """Keep a delivery's body that exhausted its retries."""
 
-    def claim_deliveries(self, now: float, hold_s: float, limit: int) -> list[tuple[str, str, str, str]]:
-        """Claim up to ``limit`` undelivered ones: ``(handoff_id, url, body, signature)``."""
+    def bury_deliveries(self, now: float, max_attempts: int, max_age_s: float) -> int:
+        """Mark dead the waiting ones tried ``max_attempts`` times or parked ``max_age_s`` ago; how many."""
+        ...
+
+    def claim_deliveries(
+        self, now: float, hold_s: float, limit: int, *, dead: bool = False
+    ) -> list[tuple[str, str, str]]:
+        """Claim up to ``limit`` undelivered ones (``dead``: dead ones): ``(handoff_id, url, body)``."""
         ...
 
     def settle_delivery(self, handoff_id: str, delivered: bool, at: float, error: str | None = None) -> None:
@@ -102,30 +128,60 @@ async def _post(client: httpx.AsyncClient, url: str, body: bytes, headers: Mappi
         return type(exc).__name__
 
 
+async def bury(
+    outbox: Outbox,
+    *,
+    max_attempts: int = DEAD_AFTER_ATTEMPTS,
+    max_days: float = DEAD_AFTER_DAYS,
+    clock: Callable[[], float] = time.time,
+    strict: bool = False,
+) -> int:
+    """Mark dead the parked deliveries tried ``max_attempts`` times or parked ``max_days`` ago; how many now.
+
+    The outbox's own errors are logged and count none (the next pass tries again), or, with ``strict``, raised.
+    """
+    try:
+        buried = await anyio.to_thread.run_sync(outbox.bury_deliveries, clock(), max_attempts, max_days * 86_400)
+    except Exception as exc:
+        if strict:
+            raise
+        log.warning("handoff.outbox_unavailable", error=type(exc).__name__)
+        return 0
+    if buried:
+        log.warning("handoff.deliveries_dead", count=buried, attempts=max_attempts, days=max_days)
+    return int(buried)
+
+
 async def resend(
     outbox: Outbox,
     client: httpx.AsyncClient,
+    secret: bytes,
     *,
     timeout_s: float = 5.0,
     limit: int = 100,
     clock: Callable[[], float] = time.time,
     strict: bool = False,
+    dead: bool = False,
 ) -> tuple[int, int]:
-    """Re-send up to ``limit`` parked deliveries once each, oldest first; ``(delivered, still failing)``.
+    """Re-send up to ``limit`` parked deliveries that are not dead (``dead``: only the dead ones) once each,
+    oldest first, each signed now with ``secret``; ``(delivered, still failing)``.
 
     The outbox's own errors (a dead database) are logged and end the pass (what was not claimed waits for the
     next), or, with ``strict``, raised.
     """
     try:
-        claimed = await anyio.to_thread.run_sync(outbox.claim_deliveries, clock(), 2 * timeout_s, limit)
+        claimed = await anyio.to_thread.run_sync(
+            lambda: outbox.claim_deliveries(clock(), 2 * timeout_s, limit, dead=dead)
+        )
     except Exception as exc:
         if strict:
             raise
         log.warning("handoff.outbox_unavailable", error=type(exc).__name__)
         return 0, 0
     delivered = failed = 0
-    for handoff_id, url, body, signature in claimed:
-        why = await _post(client, url, body.encode("utf-8"), _headers(handoff_id, signature), timeout_s)
+    for handoff_id, url, text in claimed:
+        body = text.encode("utf-8")
+        why = await _post(client, url, body, _headers(handoff_id, sign(body, secret)), timeout_s)
         try:
             await anyio.to_thread.run_sync(outbox.settle_delivery, handoff_id, not why, clock(), why or None)
         except Exception as exc:  # noqa: BLE001 — its claim lapses and a later pass sends it again (same key)
@@ -156,8 +212,8 @@ class Webhook:
         self.pending = 0
         self._resending = anyio.Lock()
         #: Packets delivered, given up on after every attempt, not sent (too many pending), parked for a later
-        #: re-send, and delivered by a re-send.
-        self.counts = {"delivered": 0, "failed": 0, "dropped": 0, "parked": 0, "resent": 0}
+        #: re-send, delivered by a re-send, and parked ones marked dead (no longer re-sent).
+        self.counts = {"delivered": 0, "failed": 0, "dropped": 0, "parked": 0, "resent": 0, "dead": 0}
 
     def admit(self) -> bool:
         """Take a delivery slot; ``False`` (counted as dropped) when ``max_pending`` are in flight."""
@@ -192,7 +248,7 @@ class Webhook:
                 self.pending -= 1
             if why:
                 self.counts["failed"] += 1
-                await self._park(handoff_id, h.url, body, signature, why)
+                await self._park(handoff_id, h.url, body, why)
                 return False
             self.counts["delivered"] += 1
             await self.resend(client)
@@ -206,29 +262,34 @@ class Webhook:
         h = self.handoff
         assert h.url is not None and h.secret is not None
         body = json.dumps(packet, ensure_ascii=False, sort_keys=True).encode("utf-8")
-        await self._park(str(packet.get("handoff_id", "")), h.url, body, sign(body, h.secret), "too many pending")
+        await self._park(str(packet.get("handoff_id", "")), h.url, body, "too many pending")
 
-    async def _park(self, handoff_id: str, url: str, body: bytes, signature: str, why: str) -> None:
+    async def _park(self, handoff_id: str, url: str, body: bytes, why: str) -> None:
         if self.outbox is None:
             return
         text = body.decode("utf-8")
         try:
-            await anyio.to_thread.run_sync(
-                self.outbox.park_delivery, handoff_id, url, text, signature, self.clock(), why
-            )
+            await anyio.to_thread.run_sync(self.outbox.park_delivery, handoff_id, url, text, self.clock(), why)
             self.counts["parked"] += 1
         except Exception as exc:  # noqa: BLE001 — a dead database loses this delivery (logged, counted as failed)
             log.warning("handoff.outbox_unavailable", error=type(exc).__name__, handoff=handoff_id)
 
     async def resend(self, client: httpx.AsyncClient | None = None, limit: int = 100) -> tuple[int, int]:
-        """One re-send pass over the outbox (one pass at a time per server); ``(delivered, still failing)``."""
+        """One re-send pass over the outbox (one pass at a time per server), after marking dead the deliveries
+        past :attr:`~ragloop.serve.Handoff.dead_after_attempts` or ``dead_after_days``; ``(delivered, still
+        failing)``."""
         if self.outbox is None:
             return 0, 0
+        h = self.handoff
+        assert h.secret is not None
         async with self._resending:
+            self.counts["dead"] += await bury(
+                self.outbox, max_attempts=h.dead_after_attempts, max_days=h.dead_after_days, clock=self.clock
+            )
             own = client or self.client or httpx.AsyncClient()
             try:
                 done, failed = await resend(
-                    self.outbox, own, timeout_s=self.handoff.timeout_s, limit=limit, clock=self.clock
+                    self.outbox, own, h.secret, timeout_s=h.timeout_s, limit=limit, clock=self.clock
                 )
             finally:
                 if client is None and self.client is None:

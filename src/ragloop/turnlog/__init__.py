@@ -36,7 +36,7 @@ from ragloop.turnlog._row import (
     pending_turn,
 )
 from ragloop.turnlog._sql import SCHEMA_VERSION, FeedbackItem, SQLBackend, StoredRow
-from ragloop.turnlog._sql_lifecycle import GapBook, GapRecord
+from ragloop.turnlog._sql_lifecycle import GapBook, GapRecord, ParkedDelivery
 
 __all__ = [
     "MAX_COMMENT_CHARS",
@@ -51,6 +51,7 @@ __all__ = [
     "LoggedQuery",
     "LoggedRewrite",
     "LoggedTurn",
+    "ParkedDelivery",
     "PendingTurn",
     "PostgresBackend",
     "Rating",

@@ -39,6 +39,11 @@ class SQLiteBackend(SQLBackend):
         uri = f"{self.path.resolve().as_uri()}?mode=ro"
         return sqlite3.connect(uri, uri=True, timeout=self.busy_timeout_s, check_same_thread=False)
 
+    def _add_column(self, cur: Any, table: str, column: str, spec: str) -> None:
+        cur.execute(f"pragma table_info({table})")
+        if column not in {str(r[1]) for r in cur.fetchall()}:
+            cur.execute(f"alter table {table} add column {column} {spec}")
+
 
 class PostgresBackend(SQLBackend):
     """A turn log in PostgreSQL (``[postgres]`` extra); every replica of a service can share it.

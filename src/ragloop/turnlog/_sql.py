@@ -10,7 +10,8 @@
     ragloop_replays          (v2) per turn, the latest ``ragloop replay --mark-gaps``: when, and whether answered
     ragloop_handoffs         (v2) turns handed off to a person: who, the packet sent, the resolution
     ragloop_handoff_outbox   (v2, added with #34) webhook deliveries that exhausted their retries, kept to be re-sent
-                             byte for byte (same body, signature and idempotency key) until one is accepted
+                             (the same body and idempotency key, signed when sent) until one is accepted or it is
+                             marked dead (``dead_at``, a column added on the first writable open)
 
 A log of version 1 is migrated the first time it is opened for writing (turns, or the gaps' state: the v2 tables
 created, the version row raised); a reader reads its v1 tables as they are. Nothing of the log itself changes.
@@ -147,6 +148,7 @@ class SQLBackend(LifecycleTables):
                 self._lock_schema(conn)
                 for statement in self._ddl():
                     cur.execute(statement)
+                self._add_column(cur, "ragloop_handoff_outbox", "dead_at", self.float_type)  # #34's outbox had none
             cur.execute(self._sql("select version from ragloop_turnlog_schema where name = ?"), ("turns",))
             found = cur.fetchone()
             if found is None:
@@ -203,8 +205,12 @@ class SQLBackend(LifecycleTables):
             # Additive (an older ragloop of v2 ignores it), so created on every writable open without a new version.
             f"create table if not exists ragloop_handoff_outbox (handoff_id text primary key, url text not null, "
             f"body text not null, signature text not null, failed_at {f} not null, attempts integer not null, "
-            f"last_error text, claimed_until {f}, delivered_at {f})",
+            f"last_error text, claimed_until {f}, delivered_at {f}, dead_at {f})",
         ]
+
+    def _add_column(self, cur: Any, table: str, column: str, spec: str) -> None:
+        """Add ``column`` to ``table`` unless it is there (an additive change of a table an older ragloop made)."""
+        cur.execute(f"alter table {table} add column if not exists {column} {spec}")
 
     # --- operations ---------------------------------------------------------------------------------------
 
@@ -274,7 +280,9 @@ class SQLBackend(LifecycleTables):
                 (principal, principal, keep - 1),
             )
             gone += [(str(t),) for (t,) in cur.fetchall()]
-        for table in ("ragloop_turns", "ragloop_feedback", "ragloop_gap_turns", "ragloop_replays"):
+        handoffs = "select handoff_id from ragloop_handoffs where turn_id = ?"
+        cur.executemany(self._sql(f"delete from ragloop_handoff_outbox where handoff_id in ({handoffs})"), gone)
+        for table in ("ragloop_turns", "ragloop_feedback", "ragloop_gap_turns", "ragloop_replays", "ragloop_handoffs"):
             cur.executemany(self._sql(f"delete from {table} where turn_id = ?"), gone)
         return len(gone)
 
@@ -291,15 +299,22 @@ class SQLBackend(LifecycleTables):
         return result
 
     def purge(self, before: float) -> int:
-        """Delete turns (and feedback) older than ``before``; how many turns went."""
+        """Delete turns older than ``before`` and everything that points at them (their feedback, gap marks,
+        replays, hand-offs and the hand-offs' webhook deliveries), in one transaction; how many turns went."""
 
         def work(conn: Any) -> int:
             cur = conn.cursor()
             cur.execute(self._sql("delete from ragloop_turns where at < ?"), (before,))
             gone = int(cur.rowcount or 0)
+            # Feedback by its own time: a rating of a turn still in the writer's queue is not an orphan.
             cur.execute(self._sql("delete from ragloop_feedback where at < ?"), (before,))
-            for table in ("ragloop_gap_turns", "ragloop_replays"):  # what pointed at the turns that went
-                cur.execute(f"delete from {table} where turn_id not in (select turn_id from ragloop_turns)")
+            orphan = "turn_id not in (select turn_id from ragloop_turns)"
+            cur.execute(
+                "delete from ragloop_handoff_outbox where handoff_id in "
+                f"(select handoff_id from ragloop_handoffs where {orphan})"
+            )
+            for table in ("ragloop_gap_turns", "ragloop_replays", "ragloop_handoffs"):
+                cur.execute(f"delete from {table} where {orphan}")
             return gone
 
         result: int = self._run(True, work)

@@ -11,7 +11,7 @@ from typing import Any
 
 from attrs import frozen
 
-__all__ = ["DELIVERED_KEPT_S", "GapBook", "GapRecord", "LifecycleTables"]
+__all__ = ["DELIVERED_KEPT_S", "GapBook", "GapRecord", "LifecycleTables", "ParkedDelivery"]
 
 
 #: How long a delivered row stays in the hand-off outbox (a week), for whoever inspects the table.
@@ -37,6 +37,27 @@ class GapRecord:
     status_at: float
     first_seen: float
     last_seen: float
+
+
+@frozen
+class ParkedDelivery:
+    """A hand-off webhook delivery kept in the outbox (``ragloop handoff list``).
+
+    Attributes:
+        handoff_id: The hand-off (also the delivery's idempotency key).
+        url: Where it is to go.
+        failed_at: When its first delivery gave up (seconds since the epoch).
+        attempts: Deliveries tried: the first (with its retries) and each re-send.
+        last_error: Why the latest failed.
+        dead_at: When it was marked dead (``None``: still re-sent).
+    """
+
+    handoff_id: str
+    url: str
+    failed_at: float
+    attempts: int
+    last_error: str | None
+    dead_at: float | None
 
 
 @frozen
@@ -165,53 +186,78 @@ class LifecycleTables:
 
     # --- the hand-off webhook's outbox ------------------------------------------------------------------------
 
-    def park_delivery(self, handoff_id: str, url: str, body: str, signature: str, at: float, error: str) -> None:
-        """Keep a delivery that exhausted its retries, to be re-sent as it is (a second park counts an attempt)."""
+    def park_delivery(self, handoff_id: str, url: str, body: str, at: float, error: str) -> None:
+        """Keep a delivery that exhausted its retries, its body to be re-sent as it is and signed when it is
+        sent (a second park counts an attempt)."""
+        # ``signature`` is left empty: a re-send signs with the secret of its day (a rotated one too).
         sql = self._sql(
             "insert into ragloop_handoff_outbox (handoff_id, url, body, signature, failed_at, attempts, last_error) "
-            "values (?, ?, ?, ?, ?, 1, ?) on conflict (handoff_id) do update set "
+            "values (?, ?, ?, '', ?, 1, ?) on conflict (handoff_id) do update set "
             "attempts = ragloop_handoff_outbox.attempts + 1, last_error = excluded.last_error, claimed_until = null"
         )
-        self._run(True, lambda conn: conn.cursor().execute(sql, (handoff_id, url, body, signature, at, error)))
+        self._run(True, lambda conn: conn.cursor().execute(sql, (handoff_id, url, body, at, error)))
 
-    def claim_deliveries(self, now: float, hold_s: float, limit: int) -> list[tuple[str, str, str, str]]:
-        """Up to ``limit`` undelivered ones, oldest first, as ``(handoff_id, url, body, signature)``, each claimed
-        until ``now + hold_s`` so that no other sender (another replica, ``ragloop handoff resend``) takes it
-        meanwhile."""
+    def bury_deliveries(self, now: float, max_attempts: int, max_age_s: float) -> int:
+        """Mark dead the waiting deliveries tried ``max_attempts`` times or first parked ``max_age_s`` ago (kept,
+        never re-sent on their own again); how many were marked now."""
+        sql = self._sql(
+            "update ragloop_handoff_outbox set dead_at = ? where delivered_at is null and dead_at is null "
+            "and (attempts >= ? or failed_at <= ?)"
+        )
 
-        def work(conn: Any) -> list[tuple[str, str, str, str]]:
+        def work(conn: Any) -> int:
+            cur = conn.cursor()
+            cur.execute(sql, (now, max_attempts, now - max_age_s))
+            return int(cur.rowcount or 0)
+
+        result: int = self._run(True, work)
+        return result
+
+    def claim_deliveries(
+        self, now: float, hold_s: float, limit: int, *, dead: bool = False
+    ) -> list[tuple[str, str, str]]:
+        """Up to ``limit`` undelivered ones that are not dead (``dead``: only the dead ones), oldest first, as
+        ``(handoff_id, url, body)``, each claimed until ``now + hold_s`` so that no other sender (another
+        replica, ``ragloop handoff resend``) takes it meanwhile."""
+
+        def work(conn: Any) -> list[tuple[str, str, str]]:
             cur = conn.cursor()
             # A week after its delivery a row has done its work (nothing sends a delivered one again).
             cur.execute(
                 self._sql("delete from ragloop_handoff_outbox where delivered_at is not null and delivered_at < ?"),
                 (now - DELIVERED_KEPT_S,),
             )
-            free = "delivered_at is null and (claimed_until is null or claimed_until < ?)"
+            free = (
+                f"delivered_at is null and dead_at is {'not ' if dead else ''}null "
+                "and (claimed_until is null or claimed_until < ?)"
+            )
             cur.execute(
                 self._sql(
-                    f"select handoff_id, url, body, signature from ragloop_handoff_outbox where {free} "
+                    f"select handoff_id, url, body from ragloop_handoff_outbox where {free} "
                     "order by failed_at, handoff_id limit ?"
                 ),
                 (now, limit),
             )
             out = []
-            for handoff_id, url, body, signature in cur.fetchall():
+            for handoff_id, url, body in cur.fetchall():
                 cur.execute(
                     self._sql(f"update ragloop_handoff_outbox set claimed_until = ? where handoff_id = ? and {free}"),
                     (now + hold_s, handoff_id, now),
                 )
                 if cur.rowcount == 1:
-                    out.append((str(handoff_id), str(url), str(body), str(signature)))
+                    out.append((str(handoff_id), str(url), str(body)))
             return out
 
-        result: list[tuple[str, str, str, str]] = self._run(True, work)
+        result: list[tuple[str, str, str]] = self._run(True, work)
         return result
 
     def settle_delivery(self, handoff_id: str, delivered: bool, at: float, error: str | None = None) -> None:
-        """Record a re-send's result: delivered (never sent again), or one more failed attempt (released)."""
+        """Record a re-send's result: delivered (never sent again), or one more failed attempt (released; a dead
+        one stays dead)."""
         if delivered:
             sql = self._sql(
-                "update ragloop_handoff_outbox set delivered_at = ?, claimed_until = null where handoff_id = ?"
+                "update ragloop_handoff_outbox set delivered_at = ?, dead_at = null, claimed_until = null "
+                "where handoff_id = ?"
             )
             args: tuple[Any, ...] = (at, handoff_id)
         else:
@@ -222,13 +268,38 @@ class LifecycleTables:
             args = (error, handoff_id)
         self._run(True, lambda conn: conn.cursor().execute(sql, args))
 
-    def undelivered(self) -> int:
-        """How many kept deliveries wait to be re-sent."""
+    def undelivered(self, *, dead: bool = False) -> int:
+        """How many kept deliveries wait to be re-sent (``dead``: how many are marked dead)."""
 
         def work(conn: Any) -> int:
             cur = conn.cursor()
-            cur.execute("select count(*) from ragloop_handoff_outbox where delivered_at is null")
+            not_ = "not " if dead else ""
+            cur.execute(
+                f"select count(*) from ragloop_handoff_outbox where delivered_at is null and dead_at is {not_}null"
+            )
             return int(cur.fetchone()[0])
 
         result: int = self._run(True, work)
         return result
+
+    def parked(self, *, dead: bool = False) -> list[ParkedDelivery]:
+        """The kept deliveries still waiting (``dead``: the dead ones), oldest first."""
+
+        def work(conn: Any) -> list[ParkedDelivery]:
+            cur = conn.cursor()
+            not_ = "not " if dead else ""
+            cur.execute(
+                "select handoff_id, url, failed_at, attempts, last_error, dead_at from ragloop_handoff_outbox "
+                f"where delivered_at is null and dead_at is {not_}null order by failed_at, handoff_id"
+            )
+            return [
+                ParkedDelivery(str(h), str(u), float(f), int(a), None if e is None else str(e), _float(d))
+                for h, u, f, a, e, d in cur.fetchall()
+            ]
+
+        result: list[ParkedDelivery] = self._run(True, work)
+        return result
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
