@@ -90,6 +90,8 @@ DENSE_WEIGHT = 0.8
 #: development topics of ``benchmarks/bench_gaps.py`` (tuning data: floors 0.15-0.25 at margin 0.1 mixed no
 #: planted topic; margin 0.05 put "install Lumen on my Mac" into dark mode), reported on heldout-4.
 ATTACH_FLOOR = 0.2
+#: How much nearer than the next group a lone question's nearest group must be to take it (see
+#: :data:`ATTACH_FLOOR`).
 ATTACH_MARGIN = 0.1
 _FLOOR = -8.0  # below any cosine: masks merged groups and the diagonal
 
