@@ -22,6 +22,23 @@ settings.register_profile("soak", max_examples=1000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default"))
 
 
+@pytest.fixture(autouse=True)
+def _structlog_as_it_was() -> Iterator[None]:
+    """Each test ends with structlog as unconfigured as it began.
+
+    ``structlog.testing.capture_logs`` (and any ``structlog.configure``) leaves ``structlog.is_configured()`` true
+    for the rest of the process, so every ragloop event of every later test went through structlog's default
+    console pipeline, each error with a rendered traceback (the runner's state-machine test took 45 s instead of
+    1 s after one ``capture_logs``), and the library's "prints nothing unless configured" could not be tested.
+    """
+    import structlog
+
+    before = structlog.is_configured()
+    yield
+    if not before and structlog.is_configured():
+        structlog.reset_defaults()
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     """Run async tests on asyncio (the backend chat services use)."""
