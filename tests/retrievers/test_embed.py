@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import anyio
 import numpy as np
 import openai
 import pytest
@@ -218,6 +219,24 @@ class TestRelease:
         assert e._bulk.loaded and e.runtime == runtime
         np.testing.assert_allclose(after, before, atol=1e-5)
         assert float(query[0] @ before[0]) > 0.999
+
+    def test_two_builds_with_one_embedder_give_the_same_index(self) -> None:
+        """The first build releases the model and the second loads it again: both indexes hold the same vectors
+        and answer a query alike, dense and BM25."""
+        from ragloop.retrievers.index import KnowledgeIndex
+        from ragloop.state import Chunk
+
+        chunks = [Chunk(id=f"c{i}", text=t, source="s.md", title="t") for i, t in enumerate(self.TEXTS[:5])]
+        e = MiniLMEmbedder(runtime="openvino", threads=2)
+        first = KnowledgeIndex.build(chunks, e)
+        assert not e._bulk.loaded
+        second = KnowledgeIndex.build(chunks, e)
+        ids = [c.id for c in chunks]
+        np.testing.assert_allclose(second.dense.vectors(ids), first.dense.vectors(ids), atol=1e-5)
+        for mode in ("dense", "bm25"):
+            a = anyio.run(first.search, "gamma gamma", 3, mode)
+            b = anyio.run(second.search, "gamma gamma", 3, mode)
+            assert [h.id for h in a] == [h.id for h in b] and a[0].id == "c2"
 
     def test_a_release_during_a_job_lets_the_job_finish(self) -> None:
         """A job already running keeps the model it started with: released after its first result, it still
