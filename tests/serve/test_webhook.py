@@ -232,6 +232,21 @@ class TestResendCommand:
             assert main(["handoff", "resend", "--turn-log", f"sqlite:{tmp_path / 'nope.db'}"]) == 2
         assert "no turn log at" in err.getvalue() and not (tmp_path / "nope.db").exists()
 
+    @pytest.mark.parametrize("command", [["list"], ["list", "--dead"], ["resend"]])
+    def test_an_unreadable_log_is_one_line_without_its_password(
+        self, command: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        """A turn log whose server is not there: one line on stderr, exit 2, and the URL's password hidden (before:
+        the password in clear and the driver's two-line message)."""
+        monkeypatch.setenv("RAGLOOP_HANDOFF_SECRET", "s" * 16)
+        url = f"postgresql://bot:hunter2pw@/turns?host={tmp_path / 'no-server'}"
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            assert main(["handoff", *command, "--turn-log", url]) == 2
+        text = err.getvalue()
+        assert "cannot be read" in text and "hunter2pw" not in text and "***@" in text, text
+        assert text.count("\n") == 1, text
+
     async def test_a_dead_outbox_never_raises_in_the_server(self, tmp_path: Path) -> None:
         """The server's pass over an outbox that fails is logged and returns (0, 0); strict (the CLI) raises."""
 

@@ -22,6 +22,8 @@ import argparse
 import datetime as dt
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,24 @@ def _backend(url: str) -> Any:
     return backend_for(url)
 
 
+@contextmanager
+def _opened(url: str) -> Iterator[Any]:
+    """The turn log's backend at ``url``, closed after; a driver error is one line (ConfigError) without the URL's
+    password, never a traceback."""
+    from ragloop._redact import hide_password
+    from ragloop.errors import ConfigError, error_text
+
+    backend = _backend(url)
+    try:
+        yield backend
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 — the driver's own error: one line and exit 2
+        raise ConfigError(hide_password(f"the turn log at {url} cannot be read: {error_text(exc)}")) from None
+    finally:
+        backend.close()
+
+
 def cmd_resend(args: argparse.Namespace) -> int:
     """Re-send the kept deliveries once each; the exit status (0: none still failing, 1: some)."""
     import anyio
@@ -84,9 +104,8 @@ def cmd_resend(args: argparse.Namespace) -> int:
             "set RAGLOOP_HANDOFF_SECRET (16 characters or more) to the secret the receiver verifies with (the "
             "server's): each delivery is signed when it is sent"
         )
-    backend = _backend(args.turn_log)
 
-    async def run() -> tuple[int, int, int]:
+    async def run(backend: Any) -> tuple[int, int, int]:
         buried = await bury(backend, max_attempts=args.dead_after, max_days=args.dead_after_days, strict=True)
         async with httpx.AsyncClient() as client:
             done, failed = await resend(
@@ -94,15 +113,9 @@ def cmd_resend(args: argparse.Namespace) -> int:
             )
         return done, failed, buried
 
-    try:
-        delivered, failed, buried = anyio.run(run)
+    with _opened(args.turn_log) as backend:
+        delivered, failed, buried = anyio.run(run, backend)
         waiting, dead = backend.undelivered(), backend.undelivered(dead=True)
-    except ConfigError:
-        raise
-    except Exception as exc:  # noqa: BLE001 — the driver's own error: one line and exit 2, never a traceback
-        raise ConfigError(f"the turn log at {args.turn_log} cannot be read: {type(exc).__name__}: {exc}") from None
-    finally:
-        backend.close()
     if args.json:
         out = {"delivered": delivered, "failed": failed, "waiting": waiting, "dead": dead, "marked_dead": buried}
         print(json.dumps(out))
@@ -119,17 +132,9 @@ def _when(at: float | None) -> str | None:
 def cmd_list(args: argparse.Namespace) -> int:
     """Print the kept deliveries (``--dead``: the dead ones); exit 0."""
     from ragloop._redact import hide_password
-    from ragloop.errors import ConfigError
 
-    backend = _backend(args.turn_log)
-    try:
+    with _opened(args.turn_log) as backend:
         rows = backend.parked(dead=args.dead)
-    except ConfigError:
-        raise
-    except Exception as exc:  # noqa: BLE001 — the driver's own error: one line and exit 2, never a traceback
-        raise ConfigError(f"the turn log at {args.turn_log} cannot be read: {type(exc).__name__}: {exc}") from None
-    finally:
-        backend.close()
     items = [
         {
             "handoff_id": r.handoff_id,
