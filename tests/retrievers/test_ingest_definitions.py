@@ -81,7 +81,10 @@ class TestHtmlDefinitions:
     def test_two_terms_share_one_description(self) -> None:
         """Two ``<dt>`` before one ``<dd>`` (an overloaded signature) are both its term, one a line; the next
         entry starts afresh."""
-        page = "<main><dl><dt>int(x=0)</dt><dt>int(x, base=10)</dt><dd><p>An integer.</p></dd><dt>bool(x)</dt><dd>A truth value.</dd></dl></main>"
+        page = (
+            "<main><dl><dt>int(x=0)</dt><dt>int(x, base=10)</dt><dd><p>An integer.</p></dd>"
+            "<dt>bool(x)</dt><dd>A truth value.</dd></dl></main>"
+        )
         _, blocks = html_blocks(page)
         assert blocks == [
             Block("text", "int(x=0)", is_term=True),
