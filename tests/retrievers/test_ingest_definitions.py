@@ -51,9 +51,9 @@ def definition(term: str, *paragraphs: str) -> list[Block]:
     return [Block("text", term, is_term=True), *(Block("text", p, term=term) for p in paragraphs)]
 
 
-def pieces(blocks: list[Block], max_tokens: int, title: str = "hashlib") -> list[Piece]:
+def pieces(blocks: list[Block], max_tokens: int, title: str = "hashlib", max_chars: int | None = None) -> list[Piece]:
     assert TOKENS is not None
-    return chunk_blocks(blocks, TOKENS, max_tokens=max_tokens, title=title)
+    return chunk_blocks(blocks, TOKENS, max_tokens=max_tokens, title=title, max_chars=max_chars)
 
 
 def fits(piece: Piece, max_tokens: int, title: str) -> bool:
@@ -174,6 +174,18 @@ class TestChunkDefinitions:
         plain = [Block("heading", "Hashing", level=1), Block("text", INTRO), *(Block("text", d) for d in DESC)]
         assert [p.text for p in pieces(plain, 48)] == [f"# Hashing\n\n{INTRO}\n\n{DESC[0]}", DESC[1], DESC[2]]
 
+    def test_an_enormous_term_is_cut_and_its_repetition_stays_a_quarter_of_the_chunk(self) -> None:
+        """A hostile ``<dt>`` of 3,000 words: every chunk within the limit, nothing lost, and each chunk of the
+        description says only the term's first words (a quarter of the room at most)."""
+        term = "f(" + ", ".join(f"arg{i}" for i in range(3000)) + ")"
+        blocks = definition(term, *DESC)
+        got = pieces(blocks, 64, title="")
+        assert all(fits(p, 64, "") for p in got)
+        _owners(got, blocks)  # nothing lost, nothing repeated
+        described = [p for p in got if p.parts[0] in DESC]
+        assert described and all(p.text.startswith("f(arg0,") for p in described)
+        assert all(tokens(p.text.split("\n\n")[0]) - 2 <= (64 - 2) // 4 for p in described)
+
     @pytest.mark.skipif(not (PYDOC / "csv.html").is_file(), reason="Debian's python3-doc is not installed")
     def test_python_docs_csv_dictwriter_chunks_name_their_class(self) -> None:
         """On the real csv page every chunk that holds DictWriter's description text names ``csv.DictWriter``."""
@@ -241,3 +253,13 @@ class TestDefinitionProperties:
                     assert piece.text.split("\n\n")[0] and block.term.startswith(piece.text.split("\n\n")[0])
                 if starts and blocks[index - 1].is_term:
                     assert not short, "a term was cut from the start of its description"
+
+    @given(_ENTRIES, st.integers(24, 160), st.integers(24, 600))
+    def test_the_character_limit_holds_with_repeated_terms(
+        self, blocks: list[Block], max_tokens: int, max_chars: int
+    ) -> None:
+        """With a character limit as well, no chunk text (repeated term included) is longer, none exceeds the
+        token limit, and the blocks come back whole from the pieces' parts."""
+        got = pieces(blocks, max_tokens, title="t", max_chars=max_chars)
+        assert all(len(p.text) <= max_chars and fits(p, max_tokens, "t") for p in got)
+        _owners(got, blocks)
