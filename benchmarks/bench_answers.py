@@ -32,6 +32,9 @@ Sets (``--set``):
   (a dental clinic, a municipal waste service, a bike rental; 4 one-paragraph pages each), and
   ``benchmarks/data/python_docs2_questions.jsonl`` over ten other python3-doc pages (:data:`PYDOC2_PAGES`).
   Looked at once, with ``--half all``, at the end of the round.
+- ``pydoc3``: the fresh held-out set of #33's fourth round (an API's name kept with its description),
+  ``benchmarks/data/python_docs3_questions.jsonl`` over ten more python3-doc pages (:data:`PYDOC3_PAGES`),
+  written and committed before any code change and any run on it; looked at once, at the end of the round.
 
 **Before and after in one run.** ``--before SRC`` runs the same questions a second time with ``ragloop``
 imported from ``SRC`` (an exported ``src/`` of another commit, e.g. ``git archive main src | tar -x -C
@@ -81,7 +84,12 @@ PYDOC2_PAGES = (
     "hashlib.html", "base64.html", "heapq.html", "bisect.html", "statistics.html",
     "difflib.html", "uuid.html", "itertools.html", "functools.html", "os.path.html",
 )  # fmt: skip
-PYDOC_SETS = {"pydoc": PYDOC_PAGES, "pydoc2": PYDOC2_PAGES}
+#: The pages of ``PYDOC`` the ``pydoc3`` set indexes: none of :data:`PYDOC_PAGES` or :data:`PYDOC2_PAGES`.
+PYDOC3_PAGES = (
+    "collections.html", "dataclasses.html", "enum.html", "pathlib.html", "string.html",
+    "copy.html", "pprint.html", "contextlib.html", "operator.html", "calendar.html",
+)  # fmt: skip
+PYDOC_SETS = {"pydoc": PYDOC_PAGES, "pydoc2": PYDOC2_PAGES, "pydoc3": PYDOC3_PAGES}
 SETS = {
     "sample": (_answers.DATA / "sample_kb_questions.jsonl", None),
     "fastapi": (_answers.DATA / "fastapi_docs_questions.jsonl", SHARED / "fastapi-docs"),
@@ -92,6 +100,7 @@ SETS = {
     "pydoc": (_answers.DATA / "python_docs_questions.jsonl", PYDOC),
     "small-heldout2": (_answers.DATA / "small_kb_heldout2_questions.jsonl", _answers.DATA / "small_kbs_heldout2"),
     "pydoc2": (_answers.DATA / "python_docs2_questions.jsonl", PYDOC),
+    "pydoc3": (_answers.DATA / "python_docs3_questions.jsonl", PYDOC),
 }
 SMALL_SETS = ("small", "small-heldout", "small-heldout2")
 HEADLINE = ("answer_at_1", "answer_any", "false_none", "honest_none", "reply_chars_median")

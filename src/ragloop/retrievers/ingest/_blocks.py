@@ -65,6 +65,11 @@ class Block:
         anchor: A heading's id in the page (``#anchor`` of its URL), when the format has one.
         page: The page it is on (PDF, 1-based); 0 when the format has no pages.
         lang: A code block's language (its fence info), when known.
+        term: The definition term this block describes (a block of an HTML ``<dd>``: the ``<dt>`` lines,
+            e.g. an API's signature ``hashlib.sha256(data=b'')``, one a line); the chunker keeps it in front of
+            every chunk that starts inside the description. ``""`` outside a definition's description.
+        is_term: Whether this block is a definition's term itself (an HTML ``<dt>``): the chunker never cuts
+            between it and the start of its description.
     """
 
     kind: str = field(validator=in_(BLOCK_KINDS))
@@ -73,6 +78,8 @@ class Block:
     anchor: str = ""
     page: int = 0
     lang: str = ""
+    term: str = ""
+    is_term: bool = False
 
 
 def clean_inline(text: str) -> str:

@@ -7,20 +7,27 @@ limit, at the best boundary there is: between blocks, then between the items of 
 paragraph, rows of a table or lines of code (each piece of code fenced again), then between words, and only a
 single enormous word at a token boundary. So no chunk is ever truncated by the embedder, a table is never cut
 inside a row nor a list inside an item, and the pieces of every block, joined, give the block back: nothing is
-lost and nothing repeated.
+lost and nothing repeated — but a definition's term.
+
+A definition (an HTML ``<dt>`` and its ``<dd>``: an API reference's signature line and its description) keeps its
+term with the start of its description: the chunk boundary goes before the term, never between it and the first
+block of the description (unless the two together exceed the limit). A chunk that starts inside a description
+repeats the term in front of its text (cut to its first words if it would take more than a quarter of the
+chunk), so every chunk of an API's description names the API; the description's blocks are cut to leave it room.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import itertools
 import math
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from attrs import frozen
+from attrs import evolve, frozen
 
 from ragloop.errors import ConfigError
 from ragloop.retrievers.ingest._blocks import Block, render_block
@@ -35,6 +42,8 @@ _SENTENCE_END = re.compile(r"(?<=[.!?:;])[\"')\]]*\s+")
 _SPACE = re.compile(r"\s+")
 _LINE = re.compile(r"\n")
 #: The line break before a list item (``- ``, ``* ``, ``+ ``, ``1. ``, ``1) ``): a list is cut between its items first.
+#: Before a signature's parameters: a repeated term too long for its room keeps the API's name.
+_PARAMS = re.compile(r"(?=[(\[])")
 _ITEM = re.compile(r"\n(?=[ \t]*(?:[-*+]|[0-9]{1,9}[.)])[ \t])")
 #: Blocks longer than this (characters) are cut without being counted whole first.
 _COUNT_WHOLE_CHARS = 65_536
@@ -99,6 +108,9 @@ class _Unit:
     tokens: int
     joiner: str
     page: int
+    term: str = ""  # the definition term of the description it is part of
+    is_term: bool = False  # a piece of a definition's term
+    first: bool = True  # its block's first unit
 
 
 def _sections(blocks: Sequence[Block]) -> list[tuple[tuple[str, ...], str, list[Block]]]:
@@ -178,7 +190,8 @@ def chunk_blocks(
 def _pack_section(
     section: Sequence[Block], tokenizer: Tokenizer, budget: int, limit_chars: float, path: tuple[str, ...], anchor: str
 ) -> tuple[list[Piece], bool]:
-    units = _units(section, tokenizer, budget, limit_chars)
+    heads = functools.cache(lambda term: _term_head(term, tokenizer, budget, limit_chars))
+    units = _units(section, tokenizer, budget, limit_chars, heads)
     if not units:
         return [], True
     # Greedy to the full budget: aiming at equal pieces made more, smaller chunks (13,139 against 9,830 on SciFact).
@@ -186,15 +199,21 @@ def _pack_section(
     pieces: list[Piece] = []
     current: list[_Unit] = []
     used = chars = 0
-    for unit in units:
-        grown = chars + (len(unit.joiner) if current else 0) + len(unit.text)
-        if current and (used + unit.tokens > target or grown > limit_chars):
-            pieces.append(_piece(current, path, anchor))
-            current, used, grown = [], 0, len(unit.text)
-        current.append(unit)
-        used += unit.tokens
+    head = ("", 0)
+    for group in _groups(units, budget, limit_chars):
+        tokens = sum(u.tokens for u in group)
+        size = sum(len(u.joiner) for u in group[1:]) + sum(len(u.text) for u in group)
+        grown = chars + (len(group[0].joiner) if current else 0) + size
+        if current and (used + tokens > target or grown > limit_chars):
+            pieces.append(_piece(current, path, anchor, head[0]))
+            current, used, grown = [], 0, size
+        if not current:  # a piece that starts inside a description says the term first
+            head = heads(group[0].term) if group[0].term and not group[0].is_term else ("", 0)
+            used, grown = head[1], grown + (len(head[0]) + 2 if head[0] else 0)
+        current.extend(group)
+        used += tokens
         chars = grown
-    pieces.append(_piece(current, path, anchor))
+    pieces.append(_piece(current, path, anchor, head[0]))
     # Units joined by "" are pieces of one word cut at a token boundary: the only place counts may not add up.
     return pieces, all(u.joiner for u in units)
 
@@ -211,14 +230,56 @@ def _fit_head(tokenizer: Tokenizer, title: str, path: tuple[str, ...], max_token
         path = path[1:]
 
 
-def _piece(units: list[_Unit], path: tuple[str, ...], anchor: str) -> Piece:
+def _piece(units: list[_Unit], path: tuple[str, ...], anchor: str, head: str = "") -> Piece:
     text = units[0].text + "".join(u.joiner + u.text for u in units[1:])
     page = next((u.page for u in units if u.page), 0)
-    return Piece(text, path, anchor, page, tuple(u.content for u in units))
+    return Piece(f"{head}\n\n{text}" if head else text, path, anchor, page, tuple(u.content for u in units))
 
 
-def _units(blocks: Sequence[Block], tokenizer: Tokenizer, budget: int, limit_chars: float) -> list[_Unit]:
-    """Every block as one unit when it fits, else cut at its best boundaries into units that do."""
+def _term_head(term: str, tokenizer: Tokenizer, budget: int, limit_chars: float) -> tuple[str, int]:
+    """The text repeated in front of a chunk that starts inside ``term``'s description, and its tokens (joiner
+    included): the term's lines, one paragraph each; past a quarter of the chunk, the rest of the term is cut (at a
+    line, a word, then before the parameters: ``hashlib.sha256`` of ``hashlib.sha256(data=b'')``)."""
+    room, chars = max(1, budget // 4), limit_chars / 4
+    kept: list[str] = []
+    used = size = 0
+    for part, tokens, before in _cut(term, tokenizer, room, chars, (_LINE, _SPACE, _PARAMS)):
+        if kept and (used + tokens > room or size + len(before) + len(part) > chars):
+            break
+        kept.append(("\n\n" if "\n" in before else before) if kept else "")
+        kept.append(part)
+        used, size = used + tokens, size + len(before) + len(part)
+    head = "".join(kept).strip()
+    if not head or len(head) > chars:
+        return "", 0
+    return head, len(tokenizer.token_spans([head + "\n\n"])[0])
+
+
+def _groups(units: list[_Unit], budget: int, limit_chars: float) -> list[list[_Unit]]:
+    """The units in packing groups: a definition's term with the first unit of its description (and a second term
+    line with the first) is one group, unless the group would not fit a chunk; every other unit alone."""
+    groups: list[list[_Unit]] = []
+    for unit in units:
+        last = groups[-1] if groups else []
+        glued = bool(last) and last[-1].is_term and (unit.is_term or (bool(unit.term) and unit.first))
+        grown = [*last, unit]
+        size = sum(len(u.joiner) for u in grown[1:]) + sum(len(u.text) for u in grown)
+        if glued and sum(u.tokens for u in grown) <= budget and size <= limit_chars:
+            groups[-1] = grown
+        else:
+            groups.append([unit])
+    return groups
+
+
+def _units(
+    blocks: Sequence[Block],
+    tokenizer: Tokenizer,
+    budget: int,
+    limit_chars: float,
+    heads: Callable[[str], tuple[str, int]] | None = None,
+) -> list[_Unit]:
+    """Every block as one unit when it fits, else cut at its best boundaries into units that do; a description's
+    blocks leave room for the term in front (``heads``)."""
     kept = [b for b in blocks if b.text.strip()]
     rendered = [render_block(b) for b in kept]
     # A block far longer than any chunk is cut without being counted whole first (tokenising is the cost here).
@@ -228,12 +289,17 @@ def _units(blocks: Sequence[Block], tokenizer: Tokenizer, budget: int, limit_cha
         counts[i] = len(spans)
     units: list[_Unit] = []
     for block, text, tokens in zip(kept, rendered, counts, strict=True):
-        if tokens <= budget and len(text) <= limit_chars:
-            units.append(_Unit(text, block.text, tokens, "\n\n", block.page))
+        head, head_tokens = heads(block.term) if heads is not None and block.term else ("", 0)
+        room, room_chars = budget - head_tokens, limit_chars - (len(head) + 2 if head else 0)
+        if tokens <= room and len(text) <= room_chars:
+            mine = [_Unit(text, block.text, tokens, "\n\n", block.page)]
         elif block.kind == "code":
-            units.extend(_code_units(block, tokenizer, budget, limit_chars))
+            mine = _code_units(block, tokenizer, room, room_chars)
         else:
-            units.extend(_prose_units(block, tokenizer, budget, limit_chars))
+            mine = _prose_units(block, tokenizer, room, room_chars)
+        if block.term or block.is_term:
+            mine = [evolve(u, term=block.term, is_term=block.is_term, first=k == 0) for k, u in enumerate(mine)]
+        units.extend(mine)
     return units
 
 
