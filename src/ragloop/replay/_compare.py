@@ -86,7 +86,7 @@ class ReplayItem:
         last_at: When it was last asked (seconds since the epoch).
         before: Its latest logged turn.
         after: The reply now.
-        verdict: See :func:`verdict`.
+        verdict: ``fixed``, ``broken``, ``changed`` or ``same`` (see :func:`ragloop.replay.verdict`).
         reason: Why, in a few words.
     """
 

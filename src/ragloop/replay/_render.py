@@ -55,7 +55,7 @@ def _pages(pages: tuple[str, ...]) -> str:
 
 def markdown(report: ReplayReport, *, title: str = "ragloop replay") -> str:
     """A summary fit for a pull-request comment: the counts, then the broken questions first, each with its question,
-    outcome before and after, and pages (at most :data:`MARKDOWN_ROWS` per verdict, ``same`` ones only counted)."""
+    outcome before and after, and pages (at most 25 per verdict, ``same`` ones only counted)."""
     status = "❌ something broke" if report.broken else "✅ nothing broke"
     counts = " · ".join(f"**{report.count(v)}** {v}" for v in VERDICTS)
     lines = [
