@@ -171,7 +171,7 @@ def answer_row(reply_text: str, outcome: str, blocks: Sequence[Any], answers: Se
     }
 
 
-#: With ``--reranker``: the ranked list the turn's ranker returned for the last question (what it cited from).
+#: The ranked list the turn's ranker returned for the last question (what it cited from).
 RANKED: list[list[Any]] = []
 
 
@@ -187,7 +187,9 @@ class RankRecorder:
         return ranked
 
     async def aclose(self) -> None:
-        await self.inner.aclose()
+        close = getattr(self.inner, "aclose", None)
+        if close is not None:
+            await close()
 
 
 class Recording:
@@ -292,6 +294,7 @@ async def agentic(
     answer_rows: list[dict[str, Any]] = []
     for qid in qids:
         recording.calls.clear()
+        RANKED.clear()
         t = time.perf_counter()
         reply = await rag.ask(queries[qid])
         seconds.append(time.perf_counter() - t)
@@ -318,9 +321,12 @@ def turn_ranking(question: str, record: Any, calls: Sequence[tuple[str, Sequence
     grades: dict[str, list[Any]] = {}
     for g in record.grades:
         grades.setdefault(g.chunk_id, []).append(g.label)
-    anchor = anchor_query(question, record.decision.queries, searches)
+    decided = record.decision.queries
+    anchor = anchor_query(question, decided, searches)
+    parts = [q for q in decided if q != anchor] if len(decided) > 1 else []
+    hops = {h.query for h in record.hops if h.accepted and h.query}
     return (FusionRanker(FUSION) if RERANK else FusionRanker(FUSION, NO_RERANK)).order(
-        Candidates(question, searches, grades, anchor)
+        Candidates(question, searches, grades, anchor, parts, hops)
     )
 
 
@@ -444,10 +450,12 @@ def main() -> None:
 
             server = ScriptedOpenAIServer().start() if args.reranker == "scripted" else None
             ranker = RankRecorder(cross_encoder(server.base_url if server else args.reranker))
-        rag = ChatRAG.from_index(index, settings=TurnSettings(fusion=FUSION), ranker=ranker)
-        if not RERANK:
+        else:  # the default ranker, recorded: the agentic arm is scored on the very list its answer cited from
             from ragloop.retrievers.ranking import FusionRanker
 
+            ranker = RankRecorder(FusionRanker(FUSION) if RERANK else FusionRanker(FUSION, NO_RERANK))
+        rag = ChatRAG.from_index(index, settings=TurnSettings(fusion=FUSION), ranker=ranker)
+        if not RERANK:
             rag.nodes["answer"].default_ranking = FusionRanker(FUSION, NO_RERANK)  # type: ignore[attr-defined]
         try:
             ss = await single_shot(index, rag, queries, qids, answers)

@@ -6,7 +6,10 @@ Runs the offline agentic turn (``ChatRAG.from_index``) once per question of a BE
 hops, then ranks those same candidates with each variant below and scores recall@2 / recall@5 of the documents
 against single-shot's (the question's own search, documents by best chunk, as ``bench_quality.py`` scores it).
 
-Variants: ``default`` (the shipped :class:`~ragloop.retrievers.ranking.FusionRanker`, ``lead=1``), ``lead-0``
+Variants: ``default`` (the shipped :class:`~ragloop.retrievers.ranking.FusionRanker`, ``lead=2`` by documents
+with its evidence exceptions), ``before-lead-2`` (the default before that: the question's first chunk kept
+first), ``lead-2-no-evidence`` and ``lead-2-parts-hops-only`` (the exceptions left out, or only the named-page one
+left out), ``lead-0``
 (the default before issue 32: fusion and feature rerank alone), ``fused`` (no feature rerank), ``anchor-<w>``
 (the question's list weighted ``w``), ``lead-<n>`` (the question's own first ``n`` documents kept in the first
 ``n`` places), ``no-hops`` (the hop lists left out), feature ablations and fusion knobs; and the issue-32 candidates
@@ -40,7 +43,7 @@ from bench_quality import RESULTS, as_run, best_by_doc, doc_of, open_index, spli
 
 from ragloop.retrievers.evaluate import evaluate_run, load_qrels, load_queries, rank_docs
 from ragloop.retrievers.fusion import FusionSettings
-from ragloop.retrievers.ranking import Candidates, FusionRanker
+from ragloop.retrievers.ranking import Candidates, FusionRanker, document_of, keep_lead, keep_lead_documents
 from ragloop.retrievers.rerank import RerankSettings
 from ragloop.state import Hit
 
@@ -89,8 +92,23 @@ def variants(doc: Callable[[str], str]) -> dict[str, Variant]:
     """Every variant by name."""
     off = RerankSettings(title_weight=0, proximity_weight=0, bridge_weight=0)
     base = FusionRanker()
+    bare = FusionRanker(FusionSettings(lead=0))
+
+    def anchor_of(c: Candidates) -> tuple[Hit, ...]:
+        return c.searches.get(c.anchor or "", ())
+
+    def heads(c: Candidates, queries: frozenset[str] | tuple[str, ...]) -> set[str]:
+        return {document_of(hits[0]) for q, hits in c.searches.items() if hits and q in queries}
+
     out: dict[str, Variant] = {
         "default": lambda c, h: base.order(c),
+        # Issue 32's last step, its parts one by one: the default before it (the question's first chunk first),
+        # lead=2 by documents with no exception, and with only one kind of evidence allowed to take place two.
+        "before-lead-2": lambda c, h: keep_lead(bare.order(c), [x.id for x in anchor_of(c)], 1),
+        "lead-2-no-evidence": lambda c, h: keep_lead_documents(bare.order(c), anchor_of(c), 2),
+        "lead-2-parts-hops-only": lambda c, h: keep_lead_documents(
+            bare.order(c), anchor_of(c), 2, may_lead=lambda x: document_of(x) in heads(c, c.hops) | heads(c, c.parts)
+        ),
         "lead-0": lambda c, h: FusionRanker(FusionSettings(lead=0)).order(c),
         "fused": lambda c, h: FusionRanker(features=off).order(c),
         "no-hops": lambda c, h: without_hops(c, h, base),
@@ -191,9 +209,22 @@ def main() -> None:
         anchor = c.searches.get(c.anchor or "", ())
         single[qid] = as_run(rank_docs(best_by_doc(index, anchor))[:10])
     rows: dict[str, dict[str, float]] = {"single_shot": _scores(single, judged)}
-    for name, variant in variants(doc).items():
+    all_variants = variants(doc)
+    for name, variant in all_variants.items():
         ranked = {qid: as_run(list(dict.fromkeys(doc(h.id) for h in variant(c, hops)))[:10]) for qid, c, hops in turns}
         rows[name] = _scores(ranked, judged)
+    # Per question, where the default and the default before issue 32's lead=2 differ in judged documents in the
+    # first two places: what the change did, question by question.
+    changes = []
+    for qid, c, hops in turns:
+        judged_docs = {d for d, rel in judged[qid].items() if rel > 0}
+        tops = {
+            name: list(dict.fromkeys(doc(h.id) for h in all_variants[name](c, hops)))[:2]
+            for name in ("before-lead-2", "default")
+        }
+        hits = {name: len(judged_docs & set(top)) for name, top in tops.items()}
+        if hits["before-lead-2"] != hits["default"]:
+            changes.append({"qid": qid, "question": c.question, "judged": sorted(judged_docs), "top2": tops})
     report = {
         "dataset": args.beir.name,
         "half": "tuning",
@@ -201,12 +232,18 @@ def main() -> None:
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "seconds": round(time.perf_counter() - started, 1),
         "rows": rows,
+        "recall@2_changes_vs_before_lead_2": changes,
     }
     out = RESULTS / f"tune-ranking-{args.beir.resolve().name}.json"
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"{args.beir.name} tuning half, {len(turns)} questions, load {report['load_average']}")
     for name, row in rows.items():
         print(f"{name:<12} " + "  ".join(f"{k} {v:.3f}" for k, v in row.items()))
+    gained = sum(
+        len(set(ch["judged"]) & set(ch["top2"]["default"])) > len(set(ch["judged"]) & set(ch["top2"]["before-lead-2"]))
+        for ch in changes
+    )
+    print(f"recall@2 against before-lead-2, per question: {gained} gained, {len(changes) - gained} lost")
 
 
 def _scores(run: dict[str, dict[str, float]], qrels: dict[str, dict[str, int]]) -> dict[str, float]:

@@ -5,8 +5,10 @@ A :class:`Ranker` turns those searches and grades (:class:`Candidates`) into one
 node numbers and cites the graded passages **in that order** and orders nothing itself. The default is
 :class:`FusionRanker`: every search's list fused by rank with the grades as a factor
 (:func:`ragloop.retrievers.fusion.fuse_searches`, the question's own best protected), its head reordered by the
-passage features of :func:`ragloop.retrievers.rerank.rerank`. A ranker of your own is one object with an async
-``rank``::
+passage features of :func:`ragloop.retrievers.rerank.rerank`, then the question's own first two documents kept
+in the first two places unless a document with evidence of its own takes the second (:func:`keep_lead_documents`:
+the first document of a part's or a hop's search, or a page the first passage names). A ranker of your own is
+one object with an async ``rank``::
 
     class Reversed:
         async def rank(self, candidates: Candidates) -> list[Hit]:
@@ -21,7 +23,8 @@ fault is recorded (the answer node does this: ``ragloop.nodes.answer``); cross-e
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from attrs import field, frozen
@@ -30,7 +33,7 @@ from ragloop.retrievers.fusion import FusionSettings, anchor_query, fuse_searche
 from ragloop.retrievers.rerank import RerankSettings, rerank
 from ragloop.state import Hit, Label, TurnState
 
-__all__ = ["Candidates", "FusionRanker", "Ranker", "candidates_of", "keep_lead"]
+__all__ = ["Candidates", "FusionRanker", "Ranker", "candidates_of", "document_of", "keep_lead", "keep_lead_documents"]
 
 
 def _frozen_lists(value: Mapping[str, Sequence[Hit]]) -> Mapping[str, tuple[Hit, ...]]:
@@ -39,6 +42,14 @@ def _frozen_lists(value: Mapping[str, Sequence[Hit]]) -> Mapping[str, tuple[Hit,
 
 def _frozen_labels(value: Mapping[str, Sequence[Label]]) -> Mapping[str, tuple[Label, ...]]:
     return {key: tuple(labels) for key, labels in value.items()}
+
+
+def _queries(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
+def _query_set(value: Iterable[str]) -> frozenset[str]:
+    return frozenset(value)
 
 
 @frozen
@@ -51,12 +62,17 @@ class Candidates:
         grades: Chunk id → every label a grader gave it (for any query); absent: never graded.
         anchor: The query whose list is the question's own search (what single-shot retrieval would have
             returned), or ``None`` when the question was not searched as such.
+        parts: Decide's queries when it split the question into several (each part of the question asked on its
+            own); empty for a question searched as one.
+        hops: The queries a second hop searched (a follow-up for what the first passages named).
     """
 
     question: str
     searches: Mapping[str, tuple[Hit, ...]] = field(factory=dict, converter=_frozen_lists, hash=False)
     grades: Mapping[str, tuple[Label, ...]] = field(factory=dict, converter=_frozen_labels, hash=False)
     anchor: str | None = None
+    parts: tuple[str, ...] = field(default=(), converter=_queries)
+    hops: frozenset[str] = field(default=frozenset(), converter=_query_set)
 
     def hits(self) -> list[Hit]:
         """Every distinct chunk found, once: the anchor's list first, then the other queries' in turn order."""
@@ -76,7 +92,14 @@ def candidates_of(state: TurnState) -> Candidates:
         grades.setdefault(g.hit.id, []).append(g.verdict.label)
     decided = state.decision.queries if state.decision is not None else ()
     anchor = anchor_query(state.question, decided, state.searches)
-    return Candidates(state.question, state.searches, grades, anchor)
+    parts = tuple(q for q in decided if q != anchor) if len(decided) > 1 else ()
+    hops = frozenset(q.text for q in state.queries.values() if q.hop)
+    return Candidates(state.question, state.searches, grades, anchor, parts, hops)
+
+
+def document_of(hit: Hit) -> str:
+    """The document a hit belongs to: its chunk's ``doc_id``, else its source, else the chunk itself."""
+    return hit.chunk.doc_id or hit.chunk.source or hit.id
 
 
 def keep_lead(ranked: Sequence[Hit], anchor: Sequence[str], n: int) -> list[Hit]:
@@ -93,6 +116,97 @@ def keep_lead(ranked: Sequence[Hit], anchor: Sequence[str], n: int) -> list[Hit]
     front = sorted({*kept, *(c for c in missing if c in by_id)}, key=position.__getitem__)
     placed = set(front)  # once, not once per hit
     return [by_id[c] for c in front] + [h for h in ranked if h.id not in placed]
+
+
+def keep_lead_documents(
+    ranked: Sequence[Hit],
+    anchor: Sequence[Hit],
+    n: int,
+    *,
+    may_lead: Callable[[Hit], bool] = lambda hit: False,
+    first: bool = True,
+) -> list[Hit]:
+    """``ranked`` with the first ``n`` documents of ``anchor`` (:func:`document_of`) in its first ``n`` document
+    places: the first one first (unless ``first`` is false), the others unless documents ``may_lead`` accepts
+    hold those places.
+
+    A document's place is its best-ranked hit's; a lead document is placed by the anchor's own hit of it (moved
+    up to its best-ranked chunk's place when another chunk ranks higher). A lead document missing from the head
+    takes the place of the lowest head document that is neither a lead document nor one ``may_lead`` accepts:
+    its hit moves up to the end of the head, and the displaced document's hits in the head follow right after
+    it (one place down).
+    No other hit moves, and nothing is dropped.
+    """
+    out = list(ranked)
+    ranked_ids = {h.id for h in out}
+    own: dict[str, Hit] = {}  # lead document → the anchor's own (first) hit of it
+    for hit in anchor:
+        if len(own) == n:
+            break
+        if hit.id in ranked_ids:
+            own.setdefault(document_of(hit), hit)
+    lead = list(own)
+    if not lead:
+        return out
+    for doc, hit in own.items():  # a lead document is placed by the anchor's own hit, not another chunk of it
+        best = next(i for i, h in enumerate(out) if document_of(h) == doc)
+        if out[best].id != hit.id:
+            out.insert(best, out.pop(next(i for i, h in enumerate(out) if h.id == hit.id)))
+    places: dict[str, int] = {}
+    for i, hit in enumerate(out):
+        places.setdefault(document_of(hit), i)
+    if first and places[lead[0]] != 0:  # the question's own best document is first whatever leads
+        out.insert(0, out.pop(places[lead[0]]))
+        places = {}
+        for i, hit in enumerate(out):
+            places.setdefault(document_of(hit), i)
+    docs = sorted(places, key=places.__getitem__)
+    head = docs[:n]
+    fixed = 1 if first else 0
+    missing = [d for d in lead[fixed:] if d not in head]
+    droppable = [d for d in reversed(head[fixed:]) if d not in lead and not may_lead(out[places[d]])]
+    taken, dropped = missing[: len(droppable)], set(droppable[: len(missing)])
+    if not taken:
+        return out
+    end = places[docs[n]] if len(docs) > n else len(out)  # where the head's hits end
+    moved = [out[places[d]] for d in taken]
+    moved_ids = {h.id for h in moved}
+    return [
+        *(h for h in out[:end] if document_of(h) not in dropped),
+        *moved,
+        *(h for h in out[:end] if document_of(h) in dropped),
+        *(h for h in out[end:] if h.id not in moved_ids),
+    ]
+
+
+def _rejected(labels: Sequence[Label]) -> bool:
+    return bool(labels) and all(label == "irrelevant" for label in labels)
+
+
+def _named_title(title: str) -> str:
+    """A page title without its trailing disambiguation ("Gamer (film)" → "gamer"), lower-cased."""
+    return re.sub(r"\s*\([^()]*\)\s*$", "", title).strip().lower()
+
+
+def _has_evidence(candidates: Candidates, first: Hit | None) -> Callable[[Hit], bool]:
+    """Whether a hit's document has evidence of its own to lead: it heads the search of one of decide's parts
+    or of a second hop, or its page's title is named by ``first`` (the question's own best passage: a bridge
+    entity) and is not in the question."""
+    heads = {
+        document_of(hits[0])
+        for query, hits in candidates.searches.items()
+        if hits and (query in candidates.hops or query in candidates.parts)
+    }
+    text = first.chunk.text.lower() if first is not None else ""
+    asked = candidates.question.lower()
+
+    def may_lead(hit: Hit) -> bool:
+        if document_of(hit) in heads:
+            return True
+        name = _named_title(hit.chunk.title)
+        return len(name) > 3 and name not in asked and re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text) is not None
+
+    return may_lead
 
 
 @runtime_checkable
@@ -130,7 +244,17 @@ class FusionRanker:
         anchored = candidates.searches.get(candidates.anchor, ()) if candidates.anchor is not None else ()
         protected = [h.id for h in anchored[: self.fusion.protect]]
         ranked = rerank(candidates.question, fused, protected=protected, settings=self.features)
-        return keep_lead(ranked, [h.id for h in anchored], self.fusion.lead)
+        # The question's own first documents, less those every grader called irrelevant (its search guessed
+        # wrong there): the rest keep their places, and the first is first only if it is the search's first.
+        firsts: dict[str, Hit] = {}
+        for hit in anchored:
+            if len(firsts) == self.fusion.lead:
+                break
+            firsts.setdefault(document_of(hit), hit)
+        leads = [h for h in firsts.values() if not _rejected(candidates.grades.get(h.id, ()))]
+        head = bool(leads) and leads[0] is next(iter(firsts.values()))
+        may_lead = _has_evidence(candidates, leads[0] if head else None)
+        return keep_lead_documents(ranked, leads, self.fusion.lead, may_lead=may_lead, first=head)
 
     async def rank(self, candidates: Candidates) -> list[Hit]:
         """See :meth:`order`."""
