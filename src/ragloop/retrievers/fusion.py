@@ -31,7 +31,7 @@ from attrs import field, frozen, validators
 from ragloop.errors import ConfigError
 from ragloop.state import Hit, Label
 
-__all__ = ["FusionSettings", "anchor_query", "fuse_ids", "fuse_searches"]
+__all__ = ["FusionSettings", "anchor_query", "fuse_ids", "fuse_searches", "rejected"]
 
 
 @frozen
@@ -72,10 +72,15 @@ def anchor_query(question: str, decide_queries: Sequence[str], searched: Collect
     return None
 
 
+def rejected(labels: Sequence[Label]) -> bool:
+    """Whether a chunk was graded and every grade called it ``irrelevant``."""
+    return bool(labels) and all(label == "irrelevant" for label in labels)
+
+
 def _label_factor(labels: Sequence[Label], settings: FusionSettings) -> float:
     if "relevant" in labels:
         return settings.relevant_boost
-    if labels and all(label == "irrelevant" for label in labels):
+    if rejected(labels):
         return settings.irrelevant_factor
     return 1.0
 

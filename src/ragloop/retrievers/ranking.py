@@ -29,7 +29,7 @@ from typing import Protocol, runtime_checkable
 
 from attrs import field, frozen
 
-from ragloop.retrievers.fusion import FusionSettings, anchor_query, fuse_searches
+from ragloop.retrievers.fusion import FusionSettings, anchor_query, fuse_searches, rejected
 from ragloop.retrievers.rerank import RerankSettings, rerank
 from ragloop.state import Hit, Label, TurnState
 
@@ -134,33 +134,23 @@ def keep_lead_documents(
     up to its best-ranked chunk's place when another chunk ranks higher). A lead document missing from the head
     takes the place of the lowest head document that is neither a lead document nor one ``may_lead`` accepts:
     its hit moves up to the end of the head, and the displaced document's hits in the head follow right after
-    it (one place down).
-    No other hit moves, and nothing is dropped.
+    it (one place down). No other hit moves, and nothing is dropped.
     """
     out = list(ranked)
     ranked_ids = {h.id for h in out}
-    own: dict[str, Hit] = {}  # lead document → the anchor's own (first) hit of it
-    for hit in anchor:
-        if len(own) == n:
-            break
-        if hit.id in ranked_ids:
-            own.setdefault(document_of(hit), hit)
+    own = _first_documents([h for h in anchor if h.id in ranked_ids], n)  # lead document → the anchor's hit of it
     lead = list(own)
     if not lead:
         return out
     for doc, hit in own.items():  # a lead document is placed by the anchor's own hit, not another chunk of it
-        best = next(i for i, h in enumerate(out) if document_of(h) == doc)
+        best = _places(out)[doc]
         if out[best].id != hit.id:
             out.insert(best, out.pop(next(i for i, h in enumerate(out) if h.id == hit.id)))
-    places: dict[str, int] = {}
-    for i, hit in enumerate(out):
-        places.setdefault(document_of(hit), i)
+    places = _places(out)
     if first and places[lead[0]] != 0:  # the question's own best document is first whatever leads
         out.insert(0, out.pop(places[lead[0]]))
-        places = {}
-        for i, hit in enumerate(out):
-            places.setdefault(document_of(hit), i)
-    docs = sorted(places, key=places.__getitem__)
+        places = _places(out)
+    docs = list(places)  # in place order: a dict keeps the order documents were first seen
     head = docs[:n]
     fixed = 1 if first else 0
     missing = [d for d in lead[fixed:] if d not in head]
@@ -179,8 +169,22 @@ def keep_lead_documents(
     ]
 
 
-def _rejected(labels: Sequence[Label]) -> bool:
-    return bool(labels) and all(label == "irrelevant" for label in labels)
+def _first_documents(hits: Sequence[Hit], n: int) -> dict[str, Hit]:
+    """The first ``n`` documents of ``hits``, each with its first hit there, in order."""
+    firsts: dict[str, Hit] = {}
+    for hit in hits:
+        if len(firsts) == n:
+            break
+        firsts.setdefault(document_of(hit), hit)
+    return firsts
+
+
+def _places(hits: Sequence[Hit]) -> dict[str, int]:
+    """Document → the position of its best-ranked hit, in place order."""
+    places: dict[str, int] = {}
+    for i, hit in enumerate(hits):
+        places.setdefault(document_of(hit), i)
+    return places
 
 
 def _named_title(title: str) -> str:
@@ -246,13 +250,9 @@ class FusionRanker:
         ranked = rerank(candidates.question, fused, protected=protected, settings=self.features)
         # The question's own first documents, less those every grader called irrelevant (its search guessed
         # wrong there): the rest keep their places, and the first is first only if it is the search's first.
-        firsts: dict[str, Hit] = {}
-        for hit in anchored:
-            if len(firsts) == self.fusion.lead:
-                break
-            firsts.setdefault(document_of(hit), hit)
-        leads = [h for h in firsts.values() if not _rejected(candidates.grades.get(h.id, ()))]
-        head = bool(leads) and leads[0] is next(iter(firsts.values()))
+        firsts = list(_first_documents(anchored, self.fusion.lead).values())
+        leads = [h for h in firsts if not rejected(candidates.grades.get(h.id, ()))]
+        head = bool(leads) and leads[0] is firsts[0]
         may_lead = _has_evidence(candidates, leads[0] if head else None)
         return keep_lead_documents(ranked, leads, self.fusion.lead, may_lead=may_lead, first=head)
 
