@@ -175,6 +175,15 @@ class TestLeadDocuments:
         c2 = Candidates(c.question, {"q": [unnamed, *searches["q"][1:]], "q2": [named, unnamed]}, anchor="q")
         assert _docs(FusionRanker().order(c2))[:2] == ["A", "B"]
 
+    def test_hostile_titles_are_text_not_patterns(self) -> None:
+        """A huge title full of regex syntax and a 1 MB first passage: the named-page rule matches text literally
+        (no pattern error, no false match) and the ranking keeps the question's own two documents."""
+        title = "(.*)+[" * 20_000 + " (film)"
+        first = _hit("a1", "A", doc="A", text="x " * 500_000)
+        odd = _hit("z1", title, doc="Z")
+        c = Candidates("q", {"q": [first, _hit("b1", doc="B")], "r": [odd, first]}, anchor="q")
+        assert _docs(FusionRanker().order(c))[:2] == ["A", "B"]
+
     def test_the_questions_first_document_leads_whatever_the_evidence(self) -> None:
         """A hop's first document outranking everything still comes second: the first place is the question's."""
         hop = [_hit("x1", "X", doc="X"), _hit("y1", "Y", doc="Y")]
