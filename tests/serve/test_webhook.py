@@ -67,12 +67,18 @@ def _verified(rx: Receiver) -> None:
         assert headers["idempotency-key"] == headers["x-ragloop-handoff"] == json.loads(body)["handoff_id"]
 
 
+def _park(outbox: SQLBackend, handoff_id: str, url: str, body: str, at: float, error: str) -> None:
+    """A hand-off (its row) whose delivery is parked: a delivery is kept only while its hand-off exists."""
+    outbox.save_handoff(handoff_id, f"t-{handoff_id}", "p", at, body)
+    assert outbox.park_delivery(handoff_id, url, body, at, error)
+
+
 class TestOutboxTables:
     def test_claim_settle_and_never_again(self, outbox: SQLBackend) -> None:
         """A parked delivery is claimed once (a second sender sees nothing while the claim holds), released on a
         failure, claimed again after, and never again once delivered; parking twice counts an attempt."""
-        outbox.park_delivery("h-1", "http://x/hook", '{"a": "é"}', 10.0, "ConnectError")
-        outbox.park_delivery("h-0", "http://x/hook", "{}", 20.0, "status 503")
+        _park(outbox, "h-1", "http://x/hook", '{"a": "é"}', 10.0, "ConnectError")
+        _park(outbox, "h-0", "http://x/hook", "{}", 20.0, "status 503")
         assert outbox.undelivered() == 2
         first = outbox.claim_deliveries(100.0, 10.0, 10)
         assert [c[0] for c in first] == ["h-1", "h-0"] and first[0][2] == '{"a": "é"}'  # oldest first, as stored
@@ -84,7 +90,7 @@ class TestOutboxTables:
         outbox.settle_delivery("h-1", True, 201.0)
         assert outbox.claim_deliveries(500.0, 10.0, 10) == [] and outbox.undelivered() == 0
         assert _rows(outbox) == 2  # delivered rows stay a week ...
-        outbox.park_delivery("h-2", "http://x/hook", "{}", 600.0, "ConnectError")
+        _park(outbox, "h-2", "http://x/hook", "{}", 600.0, "ConnectError")
         assert outbox.claim_deliveries(201.0 + 7 * 86_400 + 1, 10.0, 10)[0][0] == "h-2"
         assert _rows(outbox) == 1  # ... then go; the waiting one stays
 
@@ -92,12 +98,12 @@ class TestOutboxTables:
         """A delivery tried N times, or first parked D ago, is marked dead once: kept (listed with its attempts
         and error), never claimed by a plain pass, claimed by a `--dead` pass; failing again it stays dead,
         delivered it is done (on main a dead URL's row was claimed on every pass, forever)."""
-        outbox.park_delivery("h-tried", "http://x/hook", "{}", 1_000.0, "ConnectError")
+        _park(outbox, "h-tried", "http://x/hook", "{}", 1_000.0, "ConnectError")
         for at in (1_001.0, 1_002.0):
             assert outbox.claim_deliveries(at, 0.5, 10)
             outbox.settle_delivery("h-tried", False, at, "status 503")  # 3 attempts now
-        outbox.park_delivery("h-old", "http://x/hook", "{}", 10.0, "ConnectError")
-        outbox.park_delivery("h-fresh", "http://x/hook", "{}", 1_005.0, "ConnectError")
+        _park(outbox, "h-old", "http://x/hook", "{}", 10.0, "ConnectError")
+        _park(outbox, "h-fresh", "http://x/hook", "{}", 1_005.0, "ConnectError")
         assert outbox.bury_deliveries(1_010.0, 3, 500.0) == 2 and outbox.bury_deliveries(1_011.0, 3, 500.0) == 0
         assert outbox.undelivered() == 1 and outbox.undelivered(dead=True) == 2
         assert [c[0] for c in outbox.claim_deliveries(1_020.0, 0.5, 10)] == ["h-fresh"]
@@ -209,6 +215,7 @@ class TestResendCommand:
         url = _down_url()
         backend = SQLiteBackend(tmp_path / "turns.db")
         hook = Webhook(_handoff(tmp_path, url, attempts=1), outbox=backend)
+        backend.save_handoff("h-00000000000000aa", "t1", "p", 1.0, "{}")  # a delivery is kept for a hand-off
         assert hook.admit() and not await hook.deliver({"handoff_id": "h-00000000000000aa", "question": "é?"})
         assert hook.counts["parked"] == 1 and backend.undelivered() == 1
         log_url = f"sqlite:{tmp_path / 'turns.db'}"
@@ -273,6 +280,7 @@ class TestKept:
         with Receiver() as rx:
             hook = Webhook(_handoff(tmp_path, rx.url, max_pending=1), outbox=backend)
             assert hook.admit() and not hook.admit()
+            backend.save_handoff("h-00000000000000bb", "t1", "p", 1.0, "{}")
             await hook.keep({"handoff_id": "h-00000000000000bb"})
             hook.pending = 0  # the first delivery's slot, never used here
             assert backend.undelivered() == 1 and rx.got == []
@@ -290,6 +298,7 @@ class TestRotatedSecret:
         url = _down_url()
         backend = SQLiteBackend(tmp_path / "turns.db")
         before = Webhook(Handoff(tmp_path, url=url, secret=b"secret-A-0123456789", attempts=1), outbox=backend)
+        backend.save_handoff("h-00000000000000cc", "t1", "p", 1.0, "{}")
         assert before.admit() and not await before.deliver({"handoff_id": "h-00000000000000cc", "q": "é"})
         backend.close()
         backend = SQLiteBackend(tmp_path / "turns.db")  # the restart
@@ -359,13 +368,31 @@ class TestDeadDeliveries:
         assert _ids(rx) == [handoff_id]
         _verified(rx)
 
+    def test_metrics_count_the_rows_another_process_parked_or_marked(self, tmp_path: Path) -> None:
+        """``ragloop_handoff_outbox_rows{state}`` is read from the database on each re-send pass: a delivery that
+        another process (a replica, the CLI) parked and marked dead is counted by this server, whose own
+        ``result="dead"`` counter stays 0 (on e4077ec only that counter existed, so the CLI's marks never showed)."""
+        rag = _logged(tmp_path)
+        handoff = _handoff(tmp_path, _down_url(), attempts=1, backoff_s=0.01, resend_every_s=0.05, timeout_s=1.0)
+        app = create_app(rag, handoff=handoff)
+        with serving(app, close=rag.aclose, lifespan="on") as base, httpx.Client(base_url=base, timeout=30) as client:
+            other = SQLiteBackend(tmp_path / "turns.db")
+            _park(other, "h-00000000000000aa", "http://127.0.0.1:9/hook", "{}", time.time() - 10 * 86_400, "x")
+            _park(other, "h-00000000000000bb", "http://127.0.0.1:9/hook", "{}", time.time(), "x")
+            assert other.bury_deliveries(time.time(), 1000, 3 * 86_400) == 1
+            deadline = time.monotonic() + 60
+            while 'ragloop_handoff_outbox_rows{state="dead"} 1.0' not in (text := client.get("/metrics").text):
+                assert time.monotonic() < deadline, "the outbox rows never reached /metrics"
+                time.sleep(0.05)
+            assert 'ragloop_handoff_outbox_rows{state="waiting"} 1.0' in text
+            assert 'ragloop_handoff_webhook_total{result="dead"} 0.0' in text
+            other.close()
+
     async def test_the_cli_marks_dead_by_age_and_lists(self, tmp_path: Path) -> None:
         """`ragloop handoff resend --dead-after-days` marks a delivery kept longer dead before the pass (not
         sent), says so, and `handoff list` (waiting) no longer shows it."""
         backend = SQLiteBackend(tmp_path / "turns.db")
-        backend.park_delivery(
-            "h-00000000000000dd", "http://user:pw@127.0.0.1:9/hook", "{}", time.time() - 5 * 86_400, "x"
-        )
+        _park(backend, "h-00000000000000dd", "http://user:pw@127.0.0.1:9/hook", "{}", time.time() - 5 * 86_400, "x")
         log_url = f"sqlite:{tmp_path / 'turns.db'}"
         rc, waiting = await anyio.to_thread.run_sync(_cli, "handoff", "list", "--turn-log", log_url, "--json")
         assert rc == 0 and [w["handoff_id"] for w in waiting] == ["h-00000000000000dd"]
@@ -394,6 +421,10 @@ class TestDeadDeliveries:
         )
         conn.execute(
             "insert into ragloop_handoff_outbox values ('h-1', 'http://x/', '{}', 'sha256=ab', 1, 1, 'e', null, null)"
+        )
+        conn.execute(
+            "insert into ragloop_handoffs (handoff_id, turn_id, principal, at, packet) "
+            "values ('h-1', 't1', 'p', 1, '{}')"
         )
         conn.commit()
         conn.close()

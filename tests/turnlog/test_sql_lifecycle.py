@@ -79,6 +79,74 @@ class TestGapState:
         assert backend.handoff("h-1") is None and backend.handoff("h-3") is not None
         assert _outbox_ids(backend) == ["h-3"]
 
+    def test_a_delivery_in_flight_when_its_handoff_is_purged_is_not_kept(self, backend: SQLBackend) -> None:
+        """A delivery that gives up after retention purged its hand-off parks nothing (on e4077ec it parked an
+        orphan row: the purged question lived on in the outbox and was re-sent); a kept turn's still parks."""
+        backend.save_handoff("h-1", "t1", "p", 1.0, '{"question": "secret t1?"}')
+        backend.save_handoff("h-3", "t3", "p", 1.0, "{}")
+        assert backend.purge(15.0) == 1  # the delivery of h-1 is in flight meanwhile
+        assert backend.park_delivery("h-1", "http://x/hook", '{"question": "secret t1?"}', 2.0, "ConnectError") is False
+        assert backend.park_delivery("h-3", "http://x/hook", "{}", 2.0, "ConnectError") is True
+        assert _outbox_ids(backend) == ["h-3"]
+
+    def test_an_orphan_delivery_is_never_sent_and_goes(self, backend: SQLBackend) -> None:
+        """A delivery row whose hand-off is gone (parked by an earlier version after a purge) is never claimed for
+        a re-send; the claim, and the next purge, delete it."""
+        _handed_off(backend, "t3", "h-3")
+        _orphan(backend, "h-gone")
+        assert [c[0] for c in backend.claim_deliveries(100.0, 10.0, 10)] == ["h-3"]
+        assert _outbox_ids(backend) == ["h-3"]
+        _orphan(backend, "h-gone")
+        assert backend.purge(15.0) == 1 and _outbox_ids(backend) == ["h-3"]
+
+
+class TestPurgeRace:
+    def test_a_park_holding_its_handoff_makes_a_purge_wait_and_take_its_row(self, pg_url: str) -> None:
+        """Postgres, two sessions: a park that has locked its hand-off row (as ``park_delivery`` does) and inserted
+        its delivery holds back a purge of that hand-off until it commits; the purge then deletes the new row
+        too, so no orphan is left whichever commits first."""
+        import threading
+
+        import psycopg
+
+        from ragloop.turnlog import backend_for
+
+        name = f"race{next(_dbs)}"
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(f"drop database if exists {name}")
+            admin.execute(f"create database {name}")
+        url = pg_url.replace("/postgres?", f"/{name}?")
+        backend = backend_for(url)
+        backend.write([_row(1, 10.0), _row(3, 30.0)], ())
+        backend.save_handoff("h-1", "t1", "p", 1.0, "{}")
+        done = threading.Event()
+        with psycopg.connect(url) as park:
+            park.execute("select 1 from ragloop_handoffs where handoff_id = 'h-1' for share")
+            park.execute(
+                "insert into ragloop_handoff_outbox (handoff_id, url, body, signature, failed_at, attempts) "
+                "values ('h-1', 'http://x/hook', '{}', '', 2.0, 1)"
+            )
+            purge = threading.Thread(target=lambda: (backend.purge(15.0), done.set()))
+            purge.start()
+            assert not done.wait(1.0)  # waits on the locked hand-off row
+            park.commit()
+        purge.join(30)
+        assert done.is_set() and backend.handoff("h-1") is None and _outbox_ids(backend) == []
+        backend.close()
+
+
+def _orphan(backend: SQLBackend, handoff_id: str) -> None:
+    def work(conn: Any) -> None:
+        conn.cursor().execute(
+            backend._sql(
+                "insert into ragloop_handoff_outbox (handoff_id, url, body, signature, failed_at, attempts) "
+                "values (?, 'http://x/hook', '{\"question\": \"purged\"}', '', 1.0, 1)"
+            ),
+            (handoff_id,),
+        )
+
+    backend._run(True, work)
+
 
 def _handed_off(backend: SQLBackend, turn_id: str, handoff_id: str) -> None:
     """A hand-off of ``turn_id`` whose webhook delivery was parked."""

@@ -355,7 +355,8 @@ class HandoffRoutes:
         outbox = turn_log.backend if turn_log is not None else None
         self.webhook = Webhook(handoff, outbox=outbox) if handoff.url is not None else None
         if self.webhook is not None:
-            handlers.metrics.watch_handoffs(lambda: self.webhook.counts if self.webhook else {})
+            webhook = self.webhook
+            handlers.metrics.watch_handoffs(lambda: webhook.counts, lambda: webhook.rows)
 
     def routes(self) -> list[Route]:
         """``POST /v1/handoff`` and ``POST /v1/handoff/{handoff_id}/resolution``, guarded like every endpoint."""

@@ -68,10 +68,13 @@ class Metrics:
         """Expose the health of ``turn_log()`` (a :class:`~ragloop.turnlog.TurnLog`, or ``None``), read at scrape."""
         self.registry.register(_TurnLogCollector(turn_log))
 
-    def watch_handoffs(self, counts: Callable[[], Mapping[str, int]]) -> None:
+    def watch_handoffs(
+        self, counts: Callable[[], Mapping[str, int]], rows: Callable[[], Mapping[str, int]] | None = None
+    ) -> None:
         """Expose the hand-off webhook's deliveries by result (``delivered``, ``failed``, ``dropped``, ``parked``,
-        ``resent``)."""
-        self.registry.register(_HandoffCollector(counts))
+        ``resent``, ``dead``: what this process did) and, with ``rows``, the outbox's rows by state as last read
+        from the database (``ragloop_handoff_outbox_rows{state}``: every replica's and the CLI's)."""
+        self.registry.register(_HandoffCollector(counts, rows))
 
     def watch_quotas(
         self,
@@ -140,8 +143,11 @@ class _TurnLogCollector:
 class _HandoffCollector:
     """The hand-off webhook's delivery counts, read when ``/metrics`` is scraped."""
 
-    def __init__(self, counts: Callable[[], Mapping[str, int]]) -> None:
+    def __init__(
+        self, counts: Callable[[], Mapping[str, int]], rows: Callable[[], Mapping[str, int]] | None = None
+    ) -> None:
         self.counts = counts
+        self.rows = rows
 
     def describe(self) -> list[Metric]:
         return []
@@ -153,6 +159,16 @@ class _HandoffCollector:
         for result, n in sorted(self.counts().items()):
             family.add_metric([result], n)
         yield family
+        rows = self.rows() if self.rows is not None else {}
+        if rows:
+            table = GaugeMetricFamily(
+                "ragloop_handoff_outbox_rows",
+                "Parked hand-off deliveries in the turn log's outbox by state, as last read from the database.",
+                labels=["state"],
+            )
+            for state, n in sorted(rows.items()):
+                table.add_metric([state], n)
+            yield table
 
 
 class _QuotaCollector:

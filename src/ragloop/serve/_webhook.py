@@ -92,8 +92,9 @@ class Settings(Protocol):
 class Outbox(Protocol):
     """Where given-up deliveries wait (the turn log's backend: :class:`~ragloop.turnlog.SQLBackend`)."""
 
-    def park_delivery(self, handoff_id: str, url: str, body: str, at: float, error: str) -> None:
-        """Keep a delivery's body that exhausted its retries."""
+    def park_delivery(self, handoff_id: str, url: str, body: str, at: float, error: str) -> bool:
+        """Keep a delivery's body that exhausted its retries; ``False`` when its hand-off is gone (purged)."""
+        ...
 
     def bury_deliveries(self, now: float, max_attempts: int, max_age_s: float) -> int:
         """Mark dead the waiting ones tried ``max_attempts`` times or parked ``max_age_s`` ago; how many."""
@@ -107,6 +108,10 @@ class Outbox(Protocol):
 
     def settle_delivery(self, handoff_id: str, delivered: bool, at: float, error: str | None = None) -> None:
         """Record a re-send's result."""
+
+    def undelivered(self, *, dead: bool = False) -> int:
+        """How many wait to be re-sent (``dead``: how many are marked dead), whoever parked or marked them."""
+        ...
 
 
 def _headers(handoff_id: str, signature: str) -> dict[str, str]:
@@ -214,6 +219,9 @@ class Webhook:
         #: Packets delivered, given up on after every attempt, not sent (too many pending), parked for a later
         #: re-send, delivered by a re-send, and parked ones marked dead (no longer re-sent).
         self.counts = {"delivered": 0, "failed": 0, "dropped": 0, "parked": 0, "resent": 0, "dead": 0}
+        #: The outbox's rows by state (``waiting``, ``dead``) as the last re-send pass read them from the database:
+        #: rows another replica or ``ragloop handoff resend`` parked or marked are counted too. Empty until then.
+        self.rows: dict[str, int] = {}
 
     def admit(self) -> bool:
         """Take a delivery slot; ``False`` (counted as dropped) when ``max_pending`` are in flight."""
@@ -269,10 +277,14 @@ class Webhook:
             return
         text = body.decode("utf-8")
         try:
-            await anyio.to_thread.run_sync(self.outbox.park_delivery, handoff_id, url, text, self.clock(), why)
-            self.counts["parked"] += 1
+            kept = await anyio.to_thread.run_sync(self.outbox.park_delivery, handoff_id, url, text, self.clock(), why)
         except Exception as exc:  # noqa: BLE001 — a dead database loses this delivery (logged, counted as failed)
             log.warning("handoff.outbox_unavailable", error=type(exc).__name__, handoff=handoff_id)
+            return
+        if kept:
+            self.counts["parked"] += 1
+        else:  # retention purged the hand-off while this delivery was in flight: its question goes with it
+            log.info("handoff.delivery_of_purged_handoff_dropped", handoff=handoff_id)
 
     async def resend(self, client: httpx.AsyncClient | None = None, limit: int = 100) -> tuple[int, int]:
         """One re-send pass over the outbox (one pass at a time per server), after marking dead the deliveries
@@ -295,7 +307,20 @@ class Webhook:
                 if client is None and self.client is None:
                     await own.aclose()
         self.counts["resent"] += done
+        await self._read_rows()
         return done, failed
+
+    async def _read_rows(self) -> None:
+        outbox = self.outbox
+        assert outbox is not None
+        try:
+            waiting, dead = await anyio.to_thread.run_sync(
+                lambda: (outbox.undelivered(), outbox.undelivered(dead=True))
+            )
+        except Exception as exc:  # noqa: BLE001 — a dead database: the last figures stay
+            log.warning("handoff.outbox_unavailable", error=type(exc).__name__)
+            return
+        self.rows = {"waiting": int(waiting), "dead": int(dead)}
 
     async def resend_every(self, seconds: float) -> None:
         """Re-send the outbox every ``seconds`` until cancelled (the server's lifespan runs it)."""

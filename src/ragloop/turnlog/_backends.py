@@ -55,6 +55,7 @@ class PostgresBackend(SQLBackend):
     """
 
     param = "%s"
+    row_lock = " for share"
     json_type, json_cast = "jsonb", "::jsonb"
     float_type, blob_type = "double precision", "bytea"
 

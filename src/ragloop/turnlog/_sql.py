@@ -33,7 +33,7 @@ from attrs import frozen
 
 from ragloop.errors import ConfigError
 from ragloop.turnlog._row import LoggedTurn, Rating, TurnRow, row_from_json, row_to_json
-from ragloop.turnlog._sql_lifecycle import LifecycleTables
+from ragloop.turnlog._sql_lifecycle import ORPHAN_DELIVERIES, LifecycleTables
 
 __all__ = ["SCHEMA_VERSION", "FeedbackItem", "SQLBackend", "StoredRow"]
 
@@ -284,6 +284,8 @@ class SQLBackend(LifecycleTables):
         cur.executemany(self._sql(f"delete from ragloop_handoff_outbox where handoff_id in ({handoffs})"), gone)
         for table in ("ragloop_turns", "ragloop_feedback", "ragloop_gap_turns", "ragloop_replays", "ragloop_handoffs"):
             cur.executemany(self._sql(f"delete from {table} where turn_id = ?"), gone)
+        if gone:
+            cur.execute(ORPHAN_DELIVERIES)
         return len(gone)
 
     def owner(self, turn_id: str) -> str | None:
@@ -315,6 +317,7 @@ class SQLBackend(LifecycleTables):
             )
             for table in ("ragloop_gap_turns", "ragloop_replays", "ragloop_handoffs"):
                 cur.execute(f"delete from {table} where {orphan}")
+            cur.execute(ORPHAN_DELIVERIES)  # one a delivery in flight parked while this waited on its hand-off
             return gone
 
         result: int = self._run(True, work)

@@ -75,6 +75,12 @@ class GapBook:
     replays: Mapping[str, tuple[float, bool]]
 
 
+#: Deletes the deliveries whose hand-off is gone.
+ORPHAN_DELIVERIES = (
+    "delete from ragloop_handoff_outbox where handoff_id not in (select handoff_id from ragloop_handoffs)"
+)
+
+
 class LifecycleTables:
     """Reading and writing the version 2 tables; needs the backend's ``_run`` and ``_sql``."""
 
@@ -83,6 +89,10 @@ class LifecycleTables:
 
     def _sql(self, text: str) -> str:
         raise NotImplementedError
+
+    #: What a ``select`` appends to lock the rows it reads until the transaction ends (Postgres: `` for share``;
+    #: SQLite holds its one write lock already).
+    row_lock = ""
 
     def gap_book(self) -> GapBook:
         """What the log remembers about gaps (empty for a log no ``ragloop gaps`` has run on)."""
@@ -186,16 +196,31 @@ class LifecycleTables:
 
     # --- the hand-off webhook's outbox ------------------------------------------------------------------------
 
-    def park_delivery(self, handoff_id: str, url: str, body: str, at: float, error: str) -> None:
+    def park_delivery(self, handoff_id: str, url: str, body: str, at: float, error: str) -> bool:
         """Keep a delivery that exhausted its retries, its body to be re-sent as it is and signed when it is
-        sent (a second park counts an attempt)."""
+        sent (a second park counts an attempt); ``False`` when its hand-off is gone (retention purged it while the
+        delivery was in flight): nothing is kept, so no purged question lives on in the outbox."""
+        # The hand-off row is locked (Postgres) until this commits: a purge deleting it either waits and then
+        # deletes this row as an orphan, or commits first and this finds nothing to park.
+        exists = self._sql(f"select 1 from ragloop_handoffs where handoff_id = ?{self.row_lock}")
         # ``signature`` is left empty: a re-send signs with the secret of its day (a rotated one too).
         sql = self._sql(
             "insert into ragloop_handoff_outbox (handoff_id, url, body, signature, failed_at, attempts, last_error) "
-            "values (?, ?, ?, '', ?, 1, ?) on conflict (handoff_id) do update set "
-            "attempts = ragloop_handoff_outbox.attempts + 1, last_error = excluded.last_error, claimed_until = null"
+            "select cast(? as text), cast(? as text), cast(? as text), '', ?, 1, cast(? as text) "
+            "where exists (select 1 from ragloop_handoffs where handoff_id = ?) on conflict (handoff_id) do update "
+            "set attempts = ragloop_handoff_outbox.attempts + 1, last_error = excluded.last_error, claimed_until = null"
         )
-        self._run(True, lambda conn: conn.cursor().execute(sql, (handoff_id, url, body, at, error)))
+
+        def work(conn: Any) -> bool:
+            cur = conn.cursor()
+            cur.execute(exists, (handoff_id,))
+            if cur.fetchone() is None:
+                return False
+            cur.execute(sql, (handoff_id, url, body, at, error, handoff_id))
+            return bool(cur.rowcount)
+
+        result: bool = self._run(True, work)
+        return result
 
     def bury_deliveries(self, now: float, max_attempts: int, max_age_s: float) -> int:
         """Mark dead the waiting deliveries tried ``max_attempts`` times or first parked ``max_age_s`` ago (kept,
@@ -227,6 +252,7 @@ class LifecycleTables:
                 self._sql("delete from ragloop_handoff_outbox where delivered_at is not null and delivered_at < ?"),
                 (now - DELIVERED_KEPT_S,),
             )
+            cur.execute(ORPHAN_DELIVERIES)  # kept by a version that parked after a purge: never sent
             free = (
                 f"delivered_at is null and dead_at is {'not ' if dead else ''}null "
                 "and (claimed_until is null or claimed_until < ?)"
