@@ -35,6 +35,14 @@ Sets (``--set``):
 - ``pydoc3``: the fresh held-out set of #33's fourth round (an API's name kept with its description),
   ``benchmarks/data/python_docs3_questions.jsonl`` over ten more python3-doc pages (:data:`PYDOC3_PAGES`),
   written and committed before any code change and any run on it; looked at once, at the end of the round.
+- ``pydoc4``, ``small-heldout3`` and ``sample3``: the fresh held-out sets of #33's fifth round (round 5), written
+  and committed before any change of round 5 and any run on them: ``pydoc4`` is
+  ``benchmarks/data/python_docs4_questions.jsonl`` over ten more python3-doc pages (:data:`PYDOC4_PAGES`);
+  ``small-heldout3`` is ``benchmarks/data/small_kb_heldout3_questions.jsonl`` over
+  ``benchmarks/data/small_kbs_heldout3/`` (a veterinary clinic, a coworking space, a ferry company; 4-5
+  one-paragraph pages each); ``sample3`` is ``benchmarks/data/sample_kb_questions_v3.jsonl`` over the sample
+  knowledge base (facts not asked by ``sample`` or ``sample2``). Looked at once, with ``--half all``, at the end of
+  the round.
 
 **Before and after in one run.** ``--before SRC`` runs the same questions a second time with ``ragloop``
 imported from ``SRC`` (an exported ``src/`` of another commit, e.g. ``git archive main src | tar -x -C
@@ -89,7 +97,12 @@ PYDOC3_PAGES = (
     "collections.html", "dataclasses.html", "enum.html", "pathlib.html", "string.html",
     "copy.html", "pprint.html", "contextlib.html", "operator.html", "calendar.html",
 )  # fmt: skip
-PYDOC_SETS = {"pydoc": PYDOC_PAGES, "pydoc2": PYDOC2_PAGES, "pydoc3": PYDOC3_PAGES}
+#: The pages of ``PYDOC`` the ``pydoc4`` set indexes: none of the earlier sets' pages (#33 round 5's held-out set).
+PYDOC4_PAGES = (
+    "datetime.html", "re.html", "logging.html", "subprocess.html", "argparse.html",
+    "math.html", "sqlite3.html", "urllib.parse.html", "shlex.html", "struct.html",
+)  # fmt: skip
+PYDOC_SETS = {"pydoc": PYDOC_PAGES, "pydoc2": PYDOC2_PAGES, "pydoc3": PYDOC3_PAGES, "pydoc4": PYDOC4_PAGES}
 SETS = {
     "sample": (_answers.DATA / "sample_kb_questions.jsonl", None),
     "fastapi": (_answers.DATA / "fastapi_docs_questions.jsonl", SHARED / "fastapi-docs"),
@@ -101,8 +114,11 @@ SETS = {
     "small-heldout2": (_answers.DATA / "small_kb_heldout2_questions.jsonl", _answers.DATA / "small_kbs_heldout2"),
     "pydoc2": (_answers.DATA / "python_docs2_questions.jsonl", PYDOC),
     "pydoc3": (_answers.DATA / "python_docs3_questions.jsonl", PYDOC),
+    "pydoc4": (_answers.DATA / "python_docs4_questions.jsonl", PYDOC),
+    "small-heldout3": (_answers.DATA / "small_kb_heldout3_questions.jsonl", _answers.DATA / "small_kbs_heldout3"),
+    "sample3": (_answers.DATA / "sample_kb_questions_v3.jsonl", None),
 }
-SMALL_SETS = ("small", "small-heldout", "small-heldout2")
+SMALL_SETS = ("small", "small-heldout", "small-heldout2", "small-heldout3")
 HEADLINE = ("answer_at_1", "answer_any", "false_none", "honest_none", "reply_chars_median")
 
 

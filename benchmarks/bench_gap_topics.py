@@ -18,10 +18,12 @@ It asserts nothing; it prints the table with the load average and writes
 grouping (missing terms, retrieval neighbourhood, then the embedding weight and threshold): tuning data now.
 ``heldout-3`` was written and committed before any run on it, looked at once, and became tuning data too;
 ``heldout-4`` (voting, voice input, emoji reactions, expenses, gamification) was written and committed before any
-run on it: the figure to quote (every look is in ``benchmarks/results/validation-log.md``). Besides each
+run on it: the figure to quote (every look is in ``benchmarks/results/validation-log.md``). ``heldout-5`` (a CRM,
+reporting dashboards, intake forms, a browser extension, team workload) was written and committed before any change
+of #34 round 5 and any run on it: round 5's held-out set, looked at once, at the end of the round. Besides each
 topic's count it reports purity: any report topic that mixes a planted topic with another or with other questions.
 
-Usage: ``nice python benchmarks/bench_gap_topics.py [--set heldout-1|…|heldout-4] [--embedder minilm|hash]``
+Usage: ``nice python benchmarks/bench_gap_topics.py [--set heldout-1|…|heldout-5] [--embedder minilm|hash]``
 """
 
 from __future__ import annotations
@@ -162,11 +164,46 @@ PLANTED_4: dict[str, list[str]] = {
         "Can people collect rewards for closing work?",
     ],
 }
+#: A fifth held-out set, written (and committed) before any change of #34 round 5 and any run on it. Topics the
+#: sample knowledge base does not cover and that overlap none of heldout-1..4, worded as different users would ask.
+PLANTED_5: dict[str, list[str]] = {
+    "crm": [
+        "Can I keep track of my sales leads and deals in Lumen?",
+        "Is there a CRM module?",
+        "Where do I store client contacts with their phone numbers?",
+        "Manage a sales pipeline for our customers?",
+    ],
+    "dashboards": [
+        "Is there a reporting dashboard with charts?",
+        "Can I get a burndown chart for our sprint?",
+        "How do I see a pie chart of tasks by status?",
+        "Graph of how many tasks we closed each week, to show management?",
+    ],
+    "forms": [
+        "Can I build a form that creates a task when someone submits it?",
+        "Is there a form builder?",
+        "Let customers send us bug reports through a web form?",
+        "How can people without an account file requests into a project?",
+    ],
+    "extension": [
+        "Is there a Chrome extension?",
+        "Firefox add-on for Lumen?",
+        "Can I save the web page I'm reading as a task from my browser toolbar?",
+        "Browser plugin to clip articles into Lumen?",
+    ],
+    "workload": [
+        "How can I see who on my team is overloaded?",
+        "Is there a workload view showing each person's capacity?",
+        "Resource planning: how many hours is each teammate booked for this week?",
+        "Balance assignments so nobody has too much on their plate?",
+    ],
+}
 SETS = {
     "heldout-1": (PLANTED, 5),
     "heldout-2": (PLANTED_2, 11),
     "heldout-3": (PLANTED_3, 17),
     "heldout-4": (PLANTED_4, 23),
+    "heldout-5": (PLANTED_5, 29),
 }
 START = 1_746_403_200.0  # 2025-05-05 00:00 UTC
 DAYS = 7
