@@ -33,6 +33,15 @@ DICT = ContextBlock(
     query="merge two dictionaries",
 )
 
+#: An attribute's term (python3-doc's pathlib page as ingest writes it): a dotted name on a line of its own.
+PATHS = ContextBlock(
+    3,
+    "PurePath.suffixes\n\nA list of the path's file extensions:\n\n```python3\n>>> PurePosixPath('a.tar.gz').suffixes\n"
+    "['.tar', '.gz']\n```\n\nPurePath.stem\n\nThe final path component, without its suffix:\n",
+    title="pathlib — Object-oriented filesystem paths",
+    query="file extensions of a path",
+)
+
 
 class TestDefinitionTerms:
     @pytest.mark.parametrize(
@@ -49,6 +58,9 @@ class TestDefinitionTerms:
             "del d[key]",
             "exception json.JSONDecodeError(msg, doc, pos)",
             "`hashlib.file_digest(fileobj, digest, /)`",
+            "PurePath.stem",
+            "sys.argv",
+            "csv.QUOTE_ALL",
         ],
     )
     def test_a_signature_or_operator_form_is_a_term(self, line: str) -> None:
@@ -65,6 +77,8 @@ class TestDefinitionTerms:
             "New in version 3.6.",
             "Source code: Lib/secrets.py",
             "example.com",
+            "setup.py",
+            "docs.example.org",
             "Returns:",
             "Call open(path) first and then read it line by line",
         ],
@@ -103,12 +117,13 @@ class TestDefinitionTerms:
         [
             (TOKENS, "How do I make a random URL-safe token for a password reset link?", "secrets.token_urlsafe"),
             (DICT, "How do I merge two dictionaries into a new one?", "d | other"),
+            (PATHS, "What are the file extensions of a path?", "PurePath.suffixes"),
         ],
     )
     def test_the_reply_names_the_api_it_describes(self, block: ContextBlock, question: str, name: str) -> None:
         """The reply's first sentence holds the API's name, not only its description (failed before: the
         description was quoted without its ``<dt>``)."""
-        stats = CorpusStats.from_texts([TOKENS.text, DICT.text, "Refunds are issued within 14 days."])
+        stats = CorpusStats.from_texts([TOKENS.text, DICT.text, PATHS.text, "Refunds are issued within 14 days."])
         reply = OfflineAnswerer(stats).compose(question, [block], "context")
         first = reply.split(". [", 1)[0]
         assert name in first, reply

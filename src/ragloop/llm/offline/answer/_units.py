@@ -38,10 +38,16 @@ _QUOTE_MARK = re.compile(r"^(?:>\s*)+")
 _KINDS = "class|exception|async|await|abstractmethod|classmethod|staticmethod|coroutine|method|function|attribute"
 _KEYWORDS = rf"(?:(?:{_KINDS}|property|data)\s+)*"
 #: A signature: a (dotted) name and its parameters ("random.sample(population, k, *, counts=None)"), maybe
-#: after a kind word and before a return annotation; or a dotted name alone after a kind word or with a "_".
+#: after a kind word and before a return annotation; or a dotted name alone, after a kind word or not (an
+#: attribute's term: "PurePath.stem", "csv.QUOTE_ALL").
 _SIGNATURE = re.compile(
     rf"^{_KEYWORDS}(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:\[[^\]]*\])?\(.*\)(?:\s*->\s*\S.*)?$"
-    rf"|^(?:class|exception|attribute|data)\s+[A-Za-z_][\w.]*$|^[A-Za-z_]\w*(?:\.\w+)*\.(?=\w*_)\w+$"
+    rf"|^(?:class|exception|attribute|data)\s+[A-Za-z_][\w.]*$|^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$"
+)
+#: What ends a dotted word that names a file or a host, not an attribute ("setup.py", "example.com").
+_NOT_ATTRIBUTES = frozenset(
+    "com org net io dev edu gov html htm md rst txt py pyc json csv toml yaml yml ini cfg xml pdf zip gz tar js ts "
+    "css png jpg svg exe sh".split()
 )
 #: An operator form of a definition list ("d | other", "key in d", "del d[key]", "s * n"): short, code only.
 _OPERAND = r"[A-Za-z_]\w{0,11}(?:\[\w+\])?"
@@ -115,7 +121,7 @@ def definition_term(part: str) -> str:
     line = part.strip().replace("`", "").strip()
     if not line or "\n" in line or len(line) > MAX_TERM_CHARS or line[-1] in ".:;,!?":
         return ""
-    if _SIGNATURE.match(line):
+    if _SIGNATURE.match(line) and line.rsplit(".", 1)[-1].lower() not in _NOT_ATTRIBUTES:
         return line
     # an operator form needs an operator and a one-letter lower-case operand: "d | other", "key in d"
     words = [w for w in re.split(r"[\s\[\]]+", line) if w.isalnum()]
