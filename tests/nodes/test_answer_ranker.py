@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragloop.chat import ChatRAG
-from ragloop.nodes.answer import Answer
+from ragloop.nodes.answer import Answer, build_blocks, question_cosines
 from ragloop.retrievers.ranking import Candidates, FusionRanker
-from ragloop.state import Decision, Graded, Hit, TurnState, Verdict
+from ragloop.state import Chunk, Decision, Graded, Hit, QueryState, TurnState, Verdict
 from ragloop.testing import FakeAnswerer, FakeDecider, FakeGrader, FakeRetriever, FakeRewriter, make_hit
 from ragloop.turn import Judges, Turn, TurnSettings
 
@@ -164,3 +164,28 @@ class TestStateRanked:
         node = Answer(FakeAnswerer(), max_blocks=8, rank_timeout_s=10.0, ranker=Slow())
         await node.salvage(state)
         assert [h.id for h in state.ranked or ()] == ["c0", "c1"]
+
+
+def _dense(chunk_id: str, cosine: float) -> Hit:
+    return Hit(Chunk(chunk_id, f"text of {chunk_id}", source=f"{chunk_id}.md"), 1.0, 0.5, scores={"dense": cosine})
+
+
+class TestQuestionCosines:
+    def test_only_the_questions_own_searches_count(self) -> None:
+        """A block's cosine is what decide's own query gave it; a rewrite's or a hop's search (another text,
+        often one that drifted) is not counted, and a chunk only they found has none."""
+        state = TurnState(question="q")
+        state.queries = {
+            "q": QueryState("q", "q"),
+            "q again": QueryState("q again", "q", attempt=1),
+            "bridge": QueryState("bridge", "q", hop=True),
+        }
+        state.searches = {
+            "q": [_dense("a", 0.31), _dense("b", 0.2)],
+            "q again": [_dense("a", 0.9), _dense("c", 0.8)],
+            "bridge": [_dense("b", 0.7)],
+        }
+        assert question_cosines(state) == {"a": 0.31, "b": 0.2}
+        state.graded = [Graded("q", h, Verdict("relevant")) for h in state.searches["q again"]]
+        blocks = {b.chunk_id: b.cosine for b in build_blocks(state, 8)}
+        assert blocks == {"a": 0.31, "c": None}

@@ -98,23 +98,34 @@ class ScopedKnowledge(Generic[T]):
 
     Args:
         corpus: Every chunk's text and metadata.
-        build: Builds the knowledge (a bundle of judges) from texts; called with the visible texts, in order.
+        build: Builds the knowledge (a bundle of judges) from texts; called with the visible texts, in order
+            (and, with ``positioned``, their positions in the corpus as a second argument).
         base: What ``build(corpus.texts)`` gives, if already built (built here otherwise): the knowledge of
             every scope that sees the whole corpus.
         max_scopes: Most scope builds kept (least recently used dropped first); each holds its own statistics.
+        positioned: Call ``build(texts, positions)``: what a build derives from more than the texts (the
+            corpus' :attr:`~ragloop.retrievers.scope.Corpus.meaning`) needs to know which chunks they are.
 
     Raises:
         ConfigError: ``max_scopes`` below 1.
     """
 
     def __init__(
-        self, corpus: Corpus, build: Callable[[Sequence[str]], T], *, base: T | None = None, max_scopes: int = 32
+        self,
+        corpus: Corpus,
+        build: Callable[..., T],
+        *,
+        base: T | None = None,
+        max_scopes: int = 32,
+        positioned: bool = False,
     ) -> None:
         if max_scopes < 1:
             raise ConfigError(f"max_scopes must be at least 1, got {max_scopes}")
-        self.corpus, self.build, self.max_scopes = corpus, build, max_scopes
+        self.corpus, self.build, self.max_scopes, self.positioned = corpus, build, max_scopes, positioned
         #: The knowledge over the whole corpus.
-        self.base: T = base if base is not None else build(list(corpus.texts))
+        if base is None:
+            base = build(list(corpus.texts), None) if positioned else build(list(corpus.texts))
+        self.base: T = base
         #: Scope builds made so far (each a build over one scope's visible chunks).
         self.builds = 0
         self._lock = threading.Lock()
@@ -154,7 +165,8 @@ class ScopedKnowledge(Generic[T]):
             found = self.base if sig is None else self._built.get(sig)
         if found is not None:
             return found
-        value = self.build(self.corpus.texts_at(positions))
+        texts = self.corpus.texts_at(positions)
+        value = self.build(texts, positions) if self.positioned else self.build(texts)
         with self._lock:
             self.builds += 1
             assert sig is not None

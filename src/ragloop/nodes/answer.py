@@ -51,6 +51,7 @@ __all__ = [
     "build_blocks",
     "decide_outcome",
     "note_stale",
+    "question_cosines",
     "rank",
     "ranked_hits",
     "resolve_citations",
@@ -121,20 +122,33 @@ def _ranked_blocks(state: TurnState, max_blocks: int) -> tuple[ContextBlock, ...
             picked.append((hit, kept[0].query))
     blocks: list[ContextBlock] = []
     seen: set[str] = set()
+    cosines = question_cosines(state)
     for hit, query in picked:
         if len(blocks) >= max_blocks:
             break
         if hit.id in seen:
             continue
         seen.add(hit.id)
-        blocks.append(_block(len(blocks) + 1, hit, query))
+        blocks.append(_block(len(blocks) + 1, hit, query, cosines.get(hit.id)))
     return tuple(blocks)
 
 
-def _block(n: int, hit: Hit, query: str) -> ContextBlock:
+def question_cosines(state: TurnState) -> dict[str, float]:
+    """Chunk id → its dense cosine with the question itself: the best one a search of decide's own queries
+    gave it (a rewrite's or a hop's search measures another text, so it is not counted)."""
+    out: dict[str, float] = {}
+    for root in state.roots():
+        for hit in state.searches.get(root, ()):
+            cosine = hit.scores.get("dense")
+            if cosine is not None and cosine > out.get(hit.id, -1.0):
+                out[hit.id] = cosine
+    return out
+
+
+def _block(n: int, hit: Hit, query: str, cosine: float | None = None) -> ContextBlock:
     c = hit.chunk
     section = c.title_path[-1] if c.title_path and c.title_path[-1] != c.title else ""
-    return ContextBlock(n, c.text, c.source, c.title, c.id, query, c.url, section)
+    return ContextBlock(n, c.text, c.source, c.title, c.id, query, c.url, section, cosine)
 
 
 @runtime_checkable

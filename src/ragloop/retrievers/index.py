@@ -47,6 +47,7 @@ from ragloop.retrievers.embed import Progress, embed_batched, embedder_named, fi
 from ragloop.retrievers.filters import Filters, metadata_keys
 from ragloop.retrievers.hybrid import HybridRetriever
 from ragloop.retrievers.ingest._chunk import index_text
+from ragloop.retrievers.meaning import MeaningScales
 from ragloop.retrievers.scope import Scope
 from ragloop.state import Chunk, Hit
 
@@ -445,6 +446,7 @@ class KnowledgeIndex:
         self._version: str | None = None
         self._scopes = {cid: s for cid, s in (scopes or {}).items() if s.pairs and cid in self._by_id}
         self._keys: frozenset[str] | None = None
+        self._scales: MeaningScales | None = None
 
     @property
     def chunks(self) -> tuple[Chunk, ...]:
@@ -471,6 +473,17 @@ class KnowledgeIndex:
         if self._keys is None:
             self._keys = metadata_keys(self._chunks) or frozenset()
         return self._keys if self._chunks else None
+
+    def meaning_scales(self) -> MeaningScales | None:
+        """The dense threshold of any scope of this index, measured on its own headings
+        (:mod:`ragloop.retrievers.meaning`); ``None`` for an embedder without meaning (the lexical hash
+        embedder: its cosines only restate the term overlap) or one that cannot embed in the calling thread."""
+        embed = getattr(self.embedder, "embed_sync", None)
+        if self.embedder.name.startswith("hash-") or not callable(embed):
+            return None
+        if self._scales is None:
+            self._scales = MeaningScales(self._chunks, self.dense.vectors, embed)
+        return self._scales
 
     @property
     def version(self) -> str:

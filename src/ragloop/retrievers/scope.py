@@ -24,7 +24,7 @@ import contextlib
 import contextvars
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -32,6 +32,7 @@ from attrs import define, field, frozen
 
 from ragloop.errors import ConfigError
 from ragloop.retrievers.filters import FilterKey, Filters, filter_key, matches_metadata
+from ragloop.retrievers.meaning import MeaningScale
 from ragloop.state import Chunk
 
 __all__ = ["Corpus", "RunningScope", "Scope", "current_scope", "running_scope", "turn_scope"]
@@ -125,20 +126,26 @@ class Corpus:
     Attributes:
         texts: The chunk texts.
         metadata: Each chunk's metadata (same order as ``texts``).
+        meaning: The dense threshold of the chunks at some positions (all of them: ``None``), when the corpus
+            can measure one (an index's :meth:`~ragloop.retrievers.index.KnowledgeIndex.meaning_scales`; see
+            :mod:`ragloop.retrievers.meaning`); ``None``: the judges go without.
     """
 
     texts: tuple[str, ...] = field(converter=_strings)
     metadata: tuple[Mapping[str, str], ...] = field(converter=_mappings, repr=False)
+    meaning: Callable[[Sequence[int] | None], MeaningScale | None] | None = field(default=None, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if len(self.texts) != len(self.metadata):
             raise ConfigError(f"a corpus needs one metadata per text, got {len(self.texts)} and {len(self.metadata)}")
 
     @classmethod
-    def of(cls, chunks: Iterable[Chunk]) -> Corpus:
-        """The corpus of ``chunks`` (their texts and metadata)."""
+    def of(
+        cls, chunks: Iterable[Chunk], meaning: Callable[[Sequence[int] | None], MeaningScale | None] | None = None
+    ) -> Corpus:
+        """The corpus of ``chunks`` (their texts and metadata), with ``meaning`` when given."""
         listed = list(chunks)
-        return cls(tuple(c.text for c in listed), tuple(dict(c.metadata) for c in listed))
+        return cls(tuple(c.text for c in listed), tuple(dict(c.metadata) for c in listed), meaning)
 
     @classmethod
     def from_texts(cls, texts: Iterable[str]) -> Corpus:

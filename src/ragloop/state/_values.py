@@ -197,6 +197,8 @@ class ContextBlock:
         query: The query it answers.
         url: Link to the document, when known (``page.html#anchor``: the chunk's section).
         section: The heading of the chunk's section, when it has one.
+        cosine: The chunk's dense cosine with the question itself, when the question's own search (one of
+            decide's queries, not a rewrite or a hop) found it by meaning; ``None`` otherwise.
     """
 
     n: int
@@ -207,6 +209,7 @@ class ContextBlock:
     query: str = ""
     url: str = ""
     section: str = ""
+    cosine: float | None = None
 
 
 #: Where one query of the turn stands: not searched yet, enough context, short of it, failed, rewritten,

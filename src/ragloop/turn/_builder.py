@@ -218,8 +218,9 @@ class Turn:
             cached = CachedEmbedder(idx.embedder, caches.embeddings)
             searched = KnowledgeIndex(idx.chunks, idx.bm25, idx.dense, cached, weights=idx.weights, rrf_k=idx.rrf_k)
         retriever = searched.retriever(opts.pop("mode", "hybrid"))
-        opts.update(embedder=idx.embedder, index_version=lambda: idx.version)
-        return cls.from_retriever(retriever, Corpus.of(idx.chunks), llm, **opts)
+        # the judges embed through the cache too (the answerer's sentences recur turn after turn)
+        opts.update(embedder=searched.embedder, index_version=lambda: idx.version)
+        return cls.from_retriever(retriever, Corpus.of(idx.chunks, idx.meaning_scales()), llm, **opts)
 
     @classmethod
     def from_store(cls, url: str, llm: openai.AsyncOpenAI | None = None, **options: Unpack[StoreOptions]) -> Turn:

@@ -8,12 +8,13 @@ them as fallbacks), or a :class:`Judges` of your own. A turn that plans gets its
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from attrs import evolve, frozen
 
-from ragloop.errors import ConfigError
+from ragloop._log import get_logger
+from ragloop.errors import ConfigError, error_text
 from ragloop.llm.planner import OfflinePlanner, Planner, SchemaSource
 from ragloop.llm.protocols import Answerer, Bridger, Decider, Grader, Rewriter
 from ragloop.llm.scoped import (
@@ -27,6 +28,7 @@ from ragloop.llm.scoped import (
 from ragloop.nodes.answer import Verifier
 from ragloop.retrievers.base import Embedder
 from ragloop.retrievers.live import LiveSource
+from ragloop.retrievers.meaning import MeaningScale
 from ragloop.retrievers.scope import Corpus
 from ragloop.retrievers.sources import Source
 
@@ -35,10 +37,26 @@ if TYPE_CHECKING:
 
 __all__ = ["Judges", "PlanModel"]
 
+log = get_logger("ragloop.turn")
+
 #: Decide queries at most, as :class:`~ragloop.turn.TurnSettings` sets it by default.
 _MAX_QUERIES = 4
 #: Scopes whose corpus-derived judges are kept (see :class:`~ragloop.llm.scoped.ScopedKnowledge`).
 _MAX_SCOPES = 32
+
+
+def _scale(
+    meaning: Callable[[Sequence[int] | None], MeaningScale | None] | None, positions: Sequence[int] | None
+) -> MeaningScale | None:
+    """The dense threshold of the chunks at ``positions`` (``None`` without a way to measure it, or when
+    measuring fails: the judges then go by terms alone, as before there was a scale)."""
+    if meaning is None:
+        return None
+    try:
+        return meaning(positions)
+    except Exception as exc:  # noqa: BLE001 — fail-open: without a scale the judges go by terms alone
+        log.warning("meaning_scale_failed", error=error_text(exc))
+        return None
 
 
 def _texts(texts: Sequence[str] | Corpus) -> tuple[Sequence[str], Corpus | None]:
@@ -122,7 +140,9 @@ class Judges:
             texts: Every chunk's text (or the corpus, with metadata): the statistics the judges score with.
             glossary: Extra abbreviations (``{"SSO": "single sign-on"}``), over those mined from the texts.
             max_queries: Most queries the decider makes (``TurnSettings.max_queries``).
-            embedder: The index's embedder, for the verifier's semantic support check.
+            embedder: The index's embedder: the verifier's semantic support check, and the judges' evidence by
+                meaning when ``texts`` is a corpus that measures its scale (:attr:`Corpus.meaning
+                <ragloop.retrievers.scope.Corpus.meaning>`; an index's does), or is too small to calibrate on.
             max_scopes: Most caller scopes whose judges are kept at once.
         """
         from ragloop.llm.offline import OfflineAnswerer, OfflineDecider, OfflineGrader, OfflineRewriter
@@ -132,15 +152,20 @@ class Judges:
         from ragloop.llm.offline.verify import OfflineVerifier
         from ragloop.text.terms import CorpusStats
 
-        def build(visible: Sequence[str]) -> Judges:
+        def build(visible: Sequence[str], positions: Sequence[int] | None = None) -> Judges:
             stats = CorpusStats.from_texts(visible)
             # On a scope too small to calibrate on, the grader also judges by meaning (the index's embedder).
             grader = OfflineGrader.calibrate(stats, visible).with_embedder(embedder)
-            # A knowledge base (or a caller's scope of one) too small to calibrate on abstains on its own
-            # evidence scale (see AbstainRule.small).
-            rule = AbstainRule.small() if grader.small_corpus else AbstainRule()
-            # ... and its answerer may quote a sentence that means the question without sharing its words.
-            meaning = grader.small_corpus and embedder is not None
+            if grader.small_corpus:
+                # ... it abstains on its own evidence scale (see AbstainRule.small), and its answerer may quote
+                # a sentence that means the question without sharing its words.
+                rule, meaning_at = AbstainRule.small(), SMALL_MEANING if embedder is not None else None
+            else:
+                # A larger one measures how close by meaning a passage must come to count (its own headings,
+                # leave one document out: ragloop.retrievers.meaning); without a scale, terms alone decide.
+                scale = _scale(meaning, positions) if embedder is not None else None
+                meaning_at = scale.threshold if scale is not None else None
+                grader, rule = evolve(grader, dense_at=meaning_at), AbstainRule(dense_at=meaning_at)
             return cls(
                 decider=OfflineDecider(stats, glossary=dict(glossary or {}), max_queries=max_queries),
                 grader=grader,
@@ -148,19 +173,20 @@ class Judges:
                 answerer=OfflineAnswerer(
                     stats,
                     abstain_rule=rule,
-                    embedder=embedder if meaning else None,
-                    meaning_at=SMALL_MEANING if meaning else None,
+                    embedder=embedder if meaning_at is not None else None,
+                    meaning_at=meaning_at,
                 ),
                 bridger=OfflineBridger(stats),  # with a model, the model decider writes bridge queries itself
                 verifier=OfflineVerifier(embedder=embedder),
                 offline_only=True,
             )
 
+        meaning = texts.meaning if isinstance(texts, Corpus) else None
         plain, corpus = _texts(texts)
         base = build(plain)
         if corpus is None:
             return base
-        known = ScopedKnowledge(corpus, build, base=base, max_scopes=max_scopes)
+        known = ScopedKnowledge(corpus, build, base=base, max_scopes=max_scopes, positioned=True)
         return evolve(
             base,
             decider=ScopedDecider(known, "decider"),

@@ -227,6 +227,10 @@ class OfflineGrader:
         small_meaning_at: See ``embedder``: 0.40, chosen on both halves of ``bench_answers.py --set small``
             (MiniLM; the question's best sentence among its top three hits: 26 of 32 answerable questions at
             0.43-0.80, the 12 outside those knowledge bases at 0.07-0.36).
+        dense_at: On a calibrated corpus, the corpus' own dense threshold (:mod:`ragloop.retrievers.meaning`):
+            a hit whose dense cosine with the query reaches it is ``relevant`` whatever its term coverage (a
+            paraphrase that shares no word with the page: "remember the results of a slow function" and
+            ``lru_cache``), unless the identifier rules say otherwise. ``None``: off.
     """
 
     stats: CorpusStats
@@ -239,6 +243,7 @@ class OfflineGrader:
     small_corpus_signal: float = 0.35
     embedder: Embedder | None = field(default=None, eq=False)
     small_meaning_at: float = 0.40
+    dense_at: float | None = None
     _vectors: dict[str, npt.NDArray[np.float32]] = field(factory=dict, init=False, repr=False, eq=False)
 
     def with_embedder(self, embedder: Embedder | None) -> OfflineGrader:
@@ -351,6 +356,10 @@ class OfflineGrader:
         if self.small_corpus and label != "relevant" and hit.confidence >= self.small_corpus_signal:
             label = "relevant"
             reason += f"; small knowledge base: retrievers agree ({hit.confidence:.2f})"
+        dense = hit.scores.get("dense")
+        if self.dense_at is not None and label != "relevant" and dense is not None and dense >= self.dense_at:
+            label = "relevant"
+            reason += f"; means the query (cosine {dense:.2f}, this corpus' threshold {self.dense_at:.2f})"
         absent = missing_ids(query, text)
         if absent and label == "relevant":
             # A query about one exact id (ticket #1234, E1002) is answered only by text naming that id;

@@ -61,6 +61,7 @@ from ragloop.llm.offline.answer._choose import (
     stems_of,
     value_near,
 )
+from ragloop.llm.offline.answer._gaps import MAX_GAP_WORDS, NOT_COVERED, join_quoted, not_covered, user_gaps
 from ragloop.llm.offline.answer._pages import page_weight
 from ragloop.llm.offline.answer._render import introduces, lead_in, render, with_introduced
 from ragloop.llm.offline.answer._units import Unit, answers_how, block_units, is_block_unit, split_sentences
@@ -102,9 +103,6 @@ INJECTION = re.compile(
 #: imitating one holds) anywhere, and a plan slot placeholder (``{ids}``) in prose (code may format strings).
 _FENCE_MARK = re.compile(r"<{3,}|>{3,}|untrusted[\s_]*context", re.IGNORECASE)
 _SLOT_MARK = re.compile(r"\{[A-Za-z_]\w*\}")
-#: How a reply with nothing to quote begins: it says the knowledge base does not cover the question.
-NOT_COVERED = "The knowledge base doesn't cover this, so I won't guess."
-_TRY = "Try rephrasing, or add a detail such as a product name, a feature or an error message."
 _TOKEN = re.compile(r"\S+\s*")
 #: A glossary expansion decide wrote into a query ("CSV (comma-separated values)"): not what the question asks.
 _EXPANSION = re.compile(r"\([^()]*\)")
@@ -141,46 +139,6 @@ def _hosts(block: ContextBlock) -> tuple[str, ...]:
     return tuple(h for h in hosts if h)
 
 
-#: A gap longer than this many words (a whole question) is not named in a "not covered" reply.
-MAX_GAP_WORDS = 4
-
-
-_GAP_WORD = re.compile(r"[\w'’-]+")
-
-
-def user_gaps(missing: Sequence[str], question: str | None = None) -> list[str]:
-    """The gaps a reply may name: short ones (at most :data:`MAX_GAP_WORDS` words) made only of the user's own
-    words. A gap written by the turn itself — a plan step ("tickets found by sql1"), a reason ("depends on
-    'sql1', which was refused"), a rewritten or whole sub-question — is never shown to the user; without
-    ``question`` only the length rule applies."""
-    asked = {w.casefold() for w in _GAP_WORD.findall(question)} if question is not None else None
-    out = []
-    for m in missing:
-        gap = " ".join(m.split())
-        words = _GAP_WORD.findall(gap)
-        if not words or len(gap.split()) > MAX_GAP_WORDS or any(c in gap for c in "()'\"{}[]:"):
-            continue
-        if asked is not None and any(w.casefold() not in asked for w in words):
-            continue
-        if gap not in out:
-            out.append(gap)
-    return out
-
-
-def not_covered(missing: Sequence[str] = (), question: str | None = None) -> str:
-    """The reply for a question the knowledge base does not cover, naming the few words it says nothing about
-    ("Trello"); a longer gap (the whole question) or one the user did not write is not shown (:func:`user_gaps`)."""
-    gaps = user_gaps(missing, question)
-    if not gaps:
-        return f"{NOT_COVERED} {_TRY}"
-    return f"The knowledge base doesn't cover this: it says nothing about {_join(gaps)}, so I won't guess. {_TRY}"
-
-
-def _join(items: Sequence[str]) -> str:
-    quoted = [f"“{i}”" for i in items]
-    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
-
-
 @frozen
 class OfflineAnswerer:
     """Writes an extractive, cited answer without a model, the answering unit first.
@@ -205,10 +163,16 @@ class OfflineAnswerer:
             default: with MiniLM it lowered answer recall on the HotpotQA tuning half (0.54 at 0, 0.53 at 0.3,
             0.49 at 1.0): the question's nearest sentence restates the question instead of answering it.
         embedder: The index's dense embedder, for ``dense_weight`` and ``meaning_at``.
-        meaning_at: When set (a small knowledge base, with ``embedder``), a unit whose cosine with the question
-            is at least this may be quoted however few of the question's words it shares, and ranks by that
-            cosine if it is higher than its term relevance: a customer's words are rarely the page's ("a
-            complete newbie" for "beginners"), and IDF over four pages weighs nothing. ``None``: off.
+        meaning_at: When set (with ``embedder``: a small knowledge base's ``SMALL_MEANING``, or a larger corpus'
+            own dense threshold, :mod:`ragloop.retrievers.meaning`), a unit whose cosine with the question is at
+            least this may be quoted however few of the question's words it shares, and ranks by that cosine if
+            it is higher than its term relevance: a user's words are rarely the page's ("a complete newbie" for
+            "beginners", "remember the results of a slow function" for a cache). ``None``: off.
+        meaning_blocks: Whose sentences are scored by the embedder (``dense_weight``, ``meaning_at``): the blocks
+            the question's own search found closest (:attr:`~ragloop.state.ContextBlock.cosine`), at most this
+            many. 2, on the tuning sets of ``bench_answers.py``: every block's sentences, about 60 of them, took
+            the offline turn from about 50 to about 100 ms with no better lead (pydoc2's first sentence 0.73 with
+            every block, 0.80 with two; the sample's and the small knowledge bases' the same or better).
         abstain_rule: When :meth:`abstain` says the passages do not support an answer.
     """
 
@@ -224,6 +188,7 @@ class OfflineAnswerer:
     dense_weight: float = 0.0
     embedder: Embedder | None = None
     meaning_at: float | None = None
+    meaning_blocks: int = 2
     abstain_rule: AbstainRule = field(factory=AbstainRule)
 
     def _idf(self, blocks: Sequence[ContextBlock]) -> dict[str, float] | CorpusStats:
@@ -265,7 +230,7 @@ class OfflineAnswerer:
         body = render(picked, {b.n: b for b in blocks})
         gaps = user_gaps(missing, question)
         if outcome == "partial" and gaps:
-            body += f"\n\nThe knowledge base doesn't say anything about {_join(gaps)}."
+            body += f"\n\nThe knowledge base doesn't say anything about {join_quoted(gaps)}."
         elif outcome == "partial":
             body += "\n\nThe knowledge base only partly covers this question."
         return body
@@ -396,7 +361,8 @@ class OfflineAnswerer:
         mentions (unless, with the rule's ``meaning_at``, a kept passage means the question: "Saturdays" over a
         page about weekends), or an evidence score below the rule's threshold (the lead's relevance without the
         how-to bonus, which picks a definition but is no evidence; and, with ``meaning_at``, no kept passage that
-        close to the question by its dense cosine). Needs corpus statistics (``None`` without)."""
+        close to the question by its dense cosine; with ``dense_at``, no kept passage the question's own search
+        found that close). Needs corpus statistics (``None`` without)."""
         if self.stats is None:
             return None
         rule = self.abstain_rule
@@ -407,8 +373,10 @@ class OfflineAnswerer:
         kept = {b.chunk_id for b in blocks}
         meaning = max((h.scores.get("dense", 0.0) for h in hits if h.id in kept), default=0.0)
         if unknown and not rule.means(meaning):  # a passage that means it covers the name in other words
-            return Abstention(score, rule.threshold, unknown, f"the knowledge base never mentions {_join(unknown)}")
-        if not rule.supported(score, meaning):
+            why = f"the knowledge base never mentions {join_quoted(unknown)}"
+            return Abstention(score, rule.threshold, unknown, why)
+        cosine = max((b.cosine for b in blocks if b.cosine is not None), default=None)
+        if not rule.supported(score, meaning, cosine):
             why = f"the best passage scores {score:.2f} as an answer, under the {rule.threshold:.2f} threshold"
             return Abstention(score, rule.threshold, (), why)
         return None
@@ -418,7 +386,10 @@ class OfflineAnswerer:
         one, or with ``dense_weight`` 0 and no ``meaning_at``)."""
         if self.embedder is None or (self.dense_weight <= 0 and self.meaning_at is None):
             return None
-        texts = sorted({u.text for b in blocks for u in block_units(b.n, b.text)} - {""})
+        # The blocks the question's own search found closest (the ranking's first ones when none has a cosine):
+        # embedding every block's sentences on every turn doubled the turn's time for no better lead.
+        nearest = sorted(blocks, key=lambda b: (b.cosine is None, -(b.cosine or 0.0), b.n))[: self.meaning_blocks]
+        texts = sorted({u.text for b in nearest for u in block_units(b.n, b.text)} - {""})
         if not texts:
             return None
         vectors = await self.embedder.embed([question, *texts])

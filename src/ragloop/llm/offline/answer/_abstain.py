@@ -101,12 +101,18 @@ class AbstainRule:
         meaning_at: When set (a small knowledge base), a kept passage whose dense cosine with the question
             (the retriever's ``dense`` score) is at least this supports an answer, whatever the evidence score:
             meaning needs no corpus statistics, and four pages give IDF nothing to weigh. ``None``: off.
+        dense_at: On a calibrated corpus, its own dense threshold (:mod:`ragloop.retrievers.meaning`): a kept
+            passage whose cosine with the *question* (:attr:`~ragloop.state.ContextBlock.cosine`: its own search,
+            not a rewrite's) reaches it supports an answer whatever the evidence score. Unlike ``meaning_at`` it
+            never covers a name the corpus never mentions: on a corpus of thousands of chunks the nearest page
+            to "Salesforce" is an integrations page that names others. ``None``: off.
     """
 
     confidence_weight: float = 0.5
     threshold: float = 0.62
     top: int = 5
     meaning_at: float | None = None
+    dense_at: float | None = None
 
     @classmethod
     def small(cls) -> AbstainRule:
@@ -125,9 +131,11 @@ class AbstainRule:
         ("weekends", "VAT number") and refuses nothing by itself."""
         return self.meaning_at is not None and meaning >= self.meaning_at
 
-    def supported(self, score: float, meaning: float) -> bool:
-        """Whether an evidence ``score`` and the kept passages' best dense cosine ``meaning`` support an answer."""
-        return score >= self.threshold or self.means(meaning)
+    def supported(self, score: float, meaning: float, cosine: float | None = None) -> bool:
+        """Whether an evidence ``score``, the kept passages' best dense cosine ``meaning`` and their best cosine
+        with the question itself (``cosine``, see ``dense_at``) support an answer."""
+        close = self.dense_at is not None and cosine is not None and cosine >= self.dense_at
+        return score >= self.threshold or self.means(meaning) or close
 
     def score(self, lead: float, confidences: Sequence[float]) -> float:
         """The evidence score of a lead unit's relevance and the passages' confidences."""

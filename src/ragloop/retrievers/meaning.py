@@ -1,0 +1,191 @@
+"""How close, by meaning, a passage must come to a question before it counts as evidence — in *this* corpus.
+
+A dense cosine means different things in different corpora. A question the bundled sample knowledge base does
+not answer ("Does Lumen integrate with Salesforce?") still reaches 0.72 on a page about integrations, because
+every page there is about one product; a how-to question the ten python3-doc pages of ``bench_answers.py``'s
+``pydoc`` set do not answer reaches at most 0.40. One fixed threshold either refuses the python docs' answerable
+paraphrases or answers the sample's outside questions, so the threshold is *measured on the corpus itself*:
+
+- Every heading that names one document only (a page title, a section heading) is a pseudo-question whose
+  answer the corpus holds, in that document (:func:`pseudo_questions`).
+- Its best cosine with the chunks of **every other document** is what a question gets from this corpus when the
+  corpus does not hold its answer: a leave-one-document-out *null* (:func:`calibrate_meaning`).
+- The threshold (:attr:`MeaningScale.threshold`) is the ``percentile`` (90th) of those nulls, within
+  [``floor``, ``ceiling``]: a passage the question's own search scores at or above it is closer to the question
+  than nine uncovered topics in ten come to anything in this corpus.
+
+The offline judges use it as evidence that transfers between corpora (``ragloop.turn.Judges.offline``): the
+grader keeps such a hit, the abstention accepts it, and the answerer may quote a sentence that close though it
+shares no word with the question. A scope (a tenant's filters) gets its own scale, from its own chunks only.
+
+Figures (MiniLM, one run each, thresholds on the indexes of ``bench_answers.py``): the sample knowledge base
+0.62, FastAPI's docs 0.72, the ``pydoc`` sets' ten-page indexes 0.42-0.52. Knowledge bases with fewer than
+``min_questions`` such headings (a user's first four pages) get no scale: their judges have rules of their own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+from attrs import frozen
+
+from ragloop.state import Chunk
+
+__all__ = [
+    "CEILING",
+    "FLOOR",
+    "MAX_QUESTIONS",
+    "MIN_QUESTIONS",
+    "PERCENTILE",
+    "MeaningScale",
+    "MeaningScales",
+    "calibrate_meaning",
+    "pseudo_questions",
+]
+
+#: The share of uncovered pseudo-questions (in percent) whose best cosine stays under the threshold.
+PERCENTILE = 90.0
+#: Fewest pseudo-questions a scale is measured on; fewer give none (a small knowledge base's own rules apply).
+MIN_QUESTIONS = 20
+#: Most pseudo-questions embedded (a deterministic sample by the hash of their text).
+MAX_QUESTIONS = 256
+#: The threshold is never lower: the small knowledge bases' meaning threshold (questions outside them reached at
+#: most 0.36 on their best chunk; ``ragloop.llm.offline.answer._abstain.SMALL_MEANING``).
+FLOOR = 0.40
+#: ... nor higher (a corpus of near-copies would otherwise make meaning count for nothing, which is the same as
+#: no scale, but said as a number).
+CEILING = 0.85
+#: Headings shorter or longer than these (characters) are not questions.
+_MIN_CHARS, _MAX_CHARS = 3, 120
+
+
+@frozen
+class MeaningScale:
+    """A corpus' dense threshold and what it was measured on (see the module docstring).
+
+    Attributes:
+        threshold: A passage whose cosine with the question reaches this counts as evidence.
+        questions: How many pseudo-questions were measured.
+        null_median: The median of their best cosines with other documents.
+        percentile: The percentile of those cosines the threshold sits at (before clamping).
+    """
+
+    threshold: float
+    questions: int
+    null_median: float
+    percentile: float = PERCENTILE
+
+
+def _doc(chunk: Chunk) -> str:
+    return chunk.doc_id or chunk.source or chunk.id
+
+
+def pseudo_questions(chunks: Sequence[Chunk], limit: int = MAX_QUESTIONS) -> list[tuple[str, str]]:
+    """``(heading, document)`` pairs: every page title and section heading of ``chunks`` that occurs in one
+    document only (a heading two pages share, "Examples", asks nothing one page answers), whitespace collapsed,
+    at most ``limit`` of them, picked by the hash of their text (the same chunks give the same sample)."""
+    docs: dict[str, set[str]] = {}
+    for chunk in chunks:
+        for heading in (chunk.title, *chunk.title_path):
+            text = " ".join(heading.split())
+            if _MIN_CHARS <= len(text) <= _MAX_CHARS:
+                docs.setdefault(text, set()).add(_doc(chunk))
+    single = [(text, next(iter(owners))) for text, owners in docs.items() if len(owners) == 1]
+    single.sort(key=lambda pair: hashlib.blake2b(pair[0].encode(), digest_size=8).digest())
+    return single[:limit]
+
+
+def calibrate_meaning(
+    questions: npt.ArrayLike,
+    question_docs: Sequence[str],
+    vectors: npt.ArrayLike,
+    docs: Sequence[str],
+    *,
+    percentile: float = PERCENTILE,
+    min_questions: int = MIN_QUESTIONS,
+    floor: float = FLOOR,
+    ceiling: float = CEILING,
+) -> MeaningScale | None:
+    """The scale of a corpus: for each pseudo-question (a unit row of ``questions``, from the document
+    ``question_docs[i]``), its best cosine with a chunk (a unit row of ``vectors``) of another document
+    (``docs``); the threshold is their ``percentile``, clamped to [``floor``, ``ceiling``]. ``None`` when fewer
+    than ``min_questions`` pseudo-questions have another document to be measured against."""
+    q = np.asarray(questions, dtype=np.float32).reshape(len(question_docs), -1)
+    v = np.asarray(vectors, dtype=np.float32).reshape(len(docs), -1)
+    if len(question_docs) < min_questions or not len(docs):
+        return None
+    doc_ids = {d: i for i, d in enumerate(dict.fromkeys([*docs, *question_docs]))}
+    chunk_doc = np.fromiter((doc_ids[d] for d in docs), dtype=np.int64, count=len(docs))
+    nulls = np.full(len(question_docs), -np.inf, dtype=np.float32)
+    for start in range(0, len(docs), 8192):  # bounded memory on a large corpus
+        sims = q @ v[start : start + 8192].T
+        own = chunk_doc[start : start + 8192][None, :] == np.array([doc_ids[d] for d in question_docs])[:, None]
+        sims[own] = -np.inf
+        nulls = np.maximum(nulls, sims.max(axis=1, initial=-np.inf))
+    measured = nulls[np.isfinite(nulls)]
+    if len(measured) < min_questions:
+        return None
+    at = float(np.percentile(measured, percentile))
+    return MeaningScale(
+        threshold=round(min(ceiling, max(floor, at)), 4),
+        questions=len(measured),
+        null_median=round(float(np.median(measured)), 4),
+        percentile=percentile,
+    )
+
+
+#: Pseudo-questions per embedding call: calls this small run on an embedder's query-sized path (MiniLM's
+#: single-threaded session, where the questions of a turn are embedded too), never on its bulk model.
+_PER_CALL = 4
+
+
+class MeaningScales:
+    """The :class:`MeaningScale` of any scope of one index's chunks, measured on demand.
+
+    Heading vectors are kept (by text) once embedded, so a second scope of the same index embeds only the
+    headings the first did not have; each scope's scale comes from its own chunks and headings only.
+
+    Args:
+        chunks: The index's chunks, in index order (positions refer to this order).
+        vectors: The stored vectors of chunk ids (the index's dense vectors).
+        embed: Embeds a few short texts in the calling thread (an embedder's ``embed_sync``).
+    """
+
+    def __init__(
+        self,
+        chunks: Sequence[Chunk],
+        vectors: Callable[[Sequence[str]], npt.NDArray[np.float32]],
+        embed: Callable[[Sequence[str]], npt.NDArray[np.float32]],
+    ) -> None:
+        self._chunks, self._vectors, self._embed = tuple(chunks), vectors, embed
+        self._headings: dict[str, npt.NDArray[np.float32]] = {}
+        self._lock = threading.Lock()
+
+    def _heading_vectors(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        with self._lock:
+            todo = [t for t in dict.fromkeys(texts) if t not in self._headings]
+        for start in range(0, len(todo), _PER_CALL):
+            part = todo[start : start + _PER_CALL]
+            got = np.asarray(self._embed(part), dtype=np.float32)
+            with self._lock:
+                self._headings.update(zip(part, got, strict=True))
+        with self._lock:
+            return np.stack([self._headings[t] for t in texts])
+
+    def __call__(self, positions: Sequence[int] | None = None) -> MeaningScale | None:
+        """The scale of the chunks at ``positions`` (every chunk: ``None``), or ``None`` when they hold too few
+        headings to measure one."""
+        chunks = self._chunks if positions is None else [self._chunks[i] for i in positions]
+        asked = pseudo_questions(chunks)
+        if len(asked) < MIN_QUESTIONS:
+            return None
+        return calibrate_meaning(
+            self._heading_vectors([t for t, _ in asked]),
+            [d for _, d in asked],
+            self._vectors([c.id for c in chunks]),
+            [_doc(c) for c in chunks],
+        )
