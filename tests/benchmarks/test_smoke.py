@@ -179,3 +179,20 @@ class TestBenchStore:
         assert set(s["filtered"]) == {"tenant", "group"} and s["concurrent"]["store"]["errors"] == 0
         assert {"client_cpu_ms_per_search", "server_cpu_ms_per_search"} <= set(s["cpu"]["store"])
         assert all(isinstance(x, float) for x in s["single"]["load"])
+
+
+class TestBenchMeaning:
+    def test_reports_both_chats_build_and_turn_times(self, tmp_path: Path) -> None:
+        """bench_meaning puts the chat without a scale beside the one with it: build seconds, turn p50/p95, the
+        threshold the sample measures and the share of replies that differ."""
+        out = tmp_path / "meaning.json"
+        done = subprocess.run(
+            [sys.executable, str(BENCH / "bench_meaning.py"), "--rounds", "1", "--limit", "3", "--out", str(out)],
+            capture_output=True, text=True, timeout=300, cwd=ROOT,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        report = json.loads(out.read_text())
+        assert set(report["build_s"]) == {"before", "after"}
+        assert report["turns"]["before"]["turns"] == report["turns"]["after"]["turns"] == 3
+        assert 0.40 <= report["threshold"] <= 0.85 and report["pseudo_questions"] >= 20
+        assert 0.0 <= report["turns"]["replies_that_differ"] <= 1.0
