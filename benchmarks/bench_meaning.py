@@ -14,7 +14,9 @@ warm-up round, so load hits both alike; the load average is printed beside each 
 build time, the turns' p50 / p95 / mean and the share of replies that differ. It asserts nothing; it writes
 ``benchmarks/results/bench_meaning-<set>.json``.
 
-Usage: ``python benchmarks/bench_meaning.py [--set sample|pydoc] [--rounds 3] [--out PATH] [--limit N]``
+Usage: ``python benchmarks/bench_meaning.py [--set sample|pydoc|…] [--rounds 3] [--out PATH] [--limit N]``;
+``--scale-only`` prints the threshold a set's index measures and stops (small sets, one index per knowledge
+base, are not supported: they have fewer headings than a scale needs).
 """
 
 from __future__ import annotations
@@ -88,14 +90,21 @@ async def _run(chats: dict[str, ChatRAG], questions: list[str], rounds: int) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--set", choices=("sample", "pydoc"), default="sample")
+    parser.add_argument("--set", choices=sorted(bench_answers.SETS), default="sample")
+    parser.add_argument("--scale-only", action="store_true", help="print the set's measured threshold and stop")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--limit", type=int, default=None, help="first N questions only (smoke runs)")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    if args.set in bench_answers.SMALL_SETS:
+        parser.error(f"--set {args.set}: one index per small knowledge base, each with too few headings for a scale")
     path, corpus = bench_answers.SETS[args.set]
     index = bench_answers.open_index(args.set, corpus, "minilm", Path("/tmp/ragloop-bench-quality"))
+    if args.scale_only:
+        scales = index.meaning_scales()
+        print(f"{args.set}: {len(index.chunks)} chunks; {scales(None) if scales is not None else None}")
+        return
     questions = [q["question"] for q in _answers.load_set(path)][: args.limit]
     load_before = os.getloadavg()
     chats, built = _chats(index)
