@@ -45,10 +45,11 @@ _SIGNATURE = re.compile(
     rf"|^(?:class|exception|attribute|data)\s+[A-Za-z_][\w.]*$|^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$"
 )
 #: What ends a dotted word that names a file or a host, not an attribute ("setup.py", "example.com").
-_NOT_ATTRIBUTES = frozenset(
-    "com org net io dev edu gov html htm md rst txt py pyc json csv toml yaml yml ini cfg xml pdf zip gz tar js ts "
-    "css png jpg svg exe sh".split()
-)
+_NOT_ATTRIBUTES = frozenset((
+    "com", "org", "net", "io", "dev", "edu", "gov", "html", "htm", "md", "rst", "txt", "py", "pyc", "json", "csv",
+    "toml", "yaml", "yml", "ini", "cfg", "xml", "pdf", "zip", "gz", "tar", "js", "ts", "css", "png", "jpg", "svg",
+    "exe", "sh",
+))  # fmt: skip
 #: An operator form of a definition list ("d | other", "key in d", "del d[key]", "s * n"): short, code only.
 _OPERAND = r"[A-Za-z_]\w{0,11}(?:\[\w+\])?"
 _OPERATOR = re.compile(
