@@ -9,9 +9,11 @@ sentences of the two blocks nearest the question by meaning on every turn. Two c
 - ``after``: ``ChatRAG.from_index(index)``, the scale measured.
 
 Questions: every question of a ``bench_answers.py`` set (``--set``: the sample's by default, or ``pydoc`` on
-Debian's python3-doc), asked round-robin (before, after, before, …) for ``--rounds`` rounds after one untimed
-warm-up round, so load hits both alike; the load average is printed beside each figure. It reports each chat's
-build time, the turns' p50 / p95 / mean and the share of replies that differ. It asserts nothing; it writes
+Debian's python3-doc), asked round-robin (before, after, before, …) for ``--rounds`` rounds after three untimed
+warm-up questions, so load hits both alike; the load average is printed beside each figure. It reports each
+chat's build time, the turns' p50 / p95 / mean — the first round apart (``first``: every question asked for the
+first time) from the later ones (``repeat``: the answerer keeps the sentence vectors it embedded) — and the share
+of replies that differ. It asserts nothing; it writes
 ``benchmarks/results/bench_meaning-<set>.json``.
 
 Usage: ``python benchmarks/bench_meaning.py [--set sample|pydoc|…] [--rounds 3] [--out PATH] [--limit N]``;
@@ -63,29 +65,41 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+#: Asked once by each chat before anything is timed (the answerer's bulk model loads on its first turn).
+WARM_UP = ("How do I get started?", "What does it cost?", "Who can see my data?")
+
+
+def _times(ts: list[float]) -> dict[str, float]:
+    return {
+        "p50_ms": round(1000 * statistics.median(ts), 1),
+        "p95_ms": round(1000 * _pct(ts, 0.95), 1),
+        "mean_ms": round(1000 * statistics.mean(ts), 1),
+        "turns": len(ts),
+    }
+
+
 async def _run(chats: dict[str, ChatRAG], questions: list[str], rounds: int) -> dict[str, Any]:
-    times: dict[str, list[float]] = {name: [] for name in chats}
+    """Round 1 asks each question for the first time (``first``); later rounds ask them again (``repeat``: the
+    answerer keeps the sentence vectors it embedded, so a page asked about before costs less)."""
+    for q in WARM_UP:
+        for chat in chats.values():
+            await chat.ask(q)
+    times: dict[str, dict[str, list[float]]] = {name: {"first": [], "repeat": []} for name in chats}
     replies: dict[str, dict[str, str]] = {name: {} for name in chats}
-    for r in range(rounds + 1):  # round 0 warms both up (the answerer's bulk model loads on its first turn)
+    for r in range(rounds):
         for q in questions:
             for name, chat in chats.items():
                 started = time.perf_counter()
                 reply = await chat.ask(q)
-                if r:
-                    times[name].append(time.perf_counter() - started)
+                times[name]["first" if r == 0 else "repeat"].append(time.perf_counter() - started)
                 replies[name][q] = reply.text
     for chat in chats.values():
         await chat.aclose()
     differ = sum(replies["before"][q] != replies["after"][q] for q in questions) / len(questions)
-    return {
-        name: {
-            "p50_ms": round(1000 * statistics.median(ts), 1),
-            "p95_ms": round(1000 * _pct(ts, 0.95), 1),
-            "mean_ms": round(1000 * statistics.mean(ts), 1),
-            "turns": len(ts),
-        }
-        for name, ts in times.items()
-    } | {"replies_that_differ": round(differ, 3)}
+    out: dict[str, Any] = {
+        name: {kind: _times(ts) for kind, ts in by_kind.items() if ts} for name, by_kind in times.items()
+    }
+    return out | {"replies_that_differ": round(differ, 3)}
 
 
 def main() -> None:
@@ -134,9 +148,9 @@ def main() -> None:
     print(f"  load {load_before} -> {report['load_after']}")
     print(f"  build      before {built['before']:.2f} s   after {built['after']:.2f} s")
     for name in ("before", "after"):
-        t = turns[name]
-        ms = f"p50 {t['p50_ms']} ms  p95 {t['p95_ms']} ms  mean {t['mean_ms']} ms"
-        print(f"  turn {name:<6} {ms} ({t['turns']} turns)")
+        for kind, t in turns[name].items():
+            ms = f"p50 {t['p50_ms']} ms  p95 {t['p95_ms']} ms  mean {t['mean_ms']} ms"
+            print(f"  turn {name:<6} {kind:<6} {ms} ({t['turns']} turns)")
     print(f"  replies that differ: {turns['replies_that_differ']:.1%}")
 
 

@@ -193,6 +193,7 @@ class TestBenchMeaning:
         assert done.returncode == 0, done.stderr[-2000:]
         report = json.loads(out.read_text())
         assert set(report["build_s"]) == {"before", "after"}
-        assert report["turns"]["before"]["turns"] == report["turns"]["after"]["turns"] == 3
+        assert report["turns"]["before"]["first"]["turns"] == report["turns"]["after"]["first"]["turns"] == 3
+        assert "repeat" not in report["turns"]["after"]  # one round: every question asked once
         assert 0.40 <= report["threshold"] <= 0.85 and report["pseudo_questions"] >= 20
         assert 0.0 <= report["turns"]["replies_that_differ"] <= 1.0

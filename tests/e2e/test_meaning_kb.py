@@ -81,3 +81,19 @@ class TestMeaningOnAUsersKnowledgeBase:
             await rag.aclose()
         assert reply.outcome == "none", reply.text
         assert not reply.citations
+
+    async def test_a_reply_does_not_depend_on_the_turns_before_it(self, tasker_index: KnowledgeIndex) -> None:
+        """The answerer keeps the sentence vectors it embedded; the same question gets the same reply on a fresh
+        chat and on one that answered every other question first (real MiniLM: a small embedding call takes
+        another path than a large one, so what is embedded together must not depend on the past)."""
+        question = "How can I make several jobs go at once?"
+        fresh = ChatRAG.from_index(tasker_index)
+        used = ChatRAG.from_index(tasker_index)
+        try:
+            for other in [*PARAPHRASES, *OUTSIDE]:
+                if other != question:
+                    await used.ask(other)
+            assert (await used.ask(question)).text == (await fresh.ask(question)).text
+        finally:
+            await fresh.aclose()
+            await used.aclose()

@@ -177,3 +177,51 @@ class TestPositionedBuild:
         known = ScopedKnowledge(corpus, build, positioned=True)
         known.for_filters({"t": ("a",)})
         assert built == [(("a1", "b1", "a2"), None), (("a1", "a2"), (0, 2))]
+
+
+class _Counting:
+    """A deterministic embedder that records every call (a vector from each text's hash)."""
+
+    name, dim = "counting", 8
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    async def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        self.calls.append(list(texts))
+        rows = np.array([np.random.default_rng(abs(hash(t)) % 2**32).normal(size=8) for t in texts])
+        return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+
+
+class TestSentenceVectors:
+    A = ContextBlock(1, "Steps run in parallel on four workers. Dependent steps wait.", chunk_id="a", cosine=0.6)
+    B = ContextBlock(2, "Logs go to the logs folder. Pass --verbose to print commands.", chunk_id="b", cosine=0.5)
+    C = ContextBlock(3, "Plugins register step types.", chunk_id="c", cosine=0.2)
+
+    async def test_the_two_nearest_blocks_are_scored_and_kept(self) -> None:
+        """Only the sentences of the two blocks the question's own search found closest are embedded, in one
+        call, and the question alone; the same two blocks again embed only the question."""
+        embedder = _Counting()
+        answerer = OfflineAnswerer(STATS, embedder=embedder, meaning_at=0.5)
+        first = await answerer.dense_scores("how do I run steps at once", [self.C, self.B, self.A])
+        sentences = [
+            "Dependent steps wait.",
+            "Logs go to the logs folder.",
+            "Pass --verbose to print commands.",
+            "Steps run in parallel on four workers.",
+        ]
+        assert first is not None and sorted(first) == sentences
+        assert embedder.calls == [sentences, ["how do I run steps at once"]]
+        again = await answerer.dense_scores("how do I run steps at once", [self.A, self.B])
+        assert again == first and embedder.calls[2:] == [["how do I run steps at once"]]
+
+    async def test_a_sentences_score_does_not_depend_on_what_was_asked_before(self) -> None:
+        """The same question over the same blocks scores its sentences the same, whether the blocks were seen
+        before (kept vectors) or not (a fresh answerer): a reply never depends on earlier turns."""
+        warm = OfflineAnswerer(STATS, embedder=_Counting(), meaning_at=0.5)
+        await warm.dense_scores("where do logs go", [self.B, self.C])
+        kept = await warm.dense_scores("how do I run steps at once", [self.A, self.B])
+        fresh = await OfflineAnswerer(STATS, embedder=_Counting(), meaning_at=0.5).dense_scores(
+            "how do I run steps at once", [self.A, self.B]
+        )
+        assert kept == fresh

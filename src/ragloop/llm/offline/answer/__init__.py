@@ -30,6 +30,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
+import numpy as np
+import numpy.typing as npt
 from attrs import field, frozen
 
 from ragloop.llm.offline.answer._abstain import AbstainRule, Meant, unknown_names
@@ -104,6 +106,9 @@ INJECTION = re.compile(
 _FENCE_MARK = re.compile(r"<{3,}|>{3,}|untrusted[\s_]*context", re.IGNORECASE)
 _SLOT_MARK = re.compile(r"\{[A-Za-z_]\w*\}")
 _TOKEN = re.compile(r"\S+\s*")
+#: Most pairs of blocks whose sentence vectors an answerer keeps (see :meth:`OfflineAnswerer.dense_scores`):
+#: about 40 MB with MiniLM at a dozen sentences a block.
+MAX_CACHED_BLOCKS = 4096
 #: A glossary expansion decide wrote into a query ("CSV (comma-separated values)"): not what the question asks.
 _EXPANSION = re.compile(r"\([^()]*\)")
 
@@ -190,6 +195,9 @@ class OfflineAnswerer:
     meaning_at: float | None = None
     meaning_blocks: int = 2
     abstain_rule: AbstainRule = field(factory=AbstainRule)
+    _vectors: dict[tuple[str, ...], dict[str, npt.NDArray[np.float32]]] = field(
+        factory=dict, init=False, repr=False, eq=False
+    )
 
     def _idf(self, blocks: Sequence[ContextBlock]) -> dict[str, float] | CorpusStats:
         if self.stats is not None:
@@ -392,8 +400,19 @@ class OfflineAnswerer:
         texts = sorted({u.text for b in nearest for u in block_units(b.n, b.text)} - {""})
         if not texts:
             return None
-        vectors = await self.embedder.embed([question, *texts])
-        cosines = vectors[1:] @ vectors[0]
+        # The sentence vectors of a pair of blocks are kept (this answerer serves one scope): popular pages come
+        # back turn after turn. They are embedded in one call of their own and the question alone, so a vector
+        # never depends on what else was embedded with it (an embedder may take another path for a small call)
+        # and the reply is the same whatever was asked before.
+        key = tuple(sorted(b.text for b in nearest))
+        by_text = self._vectors.get(key)
+        if by_text is None:
+            by_text = dict(zip(texts, np.asarray(await self.embedder.embed(texts), dtype=np.float32), strict=True))
+            if len(self._vectors) >= MAX_CACHED_BLOCKS:
+                self._vectors.clear()
+            self._vectors[key] = by_text
+        asked = np.asarray(await self.embedder.embed([question]), dtype=np.float32)[0]
+        cosines = np.stack([by_text[t] for t in texts]) @ asked
         return {s: float(c) for s, c in zip(texts, cosines, strict=True)}
 
     async def answer(
