@@ -151,6 +151,30 @@ def _tiny_beir(folder: Path) -> Path:
     return folder
 
 
+class TestBenchStoreMeaning:
+    @pytest.mark.skipif(not (DATA / "fastapi-docs").is_dir(), reason="shared FastAPI/Redis docs not present")
+    def test_reports_what_the_meaning_keeps_and_what_a_scope_costs(self, tmp_path: Path) -> None:
+        """bench_store_meaning on 40 chunks of each tenant: what prepare_corpus keeps, and each scope's
+        measurement (first, again, the read alone) with its peak memory."""
+        import shutil
+        import tempfile
+
+        pg = Path(tempfile.mkdtemp(prefix="ragloop-bench-meaning-"))
+        pg.chmod(0o755)
+        try:
+            report = run_json(
+                "bench_store_meaning.py", "--limit", "40", "--pgdata", str(pg / "data"),
+                "--out", str(tmp_path / "meaning.json"),
+            )  # fmt: skip
+        finally:
+            shutil.rmtree(pg, ignore_errors=True)
+        assert report["prepare_corpus"]["chunks"] == 80
+        assert {"corpus_kept_mb", "meaning_kept_mb", "vectors_if_kept_mb"} <= set(report["prepare_corpus"])
+        assert set(report["scopes"]) == {"all", "fastapi", "redis"}
+        for scope in report["scopes"].values():
+            assert {"first_s", "again_s", "read_vectors_s", "again_peak_mb", "read_vectors_peak_mb"} <= set(scope)
+
+
 class TestBenchStore:
     def test_measures_store_and_raw_sql_side_by_side(self, tmp_path: Path) -> None:
         """bench_store on a tiny corpus: the store, raw SQL (any word, every word) and the local index one at a time

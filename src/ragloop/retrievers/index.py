@@ -47,7 +47,7 @@ from ragloop.retrievers.embed import Progress, embed_batched, embedder_named, fi
 from ragloop.retrievers.filters import Filters, metadata_keys
 from ragloop.retrievers.hybrid import HybridRetriever
 from ragloop.retrievers.ingest._chunk import index_text
-from ragloop.retrievers.meaning import MeaningScales
+from ragloop.retrievers.meaning import MeaningScales, meaning_embed
 from ragloop.retrievers.scope import Scope
 from ragloop.state import Chunk, Hit
 
@@ -478,8 +478,8 @@ class KnowledgeIndex:
         """The dense threshold of any scope of this index, measured on its own headings
         (:mod:`ragloop.retrievers.meaning`); ``None`` for an embedder without meaning (the lexical hash
         embedder: its cosines only restate the term overlap) or one that cannot embed in the calling thread."""
-        embed = getattr(self.embedder, "embed_sync", None)
-        if self.embedder.name.startswith("hash-") or not callable(embed):
+        embed = meaning_embed(self.embedder)
+        if embed is None:
             return None
         if self._scales is None:
             self._scales = MeaningScales(self._chunks, self.dense.vectors, embed)

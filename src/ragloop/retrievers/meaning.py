@@ -16,7 +16,9 @@ paraphrases or answers the sample's outside questions, so the threshold is *meas
 
 The offline judges use it as evidence that transfers between corpora (``ragloop.turn.Judges.offline``): the
 grader keeps such a hit, the abstention accepts it, and the answerer may quote a sentence that close though it
-shares no word with the question. A scope (a tenant's filters) gets its own scale, from its own chunks only.
+shares no word with the question. A scope (a tenant's filters) gets its own scale, from its own chunks only:
+the local index measures it on its stored vectors (``KnowledgeIndex.meaning_scales``), the Postgres store on the
+scope's rows, read when the scale is measured (``ragloop.retrievers.postgres``, ``PostgresStore.prepare_corpus``).
 
 Figures (MiniLM, one run each, thresholds on the indexes of ``bench_answers.py``): the sample knowledge base
 0.62, FastAPI's docs 0.72, the ``pydoc`` sets' ten-page indexes 0.42-0.52. Knowledge bases with fewer than
@@ -28,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -44,6 +47,7 @@ __all__ = [
     "MeaningScale",
     "MeaningScales",
     "calibrate_meaning",
+    "meaning_embed",
     "pseudo_questions",
 ]
 
@@ -78,6 +82,16 @@ class MeaningScale:
     questions: int
     null_median: float
     percentile: float = PERCENTILE
+
+
+def meaning_embed(embedder: object) -> Callable[[Sequence[str]], npt.NDArray[np.float32]] | None:
+    """What embeds the pseudo-questions of ``embedder``'s corpus in the calling thread (its ``embed_sync``), or
+    ``None`` when its corpus measures no scale: a lexical hash embedder (``hash-…``: its cosines only restate
+    the term overlap) or one that cannot embed in the calling thread."""
+    embed = getattr(embedder, "embed_sync", None)
+    if str(getattr(embedder, "name", "")).startswith("hash-") or not callable(embed):
+        return None
+    return cast("Callable[[Sequence[str]], npt.NDArray[np.float32]]", embed)
 
 
 def _doc(chunk: Chunk) -> str:
@@ -150,7 +164,8 @@ class MeaningScales:
     headings the first did not have; each scope's scale comes from its own chunks and headings only.
 
     Args:
-        chunks: The index's chunks, in index order (positions refer to this order).
+        chunks: The index's chunks, in index order (positions refer to this order); kept as given, not copied (a
+            tuple, or a sequence that builds each chunk when asked: the Postgres store's keeps none).
         vectors: The stored vectors of chunk ids (the index's dense vectors).
         embed: Embeds a few short texts in the calling thread (an embedder's ``embed_sync``).
     """
@@ -161,7 +176,7 @@ class MeaningScales:
         vectors: Callable[[Sequence[str]], npt.NDArray[np.float32]],
         embed: Callable[[Sequence[str]], npt.NDArray[np.float32]],
     ) -> None:
-        self._chunks, self._vectors, self._embed = tuple(chunks), vectors, embed
+        self._chunks, self._vectors, self._embed = chunks, vectors, embed
         self._headings: dict[str, npt.NDArray[np.float32]] = {}
         self._lock = threading.Lock()
 

@@ -127,7 +127,8 @@ class Corpus:
         texts: The chunk texts.
         metadata: Each chunk's metadata (same order as ``texts``).
         meaning: The dense threshold of the chunks at some positions (all of them: ``None``), when the corpus
-            can measure one (an index's :meth:`~ragloop.retrievers.index.KnowledgeIndex.meaning_scales`; see
+            can measure one (an index's :meth:`~ragloop.retrievers.index.KnowledgeIndex.meaning_scales`, a
+            Postgres store's :meth:`~ragloop.retrievers.postgres.PostgresStore.prepare_corpus`; see
             :mod:`ragloop.retrievers.meaning`); ``None``: the judges go without.
     """
 

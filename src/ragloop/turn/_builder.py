@@ -229,7 +229,10 @@ class Turn:
         Every replica of a service can point at the same database. The store's statement timeout is the
         turn's ``settings.retrieve_timeout_s``. This call reads the collection's texts and metadata (for the offline
         judges, per caller scope) on a connection of its own; the connection pool opens on the first search, in
-        the event loop that serves, and ``ChatRAG.aclose`` closes it.
+        the event loop that serves, and ``ChatRAG.aclose`` closes it. With an embedder that has meaning (MiniLM),
+        the offline judges measure each scope's dense threshold as over a local index
+        (:mod:`ragloop.retrievers.meaning`): the whole collection's here, a scope's when its judges are built,
+        each on a short-lived connection of its own that reads that scope's vectors.
 
         Args:
             url: ``postgresql://`` URL of a database with the ``vector`` extension.

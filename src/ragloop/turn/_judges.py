@@ -142,7 +142,8 @@ class Judges:
             max_queries: Most queries the decider makes (``TurnSettings.max_queries``).
             embedder: The index's embedder: the verifier's semantic support check, and the judges' evidence by
                 meaning when ``texts`` is a corpus that measures its scale (:attr:`Corpus.meaning
-                <ragloop.retrievers.scope.Corpus.meaning>`; an index's does), or is too small to calibrate on.
+                <ragloop.retrievers.scope.Corpus.meaning>`; an index's and a Postgres store's do), or is too small
+                to calibrate on.
             max_scopes: Most caller scopes whose judges are kept at once.
         """
         from ragloop.llm.offline import OfflineAnswerer, OfflineDecider, OfflineGrader, OfflineRewriter

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 
 
 def open_store(url: str, opts: dict[str, Any]) -> tuple[PostgresStore, Corpus]:
-    """The store at ``url`` and its corpus (texts and metadata, for the offline judges per caller scope).
+    """The store at ``url`` and its corpus (texts and metadata, for the offline judges per caller scope, and the
+    dense threshold per scope: :mod:`ragloop.retrievers.postgres._meaning`).
 
     Pops the store's own options (``mode``, ``embedder``, ``collection``, ``pool_size``) from ``opts``; the rest
     are the turn's.

@@ -59,6 +59,14 @@ that says what to do. :func:`diagnose_store` (``ragloop doctor --store``) report
 With the database down, a search fails within about a second with :class:`~ragloop.errors.StoreUnavailable`
 (then at once, until a direct connection succeeds again) instead of waiting on the pool.
 
+**The offline judges' corpus, per scope, as over a local index.** :meth:`PostgresStore.prepare_corpus` reads
+every chunk's text and metadata (what each caller scope's term statistics, glossary and calibration are built
+from) and, with an embedder that has meaning (MiniLM, not a hash embedder), each chunk's document and headings:
+the corpus then measures each scope's dense threshold (:mod:`ragloop.retrievers.meaning`) from that scope's own
+rows, the same threshold a local index of the same chunks measures. No vector is kept: a scope's are read, on a
+short-lived connection of its own, when its judges are built, and a database error then leaves that scope's
+judges going by terms alone (``ragloop.retrievers.postgres._meaning`` has the figures).
+
 Term weights stay exact for document frequencies and lengths; each term's highest weight (the ceiling of the
 BM25 confidence) is raised as chunks arrive and recomputed exactly by :meth:`PostgresStore.refresh_stats`,
 which :meth:`~PostgresStore.sync` runs when a large share of the collection changed.

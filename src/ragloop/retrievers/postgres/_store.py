@@ -10,7 +10,7 @@ from ragloop.errors import ConfigError, RetrievalError, StoreBusy, StoreUnavaila
 from ragloop.retrievers.base import Embedder
 from ragloop.retrievers.bm25 import Tokenizer
 from ragloop.retrievers.filters import Filters
-from ragloop.retrievers.postgres import _schema, _search, _sync
+from ragloop.retrievers.postgres import _meaning, _schema, _search, _sync
 from ragloop.retrievers.postgres._common import _APP, StoreInfo, at_connection_limit, psycopg_module
 from ragloop.retrievers.postgres._conn import Connections
 from ragloop.retrievers.postgres._scope import ScopeStatsCache
@@ -184,21 +184,35 @@ class PostgresStore:
             ConfigError: As :meth:`open` raises it (no ``vector`` extension).
             IndexError_: As :meth:`open` raises it (a missing collection, another embedder or schema version).
         """
-        corpus = await self._prepare("text" if texts else None)
-        return list(corpus.texts)
+        rows = await self._prepare("text" if texts else None)
+        return [r[0] for r in rows]
 
     async def prepare_corpus(self) -> Corpus:
         """:meth:`prepare`, reading every chunk's text with its metadata: the offline judges' corpus, which they
         know per caller scope (a tenant's judges learn nothing from another tenant's chunks).
+
+        The corpus measures its dense threshold per scope (:attr:`Corpus.meaning
+        <ragloop.retrievers.scope.Corpus.meaning>`, as a local index's does) when the embedder has meaning (not a
+        hash embedder): each chunk's document id and headings are kept from this read, and a scope's vectors are
+        read when its scale is measured (:mod:`ragloop.retrievers.postgres._meaning`).
 
         Raises:
             StoreUnavailable: As :meth:`open` raises it (the server cannot be reached).
             ConfigError: As :meth:`open` raises it (no ``vector`` extension).
             IndexError_: As :meth:`open` raises it (a missing collection, another embedder or schema version).
         """
-        return await self._prepare("text, metadata")
+        rows = await self._prepare(f"text, metadata, {_meaning.COLUMNS}")
+        meaning = _meaning.StoreMeaning.of(
+            self.url, self._t["chunks"], [r[2:] for r in rows], self.embedder, self._conn.hidden
+        )
+        return Corpus(
+            tuple(r[0] for r in rows),
+            tuple({str(k): str(v) for k, v in (r[1] or {}).items()} for r in rows),
+            meaning,
+        )
 
-    async def _prepare(self, columns: str | None) -> Corpus:
+    async def _prepare(self, columns: str | None) -> list[Any]:
+        """Check the schema and read ``columns`` of every chunk, in corpus order (``doc_id, seq``; none: no read)."""
         psycopg = psycopg_module()
         try:
             conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, fallback_application_name=_APP)
@@ -218,15 +232,9 @@ class PostgresStore:
                 raise RetrievalError(f"the Postgres store failed: {self._conn.hidden(str(exc))}") from exc
             self._checked = True
             if columns is None:
-                return Corpus((), ())
+                return []
             sql = f"select {columns} from {self._t['chunks']} order by doc_id, seq"
-            rows = await (await conn.execute(sql)).fetchall()
-            if columns == "text":
-                return Corpus.from_texts(r[0] for r in rows)
-            return Corpus(
-                tuple(r[0] for r in rows),
-                tuple({str(k): str(v) for k, v in (r[1] or {}).items()} for r in rows),
-            )
+            return list(await (await conn.execute(sql)).fetchall())
 
     async def _check_once(self) -> None:
         if not self._checked:

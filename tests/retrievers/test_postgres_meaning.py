@@ -1,0 +1,200 @@
+"""The Postgres store's dense threshold per scope (``retrievers/postgres/_meaning.py``) against a real server.
+
+The same scale as the local index of the same chunks, a tenant's from its own rows only (the same with or
+without another tenant's documents in the collection), none for a hash embedder, and fail-open: a database
+error while measuring leaves that scope's judges without a threshold, never a failed turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from structlog.testing import capture_logs
+
+from ragloop.chat import ChatRAG
+from ragloop.retrievers.embed import HashEmbedder, MiniLMEmbedder
+from ragloop.retrievers.index import KnowledgeIndex
+from ragloop.retrievers.ingest import ingest_path
+from ragloop.retrievers.meaning import MeaningScale
+from ragloop.retrievers.postgres import PostgresStore
+from ragloop.retrievers.scope import Corpus, Scope
+from ragloop.state import Chunk
+from ragloop.turn import Turn
+from tests.e2e.test_meaning_kb import OUTSIDE, PARAPHRASES
+
+pytest.importorskip("psycopg")
+pytestmark = pytest.mark.anyio
+
+TASKER_KB = Path(__file__).parents[1] / "e2e" / "fixtures" / "tasker_kb"
+SAMPLE_KB = Path(__file__).parents[2] / "src" / "ragloop" / "data" / "sample_kb"
+ACME, GLOBEX = {"tenant": "acme"}, {"tenant": "globex"}
+
+
+@pytest.fixture(scope="module")
+def minilm() -> MiniLMEmbedder:
+    return MiniLMEmbedder()
+
+
+@pytest.fixture(scope="module")
+def tasker() -> list[Chunk]:
+    """The 24-page manual of tests/e2e/test_meaning_kb.py, chunked."""
+    return ingest_path(TASKER_KB).chunks
+
+
+@pytest.fixture(scope="module")
+def stores(pg_server: Any, minilm: MiniLMEmbedder, tasker: list[Chunk]) -> Iterator[str]:
+    """Three MiniLM collections on one server: ``tasker`` (the manual, no scope), ``acme`` (the manual as
+    tenant acme's) and ``both`` (the same, and the sample knowledge base as tenant globex's)."""
+    url: str = pg_server.get_uri()
+    sample = ingest_path(SAMPLE_KB).chunks
+
+    async def load() -> None:
+        for collection, parts in (
+            ("meaning_tasker", [(tasker, None)]),
+            ("meaning_acme", [(tasker, ACME)]),
+            ("meaning_both", [(tasker, ACME), (sample, GLOBEX)]),
+        ):
+            async with PostgresStore(url, minilm, collection=collection) as store:
+                for chunks, scope in parts:
+                    await store.sync(chunks, scope=scope)
+
+    anyio.run(load)
+    yield url
+
+
+async def _corpus(url: str, collection: str) -> Corpus:
+    store = PostgresStore(url, collection=collection, create=False)
+    try:
+        return await store.prepare_corpus()
+    finally:
+        await store.aclose()
+
+
+def _measure(corpus: Corpus, filters: dict[str, tuple[str, ...]] | None = None) -> MeaningScale | None:
+    assert corpus.meaning is not None
+    return corpus.meaning(corpus.visible(filters) if filters else None)
+
+
+def _close(got: MeaningScale | None, want: MeaningScale | None) -> None:
+    assert got is not None and want is not None
+    assert got.questions == want.questions
+    assert abs(got.threshold - want.threshold) < 1e-3 and abs(got.null_median - want.null_median) < 1e-3
+
+
+class TestScale:
+    async def test_the_store_measures_what_the_local_index_measures(
+        self, stores: str, minilm: MiniLMEmbedder, tasker: list[Chunk]
+    ) -> None:
+        """The manual's 48 headings give the store the local index's threshold and null median (within 1e-3)."""
+        local = KnowledgeIndex.build(tasker, minilm).meaning_scales()
+        assert local is not None
+        want = local(None)
+        got = _measure(await _corpus(stores, "meaning_tasker"))
+        _close(got, want)
+        assert got is not None and got.questions == 48
+
+    async def test_a_tenants_scale_is_the_same_with_or_without_another_tenant(
+        self, stores: str, minilm: MiniLMEmbedder, tasker: list[Chunk]
+    ) -> None:
+        """acme's scale, measured on the positions its filter finds, is the one it has in a collection of its own
+        and the local index's over its chunks: globex's pages are neither its questions nor its null."""
+        both = await _corpus(stores, "meaning_both")
+        alone = await _corpus(stores, "meaning_acme")
+        acme = _measure(both, {"tenant": ("acme",)})
+        _close(acme, _measure(alone, {"tenant": ("acme",)}))
+        local = KnowledgeIndex.build(Scope.of(ACME).apply(tasker), minilm).meaning_scales()
+        assert local is not None
+        _close(acme, local(None))
+        # the whole collection's scale is another one: globex's pages add questions and nulls
+        whole = _measure(both)
+        assert whole is not None and acme is not None and whole.questions > acme.questions
+
+    async def test_a_hash_embedder_measures_none(self, pg_url: str, collection: str, tasker: list[Chunk]) -> None:
+        """A hash embedder's cosines restate the term overlap: its collection's corpus has no meaning."""
+        async with PostgresStore(pg_url, HashEmbedder(64), collection=collection) as store:
+            await store.sync(tasker)
+        corpus = await _corpus(pg_url, collection)
+        assert corpus.meaning is None and len(corpus) == len(tasker)
+
+
+class TestScopedTurn:
+    async def test_a_scoped_turns_judges_take_their_tenants_threshold(self, stores: str) -> None:
+        """``Turn.from_store``: the judges of a turn filtered to acme use acme's threshold (grader, abstention,
+        answerer); the judges built at start-up use the whole collection's."""
+        acme = _measure(await _corpus(stores, "meaning_acme"))
+        whole = _measure(await _corpus(stores, "meaning_both"))
+        assert acme is not None and whole is not None
+        turn = await anyio.to_thread.run_sync(lambda: Turn.from_store(stores, collection="meaning_both"))
+        rag = ChatRAG(turn)
+        try:
+            assert turn.judges.knowledge is not None
+            judges = turn.judges.knowledge.for_filters({"tenant": ("acme",)})
+            assert judges.grader.dense_at == acme.threshold  # type: ignore[attr-defined]
+            assert judges.answerer.meaning_at == acme.threshold  # type: ignore[attr-defined]
+            assert judges.answerer.abstain_rule.dense_at == acme.threshold  # type: ignore[attr-defined]
+            assert turn.judges.knowledge.base.grader.dense_at == whole.threshold  # type: ignore[attr-defined]
+        finally:
+            await rag.aclose()
+
+    async def test_a_database_error_while_measuring_leaves_the_judges_without_a_threshold(
+        self, pg_url: str, collection: str, minilm: MiniLMEmbedder, tasker: list[Chunk]
+    ) -> None:
+        """The chunks table gone when acme's first turn measures its scale (a real error from the server): the
+        failure is logged without the URL, acme's judges go by terms (no ``dense_at``), and with the table back
+        acme's turns are answered, without an error."""
+        async with PostgresStore(pg_url, minilm, collection=collection) as store:
+            await store.sync(tasker, scope=ACME)
+            await store.sync(tasker[:10], scope=GLOBEX)  # (their stored vectors are reused)
+        table = f"{collection}_chunks"
+        turn = await anyio.to_thread.run_sync(lambda: Turn.from_store(pg_url, collection=collection))
+        rag = ChatRAG(turn)
+        try:
+            import psycopg
+
+            with psycopg.connect(pg_url, autocommit=True) as conn:
+                conn.execute(f"alter table {table} rename to {table}_away")
+            try:
+                with capture_logs() as logs:
+                    assert turn.judges.knowledge is not None
+                    judges = turn.judges.knowledge.for_filters({"tenant": ("acme",)})
+            finally:
+                with psycopg.connect(pg_url, autocommit=True) as conn:
+                    conn.execute(f"alter table {table}_away rename to {table}")
+            assert judges.grader.dense_at is None  # type: ignore[attr-defined]
+            assert judges.answerer.meaning_at is None  # type: ignore[attr-defined]
+            failed = [e for e in logs if e["event"] == "meaning_scale_failed"]
+            assert len(failed) == 1 and table in failed[0]["error"] and pg_url not in failed[0]["error"]
+            reply = await rag.ask("How do I run steps in parallel?", filters=ACME)
+            assert reply.outcome in ("context", "partial") and not reply.record.errors
+        finally:
+            await rag.aclose()
+
+
+class TestChatOverTheStore:
+    @pytest.mark.parametrize(("question", "page"), sorted(PARAPHRASES.items()))
+    async def test_a_paraphrase_is_answered_from_its_page(self, stores: str, question: str, page: str) -> None:
+        """The questions of tests/e2e/test_meaning_kb.py that share no key word with their page, over
+        ``ChatRAG.from_store``: answered, first citation that page (each was refused before the store measured
+        its scale)."""
+        rag = await anyio.to_thread.run_sync(lambda: ChatRAG.from_store(stores, collection="meaning_tasker"))
+        try:
+            reply = await rag.ask(question)
+        finally:
+            await rag.aclose()
+        assert reply.outcome in ("context", "partial"), reply.text
+        assert reply.citations and Path(reply.citations[0].source).name == page
+        assert reply.record.abstention is None
+
+    async def test_the_questions_the_manual_does_not_answer_are_still_refused(self, stores: str) -> None:
+        """Nothing is quoted for a question the manual does not answer, over the store as over the index."""
+        rag = await anyio.to_thread.run_sync(lambda: ChatRAG.from_store(stores, collection="meaning_tasker"))
+        try:
+            for question in OUTSIDE:
+                reply = await rag.ask(question)
+                assert reply.outcome == "none" and not reply.citations, (question, reply.text)
+        finally:
+            await rag.aclose()
