@@ -1,10 +1,10 @@
 """How close, by meaning, a passage must come to a question before it counts as evidence — in *this* corpus.
 
 A dense cosine means different things in different corpora. A question the bundled sample knowledge base does
-not answer ("Does Lumen integrate with Salesforce?") still reaches 0.72 on a page about integrations, because
-every page there is about one product; a how-to question the ten python3-doc pages of ``bench_answers.py``'s
-``pydoc`` set do not answer reaches at most 0.40. One fixed threshold either refuses the python docs' answerable
-paraphrases or answers the sample's outside questions, so the threshold is *measured on the corpus itself*:
+not answer ("Does Lumen integrate with Salesforce?") still comes close to a page about integrations, because
+every page there is about one product, while a how-to question ten python3-doc pages do not answer stays far
+from all of them. One fixed threshold either refuses the python docs' answerable paraphrases or answers the
+sample's outside questions, so the threshold is *measured on the corpus itself*:
 
 - Every heading that names one document only (a page title, a section heading) is a pseudo-question whose
   answer the corpus holds, in that document (:func:`pseudo_questions`).
@@ -20,8 +20,9 @@ shares no word with the question. A scope (a tenant's filters) gets its own scal
 the local index measures it on its stored vectors (``KnowledgeIndex.meaning_scales``), the Postgres store on the
 scope's rows, read when the scale is measured (``ragloop.retrievers.postgres``, ``PostgresStore.prepare_corpus``).
 
-Figures (MiniLM, one run each, thresholds on the indexes of ``bench_answers.py``): the sample knowledge base
-0.62, FastAPI's docs 0.72, the ``pydoc`` sets' ten-page indexes 0.42-0.52. Knowledge bases with fewer than
+Figures (MiniLM, the indexes of ``bench_answers.py``, ``benchmarks/results/bench_meaning-scales.txt``): the
+sample knowledge base 0.61, FastAPI's docs 0.68, HotpotQA's paragraphs 0.67, the ``pydoc`` sets' ten-page
+indexes 0.40-0.53. Knowledge bases with fewer than
 ``min_questions`` such headings (a user's first four pages) get no scale: their judges have rules of their own.
 """
 
