@@ -46,6 +46,11 @@ class TestPseudoQuestions:
             ("Webhooks", "b.md"),
         ]
 
+    def test_a_hostile_heading_is_no_question(self) -> None:
+        """A heading of 100,000 characters (or one of two) asks nothing: only sane headings are embedded."""
+        chunks = [_chunk(1, "a.md", "x" * 100_000, "y" * 121), _chunk(2, "b.md", "Rotate a key", "ok")]
+        assert pseudo_questions(chunks) == [("Rotate a key", "b.md")]
+
     def test_the_sample_is_bounded_and_the_same_for_the_same_chunks(self) -> None:
         """At most ``limit`` headings, chosen by their text's hash: chunk order does not change the choice."""
         chunks = [_chunk(i, f"d{i}.md", f"Title number {i}") for i in range(50)]
@@ -82,6 +87,14 @@ class TestCalibrateMeaning:
         )
         assert all(nulls[i] >= cos[i] - 1e-6 for i in range(n))  # the planted chunk is among them
         assert scale.threshold == pytest.approx(min(CEILING, max(FLOOR, np.percentile(nulls, 90))), abs=1e-3)
+
+    def test_a_corpus_of_copies_gives_the_ceiling(self) -> None:
+        """Every document a copy of the others: every null is 1.0, and the threshold stops at CEILING (meaning
+        then counts only for passages as close as copies are), never above."""
+        v = _unit(np.ones((1, 8)))
+        docs = [f"d{i}" for i in range(MIN_QUESTIONS)]
+        scale = calibrate_meaning(np.repeat(v, MIN_QUESTIONS, 0), docs, np.repeat(v, MIN_QUESTIONS, 0), docs)
+        assert scale is not None and scale.threshold == CEILING and scale.null_median == pytest.approx(1.0)
 
     def test_too_few_questions_give_no_scale(self) -> None:
         """A handful of headings (a user's first four pages) measure nothing: ``None``."""
