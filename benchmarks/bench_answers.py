@@ -43,6 +43,9 @@ Sets (``--set``):
   one-paragraph pages each); ``sample3`` is ``benchmarks/data/sample_kb_questions_v3.jsonl`` over the sample
   knowledge base (facts not asked by ``sample`` or ``sample2``). Looked at once, with ``--half all``, at the end of
   the round.
+- ``pydoc5``: #33 round 6's held-out set, written and committed before any change of round 6 and any run on it:
+  ``benchmarks/data/python_docs5_questions.jsonl`` over ten more python3-doc pages (:data:`PYDOC5_PAGES`).
+  Looked at once, with ``--half all``, at the end of the round.
 
 **Before and after in one run.** ``--before SRC`` runs the same questions a second time with ``ragloop``
 imported from ``SRC`` (an exported ``src/`` of another commit, e.g. ``git archive main src | tar -x -C
@@ -102,7 +105,18 @@ PYDOC4_PAGES = (
     "datetime.html", "re.html", "logging.html", "subprocess.html", "argparse.html",
     "math.html", "sqlite3.html", "urllib.parse.html", "shlex.html", "struct.html",
 )  # fmt: skip
-PYDOC_SETS = {"pydoc": PYDOC_PAGES, "pydoc2": PYDOC2_PAGES, "pydoc3": PYDOC3_PAGES, "pydoc4": PYDOC4_PAGES}
+#: The pages of ``PYDOC`` the ``pydoc5`` set indexes: none of the earlier sets' pages (#33 round 6's held-out set).
+PYDOC5_PAGES = (
+    "fractions.html", "decimal.html", "tarfile.html", "configparser.html", "zoneinfo.html",
+    "ipaddress.html", "timeit.html", "concurrent.futures.html", "traceback.html", "mimetypes.html",
+)  # fmt: skip
+PYDOC_SETS = {
+    "pydoc": PYDOC_PAGES,
+    "pydoc2": PYDOC2_PAGES,
+    "pydoc3": PYDOC3_PAGES,
+    "pydoc4": PYDOC4_PAGES,
+    "pydoc5": PYDOC5_PAGES,
+}
 SETS = {
     "sample": (_answers.DATA / "sample_kb_questions.jsonl", None),
     "fastapi": (_answers.DATA / "fastapi_docs_questions.jsonl", SHARED / "fastapi-docs"),
@@ -117,6 +131,7 @@ SETS = {
     "pydoc4": (_answers.DATA / "python_docs4_questions.jsonl", PYDOC),
     "small-heldout3": (_answers.DATA / "small_kb_heldout3_questions.jsonl", _answers.DATA / "small_kbs_heldout3"),
     "sample3": (_answers.DATA / "sample_kb_questions_v3.jsonl", None),
+    "pydoc5": (_answers.DATA / "python_docs5_questions.jsonl", PYDOC),
 }
 SMALL_SETS = ("small", "small-heldout", "small-heldout2", "small-heldout3")
 HEADLINE = ("answer_at_1", "answer_any", "false_none", "honest_none", "reply_chars_median")

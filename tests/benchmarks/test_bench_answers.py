@@ -92,7 +92,7 @@ class TestQuestionSets:
         assert not [q["id"] for q in questions if _answers.normalise(q["question"]) in earlier]
 
     @pytest.mark.skipif(not bench_answers.PYDOC.is_dir(), reason="Debian's python3-doc is not installed")
-    @pytest.mark.parametrize("name", ["pydoc", "pydoc2", "pydoc3", "pydoc4"])
+    @pytest.mark.parametrize("name", ["pydoc", "pydoc2", "pydoc3", "pydoc4", "pydoc5"])
     def test_pydoc_facts_are_in_their_pages(self, name: str) -> None:
         """Every fact of a python3-doc set is in the text ingest extracts from a page it lists (of the set's
         pages), so the set measures the answerer, not the HTML loader; the sets share no page."""
