@@ -220,3 +220,52 @@ class TestHowToBonusIsNoEvidence:
         scored, plain = with_bonus.abstain(question, [block], []), without.abstain(question, [block], [])
         assert scored is not None and plain is not None
         assert scored.score == pytest.approx(plain.score)
+
+
+class TestTheApiALaterSentenceDescribes:
+    """#33: a sentence further down a description, or one that says "this method" after the sentence naming it,
+    is quoted after the API it is about, not after the page's title."""
+
+    QUANTIZE = ContextBlock(
+        4,
+        "Decimal.quantize(exp, rounding=None, context=None)\n\nReturn a value equal to the first operand after "
+        "rounding and having the exponent of the second operand.\n\n```pycon\n>>> Decimal('7.325').quantize("
+        "Decimal('.01'))\nDecimal('7.32')\n```\n\nThis method is useful for monetary applications that often round "
+        "results to a fixed number of places.\n",
+        title="decimal — Decimal fixed point and floating point arithmetic",
+        query="round money to two places",
+    )
+    TUTORIAL = ContextBlock(
+        5,
+        "## Quick-start tutorial\n\nThe `quantize()` method rounds a number to a fixed exponent. This method is "
+        "useful for monetary applications that often round results to a fixed number of places.\n",
+        title="decimal — Decimal fixed point and floating point arithmetic",
+        query="round money to two places",
+    )
+    QUESTION = "How do I round a money amount to a fixed number of places for monetary applications?"
+
+    def _reply(self, block: ContextBlock) -> str:
+        stats = CorpusStats.from_texts([self.QUANTIZE.text, self.TUTORIAL.text, "Refunds take 14 days."])
+        return OfflineAnswerer(stats).compose(self.QUESTION, [block], "context")
+
+    def test_a_later_sentence_of_a_definition_opens_with_its_term(self) -> None:
+        """The description's third paragraph (past a code block) leads after its term; it had led after the
+        page title ("decimal — …: this method is useful …")."""
+        units = block_units(4, self.QUANTIZE.text)
+        assert units[-1].term == "Decimal.quantize(exp, rounding=None, context=None)"
+        reply = self._reply(self.QUANTIZE)
+        assert reply.startswith("`Decimal.quantize(exp, rounding=None, context=None)`: This method is useful"), reply
+
+    def test_this_method_is_the_api_the_sentence_before_names(self) -> None:
+        """A subjectless lead after a sentence naming inline code is quoted after that code."""
+        reply = self._reply(self.TUTORIAL)
+        assert reply.startswith("`quantize()`: this method is useful for monetary applications"), reply
+
+    def test_a_heading_ends_a_description(self) -> None:
+        """A sentence under a new heading belongs to no term."""
+        units = block_units(1, "f(x)\n\nDoes f. Also this.\n\n## Other\n\nA plain sentence here.")
+        assert [(u.text, u.term) for u in units] == [
+            ("`f(x)`: Does f.", "f(x)"),
+            ("Also this.", "f(x)"),
+            ("A plain sentence here.", ""),
+        ]

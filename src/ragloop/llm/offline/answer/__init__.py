@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 import numpy.typing as npt
-from attrs import field, frozen
+from attrs import evolve, field, frozen
 
 from ragloop.llm.offline.answer._abstain import AbstainRule, Meant, unknown_names
 from ragloop.llm.offline.answer._choose import (
@@ -360,7 +360,7 @@ class OfflineAnswerer:
         if meant is None and (low or rel < self.min_sentence_coverage):
             return None
         rel = max(rel, meant or 0.0)
-        clean = Unit(unit.block, unit.position, unit.kind, text, unit.heading, unit.header, unit.table)
+        clean = evolve(unit, text=text)
         return Scored(clean, terms | header, frozenset(own | (wanted & context)), rel, frozenset(), "")
 
     def abstain(self, question: str, blocks: Sequence[ContextBlock], hits: Sequence[Hit]) -> Abstention | None:

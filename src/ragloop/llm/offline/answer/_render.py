@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from ragloop.llm.offline.answer._choose import Asked, Scored, has_asked_for, stems_of
-from ragloop.llm.offline.answer._units import Unit
+from ragloop.llm.offline.answer._units import Unit, block_units
 from ragloop.state import ContextBlock
 
 __all__ = ["MAX_INTRODUCED_LINES", "introduces", "lead_in", "render", "row_sentence", "with_introduced"]
@@ -15,6 +15,28 @@ __all__ = ["MAX_INTRODUCED_LINES", "introduces", "lead_in", "render", "row_sente
 #: An opening word that refers back to a subject the sentence does not name ("It returns …", "They are …").
 _SUBJECTLESS = re.compile(r"^(?:It|Its|It's|This|That|These|Those|They|Their|Them|He|She|His|Her)\b|^[a-z]")
 _ANCHOR = re.compile(r"\s*\{\s*#[\w-]*\s*\}\s*$")
+#: What a definition term holds besides its name: kind words before it, its parameters and annotation after it.
+_NAME = re.compile(
+    r"^(?:(?:class|exception|async|classmethod|staticmethod|abstractmethod|method|function|attribute)\s+)*"
+    r"|[(\[].*$"
+)
+
+
+#: An API named in a sentence: inline code ("The `quantize()` method rounds a number …").
+_CODE_SPAN = re.compile(r"`[^`\n]{1,80}`")
+
+
+def _named_before(unit: Unit, block: ContextBlock) -> str:
+    """The API the sentence before ``unit`` names (its first inline code), when that sentence is prose of the
+    same block: "This method is useful for monetary applications" is about the `quantize()` named before it."""
+    if unit.position == 0:
+        return ""
+    before = block_units(block.n, block.text)
+    prev = before[unit.position - 1] if unit.position - 1 < len(before) else None
+    if prev is None or prev.kind not in ("sentence", "item") or prev.heading != unit.heading:
+        return ""
+    found = _CODE_SPAN.search(prev.text)
+    return found.group(0) if found else ""
 
 
 def _subject(block: ContextBlock, unit: Unit) -> str:
@@ -128,8 +150,12 @@ def _with_subject(unit: Unit, block: ContextBlock, lead_in: str) -> str:
     text = unit.text
     if lead_in:
         return f"{lead_in}: {text}"
-    subject = _subject(block, unit)
-    if not _SUBJECTLESS.match(text) or not subject:
+    if unit.term and _NAME.sub("", unit.term).split(".")[-1].casefold() not in text.casefold():
+        return f"`{unit.term}`: {text}"  # a later sentence of a definition, after the API it describes
+    if not _SUBJECTLESS.match(text):
+        return text
+    subject = _named_before(unit, block) or _subject(block, unit)
+    if not subject:
         return text
     # A title "<source>: <what>" (a database row: "sql: orders id ORD-1042") over a text that opens with <what>
     # names its subject already; the source's name is the turn's own word, never the reader's.

@@ -73,6 +73,8 @@ class Unit:
         heading: The heading it sits under in the block (``""`` before any heading).
         header: A row's table header line.
         table: A row's table, counted within the block (rows of one table are quoted under one header).
+        term: The definition term whose description the unit belongs to (its first sentence opens with the term
+            itself; a later one, "This method is useful for monetary applications", is quoted after it).
     """
 
     block: int
@@ -82,6 +84,7 @@ class Unit:
     heading: str = ""
     header: str = ""
     table: int = -1
+    term: str = ""
 
 
 def is_block_unit(sentence: str) -> bool:
@@ -131,8 +134,9 @@ def definition_term(part: str) -> str:
     return ""
 
 
-def _prose_units(units: list[Unit], block: int, piece: str, heading: str) -> str:
-    """Append the sentences and list items of a prose piece to ``units``; the heading in force after it."""
+def _prose_units(units: list[Unit], block: int, piece: str, heading: str, under: str = "") -> tuple[str, str]:
+    """Append the sentences and list items of a prose piece to ``units``; the heading in force after it, and the
+    definition term whose description goes on (``under``: a description may go on past a code block)."""
     piece = _HEADING_LINE.sub(r"\1\n\n", piece)
     terms: list[str] = []  # definition terms waiting for the description under them
 
@@ -146,7 +150,7 @@ def _prose_units(units: list[Unit], block: int, piece: str, heading: str) -> str
         head = _HEADING.match(part)
         if head is not None and part.lstrip().startswith("#"):
             flush()
-            heading = " ".join(head.group(1).split())
+            heading, under = " ".join(head.group(1).split()), ""
             continue
         item = _LIST_MARK.match(part) is not None
         term = "" if item else definition_term(part)
@@ -156,11 +160,12 @@ def _prose_units(units: list[Unit], block: int, piece: str, heading: str) -> str
         body = " ".join(_LIST_MARK.sub("", _QUOTE_MARK.sub("", part.strip())).split())
         for sentence in filter(None, (s.strip() for s in _STOP.split(body))):
             if terms:
+                under = ", ".join(terms)
                 sentence = f"{', '.join(f'`{t}`' for t in terms)}: {sentence}"
                 terms.clear()
-            units.append(Unit(block, len(units), "item" if item else "sentence", sentence, heading))
+            units.append(Unit(block, len(units), "item" if item else "sentence", sentence, heading, term=under))
     flush()
-    return heading
+    return heading, under
 
 
 #: A question asking for the means to do something ("How do I …", "how to …", "Which function …"): on an API
@@ -189,11 +194,11 @@ def block_units(block: int, text: str) -> list[Unit]:
     """Every quotable unit of a block's text, in reading order (headings are context, never units); a
     definition's term opens the first sentence of its description (see the module docstring)."""
     units: list[Unit] = []
-    heading = ""
+    heading, under = "", ""
     tables = 0
     start = 0
     for m in _ATOMIC.finditer(text):
-        heading = _prose_units(units, block, text[start : m.start()], heading)
+        heading, under = _prose_units(units, block, text[start : m.start()], heading, under)
         start = m.end()
         lines = [line.rstrip() for line in m.group(0).strip("\n").splitlines()]
         if lines[0].lstrip().startswith("```"):
@@ -207,5 +212,5 @@ def block_units(block: int, text: str) -> list[Unit]:
             if not _SEPARATOR.fullmatch(row):
                 units.append(Unit(block, len(units), "row", row, heading, header, tables))
         tables += 1
-    _prose_units(units, block, text[start:], heading)
+    _prose_units(units, block, text[start:], heading, under)
     return units
