@@ -225,3 +225,17 @@ class TestSentenceVectors:
             "how do I run steps at once", [self.A, self.B]
         )
         assert kept == fresh
+
+    async def test_the_kept_vectors_are_bounded(self) -> None:
+        """However many distinct pages a scope's questions reach, the answerer keeps at most a bounded number of
+        sentence vectors (it starts afresh past the bound; the replies do not change, see above)."""
+        from ragloop.llm.offline.answer import _MAX_CACHED_VECTORS
+
+        answerer = OfflineAnswerer(STATS, embedder=_Counting(), meaning_at=0.5)
+        for i in range(_MAX_CACHED_VECTORS // 4 + 50):
+            blocks = [
+                ContextBlock(1, f"Page {i} says one thing. It says a second thing.", cosine=0.6),
+                ContextBlock(2, f"Other {i} says more. And even more here.", cosine=0.5),
+            ]
+            await answerer.dense_scores("what does it say", blocks)
+            assert sum(map(len, answerer._vectors.values())) <= _MAX_CACHED_VECTORS

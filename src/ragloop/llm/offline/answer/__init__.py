@@ -106,9 +106,9 @@ INJECTION = re.compile(
 _FENCE_MARK = re.compile(r"<{3,}|>{3,}|untrusted[\s_]*context", re.IGNORECASE)
 _SLOT_MARK = re.compile(r"\{[A-Za-z_]\w*\}")
 _TOKEN = re.compile(r"\S+\s*")
-# Most pairs of blocks whose sentence vectors an answerer keeps (see :meth:`OfflineAnswerer.dense_scores`):
-# about 40 MB with MiniLM at a dozen sentences a block.
-_MAX_CACHED_BLOCKS = 4096
+# Most sentence vectors an answerer keeps (see :meth:`OfflineAnswerer.dense_scores`): 6 MB with MiniLM, about 200
+# pairs of blocks; each scope's answerer keeps its own (at most 32 scopes are kept: ~200 MB at worst).
+_MAX_CACHED_VECTORS = 4096
 #: A glossary expansion decide wrote into a query ("CSV (comma-separated values)"): not what the question asks.
 _EXPANSION = re.compile(r"\([^()]*\)")
 
@@ -408,7 +408,7 @@ class OfflineAnswerer:
         by_text = self._vectors.get(key)
         if by_text is None:
             by_text = dict(zip(texts, np.asarray(await self.embedder.embed(texts), dtype=np.float32), strict=True))
-            if len(self._vectors) >= _MAX_CACHED_BLOCKS:
+            if sum(map(len, self._vectors.values())) + len(by_text) > _MAX_CACHED_VECTORS:
                 self._vectors.clear()
             self._vectors[key] = by_text
         asked = np.asarray(await self.embedder.embed([question]), dtype=np.float32)[0]
