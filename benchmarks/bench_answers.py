@@ -46,6 +46,13 @@ Sets (``--set``):
 - ``pydoc5``: #33 round 6's held-out set, written and committed before any change of round 6 and any run on it:
   ``benchmarks/data/python_docs5_questions.jsonl`` over ten more python3-doc pages (:data:`PYDOC5_PAGES`).
   Looked at once, with ``--half all``, at the end of the round.
+- ``pydoc6``, ``small-heldout4`` and ``sample4``: #33 round 7's held-out sets, written and committed by a helper
+  before any change of round 7 and any run on them: ``pydoc6`` is ``benchmarks/data/python_docs6_questions.jsonl``
+  over ten more python3-doc pages (:data:`PYDOC6_PAGES`); ``small-heldout4`` is
+  ``benchmarks/data/small_kb_heldout4_questions.jsonl`` over ``benchmarks/data/small_kbs_heldout4/`` (a language
+  school, a self-storage company, a campsite; 4-5 one-paragraph pages each); ``sample4`` is
+  ``benchmarks/data/sample_kb_questions_v4.jsonl`` over the sample knowledge base (facts not asked by ``sample``,
+  ``sample2`` or ``sample3``). Looked at once, with ``--half all``, at the end of the round.
 
 **Before and after in one run.** ``--before SRC`` runs the same questions a second time with ``ragloop``
 imported from ``SRC`` (an exported ``src/`` of another commit, e.g. ``git archive main src | tar -x -C
@@ -110,12 +117,18 @@ PYDOC5_PAGES = (
     "fractions.html", "decimal.html", "tarfile.html", "configparser.html", "zoneinfo.html",
     "ipaddress.html", "timeit.html", "concurrent.futures.html", "traceback.html", "mimetypes.html",
 )  # fmt: skip
+#: The pages of ``PYDOC`` the ``pydoc6`` set indexes: none of the earlier sets' pages (#33 round 7's held-out set).
+PYDOC6_PAGES = (
+    "gzip.html", "pickle.html", "getpass.html", "hmac.html", "html.html",
+    "queue.html", "atexit.html", "filecmp.html", "tomllib.html", "graphlib.html",
+)  # fmt: skip
 PYDOC_SETS = {
     "pydoc": PYDOC_PAGES,
     "pydoc2": PYDOC2_PAGES,
     "pydoc3": PYDOC3_PAGES,
     "pydoc4": PYDOC4_PAGES,
     "pydoc5": PYDOC5_PAGES,
+    "pydoc6": PYDOC6_PAGES,
 }
 SETS = {
     "sample": (_answers.DATA / "sample_kb_questions.jsonl", None),
@@ -132,8 +145,11 @@ SETS = {
     "small-heldout3": (_answers.DATA / "small_kb_heldout3_questions.jsonl", _answers.DATA / "small_kbs_heldout3"),
     "sample3": (_answers.DATA / "sample_kb_questions_v3.jsonl", None),
     "pydoc5": (_answers.DATA / "python_docs5_questions.jsonl", PYDOC),
+    "pydoc6": (_answers.DATA / "python_docs6_questions.jsonl", PYDOC),
+    "small-heldout4": (_answers.DATA / "small_kb_heldout4_questions.jsonl", _answers.DATA / "small_kbs_heldout4"),
+    "sample4": (_answers.DATA / "sample_kb_questions_v4.jsonl", None),
 }
-SMALL_SETS = ("small", "small-heldout", "small-heldout2", "small-heldout3")
+SMALL_SETS = ("small", "small-heldout", "small-heldout2", "small-heldout3", "small-heldout4")
 HEADLINE = ("answer_at_1", "answer_any", "false_none", "honest_none", "reply_chars_median")
 
 
