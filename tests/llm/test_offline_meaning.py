@@ -97,65 +97,6 @@ class TestAbstentionByMeaning:
         assert AbstainRule().supported(score, meaning, cosine) == AbstainRule().supported(score, meaning)
 
 
-class TestAbstentionBySentence:
-    """On a small knowledge base a passage's cosine dilutes the one sentence that answers: the abstention weighs
-    the sentences' cosines (``meant``, :meth:`OfflineAnswerer.weigh`) as it weighs the passage's."""
-
-    PAGE = (
-        "A monthly membership costs 52 euros and renews each month. A ten-visit card never expires. "
-        "Climbers under 14 must be supervised by an adult."
-    )
-    SENTENCE = "Climbers under 14 must be supervised by an adult."
-
-    def _answerer(self) -> OfflineAnswerer:
-        return OfflineAnswerer(CorpusStats.from_texts([self.PAGE]), abstain_rule=AbstainRule.small())
-
-    def test_a_sentence_that_means_the_question_supports_an_answer(self) -> None:
-        """The passage's own cosine (0.24) is under the small rule's bar, its sentence's (0.49) is over it: no
-        abstention with the sentences weighed, an abstention without them or with them under the bar."""
-        question = "My daughter is 11, can she climb alone?"
-        block, hits = [_block(1, self.PAGE, None)], [Hit(Chunk("c1", self.PAGE), score=1.0, scores={"dense": 0.24})]
-        answerer = self._answerer()
-        assert answerer.abstain(question, block, hits, meant={self.SENTENCE: 0.49}) is None
-        assert answerer.abstain(question, block, hits) is not None
-        assert answerer.abstain(question, block, hits, meant={self.SENTENCE: 0.30}) is not None
-
-    def test_a_sentence_that_means_it_covers_a_name_in_other_words(self) -> None:
-        """A capitalised word the pages never spell ("Saturdays") is no unknown name when a sentence means it."""
-        question = "Can kids climb on Saturdays?"
-        block = [_block(1, self.PAGE, None)]
-        assert self._answerer().abstain(question, block, [], meant={self.SENTENCE: 0.45}) is None
-        found = self._answerer().abstain(question, block, [], meant={self.SENTENCE: 0.2})
-        assert found is not None and found.unknown == ("Saturdays",)
-
-    @given(chunk=st.floats(-1, 1), sentences=st.lists(st.floats(-1, 1), max_size=4), extra=st.floats(-1, 1))
-    def test_a_closer_sentence_never_turns_support_into_abstention(
-        self, chunk: float, sentences: list[float], extra: float
-    ) -> None:
-        """Weighing more sentences, or none, never refuses what the passage alone supported."""
-        question = "My daughter is 11, can she climb alone?"
-        block, hits = [_block(1, self.PAGE, None)], [Hit(Chunk("c1", self.PAGE), score=1.0, scores={"dense": chunk})]
-        meant = {f"s{i}": c for i, c in enumerate(sentences)}
-        answerer = self._answerer()
-        if answerer.abstain(question, block, hits) is None:
-            assert answerer.abstain(question, block, hits, meant=meant) is None
-        if answerer.abstain(question, block, hits, meant=meant) is None:
-            assert answerer.abstain(question, block, hits, meant={**meant, "more": extra}) is None
-
-    async def test_only_a_small_knowledge_base_is_weighed(self) -> None:
-        """:meth:`OfflineAnswerer.weigh` gives the sentences' cosines under the small rule (with an embedder),
-        ``None`` on a calibrated corpus (its evidence by meaning is its passages' cosine) or without one."""
-        blocks = [_block(1, self.PAGE, 0.3)]
-        small = OfflineAnswerer(STATS, abstain_rule=AbstainRule.small(), embedder=_Counting(), meaning_at=0.4)
-        weighed = await small.weigh("can kids climb", blocks)
-        assert weighed is not None and self.SENTENCE in weighed
-        calibrated = OfflineAnswerer(
-            STATS, abstain_rule=AbstainRule(dense_at=0.5), embedder=_Counting(), meaning_at=0.5
-        )
-        assert await calibrated.weigh("can kids climb", blocks) is None
-        assert await OfflineAnswerer(STATS, abstain_rule=AbstainRule.small()).weigh("can kids climb", blocks) is None
-
-
 class _Embedder:
     name, dim = "fake", 4
 

@@ -406,37 +406,6 @@ class TestAbstain:
         await turn_node("answer", answerer=OfflineAnswerer(STATS), abstainer=Broken())(state)
         assert state.outcome == "context" and "no statistics" in state.errors[0]
 
-    async def test_a_weighing_abstainer_is_weighed_first(self) -> None:
-        """An abstainer that weighs (the offline answerer on a small knowledge base) is awaited before it
-        judges, and what it weighed reaches its judgment as ``meant``."""
-        seen: list[object] = []
-
-        class Weighs:
-            async def weigh(self, question: str, blocks: object) -> dict[str, float]:
-                return {"that sentence": 0.9}
-
-            def abstain(self, question: str, blocks: object, hits: object, *, meant: object = None) -> None:
-                seen.append(meant)
-
-        state = _found("How do I configure SSO?", OFFLINE_CORPUS[0])
-        await turn_node("answer", answerer=OfflineAnswerer(STATS), abstainer=Weighs())(state)
-        assert seen == [{"that sentence": 0.9}] and state.outcome == "context"
-
-    async def test_a_failing_weigh_leaves_the_abstention_to_its_other_evidence(self) -> None:
-        """A weigh that raises is recorded; the abstainer judges without ``meant``."""
-        seen: list[object] = []
-
-        class Broken:
-            async def weigh(self, question: str, blocks: object) -> dict[str, float]:
-                raise ValueError("embedder down")
-
-            def abstain(self, question: str, blocks: object, hits: object, *, meant: object = None) -> None:
-                seen.append(meant)
-
-        state = _found("How do I configure SSO?", OFFLINE_CORPUS[0])
-        await turn_node("answer", answerer=OfflineAnswerer(STATS), abstainer=Broken())(state)
-        assert seen == [None] and any("embedder down" in e for e in state.errors)
-
     def test_the_default_turn_abstains_with_the_offline_answerer(self) -> None:
         """The default turn's answer node abstains through the offline answerer, first or as the fallback."""
         offline = OfflineAnswerer(STATS)

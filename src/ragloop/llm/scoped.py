@@ -27,7 +27,7 @@ import array
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -286,26 +286,7 @@ class ScopedAnswerer(_Scoped):
         text: str = judge.compose(question, blocks, outcome, missing=missing, direct_reply=direct_reply)
         return text
 
-    async def weigh(self, question: str, blocks: Sequence[ContextBlock]) -> Mapping[str, float] | None:
-        """The scope's answerer's evidence by meaning for :meth:`abstain` (``None`` when it does not weigh)."""
-        judge = getattr(self.knowledge.current(), self.role)
-        weigh = getattr(judge, "weigh", None)
-        found: Mapping[str, float] | None = await weigh(question, blocks) if weigh is not None else None
-        return found
-
-    def abstain(
-        self,
-        question: str,
-        blocks: Sequence[ContextBlock],
-        hits: Sequence[Hit],
-        *,
-        meant: Mapping[str, float] | None = None,
-    ) -> Abstention | None:
+    def abstain(self, question: str, blocks: Sequence[ContextBlock], hits: Sequence[Hit]) -> Abstention | None:
         """The scope's answerer's abstention: names the scope's chunks never mention."""
-        judge = getattr(self.knowledge.current(), self.role)
-        found: Abstention | None = (
-            judge.abstain(question, blocks, hits, meant=meant)
-            if meant is not None
-            else judge.abstain(question, blocks, hits)
-        )
+        found: Abstention | None = getattr(self.knowledge.current(), self.role).abstain(question, blocks, hits)
         return found

@@ -11,7 +11,7 @@ produce an honest answer from whatever the state holds.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import attrs
@@ -178,62 +178,19 @@ class Abstainer(Protocol):
         ...
 
 
-@runtime_checkable
-class Weighing(Protocol):
-    """An abstainer that weighs the chosen blocks by meaning first (the offline answerer on a small knowledge
-    base: each sentence's cosine with the question), which takes I/O; :meth:`Answer.__call__` awaits it."""
-
-    async def weigh(self, question: str, blocks: Sequence[ContextBlock]) -> Mapping[str, float] | None:
-        """Evidence by meaning for :meth:`abstain`'s ``meant`` (``None``: none to give)."""
-        ...
-
-    def abstain(
-        self,
-        question: str,
-        blocks: Sequence[ContextBlock],
-        hits: Sequence[Hit],
-        *,
-        meant: Mapping[str, float] | None = None,
-    ) -> Abstention | None:
-        """:meth:`Abstainer.abstain`, with what :meth:`weigh` gave."""
-        ...
-
-
-async def weigh(abstainer: Abstainer, state: TurnState) -> Mapping[str, float] | None:
-    """The abstainer's evidence by meaning for the chosen blocks, when it weighs (:class:`Weighing`) and the
-    turn would be answered from them; a failure is recorded and leaves none (the abstention decides without)."""
-    if not isinstance(abstainer, Weighing) or not _abstains_on(state):
-        return None
-    try:
-        return await abstainer.weigh(state.question, state.blocks)
-    except Exception as exc:  # noqa: BLE001 — fail-open: the abstention decides on its other evidence
-        state.errors.append(f"answer: weigh: {error_text(exc)}")
-        return None
-
-
-def _abstains_on(state: TurnState) -> bool:
-    """Whether :func:`abstain` judges this turn: context from the knowledge base, no live or planned context."""
-    if state.outcome not in ("context", "partial") or not state.blocks or state.plan is not None:
-        return False
-    return not any(lookup.accepted for lookup in state.live)
-
-
-def abstain(abstainer: Abstainer, state: TurnState, meant: Mapping[str, float] | None = None) -> None:
+def abstain(abstainer: Abstainer, state: TurnState) -> None:
     """The calibrated abstention, before anything streams: when the abstainer finds that the chosen blocks do
     not support an answer, the outcome becomes ``none``, no block is handed on (so nothing is cited), and
     ``missing`` names what the knowledge base never mentions. A question of several parts whose other parts
     were answered and never name it becomes ``partial`` instead. Turns with live or planned context (exact
-    records, SQL rows) are left alone; an abstainer failure leaves the outcome as it is (recorded). ``meant``:
-    a weighing abstainer's evidence by meaning (:func:`weigh`), handed to it as ``meant``.
+    records, SQL rows) are left alone; an abstainer failure leaves the outcome as it is (recorded).
     """
-    if not _abstains_on(state):
+    if state.outcome not in ("context", "partial") or not state.blocks or state.plan is not None:
+        return
+    if any(lookup.accepted for lookup in state.live):
         return
     try:
-        hits = ranked_hits(state)
-        if meant is not None and isinstance(abstainer, Weighing):
-            found = abstainer.abstain(state.question, state.blocks, hits, meant=meant)
-        else:
-            found = abstainer.abstain(state.question, state.blocks, hits)
+        found = abstainer.abstain(state.question, state.blocks, ranked_hits(state))
     except Exception as exc:  # noqa: BLE001 — fail-open: without a verdict the reply is written as before
         state.errors.append(f"answer: abstain: {error_text(exc)}")
         return
@@ -307,7 +264,7 @@ class Answer:
 
     async def __call__(self, state: TurnState) -> str:
         await rank(state, self.ranker or self.default_ranking, self.default_ranking, self.rank_timeout_s)
-        await _choose_weighed(state, self.max_blocks, self.abstainer)
+        _choose(state, self.max_blocks, self.abstainer)
         history: Sequence[Message] = state.history
         if self.budget is not None:
             state.blocks, history, state.prompt_cuts = self.budget.fit(state.blocks, state.history)
@@ -437,20 +394,11 @@ async def note_stale(state: TurnState, freshness: Freshness) -> None:
 
 def _choose(state: TurnState, max_blocks: int, abstainer: Abstainer | None = None) -> None:
     """Set the outcome, the unanswered queries and the numbered blocks (abstaining when they do not support an
-    answer); start an empty reply with no page numbered. Pure and fast (no weighing): the deadline's salvage."""
+    answer); start an empty reply with no page numbered."""
     state.outcome, state.missing = decide_outcome(state)
     state.blocks = build_blocks(state, max_blocks) if state.outcome != "direct" else ()
     if abstainer is not None:
         abstain(abstainer, state)
-    state.answer, state.cited = "", []
-
-
-async def _choose_weighed(state: TurnState, max_blocks: int, abstainer: Abstainer | None = None) -> None:
-    """:func:`_choose`, with a weighing abstainer's evidence by meaning (:func:`weigh`) for the abstention."""
-    state.outcome, state.missing = decide_outcome(state)
-    state.blocks = build_blocks(state, max_blocks) if state.outcome != "direct" else ()
-    if abstainer is not None:
-        abstain(abstainer, state, await weigh(abstainer, state))
     state.answer, state.cited = "", []
 
 

@@ -363,31 +363,14 @@ class OfflineAnswerer:
         clean = evolve(unit, text=text)
         return Scored(clean, terms | header, frozenset(own | (wanted & context)), rel, frozenset(), "")
 
-    async def weigh(self, question: str, blocks: Sequence[ContextBlock]) -> Mapping[str, float] | None:
-        """On a knowledge base too small to calibrate on (the rule's ``meaning_at`` set, with an embedder): each
-        sentence's cosine with the question, for :meth:`abstain`'s ``meant`` (the sentences of the blocks
-        :meth:`dense_scores` weighs, the vectors it keeps). ``None`` elsewhere: a calibrated corpus's evidence
-        by meaning is its passages' own cosine (the rule's ``dense_at``)."""
-        if self.abstain_rule.meaning_at is None or self.meaning_at is None:
-            return None
-        return await self.dense_scores(question, blocks)
-
-    def abstain(
-        self,
-        question: str,
-        blocks: Sequence[ContextBlock],
-        hits: Sequence[Hit],
-        *,
-        meant: Mapping[str, float] | None = None,
-    ) -> Abstention | None:
+    def abstain(self, question: str, blocks: Sequence[ContextBlock], hits: Sequence[Hit]) -> Abstention | None:
         """Why ``blocks`` (the passages found, ``hits`` their search results best first) do not support an
         answer to ``question``, or ``None`` when they do (see :mod:`._abstain`): a name the corpus never
         mentions (unless, with the rule's ``meaning_at``, a kept passage means the question: "Saturdays" over a
         page about weekends), or an evidence score below the rule's threshold (the lead's relevance without the
         how-to bonus, which picks a definition but is no evidence; and, with ``meaning_at``, no kept passage that
-        close to the question by its dense cosine, nor a sentence of one by ``meant``, :meth:`weigh`'s cosines;
-        with ``dense_at``, no kept passage the question's own search found that close). Needs corpus
-        statistics (``None`` without)."""
+        close to the question by its dense cosine; with ``dense_at``, no kept passage the question's own search
+        found that close). Needs corpus statistics (``None`` without)."""
         if self.stats is None:
             return None
         rule = self.abstain_rule
@@ -397,10 +380,6 @@ class OfflineAnswerer:
         score = rule.score(lead, [h.confidence for h in hits])
         kept = {b.chunk_id for b in blocks}
         meaning = max((h.scores.get("dense", 0.0) for h in hits if h.id in kept), default=0.0)
-        # A passage's cosine dilutes the one sentence that answers among those that do not ("My son is 15, can
-        # he sign up?" is 0.24 from the memberships page, 0.49 from its "Members under 18 need a parent's
-        # signature"): the grader keeps a passage on that sentence, and the abstention weighs it the same way.
-        meaning = max(meaning, max((meant or {}).values(), default=0.0))
         if unknown and not rule.means(meaning):  # a passage that means it covers the name in other words
             why = f"the knowledge base never mentions {join_quoted(unknown)}"
             return Abstention(score, rule.threshold, unknown, why)

@@ -44,8 +44,6 @@ SMALL_THRESHOLD = 0.35
 #: On a small knowledge base, a kept passage whose dense cosine with the question is at least this supports an
 #: answer whatever its term coverage (:attr:`AbstainRule.meaning_at`): MiniLM, both halves of
 #: ``bench_answers.py --set small``: the 12 questions outside those knowledge bases at most 0.35 on any top hit.
-#: A sentence of a kept passage that close counts too (``OfflineAnswerer.abstain``'s ``meant``): the bar the
-#: grader keeps a small knowledge base's passage on (``OfflineGrader.small_meaning_at``), not a new one.
 SMALL_MEANING = 0.40
 #: Words this long that are one edit away from a known word are typos, not names.
 TYPO_MIN_LETTERS = 6
