@@ -53,6 +53,13 @@ Sets (``--set``):
   school, a self-storage company, a campsite; 4-5 one-paragraph pages each); ``sample4`` is
   ``benchmarks/data/sample_kb_questions_v4.jsonl`` over the sample knowledge base (facts not asked by ``sample``,
   ``sample2`` or ``sample3``). Looked at once, with ``--half all``, at the end of the round.
+- ``pydoc7``, ``small-heldout5`` and ``sample5``: #33 round 8's held-out sets, written and committed before any change
+  of round 8 and any run on them (by a helper): ``pydoc7`` is ``benchmarks/data/python_docs7_questions.jsonl`` over
+  ten more python3-doc pages (:data:`PYDOC7_PAGES`); ``small-heldout5`` is
+  ``benchmarks/data/small_kb_heldout5_questions.jsonl`` over ``benchmarks/data/small_kbs_heldout5/`` (a hostel, a
+  driving school, a piano tuner; 4-5 one-paragraph pages each); ``sample5`` is
+  ``benchmarks/data/sample_kb_questions_v5.jsonl`` over the sample knowledge base (facts not asked by ``sample``,
+  ``sample2``, ``sample3`` or ``sample4``). Looked at once, with ``--half all``, at the end of the round.
 
 **Before and after in one run.** ``--before SRC`` runs the same questions a second time with ``ragloop``
 imported from ``SRC`` (an exported ``src/`` of another commit, e.g. ``git archive main src | tar -x -C
@@ -122,6 +129,11 @@ PYDOC6_PAGES = (
     "gzip.html", "pickle.html", "getpass.html", "hmac.html", "html.html",
     "queue.html", "atexit.html", "filecmp.html", "tomllib.html", "graphlib.html",
 )  # fmt: skip
+#: The pages of ``PYDOC`` the ``pydoc7`` set indexes: none of the earlier sets' pages (#33 round 8's held-out set).
+PYDOC7_PAGES = (
+    "zlib.html", "unicodedata.html", "weakref.html", "array.html", "sched.html",
+    "shelve.html", "signal.html", "webbrowser.html", "platform.html", "locale.html",
+)  # fmt: skip
 PYDOC_SETS = {
     "pydoc": PYDOC_PAGES,
     "pydoc2": PYDOC2_PAGES,
@@ -129,6 +141,7 @@ PYDOC_SETS = {
     "pydoc4": PYDOC4_PAGES,
     "pydoc5": PYDOC5_PAGES,
     "pydoc6": PYDOC6_PAGES,
+    "pydoc7": PYDOC7_PAGES,
 }
 SETS = {
     "sample": (_answers.DATA / "sample_kb_questions.jsonl", None),
@@ -148,8 +161,11 @@ SETS = {
     "pydoc6": (_answers.DATA / "python_docs6_questions.jsonl", PYDOC),
     "small-heldout4": (_answers.DATA / "small_kb_heldout4_questions.jsonl", _answers.DATA / "small_kbs_heldout4"),
     "sample4": (_answers.DATA / "sample_kb_questions_v4.jsonl", None),
+    "pydoc7": (_answers.DATA / "python_docs7_questions.jsonl", PYDOC),
+    "small-heldout5": (_answers.DATA / "small_kb_heldout5_questions.jsonl", _answers.DATA / "small_kbs_heldout5"),
+    "sample5": (_answers.DATA / "sample_kb_questions_v5.jsonl", None),
 }
-SMALL_SETS = ("small", "small-heldout", "small-heldout2", "small-heldout3", "small-heldout4")
+SMALL_SETS = ("small", "small-heldout", "small-heldout2", "small-heldout3", "small-heldout4", "small-heldout5")
 HEADLINE = ("answer_at_1", "answer_any", "false_none", "honest_none", "reply_chars_median")
 
 

@@ -51,7 +51,9 @@ class TestQuestionSets:
             assert 3 <= len(kb_pages) <= 20
             assert _answers.unsupported_facts([q for q in small if q["kb"] == kb], kb_pages) == []
 
-    @pytest.mark.parametrize("name", ["small-heldout", "small-heldout2", "small-heldout3", "small-heldout4"])
+    @pytest.mark.parametrize(
+        "name", ["small-heldout", "small-heldout2", "small-heldout3", "small-heldout4", "small-heldout5"]
+    )
     def test_heldout_small_kbs_are_sound(self, name: str) -> None:
         """The held-out small knowledge bases: 3 of them, each of 3-20 pages; every fact of an answerable
         question is in a page of its own knowledge base, and each holds questions outside it too."""
@@ -71,7 +73,7 @@ class TestQuestionSets:
         ids = [q["id"] for q in small]
         assert len(ids) == len(set(ids))
 
-    @pytest.mark.parametrize("name", ["sample3", "sample4"])
+    @pytest.mark.parametrize("name", ["sample3", "sample4", "sample5"])
     def test_heldout_sample_sets_are_sound(self, name: str) -> None:
         """A held-out set over the sample knowledge base: every fact group of an answerable question (a comparison
         has one per side) is in a sample page it lists, it holds 20 answerable and 10 outside questions, and it
@@ -86,14 +88,19 @@ class TestQuestionSets:
         assert all(len(q["facts"]) >= 2 for q in questions if q["kind"] == "comparison")
         earlier = {
             _answers.normalise(q["question"])
-            for old in ("sample_kb_questions.jsonl", "sample_kb_questions_v2.jsonl", "sample_kb_questions_v3.jsonl")
+            for old in (
+                "sample_kb_questions.jsonl",
+                "sample_kb_questions_v2.jsonl",
+                "sample_kb_questions_v3.jsonl",
+                "sample_kb_questions_v4.jsonl",
+            )
             if _answers.DATA / old != path
             for q in _answers.load_set(_answers.DATA / old)
         }
         assert not [q["id"] for q in questions if _answers.normalise(q["question"]) in earlier]
 
     @pytest.mark.skipif(not bench_answers.PYDOC.is_dir(), reason="Debian's python3-doc is not installed")
-    @pytest.mark.parametrize("name", ["pydoc", "pydoc2", "pydoc3", "pydoc4", "pydoc5", "pydoc6"])
+    @pytest.mark.parametrize("name", ["pydoc", "pydoc2", "pydoc3", "pydoc4", "pydoc5", "pydoc6", "pydoc7"])
     def test_pydoc_facts_are_in_their_pages(self, name: str) -> None:
         """Every fact of a python3-doc set is in the text ingest extracts from a page it lists (of the set's
         pages), so the set measures the answerer, not the HTML loader; the sets share no page."""
