@@ -45,8 +45,6 @@ _LINE = re.compile(r"\n")
 #: Before a signature's parameters: a repeated term too long for its room keeps the API's name.
 _PARAMS = re.compile(r"(?=[(\[])")
 _ITEM = re.compile(r"\n(?=[ \t]*(?:[-*+]|[0-9]{1,9}[.)])[ \t])")
-#: Share of a chunk's budget past which a definition's term starts a new chunk (see :func:`_pack_section`).
-DEFINITION_FILL = 0.0
 #: Blocks longer than this (characters) are cut without being counted whole first.
 _COUNT_WHOLE_CHARS = 65_536
 
@@ -206,11 +204,7 @@ def _pack_section(
         tokens = sum(u.tokens for u in group)
         size = sum(len(u.joiner) for u in group[1:]) + sum(len(u.text) for u in group)
         grown = chars + (len(group[0].joiner) if current else 0) + size
-        # A definition (an API's signature and description) opens a chunk of its own once the chunk holds half its
-        # budget: packed behind other APIs' text, its vector was theirs ("calendar.isleap" behind
-        # "setfirstweekday" and "firstweekday" never reached the top hits for "check whether a year is a leap year").
-        opens = group[0].is_term and used >= target * DEFINITION_FILL
-        if current and (used + tokens > target or grown > limit_chars or opens):
+        if current and (used + tokens > target or grown > limit_chars):
             pieces.append(_piece(current, path, anchor, head[0]))
             current, used, grown = [], 0, size
         if not current:  # a piece that starts inside a description says the term first
