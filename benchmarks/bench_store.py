@@ -641,20 +641,26 @@ async def _quality_phase(
         _save(report, Path(args.out))
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+def start_server(pgdata: Path, *, fresh: bool = False) -> Any:
+    """A real PostgreSQL with pgvector (the ``pgserver`` wheel) on ``pgdata``, emptied first when ``fresh``;
+    stopped when the process exits."""
     import pgserver
 
+    if fresh:
+        shutil.rmtree(pgdata, ignore_errors=True)
+    pgdata.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pgserver.get_server(pgdata, cleanup_mode="stop")  # type: ignore[attr-defined]
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     beir = Path(args.beir)
     queries = load_queries(beir)
     qrels = {q: r for q, r in load_qrels(beir, args.split).items() if q in queries}
     chunks = list(ingest_path(beir).chunks)
     pgdata = Path(args.pgdata)
-    if args.fresh:
-        shutil.rmtree(pgdata, ignore_errors=True)
-    pgdata.parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        server = pgserver.get_server(pgdata, cleanup_mode="stop")  # type: ignore[attr-defined]
+    server = start_server(pgdata, fresh=args.fresh)
     url, pid = server.get_uri(), server.get_pid()
     report: dict[str, Any] = {
         "corpus": str(beir),

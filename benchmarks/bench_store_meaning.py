@@ -26,7 +26,6 @@ import gc
 import json
 import os
 import platform
-import shutil
 import sys
 import tempfile
 import time
@@ -147,15 +146,9 @@ def _scopes(corpus: Any, dim: int) -> dict[str, Any]:
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
-    import pgserver
+    from bench_store import start_server
 
-    pgdata = Path(args.pgdata)
-    if args.fresh:
-        shutil.rmtree(pgdata, ignore_errors=True)
-    pgdata.parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        server = pgserver.get_server(pgdata, cleanup_mode="stop")  # type: ignore[attr-defined]
+    server = start_server(Path(args.pgdata), fresh=args.fresh)
     url = server.get_uri()
     collection = "meaning" if args.limit is None else f"meaning{args.limit}"
     report: dict[str, Any] = {

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ragloop.chat import ChatRAG
+from ragloop.chat import ChatRAG, Reply
 from ragloop.retrievers.embed import MiniLMEmbedder
 from ragloop.retrievers.index import KnowledgeIndex
 from ragloop.retrievers.ingest import ingest_path
@@ -38,6 +38,13 @@ OUTSIDE = (
     "Is there a graphical user interface?",
     "How much does a commercial licence cost?",
 )
+
+
+def assert_answered_from(reply: Reply, page: str) -> None:
+    """The reply answers (``context`` or ``partial``, not abstained) and cites ``page`` first."""
+    assert reply.outcome in ("context", "partial"), reply.text
+    assert reply.citations and Path(reply.citations[0].source).name == page
+    assert reply.record.abstention is None
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +72,7 @@ class TestMeaningOnAUsersKnowledgeBase:
             reply = await rag.ask(question)
         finally:
             await rag.aclose()
-        assert reply.outcome in ("context", "partial"), reply.text
-        assert reply.citations and Path(reply.citations[0].source).name == page
-        assert reply.record.abstention is None
+        assert_answered_from(reply, page)
 
     @pytest.mark.parametrize("question", OUTSIDE)
     async def test_a_question_the_manual_does_not_answer_is_refused(

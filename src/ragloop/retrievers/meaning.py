@@ -135,10 +135,11 @@ def calibrate_meaning(
         return None
     doc_ids = {d: i for i, d in enumerate(dict.fromkeys([*docs, *question_docs]))}
     chunk_doc = np.fromiter((doc_ids[d] for d in docs), dtype=np.int64, count=len(docs))
+    question_doc = np.fromiter((doc_ids[d] for d in question_docs), dtype=np.int64, count=len(question_docs))
     nulls = np.full(len(question_docs), -np.inf, dtype=np.float32)
     for start in range(0, len(docs), 8192):  # bounded memory on a large corpus
         sims = q @ v[start : start + 8192].T
-        own = chunk_doc[start : start + 8192][None, :] == np.array([doc_ids[d] for d in question_docs])[:, None]
+        own = chunk_doc[start : start + 8192][None, :] == question_doc[:, None]
         sims[own] = -np.inf
         nulls = np.maximum(nulls, sims.max(axis=1, initial=-np.inf))
     measured = nulls[np.isfinite(nulls)]
