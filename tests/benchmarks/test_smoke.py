@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).parents[2]
@@ -221,3 +222,27 @@ class TestBenchMeaning:
         assert "repeat" not in report["turns"]["after"]  # one round: every question asked once
         assert 0.40 <= report["threshold"] <= 0.85 and report["pseudo_questions"] >= 20
         assert 0.0 <= report["turns"]["replies_that_differ"] <= 1.0
+
+
+class TestBenchGapSeparation:
+    def test_a_topic_nearer_to_another_than_to_itself_has_a_negative_margin(self) -> None:
+        """Topic a's two questions are orthogonal, and each is close to one of topic b's."""
+        sys.path.insert(0, str(BENCH))
+        from bench_gap_separation import separation
+
+        vectors = np.array([[1.0, 0.0], [0.0, 1.0], [0.8, 0.6], [0.6, 0.8]], dtype=np.float32)
+        rows = {r["topic"]: r for r in separation({"a": ["q1", "q2"], "b": ["q3", "q4"]}, vectors)}
+        assert rows["a"]["weakest_link"] == 0.0 and rows["a"]["nearest_crossing"] == pytest.approx(0.8)
+        assert rows["a"]["margin"] < 0
+
+    def test_writes_each_sets_topics_and_the_summary(self, tmp_path: Path) -> None:
+        """One planted set through MiniLM: every topic measured, the summary counted, the table written."""
+        out = tmp_path / "separation.json"
+        done = subprocess.run(
+            [sys.executable, str(BENCH / "bench_gap_separation.py"), "--sets", "heldout-1", "--out", str(out)],
+            capture_output=True, text=True, timeout=120, cwd=ROOT,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        report = json.loads(out.read_text())
+        assert [r["topic"] for r in report["heldout-1"]] == ["whiteboard", "trello", "video"]
+        assert report["summary"]["topics"] == 3 and out.with_suffix(".txt").is_file()
