@@ -23,10 +23,12 @@ reporting dashboards, intake forms, a browser extension, team workload) was writ
 of #34 round 5 and any run on it: round 5's held-out set, looked at once, at the end of the round. ``heldout-6``
 (OKRs and goals, image and PDF annotation, inventory of equipment, e-signatures, social media posting) was written
 and committed by a helper before any change of #34 round 7 and any run on it: round 7's held-out set, to be looked at
-once, at the end of the round. Besides each topic's count it reports purity: any report topic that mixes a planted
-topic with another or with other questions.
+once, at the end of the round. ``heldout-7`` (screen-reader accessibility, maps and locations, files in cloud storage,
+bulk editing, a referral programme) was written and committed by a helper before any change of #34 round 9 and any
+run on it: round 9's held-out set, to be looked at once, at the end of the round. Besides each topic's count it
+reports purity: any report topic that mixes a planted topic with another or with other questions.
 
-Usage: ``nice python benchmarks/bench_gap_topics.py [--set heldout-1|…|heldout-6] [--embedder minilm|hash]``
+Usage: ``nice python benchmarks/bench_gap_topics.py [--set heldout-1|…|heldout-7] [--embedder minilm|hash]``
 """
 
 from __future__ import annotations
@@ -236,6 +238,41 @@ PLANTED_6: dict[str, list[str]] = {
         "Publish to Facebook at a set time?",
     ],
 }
+#: #34 round 9's held-out set, written (and committed) by a helper before any change of round 9 and any run on it.
+#: Topics the sample knowledge base does not cover and that overlap none of heldout-1..6, worded as different users
+#: would ask; at least one paraphrase per topic shares no content word with the rest of its topic.
+PLANTED_7: dict[str, list[str]] = {
+    "accessibility": [
+        "Does Lumen support screen readers like JAWS or NVDA?",
+        "Is the web app WCAG 2.1 AA compliant?",
+        "Accessibility statement or VPAT for our procurement team?",
+        "Can my blind colleague use it to keep track of his work?",
+    ],
+    "location": [
+        "Can I see tasks on a map?",
+        "Is there a map view in Lumen that plots where each job site is?",
+        "How do I give a task a street address and get driving directions to it?",
+        "GPS check-in for field technicians when they arrive at a customer's location?",
+    ],
+    "cloudstorage": [
+        "Can I attach files from Google Drive to a task?",
+        "Dropbox integration?",
+        "Is there a way to link a OneDrive or SharePoint document in Lumen instead of uploading a copy?",
+        "How do I open a spreadsheet kept on Box.com without downloading it first?",
+    ],
+    "bulkedit": [
+        "How do I edit many tasks at once?",
+        "Bulk update the assignee on a whole list of tasks?",
+        "Can I select 50 tasks in Lumen and change their due date together?",
+        "Move thirty cards to Done without dragging each one separately?",
+    ],
+    "referral": [
+        "Do you have a referral programme?",
+        "Is there an affiliate program for Lumen that pays commission?",
+        "Can I earn credit on our bill by referring other companies to Lumen?",
+        "If I recommend you to a friend's startup and they sign up, do I get a free month?",
+    ],
+}
 SETS = {
     "heldout-1": (PLANTED, 5),
     "heldout-2": (PLANTED_2, 11),
@@ -243,6 +280,7 @@ SETS = {
     "heldout-4": (PLANTED_4, 23),
     "heldout-5": (PLANTED_5, 29),
     "heldout-6": (PLANTED_6, 35),
+    "heldout-7": (PLANTED_7, 41),
 }
 START = 1_746_403_200.0  # 2025-05-05 00:00 UTC
 DAYS = 7
