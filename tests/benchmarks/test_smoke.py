@@ -246,3 +246,109 @@ class TestBenchGapSeparation:
         report = json.loads(out.read_text())
         assert [r["topic"] for r in report["heldout-1"]] == ["whiteboard", "trello", "video"]
         assert report["summary"]["topics"] == 3 and out.with_suffix(".txt").is_file()
+        assert 0.5 < report["summary"]["pair_auc"] <= 1.0 and "mpnet" not in report
+
+    def test_the_pair_auc_counts_same_topic_pairs_closer_than_pairs_across(self) -> None:
+        """Two topics of two orthogonal-ish pairs: AUC 1 when both topics' pairs are tight, 0.5 on a tie."""
+        sys.path.insert(0, str(BENCH))
+        from bench_gap_separation import auc, pair_auc
+
+        vectors = np.array([[1.0, 0.0], [0.96, 0.28], [0.0, 1.0], [0.28, 0.96]], dtype=np.float32)
+        same, cross = pair_auc({"a": ["q1", "q2"], "b": ["q3", "q4"]}, vectors)
+        assert len(same) == 2 and len(cross) == 4
+        assert auc(same, cross) == 1.0 and auc([0.5], [0.5]) == 0.5 and auc([0.1], [0.9]) == 0.0
+
+
+def _write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    header: dict[str, Any] = {}
+    blobs: list[bytes] = []
+    offset = 0
+    for name, array in tensors.items():
+        data = np.ascontiguousarray(array, dtype=np.float32).tobytes()
+        header[name] = {"dtype": "F32", "shape": list(array.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + b"".join(blobs))
+
+
+def _tiny_mpnet(folder: Path, *, padded_to: int = 16) -> None:
+    """A one-layer MPNet with random weights and a word-level tokenizer that pads to ``padded_to`` tokens, as
+    all-mpnet-base-v2's tokenizer.json pads to 128."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    words = ["<s>", "<pad>", "</s>", "<unk>", "how", "do", "i", "print", "a", "task", "list", "dark", "mode"]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    tokenizer.enable_padding(pad_id=1, pad_token="<pad>", length=padded_to)
+    folder.mkdir()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    hidden, heads, inner = 8, 2, 16
+    config = {"model_type": "mpnet", "hidden_size": hidden, "num_attention_heads": heads, "num_hidden_layers": 1,
+              "intermediate_size": inner, "layer_norm_eps": 1e-5, "pad_token_id": 1,
+              "relative_attention_num_buckets": 32}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    rng = np.random.default_rng(7)
+    t: dict[str, np.ndarray] = {
+        "embeddings.word_embeddings.weight": rng.normal(size=(len(words), hidden)),
+        "embeddings.position_embeddings.weight": rng.normal(size=(40, hidden)),
+        "embeddings.LayerNorm.weight": np.ones(hidden), "embeddings.LayerNorm.bias": np.zeros(hidden),
+        "encoder.relative_attention_bias.weight": rng.normal(size=(32, heads)),
+    }  # fmt: skip
+    p = "encoder.layer.0."
+    for name, shape in [("attention.attn.q", (hidden, hidden)), ("attention.attn.k", (hidden, hidden)),
+                        ("attention.attn.v", (hidden, hidden)), ("attention.attn.o", (hidden, hidden)),
+                        ("intermediate.dense", (inner, hidden)), ("output.dense", (hidden, inner))]:  # fmt: skip
+        t[p + name + ".weight"] = rng.normal(size=shape) / np.sqrt(shape[1])
+        t[p + name + ".bias"] = rng.normal(size=shape[0]) * 0.1
+    for norm in ("attention.LayerNorm", "output.LayerNorm"):
+        t[p + norm + ".weight"], t[p + norm + ".bias"] = np.ones(hidden), np.zeros(hidden)
+    _write_safetensors(folder / "model.safetensors", {"mpnet." + k: v for k, v in t.items()})
+
+
+class TestMPNetEncoder:
+    """benchmarks/_mpnet.py: all-mpnet-base-v2 in numpy, for comparing encoders (the real weights are not a
+    dependency; a tiny random model checks the mechanics)."""
+
+    def test_relative_buckets_match_t5s_bidirectional_buckets(self) -> None:
+        """Exact below 8 positions each way, logarithmic to 128, the last bucket past it; keys after the query in
+        the upper half."""
+        sys.path.insert(0, str(BENCH))
+        from _mpnet import relative_bucket
+
+        offsets = np.array([0, -1, 1, -7, 7, -8, -20, 20, -127, -200, 200])
+        assert relative_bucket(offsets).tolist() == [0, 1, 17, 7, 23, 8, 10, 26, 15, 15, 31]
+
+    def test_vectors_are_unit_and_do_not_depend_on_the_batch_or_the_tokenizers_padding(self, tmp_path: Path) -> None:
+        """A text's vector is the same alone and beside a longer one, and the tokenizer.json's padding (all-mpnet's
+        pads to 128) is switched off: a mean over pad tokens would move every vector toward the same point."""
+        sys.path.insert(0, str(BENCH))
+        from _mpnet import MPNetEncoder
+
+        _tiny_mpnet(tmp_path / "m")
+        encoder = MPNetEncoder(tmp_path / "m")
+        batch = encoder.embed(["print a task list", "dark mode"])
+        alone = encoder.embed(["dark mode"])
+        assert np.allclose(np.linalg.norm(batch, axis=1), 1.0, atol=1e-5)
+        assert np.allclose(batch[1], alone[0], atol=1e-6)
+        assert len(encoder._tokenizer.encode("dark mode").ids) == 4  # <s> dark mode </s>: no padding
+        assert encoder.embed([]).shape == (0, 8)
+
+    def test_a_folder_that_is_not_mpnet_says_what_is_wrong(self, tmp_path: Path) -> None:
+        sys.path.insert(0, str(BENCH))
+        from _mpnet import MPNetEncoder, read_safetensors
+
+        with pytest.raises(FileNotFoundError, match="missing"):
+            MPNetEncoder(tmp_path)
+        _tiny_mpnet(tmp_path / "m")
+        config = json.loads((tmp_path / "m" / "config.json").read_text())
+        (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "model_type": "bert"}))
+        with pytest.raises(ValueError, match="not mpnet"):
+            MPNetEncoder(tmp_path / "m")
+        raw = json.dumps({"x": {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]}}).encode()
+        (tmp_path / "bf16.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + b"\0\0")
+        with pytest.raises(ValueError, match="BF16"):
+            read_safetensors(tmp_path / "bf16.safetensors")
