@@ -352,3 +352,31 @@ class TestMPNetEncoder:
         (tmp_path / "bf16.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw + b"\0\0")
         with pytest.raises(ValueError, match="BF16"):
             read_safetensors(tmp_path / "bf16.safetensors")
+
+
+class TestBenchEncoderAbstention:
+    def test_the_auc_ranks_answerable_above_outside(self) -> None:
+        sys.path.insert(0, str(BENCH))
+        from bench_encoder_abstention import auc
+
+        assert auc([0.9, 0.8], [0.1, 0.2]) == 1.0 and auc([0.1], [0.9]) == 0.0 and auc([0.5], [0.5]) == 0.5
+
+    def test_each_small_knowledge_base_is_searched_alone(self) -> None:
+        """The small set's questions are split by their knowledge base, and every one is measured."""
+        sys.path.insert(0, str(BENCH))
+        from bench_encoder_abstention import corpora, measure
+
+        from ragloop.retrievers.embed import HashEmbedder
+
+        parts = corpora("small")
+        assert len(parts) == 3 and all(texts and questions for texts, questions in parts)
+        assert all(len({q["kb"] for q in questions}) == 1 for _, questions in parts)
+        row = measure("small", HashEmbedder().embed_sync)
+        assert row["answerable"] + row["outside"] == sum(len(qs) for _, qs in parts)
+        assert 0.0 <= row["auc"] <= 1.0
+
+    def test_round_eights_unseen_sets_are_not_in_the_default_list(self) -> None:
+        sys.path.insert(0, str(BENCH))
+        from bench_encoder_abstention import LOOKED_AT
+
+        assert not {"sample5", "small-heldout5", "pydoc7"} & set(LOOKED_AT)
