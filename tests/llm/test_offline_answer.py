@@ -372,6 +372,16 @@ class TestAbstain:
         assert unknown_names("Trello boards, how?", STATS) == ()  # the first word of a question
         assert unknown_names("How do I set up Okta for SSO?", STATS) == ()
         assert unknown_names("How do I set up Okta Verifyy?", STATS) == ()  # tied to the known "Okta"
+        # A quoted literal with a code symbol is a value the user supplies, not a name (#33: a struct format string
+        # refused the page that answers it); a quoted name, or one beside a literal, still counts.
+        assert unknown_names("How many bytes does a record with format '<IHf' take?", STATS) == ()
+        assert unknown_names('Does the pattern "[A-Z]+" match Trello?', STATS) == ("Trello",)
+        assert unknown_names("Is there a 'Trello' importer?", STATS) == ("Trello",)
+        # A compound is judged by its name-like parts: "SSO-heavy" is the known SSO with an ordinary word (#33:
+        # "CPU-heavy" refused the concurrent.futures page), "Trello-style" is still Trello.
+        assert unknown_names("How do I run SSO-heavy setups?", STATS) == ()
+        assert unknown_names("Is there a Trello-style board?", STATS) == ("Trello-style",)
+        assert unknown_names("Why doesn't Trello's 'x <= 5' work?", STATS) == ("Trello's",)
         assert unknown_names("Where is Configurationn for SAML?", STATS) == ()  # one edit from a known word
 
     def test_a_name_the_corpus_never_mentions_abstains(self) -> None:

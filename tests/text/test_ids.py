@@ -23,6 +23,22 @@ class TestExtractIds:
         """v-prefixed, three-part and 'version x.y' numbers are versions without the v."""
         assert extract_ids("v2.3 and 1.2.3, version 4.1")["version"] == {"2.3", "1.2.3", "4.1"}
 
+    def test_ipv4_addresses_are_not_versions(self) -> None:
+        """A dotted quad up to 255, with or without a CIDR prefix, is an address; four parts past 255, or one said
+        to be a version, is a version (#33: "is 10.1.2.3 inside 10.0.0.0/8?" refused every ipaddress page that
+        shows another address, as a version conflict)."""
+        assert extract_ids("Is 10.1.2.3 inside 10.0.0.0/8? Compare 192.168.0.1.") == {}
+        assert extract_ids("4.0.30319.42000, v1.2.3.4 and version 10.1.2.3")["version"] == {
+            "4.0.30319.42000", "1.2.3.4", "10.1.2.3",
+        }  # fmt: skip
+        assert not ids_conflict("Is 10.1.2.3 inside 10.0.0.0/8?", ">>> ip_address('192.168.0.1') in network")
+
+    @given(st.lists(st.integers(min_value=0, max_value=255), min_size=4, max_size=4))
+    def test_no_ipv4_address_is_a_version(self, octets: list[int]) -> None:
+        """Every dotted quad of octets, in prose or with a prefix length, names no identifier."""
+        address = ".".join(map(str, octets))
+        assert extract_ids(f"Block {address} and {address}/24 at the firewall") == {}
+
     def test_not_identifiers(self) -> None:
         """Decimals, URL fragments, HTML entities and lower-case identifiers in prose are not ids."""
         assert extract_ids("p < 0.05, page#12, &#1234; error_handler, e1234") == {}

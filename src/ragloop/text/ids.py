@@ -10,7 +10,10 @@ Normal forms:
 - ``error``: ``E`` codes as written upper-cased (``E1234``), ``ERR_…``/``ERROR_…`` constants upper-cased, and
   "error 404" / "error code 1234" / "status 503" → ``E404`` style.
 - ``version``: ``v2.3.1``, ``2.3.1`` (three or more parts) and "version 2.3" / "release 2.3" → ``2.3.1`` /
-  ``2.3`` (no ``v``; decimals like ``0.05`` alone are not versions).
+  ``2.3`` (no ``v``; decimals like ``0.05`` alone are not versions). A bare dotted quad of numbers up to 255
+  (``10.1.2.3``, ``10.0.0.0/8``) is an IPv4 address, not a version: a question's example address is a value,
+  not the name of a page, and taking it for a version made every page that shows another address
+  (``192.168.0.1``) conflict with it. Spelled as a version ("v1.2.3.4", "version 1.2.3.4") it still is one.
 """
 
 from __future__ import annotations
@@ -42,6 +45,12 @@ _VERSION = re.compile(
     r"|\b(?:version|release|ver\.?)\s+v?(\d+(?:\.\d+){0,3})(?![\w]|\.\d)",
     re.IGNORECASE,
 )
+
+
+def _ipv4(dotted: str) -> bool:
+    """Four parts, each at most 255: an IPv4 address (a version of four parts has a part past 255, or says so)."""
+    parts = dotted.split(".")
+    return len(parts) == 4 and all(len(p) <= 3 and int(p) <= 255 for p in parts)
 
 
 def _first_group(m: re.Match[str]) -> tuple[int, str]:
@@ -78,7 +87,10 @@ def _extract(text: str) -> tuple[tuple[IdKind, frozenset[str]], ...]:
         else:
             found.setdefault("error", set()).add("E" + value)
     for m in _VERSION.finditer(text):
-        found.setdefault("version", set()).add(_first_group(m)[1])
+        branch, value = _first_group(m)
+        if branch == 1 and _ipv4(value):
+            continue
+        found.setdefault("version", set()).add(value)
     return tuple((kind, frozenset(found[kind])) for kind in KINDS if kind in found)
 
 

@@ -59,8 +59,15 @@ def _near_known(word: str, stats: CorpusStats) -> bool:
 
 
 def _known(word: str, stats: CorpusStats) -> bool:
-    """Every content part of ``word`` is in the corpus (or it is a likely typo of a word that is)."""
-    parts = [p for p in tokenize(_POSSESSIVE.sub("", word)) if len(p) > 1 and p not in STOPWORDS]
+    """Every content part of ``word`` is in the corpus (or it is a likely typo of a word that is). In a hyphenated
+    compound only the parts that make it a name count: "CPU-heavy" is the name "CPU" with an ordinary word, and
+    a page that never says "heavy" still knows the CPU (the evidence score weighs the ordinary word)."""
+    word = _POSSESSIVE.sub("", word)
+    pieces = word.split("-")
+    named = [p for p in pieces if p[:1].isupper() or any(c.isdigit() for c in p)]
+    if len(pieces) > 1 and named and len(named) < len(pieces):
+        word = " ".join(named)
+    parts = [p for p in tokenize(word) if len(p) > 1 and p not in STOPWORDS]
     if not parts or all(stats.doc_freq(stem(p)) > 0 for p in parts):
         return True
     low = word.lower()
@@ -75,9 +82,20 @@ def _name_like(word: str, first: bool) -> bool:
     return (capital and not first) or mixed or (capital and any(c.isdigit() for c in word))
 
 
+#: A quoted span of the question that holds a code symbol: a literal value the user supplies (a format string
+#: ``'<IHf'``, a pattern ``"[A-Z]+"``, an expression ```x | y```), not a name to look up.
+_LITERAL = re.compile(r"""(?<![A-Za-z])(['"`])(?=\S)([^'"`\n]{1,80}?)(?<=\S)\1(?![A-Za-z])""")
+_CODE_SYMBOL = re.compile(r"[<>%{}\[\]\\^$*|=~]")
+
+
+def _without_literals(question: str) -> str:
+    return _LITERAL.sub(lambda m: " " if _CODE_SYMBOL.search(m.group(2)) else m.group(0), question)
+
+
 def unknown_names(question: str, stats: CorpusStats) -> tuple[str, ...]:
-    """Names in ``question`` the corpus never mentions (see the module docstring), in order."""
-    words = _WORD.findall(question)
+    """Names in ``question`` the corpus never mentions (see the module docstring), in order. A quoted literal
+    with a code symbol in it (``'<IHf'``: a format string the user supplies) names nothing."""
+    words = _WORD.findall(_without_literals(question))
     out: list[str] = []
     for i, word in enumerate(words):
         if not _name_like(word, i == 0) or word.lower() in STOPWORDS or _known(word, stats):
