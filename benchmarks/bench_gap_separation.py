@@ -15,6 +15,8 @@ larger general-purpose encoder separate the topics that MiniLM cannot?
 It asserts nothing; it prints a table per set and encoder and writes ``benchmarks/results/bench_gap_separation.json``
 and ``.txt`` (``bench_gap_separation-mpnet`` with ``--mpnet``).
 
+The default runs every planted set, an unseen one (``heldout-7``) included: name ``--sets`` to keep it unseen.
+
 Usage: ``python benchmarks/bench_gap_separation.py [--sets heldout-1,heldout-2,…] [--margin 0.05] [--mpnet DIR]``
 """
 
