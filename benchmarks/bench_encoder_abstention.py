@@ -24,8 +24,6 @@ Usage: ``nice python benchmarks/bench_encoder_abstention.py [--sets sample,small
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,8 +34,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _answers
 from bench_answers import PYDOC_SETS, SETS
+from bench_gap_separation import RESULTS, auc, write_results
 
-RESULTS = Path(__file__).resolve().parent / "results"
 #: The sets earlier rounds looked at (tuning data now); round 8's are left out on purpose.
 LOOKED_AT = (
     "sample", "sample2", "sample3", "sample4", "small", "small-heldout", "small-heldout2", "small-heldout3",
@@ -45,15 +43,11 @@ LOOKED_AT = (
 )  # fmt: skip
 
 Embed = Callable[[Sequence[str]], np.ndarray]
+#: A set's knowledge bases: each one's chunk texts and the questions asked of it.
+Corpora = list[tuple[list[str], list[dict[str, Any]]]]
 
 
-def auc(answerable: Sequence[float], outside: Sequence[float]) -> float:
-    """The chance that an answerable question scores above an outside one (ties count half)."""
-    a, b = np.asarray(answerable)[:, None], np.asarray(outside)[None, :]
-    return float((a > b).mean() + 0.5 * (a == b).mean())
-
-
-def corpora(name: str) -> list[tuple[list[str], list[dict[str, Any]]]]:
+def corpora(name: str) -> Corpora:
     """The set's knowledge bases as (chunk texts, their questions): one for the sample or a pydoc set, one per
     small knowledge base."""
     from ragloop.retrievers.index import index_text
@@ -75,11 +69,13 @@ def corpora(name: str) -> list[tuple[list[str], list[dict[str, Any]]]]:
     return out
 
 
-def measure(name: str, embed: Embed) -> dict[str, Any]:
-    """The set's best-chunk cosines by ``embed``: AUC of answerable against outside questions, and means."""
+def measure(name: str, embed: Embed, parts: Corpora | None = None) -> dict[str, Any]:
+    """The set's best-chunk cosines by ``embed``: AUC of answerable against outside questions (the chance that an
+    answerable question's best chunk is closer than an outside one's), and means. ``parts``: the set's
+    :func:`corpora`, read once for several encoders (read here when ``None``)."""
     answerable: list[float] = []
     outside: list[float] = []
-    for texts, questions in corpora(name):
+    for texts, questions in parts if parts is not None else corpora(name):
         chunks = np.asarray(embed(texts), dtype=np.float32)
         vectors = np.asarray(embed([q["question"] for q in questions]), dtype=np.float32)
         best = (vectors @ chunks.T).max(axis=1)
@@ -119,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{'set':<16}{'n':>8}  " + "  ".join(f"{n:>24}" for n in names),
     ]
     for name in sets:
-        row = {n: measure(name, e) for n, e in encoders}
+        parts = corpora(name)  # read once, embedded by each encoder
+        row = {n: measure(name, e, parts) for n, e in encoders}
         report[name] = row
         first = row[names[0]]
         cells = "  ".join(
@@ -127,12 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         lines.append(f"{name:<16}{first['answerable']:>4}+{first['outside']:<3}  {cells}")
         print(lines[-1], file=sys.stderr, flush=True)
-    lines.append(f"Python {platform.python_version()}")
-    text = "\n".join(lines) + "\n"
-    print(text, end="")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    out.with_suffix(".txt").write_text(text, encoding="utf-8")
+    write_results(out, report, lines)
     return 0
 
 

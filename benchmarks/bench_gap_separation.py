@@ -26,7 +26,7 @@ import argparse
 import json
 import platform
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +66,9 @@ def pair_auc(planted: dict[str, list[str]], vectors: np.ndarray) -> tuple[list[f
     return same, cross
 
 
-def auc(same: list[float], cross: list[float]) -> float:
-    """The chance that a same-topic pair is closer than a pair across topics (ties count half)."""
+def auc(same: Sequence[float], cross: Sequence[float]) -> float:
+    """The chance that a score of ``same`` (a same-topic pair's cosine) is above one of ``cross`` (a pair across
+    topics), ties counting half."""
     a, b = np.asarray(same)[:, None], np.asarray(cross)[None, :]
     return float((a > b).mean() + 0.5 * (a == b).mean())
 
@@ -134,13 +135,17 @@ def main(argv: list[str] | None = None) -> int:
         encoder = MPNetEncoder(args.mpnet)
         report["mpnet"], more = _measure(f"MPNet ({encoder.name}, numpy)", encoder.embed, sets, args.margin)
         lines += more
-    lines.append(f"Python {platform.python_version()}")
-    text = "\n".join(lines) + "\n"
+    write_results(out, report, lines)
+    return 0
+
+
+def write_results(out: Path, report: dict[str, Any], lines: list[str]) -> None:
+    """Print ``lines`` (and the Python version) and write them to ``out`` with ``.txt``, ``report`` to ``out``."""
+    text = "\n".join([*lines, f"Python {platform.python_version()}"]) + "\n"
     print(text, end="")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     out.with_suffix(".txt").write_text(text, encoding="utf-8")
-    return 0
 
 
 if __name__ == "__main__":
