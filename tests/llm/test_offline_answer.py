@@ -384,6 +384,14 @@ class TestAbstain:
         assert unknown_names("Why doesn't Trello's 'x <= 5' work?", STATS) == ("Trello's",)
         assert unknown_names("Where is Configurationn for SAML?", STATS) == ()  # one edit from a known word
 
+    @given(st.text(alphabet=st.sampled_from(list("Trelo SSO-'\"`<[]=|IHf.5ab ")), max_size=120) | st.text())
+    def test_unknown_names_are_words_of_the_question_whatever_it_holds(self, question: str) -> None:
+        """Quotes, hyphens, code symbols and any unicode: no crash, and every name reported stands in the question
+        (removing a literal never glues two words into a new one)."""
+        from ragloop.llm.offline.answer._abstain import unknown_names
+
+        assert all(name in question for name in unknown_names(question, STATS))
+
     def test_a_name_the_corpus_never_mentions_abstains(self) -> None:
         """A question about a name the knowledge base never mentions gets an abstention naming it."""
         found = OfflineAnswerer(STATS).abstain("How do I set up SSO with Kubernetes?", [SSO], [])
