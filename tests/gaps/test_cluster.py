@@ -39,9 +39,25 @@ class TestLexical:
 
 
 def _unit_rows(rows: list[list[float]]) -> np.ndarray:
-    x = np.array(rows, dtype=np.float32)
+    x = np.array(rows, dtype=np.float64)  # float32 norms of rows near 1e-22 round badly (see TestUnit)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)
+    return np.divide(x, norms, out=np.zeros_like(x), where=norms > 0).astype(np.float32)
+
+
+class TestUnit:
+    def test_tiny_rows_become_unit_rows_and_the_input_is_left_alone(self) -> None:
+        """A float32 row whose squared norm is subnormal still comes out at length 1 (hypothesis found one at
+        1.0066), a zero row stays zero, and the caller's array is not rescaled in place."""
+        from ragloop.gaps._cluster import _unit
+
+        x = np.array([[0.0, 0.0, 2.0225534067024414e-22], [0.0, 0.0, 0.0], [3.0, 4.0, 0.0]], dtype=np.float32)
+        before = x.copy()
+        out = _unit(x)
+        assert out.dtype == np.float32
+        assert abs(float(np.linalg.norm(out[0])) - 1.0) < 1e-6
+        assert not out[1].any()
+        assert np.allclose(out[2], [0.6, 0.8, 0.0])
+        assert np.array_equal(x, before)
 
 
 _rows = st.lists(st.floats(-1, 1, allow_nan=False, width=32), min_size=3, max_size=3)

@@ -130,10 +130,14 @@ def lexical_vectors(terms: Sequence[Sequence[str]], df: Mapping[str, int], total
 
 
 def _unit(x: npt.NDArray[np.floating]) -> F32:
-    out = np.asarray(x, dtype=np.float32)
-    norms = np.linalg.norm(out, axis=1, keepdims=True)
-    np.divide(out, norms, out=out, where=norms > 0)
-    return out
+    """Rows scaled to unit length (zero rows stay zero), as a new float32 array; the caller's is left alone.
+
+    The norms are taken in float64: a float32 row as small as ``[0, 0, 2e-22]`` squares into float32's subnormal
+    range, and dividing by that rounded norm gave a "unit" row of length 1.0066.
+    """
+    wide = np.asarray(x, dtype=np.float64)
+    norms = np.linalg.norm(wide, axis=1, keepdims=True)
+    return np.divide(wide, norms, out=np.zeros_like(wide), where=norms > 0).astype(np.float32)
 
 
 def combine(lexical: F32, dense: F32 | None, weight: float = DENSE_WEIGHT) -> F32:
