@@ -8,7 +8,6 @@ whose answer to a question with "slow" in it comes only after 30 seconds.
 from __future__ import annotations
 
 import os
-import signal
 import stat
 import sys
 import time
@@ -57,23 +56,35 @@ def _env(tmp_path: Path, server: ScriptedOpenAIServer | None) -> dict[str, str]:
     return env
 
 
-def _as_from_a_terminal() -> None:
-    """Ctrl-C interrupts, as in a shell at a terminal: a test run started in the background without job control
-    (``pytest … &`` from a script) ignores SIGINT, and an ignored signal stays ignored across exec."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+#: Ctrl-C interrupts, as in a shell at a terminal: a test run started in the background without job control
+#: (``pytest … &`` from a script) ignores SIGINT, and an ignored signal stays ignored across exec. So the child
+#: starts as a tiny Python that restores SIGINT's default and then execs ``ragloop chat``. Not a ``preexec_fn``:
+#: that runs Python between fork and exec in a process with many threads (an xdist worker that has run other
+#: tests holds onnxruntime's and test servers' threads), and the forked child died there with SIGSEGV, before
+#: writing a byte.
+_AS_FROM_A_TERMINAL = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'ragloop.cli', *sys.argv[1:]])"
+)
 
 
 def _spawn(tmp_path: Path, index_dir: Path, server: ScriptedOpenAIServer | None = None) -> pexpect.spawn:
     child = pexpect.spawn(
         sys.executable,
-        ["-m", "ragloop.cli", "chat", "--index", str(index_dir), "--no-live"],
+        ["-c", _AS_FROM_A_TERMINAL, "chat", "--index", str(index_dir), "--no-live"],
         env=_env(tmp_path, server),
         encoding="utf-8",
         timeout=60,
         dimensions=(40, 200),
-        preexec_fn=_as_from_a_terminal,
     )
-    child.expect_exact(PROMPT)
+    try:
+        child.expect_exact(PROMPT)
+    except pexpect.EOF:
+        child.close()
+        raise AssertionError(
+            f"ragloop chat ended before its prompt: exit {child.exitstatus}, signal {child.signalstatus}, "
+            f"wrote {child.before!r}"
+        ) from None
     return child
 
 
