@@ -24,4 +24,8 @@ def reliability_figures() -> Iterator[None]:
     FIGURES["suite_seconds"] = round(time.perf_counter() - started, 2)
     target = os.environ.get("RAGLOOP_FIGURES")
     if target:
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        if worker:  # each xdist worker runs a share of the suite: its own file, never one over another's
+            path = Path(target)
+            target = str(path.with_name(f"{path.stem}.{worker}{path.suffix}"))
         Path(target).write_text(json.dumps(FIGURES, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
