@@ -76,6 +76,23 @@ def fleet(pg_url: str) -> Iterator[tuple[str, ScriptedOpenAIServer]]:
         drop_database(pg_url, name)
 
 
+@pytest.fixture(scope="class")
+def two_replicas(pg_server: Any) -> Iterator[tuple[str, ScriptedOpenAIServer, Replica, Replica]]:
+    """A fleet database, the scripted model and replicas a and b on it, started once for a class whose tests
+    each keep to conversations of their own (their own session numbers, so their own tags and stored rows)."""
+    pg_url: str = pg_server.get_uri()
+    name = f"fleet_{os.getpid()}_{next(_names)}"
+    url = fleet_database(pg_url, name)
+    model = ScriptedOpenAIServer(matcher=_model).start()
+    try:
+        env = _env(model)
+        with Replica("fleet-a", url, env) as a, Replica("fleet-b", url, env) as b:
+            yield url, model, a, b
+    finally:
+        model.close()
+        drop_database(pg_url, name)
+
+
 def per_replica_connections() -> int:
     """The most connections one ``ragloop serve --store --sessions --turn-log`` opens at its defaults, from the
     code's own defaults: the store's pool, the session store's pool, the turn log's one connection, and the one
@@ -119,56 +136,54 @@ def _session_of(seen: Seen, endpoint: str) -> str | None:
 
 
 class TestContinuation:
-    @pytest.mark.parametrize("endpoint", ["api-chat", "completions", "responses"])
+    """Replicas a and b are started once for the class (``two_replicas``); each test's conversations are its own."""
+
+    @pytest.mark.parametrize(("endpoint", "session_no"), [("api-chat", 1), ("completions", 3), ("responses", 4)])
     async def test_a_conversation_started_on_one_replica_continues_on_the_other(
-        self, fleet: tuple[str, ScriptedOpenAIServer], endpoint: str
+        self, two_replicas: tuple[str, ScriptedOpenAIServer, Replica, Replica], endpoint: str, session_no: int
     ) -> None:
         """Three turns, replicas a, b, a: each turn's model call carries every earlier question and answer of the
         conversation (made on the other replica), and the stored session holds the six messages in order."""
-        url, model = fleet
-        env = _env(model)
-        with Replica("fleet-a", url, env) as a, Replica("fleet-b", url, env) as b:
-            seen: list[Seen] = []
-            session = None
-            async with httpx.AsyncClient(timeout=120) as client:
-                for turn, replica in enumerate((a, b, a), 1):
-                    client.base_url = httpx.URL(replica.url)
-                    one = await stream_turn(client, replica.name, endpoint, question(1, turn), session)
-                    assert one.complete and one.error is None, one
-                    seen.append(one)
-                    session = _session_of(one, endpoint) or session
+        url, model, a, b = two_replicas
+        seen: list[Seen] = []
+        session = None
+        async with httpx.AsyncClient(timeout=120) as client:
+            for turn, replica in enumerate((a, b, a), 1):
+                client.base_url = httpx.URL(replica.url)
+                one = await stream_turn(client, replica.name, endpoint, question(session_no, turn), session)
+                assert one.complete and one.error is None, one
+                seen.append(one)
+                session = _session_of(one, endpoint) or session
         for turn in (2, 3):
-            sent = _decide_messages(model, f"S01T{turn}")
+            sent = _decide_messages(model, f"S{session_no:02d}T{turn}")
             for earlier in seen[: turn - 1]:
                 assert earlier.question in sent, (turn, sent)
                 assert "".join(earlier.tokens) in sent, (turn, sent)
-        stored = list(_stored(url).values())
+        stored = [m for m in _stored(url).values() if m and m[0]["content"] == seen[0].question]
         assert len(stored) == 1
         assert [m["role"] for m in stored[0]] == ["user", "assistant"] * 3
         assert [m["content"] for m in stored[0][::2]] == [s.question for s in seen]
         assert [m["content"] for m in stored[0][1::2]] == [s.reply["text"] for s in seen if s.reply]
 
     async def test_a_response_id_of_one_replica_is_unknown_to_no_replica(
-        self, fleet: tuple[str, ScriptedOpenAIServer]
+        self, two_replicas: tuple[str, ScriptedOpenAIServer, Replica, Replica]
     ) -> None:
         """A whole (non-streamed) response made on a is continued on b with previous_response_id, and an id no
         one made is the same 404 on both."""
-        url, model = fleet
-        env = _env(model)
-        with Replica("fleet-a", url, env) as a, Replica("fleet-b", url, env) as b:
-            async with httpx.AsyncClient(timeout=120) as client:
-                first = await client.post(a.url + "/v1/responses", json={"model": "m", "input": question(2, 1)})
-                rid = first.json()["id"]
-                second = await client.post(
-                    b.url + "/v1/responses", json={"model": "m", "input": question(2, 2), "previous_response_id": rid}
+        _, model, a, b = two_replicas
+        async with httpx.AsyncClient(timeout=120) as client:
+            first = await client.post(a.url + "/v1/responses", json={"model": "m", "input": question(2, 1)})
+            rid = first.json()["id"]
+            second = await client.post(
+                b.url + "/v1/responses", json={"model": "m", "input": question(2, 2), "previous_response_id": rid}
+            )
+            made_up = rid.rsplit(".", 1)[0] + "x." + rid.rsplit(".", 1)[1]
+            unknown = [
+                await client.post(
+                    r.url + "/v1/responses", json={"model": "m", "input": "hi", "previous_response_id": made_up}
                 )
-                made_up = rid.rsplit(".", 1)[0] + "x." + rid.rsplit(".", 1)[1]
-                unknown = [
-                    await client.post(
-                        r.url + "/v1/responses", json={"model": "m", "input": "hi", "previous_response_id": made_up}
-                    )
-                    for r in (a, b)
-                ]
+                for r in (a, b)
+            ]
         assert first.status_code == 200 and second.status_code == 200, second.text
         assert question(2, 1) in _decide_messages(model, "S02T2")
         assert [r.status_code for r in unknown] == [404, 404]
