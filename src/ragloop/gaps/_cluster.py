@@ -137,7 +137,8 @@ def _unit(x: npt.NDArray[np.floating]) -> F32:
     """
     wide = np.asarray(x, dtype=np.float64)
     norms = np.linalg.norm(wide, axis=1, keepdims=True)
-    return np.divide(wide, norms, out=np.zeros_like(wide), where=norms > 0).astype(np.float32)
+    unit: npt.NDArray[np.float64] = np.divide(wide, norms, out=np.zeros_like(wide), where=norms > 0)
+    return unit.astype(np.float32)
 
 
 def combine(lexical: F32, dense: F32 | None, weight: float = DENSE_WEIGHT) -> F32:
