@@ -17,6 +17,7 @@ test waits for), and the bounds are the pools' sizes.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -63,8 +64,8 @@ def _model(request: RecordedRequest) -> ScriptedResponse:
     return ScriptedResponse(body={"choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}}]})
 
 
-@pytest.fixture
-def fleet(pg_url: str) -> Iterator[tuple[str, ScriptedOpenAIServer]]:
+@contextlib.contextmanager
+def _fleet_on(pg_url: str) -> Iterator[tuple[str, ScriptedOpenAIServer]]:
     """A database of its own holding the sample knowledge base, and the scripted model; the URL and the model."""
     name = f"fleet_{os.getpid()}_{next(_names)}"
     url = fleet_database(pg_url, name)
@@ -76,21 +77,21 @@ def fleet(pg_url: str) -> Iterator[tuple[str, ScriptedOpenAIServer]]:
         drop_database(pg_url, name)
 
 
+@pytest.fixture
+def fleet(pg_url: str) -> Iterator[tuple[str, ScriptedOpenAIServer]]:
+    """A fleet database and the scripted model for one test."""
+    with _fleet_on(pg_url) as made:
+        yield made
+
+
 @pytest.fixture(scope="class")
 def two_replicas(pg_server: Any) -> Iterator[tuple[str, ScriptedOpenAIServer, Replica, Replica]]:
     """A fleet database, the scripted model and replicas a and b on it, started once for a class whose tests
     each keep to conversations of their own (their own session numbers, so their own tags and stored rows)."""
-    pg_url: str = pg_server.get_uri()
-    name = f"fleet_{os.getpid()}_{next(_names)}"
-    url = fleet_database(pg_url, name)
-    model = ScriptedOpenAIServer(matcher=_model).start()
-    try:
+    with _fleet_on(pg_server.get_uri()) as (url, model):
         env = _env(model)
         with Replica("fleet-a", url, env) as a, Replica("fleet-b", url, env) as b:
             yield url, model, a, b
-    finally:
-        model.close()
-        drop_database(pg_url, name)
 
 
 def per_replica_connections() -> int:
