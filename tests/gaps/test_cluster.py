@@ -59,6 +59,31 @@ class TestUnit:
         assert np.allclose(out[2], [0.6, 0.8, 0.0])
         assert np.array_equal(x, before)
 
+    @settings(max_examples=60, deadline=None)
+    @given(
+        rows=st.lists(
+            st.lists(st.floats(allow_nan=False, allow_infinity=False, width=32), min_size=3, max_size=3),
+            min_size=1,
+            max_size=6,
+        )
+    )
+    def test_any_finite_rows_come_out_unit_or_zero(self, rows: list[list[float]]) -> None:
+        """Any finite float32 rows, subnormal or near float32's largest: each comes out at length 1 (or stays
+        zero), in the same direction, and the input is left as it was."""
+        from ragloop.gaps._cluster import _unit
+
+        x = np.array(rows, dtype=np.float32)
+        before = x.copy()
+        out = _unit(x)
+        lengths = np.linalg.norm(out.astype(np.float64), axis=1)
+        for row, length, src in zip(out, lengths, x, strict=True):
+            if src.any():
+                assert abs(length - 1.0) < 1e-6
+                assert np.all(np.sign(row[row != 0]) == np.sign(src[row != 0]))
+            else:
+                assert not row.any()
+        assert np.array_equal(x, before)
+
 
 _rows = st.lists(st.floats(-1, 1, allow_nan=False, width=32), min_size=3, max_size=3)
 
