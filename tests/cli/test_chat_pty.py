@@ -7,15 +7,20 @@ whose answer to a question with "slow" in it comes only after 30 seconds.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
+import struct
+import subprocess
 import sys
+import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pexpect
 import pytest
+from pexpect.fdpexpect import fdspawn
 
 from ragloop.testing import RecordedRequest, ScriptedOpenAIServer, ScriptedResponse, stream, tool_calls, verdicts
 from tests.reliability._support import small_index
@@ -56,27 +61,87 @@ def _env(tmp_path: Path, server: ScriptedOpenAIServer | None) -> dict[str, str]:
     return env
 
 
-#: Ctrl-C interrupts, as in a shell at a terminal: a test run started in the background without job control
-#: (``pytest … &`` from a script) ignores SIGINT, and an ignored signal stays ignored across exec. So the child
-#: starts as a tiny Python that restores SIGINT's default and then execs ``ragloop chat``. Not a ``preexec_fn``:
-#: that runs Python between fork and exec in a process with many threads (an xdist worker that has run other
-#: tests holds onnxruntime's and test servers' threads), and the forked child died there with SIGSEGV, before
-#: writing a byte.
+#: The child runs as at a terminal: a tiny Python takes the pseudo-terminal as its controlling terminal (so a
+#: Ctrl-C typed there is SIGINT to it), restores SIGINT's default (a test run started in the background without
+#: job control, ``pytest … &`` from a script, ignores SIGINT, and an ignored signal stays ignored across exec),
+#: and then execs ``ragloop chat``.
 _AS_FROM_A_TERMINAL = (
-    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "import fcntl, os, signal, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+    "signal.signal(signal.SIGINT, signal.SIG_DFL); "
     "os.execv(sys.executable, [sys.executable, '-m', 'ragloop.cli', *sys.argv[1:]])"
 )
 
 
-def _spawn(tmp_path: Path, index_dir: Path, server: ScriptedOpenAIServer | None = None) -> pexpect.spawn:
-    child = pexpect.spawn(
-        sys.executable,
-        ["-c", _AS_FROM_A_TERMINAL, "chat", "--index", str(index_dir), "--no-live"],
-        env=_env(tmp_path, server),
-        encoding="utf-8",
-        timeout=60,
-        dimensions=(40, 200),
+class _Terminal(fdspawn):
+    """``ragloop chat`` on a pseudo-terminal, with what the tests use of ``pexpect.spawn``.
+
+    Started by :mod:`subprocess`, never by ``pexpect.spawn``: that forks and then runs Python in the child
+    before its exec (``pty.fork``, the window size, closing descriptors), and in an xdist worker that has run
+    other files (onnxruntime's threads, test servers' threads) the forked child died there with SIGSEGV, before
+    writing a byte, for every test of a file (twice: with a ``preexec_fn``, and again without one). Subprocess
+    forks and execs in C.
+    """
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        master, slave = os.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 200, 0, 0))
+        try:
+            self.proc = subprocess.Popen(
+                argv, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True, close_fds=True
+            )
+        except BaseException:
+            os.close(master)
+            raise
+        finally:
+            os.close(slave)  # the child holds the only copy: its exit is EOF here
+        super().__init__(master, timeout=60, encoding="utf-8")
+        self.exitstatus: int | None = None
+        self.signalstatus: int | None = None
+
+    def _control(self, which: int) -> None:
+        self.send(termios.tcgetattr(self.child_fd)[6][which].decode())
+
+    def sendeof(self) -> None:
+        self._control(termios.VEOF)
+
+    def sendintr(self) -> None:
+        self._control(termios.VINTR)
+
+    def sendcontrol(self, char: str) -> int:
+        return self.send(chr(ord(char.lower()) - ord("a") + 1))
+
+    def close(self) -> None:
+        super().close()
+        if self.proc.returncode is not None:
+            return
+        try:
+            code = self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self.exitstatus, self.signalstatus = (code, None) if code >= 0 else (None, -code)
+
+
+_RUNNING: list[_Terminal] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_chat_left_running() -> Iterator[None]:
+    """A test that fails half way leaves no ``ragloop chat`` behind."""
+    yield
+    while _RUNNING:
+        child = _RUNNING.pop()
+        if child.proc.poll() is None:
+            child.proc.kill()
+        child.close()
+
+
+def _spawn(tmp_path: Path, index_dir: Path, server: ScriptedOpenAIServer | None = None) -> _Terminal:
+    child = _Terminal(
+        [sys.executable, "-c", _AS_FROM_A_TERMINAL, "chat", "--index", str(index_dir), "--no-live"],
+        _env(tmp_path, server),
     )
+    _RUNNING.append(child)
     try:
         child.expect_exact(PROMPT)
     except pexpect.EOF:
@@ -88,7 +153,7 @@ def _spawn(tmp_path: Path, index_dir: Path, server: ScriptedOpenAIServer | None 
     return child
 
 
-def _ended(child: pexpect.spawn) -> int | None:
+def _ended(child: _Terminal) -> int | None:
     child.expect(pexpect.EOF, timeout=20)
     child.close()
     return child.exitstatus
