@@ -375,6 +375,43 @@ class TestBenchEncoderAbstention:
         assert row["answerable"] + row["outside"] == sum(len(qs) for _, qs in parts)
         assert 0.0 <= row["auc"] <= 1.0
 
+    def test_the_oracle_threshold_refuses_at_most_the_allowed_share(self) -> None:
+        """Twenty answerable scores, one low: the threshold refuses that one only (0.05), and half the outside
+        scores fall under it."""
+        sys.path.insert(0, str(BENCH))
+        from bench_encoder_abstention import oracle_honest
+
+        answerable = [0.1, *(0.5 + i / 100 for i in range(19))]
+        assert oracle_honest(answerable, [0.2, 0.55]) == 0.5
+        assert oracle_honest(answerable, [0.6, 0.7]) == 0.0
+
+    def test_token_recall_keeps_content_words_and_scores_every_question(self) -> None:
+        """Word pieces of a stopword, punctuation or [CLS]/[SEP] are left out, both pieces of a split word kept;
+        a two-page knowledge base gives every score for its answerable and its outside question."""
+        sys.path.insert(0, str(BENCH))
+        from bench_encoder_abstention import TOKEN_SCORES, TokenRecall
+
+        from ragloop.retrievers.embed import MiniLMEmbedder
+
+        judge = TokenRecall(MiniLMEmbedder())
+        pieces = ["[CLS]", "can", "i", "put", "a", "pass", "##word", "on", "it", "?", "[SEP]"]
+        assert (
+            judge.content(pieces).tolist() == [False, False, False, True, False, True, True, False, False] + [False] * 2
+        )
+        assert judge.content(["[CLS]", "the", "[SEP]"]).tolist() == [False, True, False]  # only stopwords: all
+        parts = [
+            (
+                ["Refunds are issued within 14 days of the return.", "Shipping is free on orders over 50 euros."],
+                [
+                    {"question": "How long do refunds take?", "kind": "answerable"},
+                    {"question": "Do you sell gift cards?", "kind": "out_of_kb"},
+                ],
+            )
+        ]
+        row = judge.measure("tiny", parts)
+        assert (row["answerable"], row["outside"]) == (1, 1)
+        assert all(0.0 <= row[k]["auc"] <= 1.0 for k in TOKEN_SCORES)
+
     def test_round_eights_unseen_sets_are_not_in_the_default_list(self) -> None:
         sys.path.insert(0, str(BENCH))
         from bench_encoder_abstention import LOOKED_AT
