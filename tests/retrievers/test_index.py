@@ -412,3 +412,145 @@ class TestManifestShapes:
             KnowledgeIndex.load(tmp_path)
         assert f"--out {tmp_path}`" not in str(info.value)
         assert "is not a ragloop index" in str(info.value) and "--out NEW_FOLDER" in str(info.value)
+
+
+class _MeaningEmbedder:
+    """An embedder with meaning (not ``hash-``): a unit vector from each text's digest, calls recorded."""
+
+    name = "test-meaning"
+    dim = 8
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def embed_sync(self, texts: Any, progress: Any = None) -> Any:
+        import numpy as np
+
+        self.calls.append(list(texts))
+        rows = [
+            np.random.default_rng(int.from_bytes(hashlib.blake2b(t.encode(), digest_size=4).digest())).normal(size=8)
+            for t in texts
+        ]
+        out = np.asarray(rows, dtype=np.float32).reshape(len(texts), 8)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+    async def embed(self, texts: Any) -> Any:
+        return self.embed_sync(texts)
+
+
+def _headed(shared: str | None = None) -> list[Chunk]:
+    """Two tenants' pages, 15 each, every page with its title and a section heading; ``shared``: one more page
+    per tenant under that one title (a heading two documents share: not in the whole index's sample)."""
+    chunks = [
+        Chunk(
+            f"{tenant}{i}",
+            f"{tenant} text {i} about topic {i}",
+            title=f"{tenant} page {i}",
+            title_path=(f"{tenant} page {i}", f"{tenant} section {i}"),
+            doc_id=f"{tenant}/{i}.md",
+            metadata={"tenant": tenant},
+        )
+        for tenant in ("acme", "globex")
+        for i in range(15)
+    ]
+    if shared:
+        chunks += [
+            Chunk(f"{t}-s", f"{t} shared", title=shared, doc_id=f"{t}/shared.md", metadata={"tenant": t})
+            for t in ("acme", "globex")
+        ]
+    return chunks
+
+
+class TestHeadingVectors:
+    """A save keeps the meaning scale's heading vectors, so a loaded index measures it without embedding them."""
+
+    def test_a_loaded_index_measures_the_same_scale_without_embedding(self, tmp_path: Path) -> None:
+        index = KnowledgeIndex.build(_headed(), _MeaningEmbedder())
+        scales = index.meaning_scales()
+        assert scales is not None
+        before = scales(None)
+        index.save(tmp_path / "kb")
+        fresh = _MeaningEmbedder()
+        loaded = KnowledgeIndex.load(tmp_path / "kb", fresh)
+        loaded_scales = loaded.meaning_scales()
+        assert loaded_scales is not None
+        assert before is not None and loaded_scales(None) == before
+        assert fresh.calls == []
+
+    def test_a_save_embeds_the_headings_once_even_if_no_turn_asked(self, tmp_path: Path) -> None:
+        """An index saved straight after its build (``ragloop index``) keeps them too."""
+        KnowledgeIndex.build(_headed(), _MeaningEmbedder()).save(tmp_path / "kb")
+        assert "headings.npz" in json.loads((tmp_path / "kb" / "manifest.json").read_text())["files"]
+        fresh = _MeaningEmbedder()
+        loaded_scales = KnowledgeIndex.load(tmp_path / "kb", fresh).meaning_scales()
+        assert loaded_scales is not None and loaded_scales(None) is not None and fresh.calls == []
+
+    def test_a_scope_embeds_only_the_headings_the_save_did_not_keep(self, tmp_path: Path) -> None:
+        """ "Billing" titles a page of each tenant: two documents share it, so the whole index's sample leaves it
+        out, but within one tenant it is one page's: that tenant's scale embeds it, and only it."""
+        KnowledgeIndex.build(_headed("Billing"), _MeaningEmbedder()).save(tmp_path / "kb")
+        fresh = _MeaningEmbedder()
+        loaded = KnowledgeIndex.load(tmp_path / "kb", fresh)
+        scales = loaded.meaning_scales()
+        assert scales is not None
+        acme = [i for i, c in enumerate(loaded.chunks) if c.doc_id.startswith("acme/")]
+        alone = KnowledgeIndex.build([loaded.chunks[i] for i in acme], _MeaningEmbedder()).meaning_scales()
+        assert alone is not None and scales(acme) == alone(None)
+        assert [t for call in fresh.calls for t in call] == ["Billing"]
+
+    def test_an_index_saved_without_them_still_measures(self, tmp_path: Path) -> None:
+        """An index from before heading vectors were kept (no file, not in the manifest) embeds them on use."""
+        index = KnowledgeIndex.build(_headed(), _MeaningEmbedder())
+        saved = index.save(tmp_path / "kb")
+        (saved / "headings.npz").unlink()
+        manifest = json.loads((saved / "manifest.json").read_text())
+        del manifest["files"]["headings.npz"]
+        (saved / "manifest.json").write_text(json.dumps(manifest))
+        fresh = _MeaningEmbedder()
+        loaded_scales = KnowledgeIndex.load(saved, fresh).meaning_scales()
+        first = index.meaning_scales()
+        assert loaded_scales is not None and first is not None and loaded_scales(None) == first(None)
+        assert fresh.calls and max(len(c) for c in fresh.calls) <= 4
+
+    def test_a_hash_embedder_index_keeps_none(self, saved: Path) -> None:
+        assert not (saved / "headings.npz").exists()
+
+    @pytest.mark.parametrize(
+        ("arrays", "message"),
+        [
+            (None, "unreadable"),
+            ({"texts": ["a", "b"], "vectors": [[0.0] * 8]}, "one per text"),
+            ({"texts": ["a"], "vectors": [[0.0] * 4]}, "8-wide"),
+            ({"texts": ["a"], "vectors": [[float("nan")] * 8]}, "heading vectors"),
+            ({"texts": [1.0], "vectors": [[0.0] * 8]}, "heading vectors"),
+            ({"texts": ["a"], "vectors": [[0.0] * 8], "object": [{"x": 1}]}, None),
+            ({"texts": [{"x": 1}], "vectors": [[0.0] * 8]}, "unreadable"),
+            ({"vectors": [[0.0] * 8]}, "unreadable"),
+        ],
+    )
+    def test_a_tampered_file_is_a_clear_error(self, tmp_path: Path, arrays: Any, message: str | None) -> None:
+        """Heading vectors rewritten along with the manifest's checksum (any bytes, a pickle, other shapes) are
+        refused with the rebuild command, never unpickled; an extra array beside the two is ignored."""
+        import io
+
+        import numpy as np
+
+        saved = KnowledgeIndex.build(_headed(), _MeaningEmbedder()).save(tmp_path / "kb")
+        if arrays is None:
+            data = b"not a zip"
+        else:
+            buf = io.BytesIO()
+            np.savez(
+                buf,
+                **{
+                    k: np.array(v, dtype=object if isinstance(v[0], dict) else np.float32 if k == "vectors" else None)
+                    for k, v in arrays.items()
+                },
+            )
+            data = buf.getvalue()
+        rewrite(saved, "headings.npz", data)
+        if message is None:
+            assert KnowledgeIndex.load(saved, _MeaningEmbedder()).meaning_scales() is not None
+            return
+        with pytest.raises(IndexError_, match=rf"(?s){message}.*ragloop index"):
+            KnowledgeIndex.load(saved, _MeaningEmbedder())

@@ -7,6 +7,8 @@ Layout of an index directory::
     bm25/             bm25s's .npy arrays and JSON, plus ragloop.json (tokenizer settings, chunk ids)
     dense.faiss       the faiss index (faiss's own format)
     dense.json        faiss id → chunk id map and index settings
+    headings.npz      the meaning scale's heading vectors (texts and float32 rows, no pickle); only with an
+                      embedder that has meaning (MiniLM), optional (an index without it embeds them on use)
 
 :meth:`KnowledgeIndex.save` is atomic: it writes a temporary sibling directory, fsyncs it, and renames it
 into place (an existing index is renamed aside first and removed after), so a killed build never leaves a
@@ -30,6 +32,7 @@ import stat
 import sys
 import time
 import uuid
+import zipfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -69,6 +72,10 @@ Mode = Literal["bm25", "dense", "hybrid"]
 _MODES = ("bm25", "dense", "hybrid")
 _MANIFEST = "manifest.json"
 _CHUNKS = "chunks.jsonl"
+#: The heading vectors of the index's meaning scale (:class:`~ragloop.retrievers.meaning.MeaningScales`), kept so
+#: a loaded index measures its scale without embedding its headings again. Optional: an index saved without it
+#: (an embedder with no meaning, or an older ragloop) embeds them on first use.
+_HEADINGS = "headings.npz"
 #: The ``"format"`` value of every manifest :meth:`KnowledgeIndex.save` writes: what marks a ragloop index.
 INDEX_MARKER = "ragloop-index"
 #: A manifest lists a handful of files; anything larger is not one of ours.
@@ -76,7 +83,7 @@ _MAX_MANIFEST_BYTES = 1 << 20
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>[0-9]+)-[0-9a-f]{12}")
 #: Names a save writes at the top of an index folder (what a leftover temporary folder may hold).
-_INDEX_ENTRIES = frozenset({_MANIFEST, _CHUNKS, "bm25", "dense.faiss", "dense.json"})
+_INDEX_ENTRIES = frozenset({_MANIFEST, _CHUNKS, "bm25", "dense.faiss", "dense.json", _HEADINGS})
 
 
 _NO_SCOPE = Scope()
@@ -406,6 +413,27 @@ def _release(embedder: Embedder) -> None:
         release()
 
 
+def _read_headings(path: Path, dim: int, rebuild: str) -> dict[str, npt.NDArray[np.float32]]:
+    """The heading vectors a save kept (:data:`_HEADINGS`): texts and ``dim``-wide finite float32 rows, one each."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            texts, vectors = data["texts"], data["vectors"]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+        raise IndexError_(f"index file {path} is unreadable ({_short(exc)}); {rebuild}") from exc
+    if (
+        texts.ndim != 1
+        or texts.dtype.kind != "U"
+        or vectors.dtype != np.float32
+        or vectors.shape != (len(texts), dim)
+        or not np.isfinite(vectors).all()
+    ):
+        raise IndexError_(
+            f"index file {path} does not hold {dim}-wide heading vectors, one per text "
+            f"(texts {texts.dtype} {texts.shape}, vectors {vectors.dtype} {vectors.shape}); {rebuild}"
+        )
+    return dict(zip(texts.tolist(), vectors, strict=True))
+
+
 class KnowledgeIndex:
     """Chunks with a BM25 index and a dense index over them, searchable in three modes.
 
@@ -420,6 +448,8 @@ class KnowledgeIndex:
         weights: Hybrid fusion weights keyed ``"bm25"`` / ``"dense"``.
         rrf_k: The RRF constant for hybrid search.
         scopes: Chunk id → the scope it was indexed under (chunks not named belong to the empty scope).
+        headings: Heading vectors by text that ``embedder`` embedded earlier for the meaning scale (a saved
+            index's), used instead of embedding those headings again.
     """
 
     def __init__(
@@ -432,6 +462,7 @@ class KnowledgeIndex:
         weights: Mapping[str, float] | None = None,
         rrf_k: int = 60,
         scopes: Mapping[str, Scope] | None = None,
+        headings: Mapping[str, npt.NDArray[np.float32]] | None = None,
     ) -> None:
         if embedder.dim != dense.dim:
             raise ConfigError(f"embedder {embedder.name!r} has dim {embedder.dim}, the index has {dense.dim}")
@@ -447,6 +478,7 @@ class KnowledgeIndex:
         self._scopes = {cid: s for cid, s in (scopes or {}).items() if s.pairs and cid in self._by_id}
         self._keys: frozenset[str] | None = None
         self._scales: MeaningScales | None = None
+        self._known_headings = dict(headings or {})
 
     @property
     def chunks(self) -> tuple[Chunk, ...]:
@@ -482,7 +514,7 @@ class KnowledgeIndex:
         if embed is None:
             return None
         if self._scales is None:
-            self._scales = MeaningScales(self._chunks, self.dense.vectors, embed)
+            self._scales = MeaningScales(self._chunks, self.dense.vectors, embed, self._known_headings)
         return self._scales
 
     @property
@@ -632,6 +664,10 @@ class KnowledgeIndex:
                     fh.write(_chunk_to_json(c, self.scope_of(c.id)) + "\n")
             self.bm25.save(tmp)
             self.dense.save(tmp)
+            scales = self.meaning_scales()
+            if scales is not None and (headings := scales.headings(measure=True)):
+                with (tmp / _HEADINGS).open("wb") as fh:
+                    np.savez(fh, texts=np.array(list(headings)), vectors=np.stack(list(headings.values())))
             files = sorted(p for p in tmp.rglob("*") if p.is_file())
             manifest = {
                 "format": "ragloop-index",
@@ -741,7 +777,8 @@ class KnowledgeIndex:
                 f"index {root} is inconsistent: manifest says {count} chunks, found {len(chunks)} chunks, "
                 f"{len(bm25)} BM25 rows, {len(dense)} vectors; {rebuild}"
             )
-        return cls(chunks, bm25, dense, embedder, weights=weights, rrf_k=rrf_k, scopes=scopes)
+        headings = _read_headings(root / _HEADINGS, emb_dim, rebuild) if _HEADINGS in files else None
+        return cls(chunks, bm25, dense, embedder, weights=weights, rrf_k=rrf_k, scopes=scopes, headings=headings)
 
     def describe(self) -> dict[str, Any]:
         """A summary: chunk count, embedder, dense index kind."""

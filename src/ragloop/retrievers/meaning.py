@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
 import numpy as np
@@ -163,13 +163,16 @@ class MeaningScales:
     """The :class:`MeaningScale` of any scope of one index's chunks, measured on demand.
 
     Heading vectors are kept (by text) once embedded, so a second scope of the same index embeds only the
-    headings the first did not have; each scope's scale comes from its own chunks and headings only.
+    headings the first did not have; each scope's scale comes from its own chunks and headings only. A saved
+    index keeps the vectors its save embedded (:meth:`headings`), so a loaded one measures its scale without
+    embedding again (``known``).
 
     Args:
         chunks: The index's chunks, in index order (positions refer to this order); kept as given, not copied (a
             tuple, or a sequence that builds each chunk when asked: the Postgres store's keeps none).
         vectors: The stored vectors of chunk ids (the index's dense vectors).
         embed: Embeds a few short texts in the calling thread (an embedder's ``embed_sync``).
+        known: Heading vectors by text, embedded earlier by the same embedder (a saved index's).
     """
 
     def __init__(
@@ -177,10 +180,21 @@ class MeaningScales:
         chunks: Sequence[Chunk],
         vectors: Callable[[Sequence[str]], npt.NDArray[np.float32]],
         embed: Callable[[Sequence[str]], npt.NDArray[np.float32]],
+        known: Mapping[str, npt.NDArray[np.float32]] | None = None,
     ) -> None:
         self._chunks, self._vectors, self._embed = chunks, vectors, embed
-        self._headings: dict[str, npt.NDArray[np.float32]] = {}
+        self._headings: dict[str, npt.NDArray[np.float32]] = dict(known or {})
         self._lock = threading.Lock()
+
+    def headings(self, *, measure: bool = False) -> dict[str, npt.NDArray[np.float32]]:
+        """The heading vectors embedded so far, by text; with ``measure``, the whole index's are embedded first
+        (what a save keeps)."""
+        if measure:
+            asked = pseudo_questions(self._chunks)
+            if len(asked) >= MIN_QUESTIONS:
+                self._heading_vectors([t for t, _ in asked])
+        with self._lock:
+            return dict(self._headings)
 
     def _heading_vectors(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         with self._lock:
