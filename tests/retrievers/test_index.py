@@ -554,3 +554,29 @@ class TestHeadingVectors:
             return
         with pytest.raises(IndexError_, match=rf"(?s){message}.*ragloop index"):
             KnowledgeIndex.load(saved, _MeaningEmbedder())
+
+
+class TestHeadingVectorsAcrossAnUpdate:
+    def test_an_update_embeds_only_new_headings_and_its_save_drops_gone_ones(self, tmp_path: Path) -> None:
+        """A sync that retitles one page embeds that page's new title only (the others' vectors are handed over
+        like unchanged chunks'); the saved file holds the new title, not the old one."""
+        import numpy as np
+
+        from ragloop.retrievers.update import update_index
+
+        KnowledgeIndex.build(_headed(), _MeaningEmbedder()).save(tmp_path / "kb")
+        fresh = _MeaningEmbedder()
+        old = KnowledgeIndex.load(tmp_path / "kb", fresh)
+        chunks = [
+            Chunk(c.id, c.text, title="acme renamed page", title_path=("acme renamed page", c.title_path[1]),
+                  doc_id=c.doc_id, metadata=c.metadata)
+            if c.id == "acme3" else c
+            for c in old.chunks
+        ]  # fmt: skip
+        new, _ = update_index(old, chunks)
+        new.save(tmp_path / "kb")
+        headings = [t for call in fresh.calls for t in call if "\n" not in t]  # not the chunk embedded
+        assert headings == ["acme renamed page"]
+        with np.load(tmp_path / "kb" / "headings.npz") as data:
+            kept = set(data["texts"].tolist())
+        assert "acme renamed page" in kept and "acme page 3" not in kept and "acme section 3" in kept

@@ -517,6 +517,11 @@ class KnowledgeIndex:
             self._scales = MeaningScales(self._chunks, self.dense.vectors, embed, self._known_headings)
         return self._scales
 
+    def _heading_vectors(self) -> dict[str, npt.NDArray[np.float32]]:
+        """The meaning scale's heading vectors this index knows (embedded, or loaded with it), by text: an update
+        hands them to the index it makes, as it hands over the vectors of unchanged chunks."""
+        return self._scales.headings() if self._scales is not None else dict(self._known_headings)
+
     @property
     def version(self) -> str:
         """A fingerprint of what the index holds (the embedder, every chunk's id and text, the fusion
@@ -548,6 +553,7 @@ class KnowledgeIndex:
         hnsw_threshold: int,
         stem: bool,
         scopes: Mapping[str, Scope] | None = None,
+        headings: Mapping[str, npt.NDArray[np.float32]] | None = None,
     ) -> KnowledgeIndex:
         ids = [c.id for c in chunks]
         bm25 = BM25Index(stem=stem)
@@ -555,7 +561,7 @@ class KnowledgeIndex:
         dense = DenseIndex(embedder.dim, hnsw_threshold=hnsw_threshold)
         if chunks:
             dense.add(ids, vectors)
-        return cls(chunks, bm25, dense, embedder, scopes=scopes)
+        return cls(chunks, bm25, dense, embedder, scopes=scopes, headings=headings)
 
     @classmethod
     def build(

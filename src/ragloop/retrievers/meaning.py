@@ -187,14 +187,16 @@ class MeaningScales:
         self._lock = threading.Lock()
 
     def headings(self, *, measure: bool = False) -> dict[str, npt.NDArray[np.float32]]:
-        """The heading vectors embedded so far, by text; with ``measure``, the whole index's are embedded first
-        (what a save keeps)."""
+        """The vectors of this index's headings embedded so far (or known from before), by text; with
+        ``measure``, the whole index's pseudo-questions are embedded first (what a save keeps). A heading no
+        chunk has any more (``known`` from an index before an update) is left out."""
         if measure:
             asked = pseudo_questions(self._chunks)
             if len(asked) >= MIN_QUESTIONS:
                 self._heading_vectors([t for t, _ in asked])
+        present = {" ".join(h.split()) for c in self._chunks for h in (c.title, *c.title_path)}
         with self._lock:
-            return dict(self._headings)
+            return {t: v for t, v in self._headings.items() if t in present}
 
     def _heading_vectors(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         with self._lock:
