@@ -22,6 +22,23 @@ CHUNKS = tuple(
     Chunk(id=f"c{i}", text=t, source=f"doc{i}.md", title=f"Doc {i}", doc_id=f"d{i}") for i, t in enumerate(TEXTS)
 )
 
+
+def headed_chunks(tenant: str, n: int) -> list[Chunk]:
+    """``n`` one-chunk pages of ``tenant`` (metadata ``tenant``), each with its own title and a section heading:
+    the headings a meaning scale asks as pseudo-questions."""
+    return [
+        Chunk(
+            f"{tenant}{i}",
+            f"{tenant} text {i} about topic {i}",
+            title=f"{tenant} page {i}",
+            title_path=(f"{tenant} page {i}", f"{tenant} section {i}"),
+            doc_id=f"{tenant}/{i}.md",
+            metadata={"tenant": tenant},
+        )
+        for i in range(n)
+    ]
+
+
 _WORDS = st.text(alphabet="abcdefgh", min_size=1, max_size=4)
 
 

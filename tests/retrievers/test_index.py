@@ -18,7 +18,7 @@ from ragloop.errors import ConfigError, IndexError_
 from ragloop.retrievers.embed import HashEmbedder
 from ragloop.retrievers.index import KnowledgeIndex, check_index_target, index_text
 from ragloop.state import Chunk
-from tests.retrievers._corpus import CHUNKS, doc_texts, queries
+from tests.retrievers._corpus import CHUNKS, doc_texts, headed_chunks, queries
 
 
 def _build(chunks: tuple[Chunk, ...] = CHUNKS) -> KnowledgeIndex:
@@ -441,18 +441,7 @@ class _MeaningEmbedder:
 def _headed(shared: str | None = None) -> list[Chunk]:
     """Two tenants' pages, 15 each, every page with its title and a section heading; ``shared``: one more page
     per tenant under that one title (a heading two documents share: not in the whole index's sample)."""
-    chunks = [
-        Chunk(
-            f"{tenant}{i}",
-            f"{tenant} text {i} about topic {i}",
-            title=f"{tenant} page {i}",
-            title_path=(f"{tenant} page {i}", f"{tenant} section {i}"),
-            doc_id=f"{tenant}/{i}.md",
-            metadata={"tenant": tenant},
-        )
-        for tenant in ("acme", "globex")
-        for i in range(15)
-    ]
+    chunks = headed_chunks("acme", 15) + headed_chunks("globex", 15)
     if shared:
         chunks += [
             Chunk(f"{t}-s", f"{t} shared", title=shared, doc_id=f"{t}/shared.md", metadata={"tenant": t})

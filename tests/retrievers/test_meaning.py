@@ -20,6 +20,7 @@ from ragloop.retrievers.meaning import (
     pseudo_questions,
 )
 from ragloop.state import Chunk
+from tests.retrievers._corpus import headed_chunks
 
 
 def _unit(rows: np.ndarray) -> np.ndarray:
@@ -154,17 +155,7 @@ class _Embed:
 
 class TestMeaningScales:
     def _chunks(self, tenant: str, n: int) -> list[Chunk]:
-        return [
-            Chunk(
-                f"{tenant}{i}",
-                f"text {i}",
-                title=f"{tenant} page {i}",
-                title_path=(f"{tenant} page {i}", f"{tenant} section {i}"),
-                doc_id=f"{tenant}/{i}.md",
-                metadata={"tenant": tenant},
-            )
-            for i in range(n)
-        ]
+        return headed_chunks(tenant, n)
 
     def test_a_scope_is_measured_on_its_own_chunks_only(self) -> None:
         """A tenant's scale is the same whether or not another tenant's documents share the index (the scale
