@@ -77,10 +77,15 @@ class TestAiSdkClient:
         cache = Path.home() / ".cache" / "ragloop-tests" / f"ai-{AI_VERSION}"
         if not (cache / "node_modules" / "ai" / "package.json").exists():
             cache.mkdir(parents=True, exist_ok=True)
-            subprocess.run(
+            installed = subprocess.run(
                 [npm, "install", "--no-audit", "--no-fund", "--prefix", str(cache), f"ai@{AI_VERSION}"],
-                check=True, capture_output=True, timeout=300,
+                capture_output=True, text=True, timeout=300,
             )  # fmt: skip
+            if installed.returncode != 0:  # say npm's own reason (a TLS proxy's CA, no registry), not just "exit 1"
+                pytest.fail(
+                    f"npm could not install ai@{AI_VERSION} into {cache} (exit {installed.returncode}); behind a TLS "
+                    f"proxy set NODE_EXTRA_CA_CERTS to its CA bundle. npm said:\n{installed.stderr[-2000:]}"
+                )
         script = cache / "ai-sdk-client.mjs"
         shutil.copy(EXAMPLES / "ai-sdk-client.mjs", script)
         with serving(create_app(sample_rag)) as url:
