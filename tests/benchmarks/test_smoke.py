@@ -224,6 +224,24 @@ class TestBenchMeaning:
         assert 0.0 <= report["turns"]["replies_that_differ"] <= 1.0
 
 
+class TestBenchFirstTurn:
+    def test_reports_both_indexes_with_the_same_reply(self, tmp_path: Path) -> None:
+        """bench_first_turn puts the index that kept its heading vectors beside one without them (an older
+        save): load, chat and first-turn seconds per kind, the headings kept, and one reply for every run."""
+        out = tmp_path / "first.json"
+        done = subprocess.run(
+            [sys.executable, str(BENCH / "bench_first_turn.py"), "--runs", "1", "--out", str(out)],
+            capture_output=True, text=True, timeout=300, cwd=ROOT,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        report = json.loads(out.read_text())
+        assert report["headings_kept"] >= 20
+        for kind in ("kept", "older"):
+            assert len(report["runs"][kind]) == 1 and report["runs"][kind][0]["outcome"] == "context"
+            assert set(report[kind]) == {"load_s", "chat_s", "first_turn_s", "both_s"}
+        assert report["same_reply"] is True
+
+
 class TestBenchGapSeparation:
     def test_a_topic_nearer_to_another_than_to_itself_has_a_negative_margin(self) -> None:
         """Topic a's two questions are orthogonal, and each is close to one of topic b's."""
