@@ -501,6 +501,21 @@ class TestHeadingVectors:
         assert loaded_scales is not None and first is not None and loaded_scales(None) == first(None)
         assert fresh.calls and max(len(c) for c in fresh.calls) <= 4
 
+    def test_an_embedder_that_fails_on_headings_never_fails_the_save(self, tmp_path: Path) -> None:
+        """The vectors are a cache: when embedding the headings raises, the index is saved without them (and
+        loads, and says nothing on stdout), as an index from an older ragloop."""
+
+        class Failing(_MeaningEmbedder):
+            def embed_sync(self, texts: Any, progress: Any = None) -> Any:
+                if len(texts) <= 4:
+                    raise RuntimeError("the query session is gone")
+                return super().embed_sync(texts, progress)
+
+        saved = KnowledgeIndex.build(_headed(), Failing()).save(tmp_path / "kb")
+        assert not (saved / "headings.npz").exists()
+        assert "headings.npz" not in json.loads((saved / "manifest.json").read_text())["files"]
+        assert len(KnowledgeIndex.load(saved, _MeaningEmbedder()).chunks) == 30
+
     def test_a_hash_embedder_index_keeps_none(self, saved: Path) -> None:
         assert not (saved / "headings.npz").exists()
 

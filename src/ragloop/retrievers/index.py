@@ -42,6 +42,7 @@ import anyio.to_thread
 import numpy as np
 import numpy.typing as npt
 
+from ragloop._log import get_logger
 from ragloop.errors import ConfigError, IndexError_
 from ragloop.retrievers.base import Embedder, Retriever
 from ragloop.retrievers.bm25 import BM25Index, BM25Retriever
@@ -87,6 +88,7 @@ _INDEX_ENTRIES = frozenset({_MANIFEST, _CHUNKS, "bm25", "dense.faiss", "dense.js
 
 
 _NO_SCOPE = Scope()
+log = get_logger("ragloop.retrievers.index")
 
 
 def _remove_dead_leftovers(parent: Path, name: str) -> None:
@@ -517,6 +519,19 @@ class KnowledgeIndex:
             self._scales = MeaningScales(self._chunks, self.dense.vectors, embed, self._known_headings)
         return self._scales
 
+    def _headings_to_keep(self) -> dict[str, npt.NDArray[np.float32]]:
+        """The heading vectors a save keeps (the whole index's embedded now if need be); none when the embedder
+        has no meaning, or when embedding them fails: they are a cache, and the save goes on without them
+        (logged ``heading_vectors_not_kept``; a loaded index embeds them on first use)."""
+        scales = self.meaning_scales()
+        if scales is None:
+            return {}
+        try:
+            return scales.headings(measure=True)
+        except Exception as exc:  # noqa: BLE001 — an optional cache never fails the save
+            log.warning("heading_vectors_not_kept", error=_short(exc))
+            return {}
+
     def _heading_vectors(self) -> dict[str, npt.NDArray[np.float32]]:
         """The meaning scale's heading vectors this index knows (embedded, or loaded with it), by text: an update
         hands them to the index it makes, as it hands over the vectors of unchanged chunks."""
@@ -656,6 +671,7 @@ class KnowledgeIndex:
                 folder); only this save's own temporary folder is removed on failure.
         """
         target = check_index_target(directory, source=source)
+        headings = self._headings_to_keep()
         parent = target.parent
         try:
             parent.mkdir(parents=True, exist_ok=True)
@@ -670,8 +686,7 @@ class KnowledgeIndex:
                     fh.write(_chunk_to_json(c, self.scope_of(c.id)) + "\n")
             self.bm25.save(tmp)
             self.dense.save(tmp)
-            scales = self.meaning_scales()
-            if scales is not None and (headings := scales.headings(measure=True)):
+            if headings:
                 with (tmp / _HEADINGS).open("wb") as fh:
                     np.savez(fh, texts=np.array(list(headings)), vectors=np.stack(list(headings.values())))
             files = sorted(p for p in tmp.rglob("*") if p.is_file())
