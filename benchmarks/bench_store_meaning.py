@@ -8,11 +8,16 @@ kept in ``--pgdata``. Then, in this process:
 - ``prepare_corpus``: its time, the memory the corpus keeps (tracemalloc, after a collection), and of that what
   the meaning keeps (each chunk's key and headings, measured alone), beside what holding every vector would cost
   (chunks × dim × 4 bytes);
-- for each scope (the whole collection, each tenant, in that order), the scale measured twice: the first time
-  embeds its headings (those another scope did not embed already), the second reads its vectors and calibrates
-  only; then the vector read alone. Times are taken with tracemalloc off (it slows every allocation); a third
-  measurement and a second read, under tracemalloc, give the most memory each held at once (the scope's
-  vectors, dropped after).
+- ``keep_headings`` per tenant, timed: what a sync does last, keeping the vectors of the headings the whole
+  collection's scale and the tenant's ask in the collection's ``_headings`` table (nothing to embed when the
+  kept collection already holds them);
+- for each scope (the whole collection, each tenant, in that order), the scale measured twice: the first time looks
+  up its headings among the kept ones (and embeds any not kept), the second reads its vectors and calibrates only;
+  then the vector read alone. Beside the first time, the same scale's first time without kept headings
+  (``first_s_without_kept_headings``: a meaning built without the lookup, which embeds every heading it asks, as
+  before the table existed), measured just before it, and whether the two scales are equal. Times are taken with
+  tracemalloc off (it slows every allocation); a third measurement and a second read, under tracemalloc, give the
+  most memory each held at once (the scope's vectors, dropped after).
 
 It asserts nothing; it prints one JSON object and writes ``benchmarks/results/bench_store_meaning.json``.
 
@@ -39,7 +44,8 @@ import anyio
 from ragloop.retrievers.embed import MiniLMEmbedder
 from ragloop.retrievers.ingest import ingest_path
 from ragloop.retrievers.postgres import PostgresStore
-from ragloop.retrievers.postgres._meaning import COLUMNS, StoreMeaning
+from ragloop.retrievers.postgres._meaning import COLUMNS, StoreMeaning, keep_headings
+from ragloop.retrievers.scope import Scope
 
 RESULTS = Path(__file__).parent / "results"
 DATA = Path(__file__).parents[1] / ".." / "shared" / "data"
@@ -66,6 +72,18 @@ async def _fill(url: str, collection: str, embedder: MiniLMEmbedder, limit: int 
             await store.sync(chunks, scope={"tenant": tenant})
             loaded[tenant] = {"chunks": len(chunks), "s": round(time.perf_counter() - t0, 1)}
         return loaded
+
+
+async def _keep(url: str, collection: str) -> dict[str, Any]:
+    """What each tenant's sync does last (``keep_headings``), timed: it embeds and keeps the headings the whole
+    collection's scale and the tenant's ask (nothing on a second run: they are kept)."""
+    out: dict[str, Any] = {}
+    async with PostgresStore(url, collection=collection) as store:
+        for tenant in TENANTS:
+            t0 = time.perf_counter()
+            embedded = await keep_headings(store, Scope.of({"tenant": tenant}))
+            out[tenant] = {"embedded": embedded, "s": round(time.perf_counter() - t0, 3)}
+    return out
 
 
 async def _prepare(url: str, collection: str) -> tuple[Any, dict[str, Any]]:
@@ -121,11 +139,13 @@ def _peak(fn: Any) -> float:
     return _mb(peak)
 
 
-def _scopes(corpus: Any, dim: int) -> dict[str, Any]:
+def _scopes(corpus: Any, dim: int, bare: Any) -> dict[str, Any]:
     vectors = corpus.meaning._scales._vectors  # the store's StoredVectors: the read alone
+    corpus.meaning._scales._embed(["warm up"])  # MiniLM's query session compiled before any timing
     out: dict[str, Any] = {}
     for name, filters in (("all", None), *((t, {"tenant": (t,)}) for t in TENANTS)):
         positions = corpus.visible(filters) if filters else None
+        embedding, first_embedding = _timed(lambda p=positions: bare(p))
         scale, first = _timed(lambda p=positions: corpus.meaning(p))
         _, again = _timed(lambda p=positions: corpus.meaning(p))
         ids = [str(i) for i in (positions if positions is not None else range(len(corpus)))]
@@ -135,6 +155,8 @@ def _scopes(corpus: Any, dim: int) -> dict[str, Any]:
             "threshold": scale.threshold if scale else None,
             "questions": scale.questions if scale else 0,
             "first_s": first,
+            "first_s_without_kept_headings": first_embedding,
+            "same_scale_without_kept_headings": embedding == scale,
             "again_s": again,
             "read_vectors_s": read,
             "again_peak_mb": _peak(lambda p=positions: corpus.meaning(p)),
@@ -158,8 +180,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     }
     try:
         report["load"] = await _fill(url, collection, MiniLMEmbedder(), args.limit)
+        report["keep_headings"] = await _keep(url, collection)
         corpus, report["prepare_corpus"] = await _prepare(url, collection)
-        report["scopes"] = await anyio.to_thread.run_sync(lambda: _scopes(corpus, 384))
+        store = PostgresStore(url, collection=collection, create=False)
+        try:
+            rows = await store._prepare(COLUMNS)
+        finally:
+            await store.aclose()
+        bare = StoreMeaning.of(url, store._t["chunks"], rows, store.embedder, str)  # no kept headings
+        report["scopes"] = await anyio.to_thread.run_sync(lambda: _scopes(corpus, 384, bare))
     finally:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -174,6 +174,8 @@ class TestBenchStoreMeaning:
         assert set(report["scopes"]) == {"all", "fastapi", "redis"}
         for scope in report["scopes"].values():
             assert {"first_s", "again_s", "read_vectors_s", "again_peak_mb", "read_vectors_peak_mb"} <= set(scope)
+            assert "first_s_without_kept_headings" in scope
+        assert set(report["keep_headings"]) == {"fastapi", "redis"}
 
 
 class TestBenchStore:

@@ -196,3 +196,138 @@ class TestChatOverTheStore:
                 assert reply.outcome == "none" and not reply.citations, (question, reply.text)
         finally:
             await rag.aclose()
+
+
+class _Counting:
+    """MiniLM that records every text it embeds in the calling thread (``embed_sync``: headings, the sync's
+    chunks), and may refuse calls of a few texts (the headings)."""
+
+    def __init__(self, minilm: MiniLMEmbedder, *, refuse_small: bool = False) -> None:
+        self._minilm, self.refuse_small = minilm, refuse_small
+        self.name, self.dim = minilm.name, minilm.dim
+        self.embedded: list[str] = []
+
+    def embed_sync(self, texts: Any, progress: Any = None) -> Any:
+        if self.refuse_small and len(texts) <= 4:
+            raise RuntimeError("the query session is gone")
+        self.embedded.extend(texts)
+        return self._minilm.embed_sync(texts, progress)
+
+    async def embed(self, texts: Any) -> Any:
+        return await self._minilm.embed(texts)
+
+
+async def _kept(url: str, collection: str) -> set[str]:
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        return {r[0] for r in await (await conn.execute(f"select heading from {collection}_headings")).fetchall()}
+
+
+class TestKeptHeadings:
+    """A sync keeps the headings the scales ask (``<collection>_headings``); a reader measures without them."""
+
+    async def test_a_reader_measures_the_same_scales_without_embedding_a_heading(
+        self, stores: str, minilm: MiniLMEmbedder, tasker: list[Chunk]
+    ) -> None:
+        """A replica's start (the whole collection's scale) and a tenant's first turn (acme's) embed nothing: the
+        syncs kept both scopes' headings and the whole collection's."""
+        counting = _Counting(minilm)
+        store = PostgresStore(stores, counting, collection="meaning_both", create=False)  # type: ignore[arg-type]
+        try:
+            corpus = await store.prepare_corpus()
+        finally:
+            await store.aclose()
+        whole, acme = _measure(corpus), _measure(corpus, {"tenant": ("acme",)})
+        assert counting.embedded == []
+        _close(whole, _measure(await _corpus(stores, "meaning_both")))
+        local = KnowledgeIndex.build(Scope.of(ACME).apply(tasker), minilm).meaning_scales()
+        assert local is not None
+        _close(acme, local(None))
+
+    async def test_a_collection_without_the_table_still_measures(
+        self, pg_url: str, collection: str, minilm: MiniLMEmbedder, tasker: list[Chunk]
+    ) -> None:
+        """A collection no sync of this ragloop has written since (no ``_headings`` table) embeds its headings on
+        use and measures the same scale."""
+        import psycopg
+
+        async with PostgresStore(pg_url, minilm, collection=collection) as store:
+            await store.sync(tasker)
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+            await conn.execute(f"drop table {collection}_headings")
+        counting = _Counting(minilm)
+        store = PostgresStore(pg_url, counting, collection=collection, create=False)  # type: ignore[arg-type]
+        try:
+            corpus = await store.prepare_corpus()
+        finally:
+            await store.aclose()
+        local = KnowledgeIndex.build(tasker, minilm).meaning_scales()
+        assert local is not None
+        _close(_measure(corpus), local(None))
+        assert len(counting.embedded) == 48
+
+    async def test_a_sync_keeps_a_new_title_and_drops_the_old_one(
+        self, pg_url: str, collection: str, minilm: MiniLMEmbedder, tasker: list[Chunk]
+    ) -> None:
+        """Retitling one page embeds its new title only and leaves no row for the old one."""
+        async with PostgresStore(pg_url, minilm, collection=collection) as store:
+            await store.sync(tasker)
+        first = tasker[0]
+        assert first.title in await _kept(pg_url, collection)
+        renamed = [
+            Chunk(c.id, c.text, source=c.source, title="A page renamed", title_path=("A page renamed",),
+                  doc_id=c.doc_id, metadata=c.metadata) if c.doc_id == first.doc_id else c
+            for c in tasker
+        ]  # fmt: skip
+        counting = _Counting(minilm)
+        async with PostgresStore(pg_url, counting, collection=collection) as store:  # type: ignore[arg-type]
+            await store.sync(renamed)
+        kept = await _kept(pg_url, collection)
+        assert "A page renamed" in kept and first.title not in kept
+        assert [t for t in counting.embedded if "\n" not in t and len(t) < 120] == ["A page renamed"]
+
+    async def test_failing_to_keep_them_never_fails_the_sync(
+        self, pg_url: str, collection: str, minilm: MiniLMEmbedder, tasker: list[Chunk]
+    ) -> None:
+        """An embedder that fails on the headings: the sync lands (every chunk stored), keeps none, and logs
+        ``heading_vectors_not_kept``; a reader then embeds them on use."""
+        refusing = _Counting(minilm, refuse_small=True)
+        with capture_logs() as logs:
+            async with PostgresStore(pg_url, refusing, collection=collection) as store:  # type: ignore[arg-type]
+                summary = await store.sync(tasker)
+        assert summary.added == len({c.doc_id for c in tasker})
+        assert await _kept(pg_url, collection) == set()
+        assert [e["event"] for e in logs if e["log_level"] == "warning"] == ["heading_vectors_not_kept"]
+        local = KnowledgeIndex.build(tasker, minilm).meaning_scales()
+        assert local is not None
+        _close(_measure(await _corpus(pg_url, collection)), local(None))
+
+    async def test_a_lookup_reads_only_the_texts_it_is_asked(self, stores: str, tasker: list[Chunk]) -> None:
+        """A replica asks for the headings of the scopes it measures, never the whole table (every tenant's)."""
+        from ragloop.retrievers.postgres._meaning import StoredHeadings
+
+        kept = await _kept(stores, "meaning_both")
+        assert len(kept) > 48  # the manual's headings and the sample's, from both tenants' syncs
+        lookup = StoredHeadings(stores, "meaning_both_headings", 384)
+        asked = [tasker[0].title, "a heading nobody wrote"]
+        got = await anyio.to_thread.run_sync(lookup, asked)
+        assert set(got) == {tasker[0].title} and got[tasker[0].title].shape == (384,)
+
+    def test_a_database_error_finds_nothing_and_logs_without_the_password(self, monkeypatch: Any) -> None:
+        """Any error but a missing table is logged (the URL's password hidden) and the texts are embedded."""
+        import psycopg
+
+        from ragloop.retrievers.postgres import _meaning
+
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            raise psycopg.OperationalError("connection to postgresql://u:s3cret@db/x failed: permission denied")
+
+        monkeypatch.setattr(psycopg, "connect", refused)
+        lookup = _meaning.StoredHeadings(
+            "postgresql://u:s3cret@db/x", "t_headings", 384, lambda m: m.replace("s3cret", "***")
+        )
+        with capture_logs() as logs:
+            assert lookup(["Billing"]) == {}
+        assert [e["event"] for e in logs] == ["heading_vectors_unread"]
+        assert "s3cret" not in str(logs)

@@ -173,6 +173,8 @@ class MeaningScales:
         vectors: The stored vectors of chunk ids (the index's dense vectors).
         embed: Embeds a few short texts in the calling thread (an embedder's ``embed_sync``).
         known: Heading vectors by text, embedded earlier by the same embedder (a saved index's).
+        lookup: Finds kept vectors of some heading texts before they are embedded (a store's kept headings:
+            only the texts a scale asks are read); a text it does not return is embedded.
     """
 
     def __init__(
@@ -181,19 +183,28 @@ class MeaningScales:
         vectors: Callable[[Sequence[str]], npt.NDArray[np.float32]],
         embed: Callable[[Sequence[str]], npt.NDArray[np.float32]],
         known: Mapping[str, npt.NDArray[np.float32]] | None = None,
+        lookup: Callable[[Sequence[str]], Mapping[str, npt.NDArray[np.float32]]] | None = None,
     ) -> None:
-        self._chunks, self._vectors, self._embed = chunks, vectors, embed
+        self._chunks, self._vectors, self._embed, self._lookup = chunks, vectors, embed, lookup
         self._headings: dict[str, npt.NDArray[np.float32]] = dict(known or {})
         self._lock = threading.Lock()
+        #: Headings embedded here (not known, not looked up): what a store's sync has to keep.
+        self.embedded: set[str] = set()
+
+    def measure_headings(self, positions: Sequence[int] | None = None) -> None:
+        """Embed the headings the scale of the chunks at ``positions`` (every chunk: ``None``) asks, as
+        :meth:`__call__` would, without measuring it (what a save or a store's sync keeps)."""
+        chunks = self._chunks if positions is None else [self._chunks[i] for i in positions]
+        asked = pseudo_questions(chunks)
+        if len(asked) >= MIN_QUESTIONS:
+            self._heading_vectors([t for t, _ in asked])
 
     def headings(self, *, measure: bool = False) -> dict[str, npt.NDArray[np.float32]]:
         """The vectors of this index's headings embedded so far (or known from before), by text; with
-        ``measure``, the whole index's pseudo-questions are embedded first (what a save keeps). A heading no
-        chunk has any more (``known`` from an index before an update) is left out."""
+        ``measure``, the whole index's pseudo-questions are embedded first (:meth:`measure_headings`: what a
+        save keeps). A heading no chunk has any more (``known`` from an index before an update) is left out."""
         if measure:
-            asked = pseudo_questions(self._chunks)
-            if len(asked) >= MIN_QUESTIONS:
-                self._heading_vectors([t for t, _ in asked])
+            self.measure_headings()
         present = {" ".join(h.split()) for c in self._chunks for h in (c.title, *c.title_path)}
         with self._lock:
             return {t: v for t, v in self._headings.items() if t in present}
@@ -201,11 +212,17 @@ class MeaningScales:
     def _heading_vectors(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
         with self._lock:
             todo = [t for t in dict.fromkeys(texts) if t not in self._headings]
+        if todo and self._lookup is not None:
+            found = self._lookup(todo)
+            with self._lock:
+                self._headings.update((t, np.asarray(found[t], dtype=np.float32)) for t in todo if t in found)
+            todo = [t for t in todo if t not in found]
         for start in range(0, len(todo), _PER_CALL):
             part = todo[start : start + _PER_CALL]
             got = np.asarray(self._embed(part), dtype=np.float32)
             with self._lock:
                 self._headings.update(zip(part, got, strict=True))
+                self.embedded.update(part)
         with self._lock:
             return np.stack([self._headings[t] for t in texts])
 

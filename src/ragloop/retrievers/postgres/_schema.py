@@ -69,6 +69,7 @@ def _tables_ddl(t: dict[str, str], dim: int) -> str:
     );
     insert into {t["stats"]} values (1, 0, 0) on conflict do nothing;
     create table if not exists {t["keys"]} (key text primary key);
+    create table if not exists {t["headings"]} (heading text primary key, embedding vector({int(dim)}) not null);
     """
 
 

@@ -6,6 +6,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ragloop._log import get_logger
 from ragloop.errors import ConfigError, RetrievalError, StoreBusy, StoreUnavailable
 from ragloop.retrievers.base import Embedder
 from ragloop.retrievers.bm25 import Tokenizer
@@ -21,6 +22,7 @@ from ragloop.state import Chunk, Hit
 if TYPE_CHECKING:
     from psycopg import AsyncConnection
 
+log = get_logger("ragloop.retrievers.postgres")
 _NAME = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 
 
@@ -140,6 +142,7 @@ class PostgresStore:
             "terms": f"{t}_terms",
             "stats": f"{t}_stats",
             "keys": f"{t}_keys",
+            "headings": f"{t}_headings",
         }
 
     @property
@@ -203,7 +206,7 @@ class PostgresStore:
         """
         rows = await self._prepare(f"text, metadata, {_meaning.COLUMNS}")
         meaning = _meaning.StoreMeaning.of(
-            self.url, self._t["chunks"], [r[2:] for r in rows], self.embedder, self._conn.hidden
+            self.url, self._t["chunks"], [r[2:] for r in rows], self.embedder, self._conn.hidden, self._t["headings"]
         )
         return Corpus(
             tuple(r[0] for r in rows),
@@ -364,10 +367,11 @@ class PostgresStore:
                 nothing was written.
             StoreUnavailable: the server cannot be reached.
         """
-        return await _sync.sync(
+        scoped = Scope.of(scope)
+        summary = await _sync.sync(
             self,
             chunks,
-            scope=Scope.of(scope),
+            scope=scoped,
             delete_missing=delete_missing,
             prune=prune,
             max_removed=max_removed,
@@ -375,6 +379,12 @@ class PostgresStore:
             progress=progress,
             bulk_threshold=bulk_threshold,
         )
+        if not dry_run:
+            try:
+                await _meaning.keep_headings(self, scoped)
+            except Exception as exc:  # noqa: BLE001 — a cache: the sync has landed; readers embed on use
+                log.warning("heading_vectors_not_kept", collection=self.collection, error=self._conn.hidden(str(exc)))
+        return summary
 
     @property
     def version(self) -> str:
