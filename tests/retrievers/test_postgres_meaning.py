@@ -331,3 +331,26 @@ class TestKeptHeadings:
             assert lookup(["Billing"]) == {}
         assert [e["event"] for e in logs] == ["heading_vectors_unread"]
         assert "s3cret" not in str(logs)
+
+    async def test_two_tenants_synced_at_once_both_land_and_nothing_fails(
+        self, pg_url: str, collection: str, minilm: MiniLMEmbedder, tasker: list[Chunk]
+    ) -> None:
+        """Two scopes' syncs at once (each keeps headings after its rows land): both land, neither logs a failure,
+        and every kept row is a heading the collection has."""
+        sample = ingest_path(SAMPLE_KB).chunks
+        async with PostgresStore(pg_url, minilm, collection=collection) as store:
+            await store.open()
+        with capture_logs() as logs:
+            async with anyio.create_task_group() as tg:
+                for chunks, scope in ((tasker, ACME), (sample, GLOBEX)):
+
+                    async def one(chunks: list[Chunk] = chunks, scope: dict[str, str] = scope) -> None:
+                        async with PostgresStore(pg_url, minilm, collection=collection) as store:
+                            await store.sync(chunks, scope=scope)
+
+                    tg.start_soon(one)
+        assert not [e for e in logs if e["log_level"] in ("warning", "error")]
+        corpus = await _corpus(pg_url, collection)
+        assert len(corpus) == len(tasker) + len(sample)
+        titles = {" ".join(h.split()) for c in [*tasker, *sample] for h in (c.title, *c.title_path)}
+        assert await _kept(pg_url, collection) <= titles

@@ -267,11 +267,11 @@ def read_headings(conn: Any, table: str, dim: int, texts: Sequence[str]) -> dict
 
 async def keep_headings(store: Store, scope: Scope) -> int:
     """After a sync: keep the vectors of the headings that the whole collection's scale and ``scope``'s ask in the
-    collection's ``_headings`` table (embedding those no sync kept yet), and drop kept ones no chunk has any
-    more; how many were embedded (none for an embedder without meaning). A heading's vector depends on its text
-    alone, so a row is never stale; a sync of another scope running at the same time can at worst drop a row
-    the other just kept (it is embedded again on use). Reads only the texts it asks, never the whole table.
-    Failures are the caller's to log, never the sync's (the vectors are a cache)."""
+    collection's ``_headings`` table (embedding those no sync kept yet), and drop kept ones no chunk has any more;
+    how many were embedded (none for an embedder without meaning). A heading's vector depends on its text alone, so
+    a row is never stale; syncs write one at a time (an advisory lock), and one that read its chunks before
+    another's landed can at worst drop a row the other kept (it is embedded again on use). Reads only the texts it
+    asks, never the whole table. Failures are the caller's to log, never the sync's (the vectors are a cache)."""
     embed = meaning_embed(store.embedder)
     if embed is None:
         return 0
@@ -298,6 +298,8 @@ async def keep_headings(store: Store, scope: Scope) -> int:
 
     async def write(conn: AsyncConnection[Any]) -> None:
         async with conn.transaction():
+            # syncs of two scopes at once write one after the other (no deadlock between their rows)
+            await conn.execute("select pg_advisory_xact_lock(hashtext(%s))", (f"ragloop:{store.collection}:headings",))
             await conn.execute(f"delete from {t['headings']} where not (heading = any(%s))", (present,))
             if new:
                 async with conn.cursor() as cur:
