@@ -28,6 +28,16 @@ def run_json(script: str, *args: str) -> Any:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def run_report(script: str, out: Path, *args: str, timeout: int = 300) -> Any:
+    """Run ``benchmarks/<script>`` with ``args`` and ``--out out``, and parse the report it wrote there."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), *args, "--out", str(out)],
+        capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One folder for the hash-embedder sample index, shared by the scripts that build it."""
@@ -212,13 +222,7 @@ class TestBenchMeaning:
     def test_reports_both_chats_build_and_turn_times(self, tmp_path: Path) -> None:
         """bench_meaning puts the chat without a scale beside the one with it: build seconds, turn p50/p95, the
         threshold the sample measures and the share of replies that differ."""
-        out = tmp_path / "meaning.json"
-        done = subprocess.run(
-            [sys.executable, str(BENCH / "bench_meaning.py"), "--rounds", "1", "--limit", "3", "--out", str(out)],
-            capture_output=True, text=True, timeout=300, cwd=ROOT,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-2000:]
-        report = json.loads(out.read_text())
+        report = run_report("bench_meaning.py", tmp_path / "meaning.json", "--rounds", "1", "--limit", "3")
         assert set(report["build_s"]) == {"before", "after"}
         assert report["turns"]["before"]["first"]["turns"] == report["turns"]["after"]["first"]["turns"] == 3
         assert "repeat" not in report["turns"]["after"]  # one round: every question asked once
@@ -230,13 +234,7 @@ class TestBenchFirstTurn:
     def test_reports_both_indexes_with_the_same_reply(self, tmp_path: Path) -> None:
         """bench_first_turn puts the index that kept its heading vectors beside one without them (an older
         save): load, chat and first-turn seconds per kind, the headings kept, and one reply for every run."""
-        out = tmp_path / "first.json"
-        done = subprocess.run(
-            [sys.executable, str(BENCH / "bench_first_turn.py"), "--runs", "1", "--out", str(out)],
-            capture_output=True, text=True, timeout=300, cwd=ROOT,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-2000:]
-        report = json.loads(out.read_text())
+        report = run_report("bench_first_turn.py", tmp_path / "first.json", "--runs", "1")
         assert report["headings_kept"] >= 20
         for kind in ("kept", "older"):
             assert len(report["runs"][kind]) == 1 and report["runs"][kind][0]["outcome"] == "context"
@@ -258,12 +256,7 @@ class TestBenchGapSeparation:
     def test_writes_each_sets_topics_and_the_summary(self, tmp_path: Path) -> None:
         """One planted set through MiniLM: every topic measured, the summary counted, the table written."""
         out = tmp_path / "separation.json"
-        done = subprocess.run(
-            [sys.executable, str(BENCH / "bench_gap_separation.py"), "--sets", "heldout-1", "--out", str(out)],
-            capture_output=True, text=True, timeout=120, cwd=ROOT,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-2000:]
-        report = json.loads(out.read_text())
+        report = run_report("bench_gap_separation.py", out, "--sets", "heldout-1", timeout=120)
         assert [r["topic"] for r in report["heldout-1"]] == ["whiteboard", "trello", "video"]
         assert report["summary"]["topics"] == 3 and out.with_suffix(".txt").is_file()
         assert 0.5 < report["summary"]["pair_auc"] <= 1.0 and "mpnet" not in report
