@@ -193,7 +193,7 @@ class MeaningScales:
 
     def measure_headings(self, positions: Sequence[int] | None = None) -> None:
         """Embed the headings the scale of the chunks at ``positions`` (every chunk: ``None``) asks, as
-        :meth:`__call__` would, without measuring it (what a save or a store's sync keeps)."""
+        calling the scales would, without measuring it (what a save or a store's sync keeps)."""
         chunks = self._chunks if positions is None else [self._chunks[i] for i in positions]
         asked = pseudo_questions(chunks)
         if len(asked) >= MIN_QUESTIONS:
