@@ -354,3 +354,26 @@ class TestKeptHeadings:
         assert len(corpus) == len(tasker) + len(sample)
         titles = {" ".join(h.split()) for c in [*tasker, *sample] for h in (c.title, *c.title_path)}
         assert await _kept(pg_url, collection) <= titles
+
+    async def test_a_sync_that_changes_nothing_leaves_them_unless_none_are_kept(
+        self, pg_url: str, collection: str, minilm: MiniLMEmbedder, tasker: list[Chunk]
+    ) -> None:
+        """A repeated sync of the same pages reads no headings (a row removed by hand stays away); over a
+        collection that keeps none (written before the table), the same sync keeps them."""
+        import psycopg
+
+        async with PostgresStore(pg_url, minilm, collection=collection) as store:
+            await store.sync(tasker)
+        full = await _kept(pg_url, collection)
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+            await conn.execute(f"delete from {collection}_headings where heading = %s", (tasker[0].title,))
+        counting = _Counting(minilm)
+        async with PostgresStore(pg_url, counting, collection=collection) as store:  # type: ignore[arg-type]
+            summary = await store.sync(tasker)
+        assert summary.unchanged == len({c.doc_id for c in tasker}) and counting.embedded == []
+        assert await _kept(pg_url, collection) == full - {tasker[0].title}
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+            await conn.execute(f"delete from {collection}_headings")
+        async with PostgresStore(pg_url, minilm, collection=collection) as store:
+            await store.sync(tasker)
+        assert await _kept(pg_url, collection) == full

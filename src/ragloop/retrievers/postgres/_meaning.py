@@ -221,8 +221,8 @@ class StoredHeadings:
     the headings of the scopes it serves, never every tenant's.
 
     Fail-open: a missing table (a collection no sync of this ragloop has written since), a role that may not
-    read it, or any database error finds nothing (logged ``heading_vectors_unread`` once per error kind when
-    it is not a missing table), and the texts are embedded as before.
+    read it, or any database error finds nothing (logged ``heading_vectors_unread``, the URL's credentials
+    hidden, unless the table is just missing), and the texts are embedded as before.
 
     Args:
         url: The store's connection URL.
@@ -265,22 +265,28 @@ def read_headings(conn: Any, table: str, dim: int, texts: Sequence[str]) -> dict
     return out
 
 
-async def keep_headings(store: Store, scope: Scope) -> int:
-    """After a sync: keep the vectors of the headings that the whole collection's scale and ``scope``'s ask in the
-    collection's ``_headings`` table (embedding those no sync kept yet), and drop kept ones no chunk has any more;
-    how many were embedded (none for an embedder without meaning). A heading's vector depends on its text alone, so
-    a row is never stale; syncs write one at a time (an advisory lock), and one that read its chunks before
-    another's landed can at worst drop a row the other kept (it is embedded again on use). Reads only the texts it
-    asks, never the whole table. Failures are the caller's to log, never the sync's (the vectors are a cache)."""
+async def keep_headings(store: Store, scope: Scope, *, changed: bool = True) -> int:
+    """After a sync (``changed``: it added, changed or removed documents; one that did not, over a collection that
+    keeps some already, does nothing): keep the vectors of the headings that the whole collection's scale and
+    ``scope``'s ask in the collection's ``_headings`` table (embedding those no sync kept yet), and drop kept ones
+    no chunk has any more; how many were embedded (none for an embedder without meaning). A heading's vector depends
+    on its text alone, so a row is never stale; syncs write one at a time (an advisory lock), and one that read its
+    chunks before another's landed can at worst drop a row the other kept (it is embedded again on use). Reads only
+    the texts it asks, never the whole table. Failures are the caller's to log, never the sync's (the vectors are a
+    cache)."""
     embed = meaning_embed(store.embedder)
     if embed is None:
         return 0
     t, dim = store._t, store.embedder.dim
 
-    async def read(conn: AsyncConnection[Any]) -> list[Any]:
+    async def read(conn: AsyncConnection[Any]) -> list[Any] | None:
+        if not changed and await (await conn.execute(f"select 1 from {t['headings']} limit 1")).fetchone():
+            return None  # a sync that changed nothing, over a collection whose headings are kept: nothing to do
         return list(await (await conn.execute(f"select {COLUMNS} from {t['chunks']} order by doc_id, seq")).fetchall())
 
     rows = await store._run(read)
+    if rows is None:
+        return 0
     chunks = StoredChunks(rows)
     lookup = StoredHeadings(store.url, t["headings"], dim, lambda message: hide_credentials(message, store.url))
     scales = MeaningScales(chunks, lambda ids: np.zeros((len(ids), dim), dtype=np.float32), embed, lookup=lookup)

@@ -340,12 +340,13 @@ class PostgresStore:
     ) -> SyncSummary:
         """Make ``scope``'s documents in the collection exactly these chunks' documents, in place.
 
-        Only documents of ``scope`` are added, changed or removed; every other scope's rows are left as they
-        are (a document is identified by its scope and id: ``guide.md`` of two tenants is two documents).
-        Documents are compared by a hash of their chunks, URL and metadata; a changed document's rows are
-        replaced in one transaction; chunks whose embedded text is already stored (same content hash)
-        reuse that embedding. Runs of one scope wait for each other (an advisory lock); runs of different
-        scopes go on at once.
+        Only documents of ``scope`` are added, changed or removed; every other scope's rows are left as they are (a
+        document is identified by its scope and id: ``guide.md`` of two tenants is two documents). Documents are
+        compared by a hash of their chunks, URL and metadata; a changed document's rows are replaced in one
+        transaction; chunks whose embedded text is already stored (same content hash) reuse that embedding. Once the
+        rows land, the vectors of the headings the offline judges' meaning scales ask are kept for readers (skipped
+        when nothing changed and some are kept); failing that is logged (``heading_vectors_not_kept``), never
+        raised. Runs of one scope wait for each other (an advisory lock); runs of different scopes go on at once.
 
         Args:
             chunks: The chunks of every document (grouped by ``Chunk.doc_id``); stored as
@@ -381,7 +382,9 @@ class PostgresStore:
         )
         if not dry_run:
             try:
-                await _meaning.keep_headings(self, scoped)
+                await _meaning.keep_headings(
+                    self, scoped, changed=bool(summary.added or summary.changed or summary.removed)
+                )
             except Exception as exc:  # noqa: BLE001 — a cache: the sync has landed; readers embed on use
                 log.warning("heading_vectors_not_kept", collection=self.collection, error=self._conn.hidden(str(exc)))
         return summary
