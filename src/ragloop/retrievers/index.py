@@ -527,12 +527,13 @@ class KnowledgeIndex:
         if scales is None:
             return {}
         try:
-            return scales.headings(measure=True)
+            scales.measure_headings()
         except Exception as exc:  # noqa: BLE001 — an optional cache never fails the save
             log.warning("heading_vectors_not_kept", error=_short(exc))
             return {}
+        return scales.headings()
 
-    def _heading_vectors(self) -> dict[str, npt.NDArray[np.float32]]:
+    def _known_heading_vectors(self) -> dict[str, npt.NDArray[np.float32]]:
         """The meaning scale's heading vectors this index knows (embedded, or loaded with it), by text: an update
         hands them to the index it makes, as it hands over the vectors of unchanged chunks."""
         return self._scales.headings() if self._scales is not None else dict(self._known_headings)

@@ -48,6 +48,7 @@ __all__ = [
     "MeaningScale",
     "MeaningScales",
     "calibrate_meaning",
+    "heading_texts",
     "meaning_embed",
     "pseudo_questions",
 ]
@@ -99,14 +100,18 @@ def _doc(chunk: Chunk) -> str:
     return chunk.doc_id or chunk.source or chunk.id
 
 
+def heading_texts(chunk: Chunk) -> tuple[str, ...]:
+    """The chunk's page title and section headings, whitespace collapsed: the texts a heading is kept by."""
+    return tuple(" ".join(heading.split()) for heading in (chunk.title, *chunk.title_path))
+
+
 def pseudo_questions(chunks: Sequence[Chunk], limit: int = MAX_QUESTIONS) -> list[tuple[str, str]]:
     """``(heading, document)`` pairs: every page title and section heading of ``chunks`` that occurs in one
     document only (a heading two pages share, "Examples", asks nothing one page answers), whitespace collapsed,
     at most ``limit`` of them, picked by the hash of their text (the same chunks give the same sample)."""
     docs: dict[str, set[str]] = {}
     for chunk in chunks:
-        for heading in (chunk.title, *chunk.title_path):
-            text = " ".join(heading.split())
+        for text in heading_texts(chunk):
             if _MIN_CHARS <= len(text) <= _MAX_CHARS:
                 docs.setdefault(text, set()).add(_doc(chunk))
     single = [(text, next(iter(owners))) for text, owners in docs.items() if len(owners) == 1]
@@ -199,13 +204,10 @@ class MeaningScales:
         if len(asked) >= MIN_QUESTIONS:
             self._heading_vectors([t for t, _ in asked])
 
-    def headings(self, *, measure: bool = False) -> dict[str, npt.NDArray[np.float32]]:
-        """The vectors of this index's headings embedded so far (or known from before), by text; with
-        ``measure``, the whole index's pseudo-questions are embedded first (:meth:`measure_headings`: what a
-        save keeps). A heading no chunk has any more (``known`` from an index before an update) is left out."""
-        if measure:
-            self.measure_headings()
-        present = {" ".join(h.split()) for c in self._chunks for h in (c.title, *c.title_path)}
+    def headings(self) -> dict[str, npt.NDArray[np.float32]]:
+        """The vectors of this index's headings embedded so far (or known from before), by text. A heading no
+        chunk has any more (``known`` from an index before an update) is left out."""
+        present = {text for c in self._chunks for text in heading_texts(c)}
         with self._lock:
             return {t: v for t, v in self._headings.items() if t in present}
 

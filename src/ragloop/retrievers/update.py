@@ -312,7 +312,7 @@ def update_index(
         hnsw_threshold=old.dense.hnsw_threshold,
         stem=old.bm25.tokenizer.stem,
         scopes=scopes,
-        headings=old._heading_vectors(),  # a heading's vector depends on its text alone, like a chunk's
+        headings=old._known_heading_vectors(),  # a heading's vector depends on its text alone, like a chunk's
     )
     summary = SyncSummary.of(
         diff,

@@ -50,7 +50,7 @@ import numpy.typing as npt
 
 from ragloop._log import get_logger
 from ragloop._redact import hide_credentials
-from ragloop.retrievers.meaning import MeaningScale, MeaningScales, meaning_embed
+from ragloop.retrievers.meaning import MeaningScale, MeaningScales, heading_texts, meaning_embed
 from ragloop.retrievers.postgres._common import _APP, Store, psycopg_module
 from ragloop.retrievers.scope import Scope
 from ragloop.state import Chunk
@@ -300,7 +300,7 @@ async def keep_headings(store: Store, scope: Scope, *, changed: bool = True) -> 
 
     kept = await anyio.to_thread.run_sync(measure)
     new = [(h, v) for h, v in kept.items() if h in scales.embedded]
-    present = sorted({" ".join(h.split()) for r in rows for h in (r[3], *(r[4] or ()))})
+    present = sorted({text for chunk in chunks for text in heading_texts(chunk)})
 
     async def write(conn: AsyncConnection[Any]) -> None:
         async with conn.transaction():
