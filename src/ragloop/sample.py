@@ -2,7 +2,9 @@
 
 :func:`sample_index` builds the index on first use and caches it; later calls load the cached copy. The cache
 key covers the pages' content and the embedder, so editing a page or installing the ``[embed]`` extra makes
-a fresh index.
+a fresh index. A
+cached index an older ragloop saved without heading vectors is saved again once with them, so later starts
+load them instead of embedding the sample's headings.
 """
 
 from __future__ import annotations
@@ -100,9 +102,16 @@ def sample_index(cache_dir: Path | None = None, *, embedder: Embedder | None = N
     target = (cache_dir or default_cache_dir()) / f"sample-{_content_key(emb)}"
     if target.exists():
         try:
-            return KnowledgeIndex.load(target, emb)
+            cached = KnowledgeIndex.load(target, emb)
         except IndexError_ as exc:
             log.warning("sample_index.rebuild", path=str(target), reason=str(exc))
+        else:
+            if cached.lacks_heading_vectors:  # cached by an older ragloop: keep them now, once
+                try:
+                    cached.save(target)
+                except (OSError, IndexError_) as exc:
+                    log.warning("sample_index.not_cached", path=str(target), error=str(exc))
+            return cached
     result = ingest_path(sample_kb_path())
     index = KnowledgeIndex.build(result.chunks, emb)
     try:

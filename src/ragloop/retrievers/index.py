@@ -533,6 +533,14 @@ class KnowledgeIndex:
             return {}
         return scales.headings()
 
+    @property
+    def lacks_heading_vectors(self) -> bool:
+        """Whether no heading vectors were handed to this index although its embedder has meaning: it was built
+        here, or loaded from a save that kept none (a ragloop from before they were kept, or a save whose
+        embedding of them failed). Every process that loads such a save embeds them again, until it is saved
+        once more."""
+        return not self._known_headings and meaning_embed(self.embedder) is not None
+
     def _known_heading_vectors(self) -> dict[str, npt.NDArray[np.float32]]:
         """The meaning scale's heading vectors this index knows (embedded, or loaded with it), by text: an update
         hands them to the index it makes, as it hands over the vectors of unchanged chunks."""
