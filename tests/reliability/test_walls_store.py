@@ -145,6 +145,7 @@ class TestDoctor:
         assert found["name"] == collection and found["schema_version"] == SCHEMA_VERSION
         assert found["embedder"] == HashEmbedder().name and found["documents"] == 34 and found["missing_indexes"] == []
         assert {s["scope"]: s["documents"] for s in found["scopes"]} == {"tenant=acme": 17, "tenant=globex": 17}
+        assert found["heading_vectors"] == 0  # the hash embedder has no meaning: none kept, the table exists
         assert main(["doctor", "--store", pg_url, "--collection", collection]) == 0
         text = capsys.readouterr().out
         assert HashEmbedder().name in text and "tenant=acme: 17 documents" in text, text

@@ -267,6 +267,28 @@ class TestKeptHeadings:
         _close(_measure(corpus), local(None))
         assert len(counting.embedded) == 48
 
+    async def test_doctor_reports_the_kept_vectors_and_a_missing_table(
+        self, pg_url: str, collection: str, minilm: MiniLMEmbedder, tasker: list[Chunk]
+    ) -> None:
+        """``ragloop doctor --store`` says how many heading vectors a collection keeps, and when its table is
+        missing (a collection no sync of this ragloop wrote since) says the next sync creates it: not a problem."""
+        import psycopg
+
+        from ragloop.retrievers.postgres import diagnose_store
+
+        async with PostgresStore(pg_url, minilm, collection=collection) as store:
+            await store.sync(tasker)
+        (report,) = (await diagnose_store(pg_url, collection)).collections
+        assert report.heading_vectors == len(await _kept(pg_url, collection)) > 0
+        assert f"heading vectors kept: {report.heading_vectors}" in "\n".join(
+            (await diagnose_store(pg_url, collection)).lines()
+        )
+        async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+            await conn.execute(f"drop table {collection}_headings")
+        gone = await diagnose_store(pg_url, collection)
+        assert gone.collections[0].heading_vectors is None and gone.healthy
+        assert f"no {collection}_headings table (the next sync creates it" in "\n".join(gone.lines())
+
     async def test_a_sync_keeps_a_new_title_and_drops_the_old_one(
         self, pg_url: str, collection: str, minilm: MiniLMEmbedder, tasker: list[Chunk]
     ) -> None:

@@ -46,6 +46,9 @@ class CollectionReport:
         missing_indexes: Secondary indexes that do not exist (searches then scan).
         keys: The metadata keys its chunks have (what filters may name).
         problems: What needs doing, one line each (empty: healthy).
+        heading_vectors: Heading vectors kept in its ``_headings`` table (see
+            what each sync keeps; ``None``: no such table, so every replica embeds its
+            headings at its first turns until the next sync creates it). A cache, never a problem.
     """
 
     name: str
@@ -58,6 +61,7 @@ class CollectionReport:
     missing_indexes: tuple[str, ...]
     keys: tuple[str, ...]
     problems: tuple[str, ...]
+    heading_vectors: int | None = None
 
 
 @frozen
@@ -96,6 +100,10 @@ class StoreReport:
             out += [f"  {s.scope}: {s.documents} documents" for s in c.scopes]
             if c.keys:
                 out.append(f"  metadata keys: {', '.join(c.keys)}")
+            if c.heading_vectors is not None:
+                out.append(f"  heading vectors kept: {c.heading_vectors}")
+            elif c.schema_version is not None:
+                out.append(f"  heading vectors: no {c.name}_headings table (the next sync creates it and keeps them)")
             out += [f"  missing index {name}" for name in c.missing_indexes]
             out += [f"  problem: {p}" for p in c.problems]
         out.append("healthy" if self.healthy else "needs attention (see the problems above)")
@@ -200,6 +208,9 @@ async def _collection(conn: AsyncConnection[Any], name: str, row: Any) -> Collec
         keys = tuple(r[0] for r in await (await conn.execute(f"select key from {t['keys']} order by 1")).fetchall())
     scopes = tuple(ScopeCount(Scope.from_label(label).describe(), int(n)) for label, n in counts if n)
     documents = sum(s.documents for s in scopes)
+    headings = None
+    if await (await conn.execute("select to_regclass(%s)", (f"{name}_headings",))).fetchone() != (None,):
+        headings = int((await (await conn.execute(f"select count(*) from {name}_headings")).fetchone() or (0,))[0])
     return CollectionReport(
-        name, version, embedder, schema_dim, chunks, documents, scopes, missing, keys, tuple(problems)
+        name, version, embedder, schema_dim, chunks, documents, scopes, missing, keys, tuple(problems), headings
     )
