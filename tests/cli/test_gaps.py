@@ -231,3 +231,49 @@ class TestMiniLMGrouping:
             assert main(["gaps", "--turn-log", url, *argv, *_PERIOD]) == 2
             err = capsys.readouterr().err
             assert err.count("\n") == 1 and says in err, err
+
+
+class TestModel:
+    """``ragloop gaps --model``: the configured model sorts the questions once, through the real ``openai`` SDK;
+    without a model configured, or with one that does not answer, it is one line and exit 2 before any work."""
+
+    def _env(self, monkeypatch: pytest.MonkeyPatch, base_url: str | None) -> None:
+        for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY", "RAGLOOP_MODEL", "RAGLOOP_ANSWER_MODEL"):
+            monkeypatch.delenv(name, raising=False)
+        if base_url is not None:
+            monkeypatch.setenv("OPENAI_BASE_URL", base_url)
+            monkeypatch.setenv("RAGLOOP_MODEL", "sorter")
+
+    def test_the_model_is_asked_once_and_a_useless_reply_changes_nothing(
+        self, week: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """One chat request holding every distinct gap question fenced; a reply that places no question leaves
+        the topics as they are without --model, and the method and stderr say what the model did."""
+        import json
+
+        from ragloop.testing import ScriptedOpenAIServer, json_reply
+
+        url = _copy(week, tmp_path)
+        self._env(monkeypatch, None)
+        assert main(["gaps", "--turn-log", url, *PERIOD, "--json"]) == 0
+        plain = json.loads(capsys.readouterr().out)
+        with ScriptedOpenAIServer(matcher=lambda request: json_reply({"topics": []})) as server:
+            self._env(monkeypatch, server.base_url)
+            assert main(["gaps", "--turn-log", url, *PERIOD, "--json", "--model"]) == 0
+            (request,) = server.chat_requests
+        captured = capsys.readouterr()
+        hinted = json.loads(captured.out)
+        assert [sorted(t["examples"]) for t in hinted["topics"]] == [sorted(t["examples"]) for t in plain["topics"]]
+        assert "the model sorted 0 of" in hinted["method"] and "ragloop gaps: the model sorted 0 of" in captured.err
+        sent = request.body["messages"][1]["content"]
+        assert request.body["model"] == "sorter" and sent.count("<<<QUESTION ") == int(sent.split()[0]) > 2
+
+    def test_without_a_model_or_with_a_dead_one_it_is_one_line(
+        self, week: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        url = _copy(week, tmp_path)
+        for base_url, says in ((None, "RAGLOOP_MODEL"), ("http://127.0.0.1:9/v1", "does not answer")):
+            self._env(monkeypatch, base_url)
+            assert main(["gaps", "--turn-log", url, *PERIOD, "--model"]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and says in err, err

@@ -236,3 +236,22 @@ async def test_answer_guarantees_hold_for_a_real_weak_model(llamacpp: LlamaCppSe
     assert outside.outcome == "none" and not outside.citations and outside.record.abstention is not None
     last_answer = [b for b in bodies if _kind(b) == "answer"][-1]
     assert "UNTRUSTED_CONTEXT" not in json.dumps(last_answer["messages"][-1])
+
+
+async def test_gap_questions_sorted_by_a_real_weak_model(llamacpp: LlamaCppServer) -> None:
+    """``ragloop gaps --model``'s one call against llama.cpp: JSON mode (llama.cpp's grammar), output capped, and
+    whatever SmolLM2 writes is read without raising, one place per question, as a hint only."""
+    from ragloop.gaps import sort_topics
+
+    bodies: list[dict[str, Any]] = []
+    questions = [
+        "Do you support e-signatures on contracts?",
+        "Can clients approve a quote DocuSign-style?",
+        "Is there a dark mode?",
+        "Can the screen go black at night?",
+    ]
+    async with recording_client(llamacpp, bodies) as client:
+        got = await sort_topics(client, llamacpp.model, questions, timeout_s=120)
+    assert [b["response_format"] for b in bodies] == [{"type": "json_object"}] and bodies[0]["max_tokens"] <= 112
+    assert len(got.topic_of) == 4 and all(t >= -1 for t in got.topic_of)
+    assert got.note.startswith("the model sorted") or "held no topics list" in got.note, got.note

@@ -6,7 +6,8 @@ one static page with its charts, ``--export-cases FILE`` writes the top topics' 
 ``ragloop check`` cases. With ``--index DIR`` questions are also embedded with that index's embedder, with
 ``--store URL [--collection C]`` with that PostgreSQL collection's (a deployment without a local index). Each topic
 is a gap with a stable id and a status (``open``, ``fixed`` once ``ragloop replay --mark-gaps`` answers its
-questions, ``reopened``), kept in the turn log's database from run to run.
+questions, ``reopened``), kept in the turn log's database from run to run. With ``--model`` the configured model
+also sorts the questions into topics once per report (:mod:`ragloop.gaps._topics`), a hint the grouping weighs.
 """
 
 from __future__ import annotations
@@ -50,6 +51,12 @@ def add_gaps(sub: Any) -> None:
     p.add_argument("--top", type=int, default=20, metavar="N", help="most topics listed (default 20)")
     p.add_argument("--min-turns", type=int, default=2, metavar="N", help="smallest topic listed (default 2)")
     p.add_argument("--threshold", type=float, default=None, help="average cosine at which questions group")
+    p.add_argument(
+        "--model",
+        action="store_true",
+        help="also let the configured model (OPENAI_BASE_URL / OPENAI_API_KEY and RAGLOOP_MODEL) sort the questions "
+        "into topics, once per report: a hint the grouping weighs (without it nothing is sent anywhere)",
+    )
     p.set_defaults(func=cmd_gaps)
 
 
@@ -118,6 +125,34 @@ def _embedding(index: str | None, store: str | None = None, collection: str = "r
     return (lambda texts: anyio.run(embedder.embed, texts)), embedder.name
 
 
+def _model_sort() -> Any:
+    """The configured model as a blocking ``sort`` for :func:`~ragloop.gaps.build_report`; it says on stderr what
+    the model did (or why its hint was not used)."""
+    import anyio
+
+    from ragloop.cli._chat import _llm
+    from ragloop.gaps import sort_topics
+
+    client, model, _ = _llm()  # checks the environment and that the endpoint answers, before any work
+    if client is None or model is None:
+        raise ConfigError("--model needs OPENAI_BASE_URL or OPENAI_API_KEY, and RAGLOOP_MODEL, in the environment")
+    anyio.run(client.close)
+
+    def sort(questions: Any) -> Any:
+        async def run() -> Any:
+            client, name, _ = _llm()
+            try:
+                return await sort_topics(client, name or model, questions)
+            finally:
+                await client.close()
+
+        topics = anyio.run(run)
+        print(terminal_safe(f"ragloop gaps: {topics.note}"), file=sys.stderr)
+        return topics
+
+    return sort
+
+
 def _lifecycle(log: Any, report: Any, turns: Any) -> Any:
     """The report with each topic's id and status (from what earlier runs and replays left in the log), saved for
     the next run. A log that cannot be read or written so (a read-only file or replica) still gets its report:
@@ -155,6 +190,7 @@ def cmd_gaps(args: argparse.Namespace) -> int:
     if args.store is None and args.collection != "ragloop":
         raise ConfigError("--collection names a collection of --store: give --store URL too")
     embed, name = _embedding(args.index, args.store, args.collection)
+    sort = _model_sort() if args.model else None
     log = TurnLog.open(args.turn_log)
     try:
         turns = log.turns(since, until, brief_answered=True)
@@ -167,6 +203,7 @@ def cmd_gaps(args: argparse.Namespace) -> int:
             threshold=args.threshold,
             min_turns=args.min_turns,
             max_topics=args.top,
+            sort=sort,
         )
         report = _lifecycle(log, report, turns)
     finally:

@@ -19,6 +19,9 @@ report: turns are ordered by time and id, and every tie is broken by name.
 Each topic is also a gap with a life (:mod:`ragloop.gaps._lifecycle`): a stable id, a status (``open``,
 ``fixed`` once its questions replay as answered with ``ragloop replay --mark-gaps``, ``reopened``), first and last
 seen, turns per week, and the feedback on its turns; ``ragloop gaps`` keeps that state in the turn log's database.
+
+With a configured model (``ragloop gaps --model``) the model also sorts the distinct gap questions into topics once
+per report, a hint the grouping weighs (:mod:`ragloop.gaps._topics`); without one nothing leaves the machine.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from ragloop.gaps._cluster import (
 from ragloop.gaps._html import CAUSE_NAMES, report_html
 from ragloop.gaps._lifecycle import STATUSES, apply_lifecycle, assign_ids, next_status, weekly
 from ragloop.gaps._report import CAUSES, Cause, GapReport, NearPage, StalePage, Topic
+from ragloop.gaps._topics import MODEL_SHARE, ModelTopics, parse_topics, sort_topics
 
 __all__ = [
     "ATTACH_FLOOR",
@@ -50,11 +54,13 @@ __all__ = [
     "CAUSE_NAMES",
     "DEFAULT_THRESHOLD",
     "DENSE_THRESHOLD",
+    "MODEL_SHARE",
     "NEIGHBOURS",
     "NEIGHBOUR_WEIGHT",
     "STATUSES",
     "Cause",
     "GapReport",
+    "ModelTopics",
     "NearPage",
     "StalePage",
     "Topic",
@@ -70,7 +76,9 @@ __all__ = [
     "lexical_vectors",
     "neighbourhood_vectors",
     "next_status",
+    "parse_topics",
     "report_html",
+    "sort_topics",
     "turn_cause",
     "weekly",
     "with_neighbourhood",

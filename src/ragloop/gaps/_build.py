@@ -24,6 +24,7 @@ from ragloop.gaps._cluster import (
     with_neighbourhood,
 )
 from ragloop.gaps._report import CAUSES, Cause, GapReport, NearPage, StalePage, Topic
+from ragloop.gaps._topics import MAX_QUESTIONS, MODEL_SHARE, ModelTopics, topic_vectors
 from ragloop.text.terms import stem
 from ragloop.turnlog import Conflict, LoggedTurn, TurnRow
 
@@ -43,6 +44,8 @@ DENSE_THRESHOLD = 0.4
 _FILLER = frozenset(stem(w) for w in ("many", "much", "long", "often", "possible"))
 
 Embed = Callable[[Sequence[str]], npt.NDArray[np.float32]]
+#: A configured model sorting questions into topics, as a blocking call (:func:`ragloop.gaps._topics.sort_topics`).
+SortTopics = Callable[[Sequence[str]], ModelTopics]
 
 
 def turn_cause(turn: LoggedTurn) -> Cause:
@@ -107,7 +110,7 @@ class _Vocabulary:
         return min(counts, key=lambda w: (-counts[w], w)) if counts else s
 
 
-def build_report(
+def build_report(  # noqa: PLR0913 — the report's inputs and knobs, by keyword
     turns: Iterable[LoggedTurn],
     *,
     since: float,
@@ -117,6 +120,7 @@ def build_report(
     threshold: float | None = None,
     min_turns: int = 2,
     max_topics: int = 20,
+    sort: SortTopics | None = None,
 ) -> GapReport:
     """The content-gap report of the turns with ``since <= at < until``.
 
@@ -130,6 +134,10 @@ def build_report(
             :data:`DENSE_THRESHOLD` with ``embed``).
         min_turns: Smallest topic listed.
         max_topics: Most topics listed.
+        sort: A configured model sorting the distinct gap questions into topics, as a blocking call (the most
+            asked first, at most :data:`~ragloop.gaps._topics.MAX_QUESTIONS`): a hint that brings two questions it
+            puts together :data:`~ragloop.gaps._topics.MODEL_SHARE` times the lowest cut that joins two questions
+            closer (``None``: no model).
     """
     period = sorted((t for t in turns if since <= t.row.at < until), key=lambda t: (t.row.at, t.row.turn_id))
     days = _days(since, until)
@@ -163,7 +171,13 @@ def build_report(
     vectors = with_neighbourhood(
         _vectors(listed, df, len(period), embed, embedder), neighbourhood_vectors(hits, chunk_df, len(period))
     )
+    used = cut if threshold is None else threshold
     attach = None if embed is None else (ATTACH_FLOOR, ATTACH_MARGIN)
+    # The model's hint stays under the lowest cut that joins two questions (a merge, or a lone one's attachment).
+    lowest = used if attach is None else min(used, ATTACH_FLOOR)
+    hint = _model_hint(listed, sort)
+    if hint is not None:
+        vectors = np.hstack([vectors, topic_vectors(hint[0], MODEL_SHARE * lowest)])
     labels = cluster(vectors, [len(i.turns) for i in listed], cut if threshold is None else threshold, attach=attach)
     groups: dict[int, list[int]] = defaultdict(list)
     for k, label in enumerate(labels):
@@ -181,12 +195,16 @@ def build_report(
         + ("" if embed is None else f" joined with {embedder or 'the'} embeddings at {DENSE_WEIGHT:g}")
         + f", plus {NEIGHBOUR_WEIGHT:g} x the retrieval-neighbourhood cosine (top {NEIGHBOURS} chunks per turn)"
     )
-    used = cut if threshold is None else threshold
     method = f"average-linkage clustering on cosine, threshold {used:g}, {vectors_used}" + (
         ""
         if attach is None
         else f"; a lone question joins its nearest topic at {ATTACH_FLOOR:g} (by {ATTACH_MARGIN:g})"
     )
+    if hint is not None:
+        method += (
+            f"; plus {MODEL_SHARE * lowest:g} ({MODEL_SHARE:g} x the lowest cut) where the model puts two questions "
+            f"in one topic: {hint[1]}"
+        )
     return GapReport(
         since=_iso(since),
         until=_iso(until),
@@ -200,6 +218,18 @@ def build_report(
         daily_gaps=tuple(_daily((t for i in listed for t in i.turns), days)),
         method=method,
     )
+
+
+def _model_hint(items: Sequence[_Item], sort: SortTopics | None) -> tuple[list[int], str] | None:
+    """Each item's model topic (``-1``: none) and the model's note, or ``None`` without a model (or questions)."""
+    if sort is None or not items:
+        return None
+    order = sorted(range(len(items)), key=lambda k: (-len(items[k].turns), k))[:MAX_QUESTIONS]
+    sorted_ = sort([items[k].text for k in order])
+    topic_of = [-1] * len(items)
+    for j, k in enumerate(order):
+        topic_of[k] = sorted_.topic_of[j] if j < len(sorted_.topic_of) else -1
+    return topic_of, sorted_.note
 
 
 def _neighbours(row: TurnRow) -> dict[str, float]:
