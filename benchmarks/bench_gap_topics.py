@@ -28,7 +28,12 @@ bulk editing, a referral programme) was written and committed by a helper before
 run on it: round 9's held-out set, to be looked at once, at the end of the round. Besides each topic's count it
 reports purity: any report topic that mixes a planted topic with another or with other questions.
 
-Usage: ``nice python benchmarks/bench_gap_topics.py [--set heldout-1|…|heldout-7] [--embedder minilm|hash]``
+With ``--llamacpp`` the same logged turns are also grouped as ``ragloop gaps --model`` groups them, the model
+being SmolLM2-135M on llama.cpp's own server (``tests/llamacpp_server.py``; ``with_model`` in the results, files
+``-smollm2``): what the hint does with the one real model this machine runs.
+
+Usage: ``nice python benchmarks/bench_gap_topics.py [--set heldout-1|…|heldout-7] [--embedder minilm|hash]
+[--llamacpp]``
 """
 
 from __future__ import annotations
@@ -304,9 +309,10 @@ def _traffic(planted: dict[str, list[str]] = PLANTED, seed: int = 5) -> list[tup
     return sorted(out)
 
 
-def measure(name: str = "heldout-1", embedder: str = "hash") -> dict[str, Any]:
+def measure(name: str = "heldout-1", embedder: str = "hash", model: tuple[str, str] | None = None) -> dict[str, Any]:
     """Log the traffic, build the report as ``ragloop gaps`` does (with ``--index`` for a MiniLM index), score
-    each planted topic."""
+    each planted topic; with ``model`` (base URL, model name) also as ``ragloop gaps --model`` builds it, from the
+    same logged turns (``with_model``)."""
     import time
 
     from ragloop.chat import ChatRAG
@@ -357,9 +363,11 @@ def measure(name: str = "heldout-1", embedder: str = "hash") -> dict[str, Any]:
             max_topics=20,
         )
         report_s = time.perf_counter() - started
+        hinted = None if model is None else _with_model(turns, embed, embedder_name, model, planted_set)
     return {
         "set": name,
         **score(report, turns, planted_set),
+        **({} if hinted is None else {"with_model": hinted}),
         "turns": len(turns),
         "gap_outcomes": {o: outcomes.count(o) for o in sorted(set(outcomes))},
         "topics_listed": len(report.topics),
@@ -369,6 +377,36 @@ def measure(name: str = "heldout-1", embedder: str = "hash") -> dict[str, Any]:
         "questions_embedded": sum(calls),
         "load": os.getloadavg(),
     }
+
+
+def _with_model(
+    turns: Any, embed: Any, embedder_name: str | None, model: tuple[str, str], planted_set: dict[str, list[str]]
+) -> dict[str, Any]:
+    """The report ``ragloop gaps --model`` builds from the same turns (the model at ``model``), scored."""
+    import time
+
+    import openai
+
+    from ragloop.gaps import build_report, sort_topics
+
+    notes: list[str] = []
+    seconds: list[float] = []
+
+    def sort(questions: Any) -> Any:
+        async def run() -> Any:
+            async with openai.AsyncOpenAI(base_url=model[0], api_key="none", max_retries=0) as client:
+                return await sort_topics(client, model[1], questions, timeout_s=600)
+
+        started = time.perf_counter()
+        topics = anyio.run(run)
+        seconds.append(time.perf_counter() - started)
+        notes.append(topics.note)
+        return topics
+
+    report = build_report(
+        turns, since=START, until=START + DAYS * 86_400, embed=embed, embedder=embedder_name, min_turns=2, sort=sort
+    )
+    return {**score(report, turns, planted_set), "model": model[1], "note": notes, "model_s": seconds}
 
 
 def score(report: Any, turns: Any, planted_set: dict[str, list[str]]) -> dict[str, Any]:
@@ -428,10 +466,23 @@ def main(argv: list[str] | None = None) -> int:
         "(questions embedded with MiniLM), hash: terms only (default minilm)",
     )
     parser.add_argument("--out", type=Path, help="results file (default bench_gap_topics-SET[-hash].json)")
+    parser.add_argument(
+        "--llamacpp",
+        action="store_true",
+        help="also group as `ragloop gaps --model` does, with SmolLM2-135M on llama.cpp's server "
+        "(tests/llamacpp_server.py), from the same logged turns",
+    )
     args = parser.parse_args(argv)
-    suffix = "" if args.embedder == "minilm" else "-hash"
+    suffix = ("" if args.embedder == "minilm" else "-hash") + ("-smollm2" if args.llamacpp else "")
     out = args.out or RESULTS / f"bench_gap_topics-{args.set}{suffix}.json"
-    result = measure(args.set, args.embedder)
+    if args.llamacpp:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from llamacpp_server import LlamaCppServer
+
+        with LlamaCppServer(n_ctx=8192) as server:
+            result = measure(args.set, args.embedder, (server.base_url, server.model))
+    else:
+        result = measure(args.set, args.embedder)
     meta = {"python": platform.python_version(), "cpus": os.cpu_count(), "command": " ".join(sys.argv)}
     lines = [
         f"planted-topic grouping, set {result['set']}: {result['fully_grouped']}/{result['topics']} topics fully "
@@ -452,6 +503,18 @@ def main(argv: list[str] | None = None) -> int:
     one, five, fifteen = result["load"]
     for m in result["mixed_topics"]:
         lines.append(f"mixed: rank {m['rank']} {m['label']} holds {', '.join(m['holds'])}")
+    hinted = result.get("with_model")
+    if hinted is not None:
+        lines.append(
+            f"with --model ({hinted['model']}, {sum(hinted['model_s']):.1f} s): {hinted['fully_grouped']}/"
+            f"{hinted['topics']} topics fully grouped, {len(hinted['mixed_topics'])} mixing; "
+            + "; ".join(hinted["note"])
+        )
+        for r in hinted["planted"]:
+            others = "; ".join(r["other_questions_in_it"]) or "none"
+            lines.append(f"  {r['topic']:<12} {r['rank']:>4}  {r['paraphrases_grouped']:>3}/{r['of']:<3}  {others}")
+        for m in hinted["mixed_topics"]:
+            lines.append(f"  mixed: rank {m['rank']} {m['label']} holds {', '.join(m['holds'])}")
     lines.append(f"load average {one:.2f} {five:.2f} {fifteen:.2f}; {meta['cpus']} CPUs; Python {meta['python']}")
     text = "\n".join(lines) + "\n"
     print(text, end="")

@@ -78,11 +78,25 @@ class TestParse:
 
     @pytest.mark.parametrize(
         "content",
-        ["", "no json here", "{not json}", '{"topics": "all"}', "[1, 2]", '{"groups": []}', "{" * 5000 + "}" * 5000],
+        [
+            "",
+            "no json here",
+            "{not json}",
+            '{"topics": "all"}',
+            "[1, 2]",
+            '{"groups": [{"q": 1}]}',
+            "{" * 5000 + "}" * 5000,
+        ],
     )
     def test_a_reply_without_topics_places_nothing(self, content: str) -> None:
         got = parse_topics(content, 3)
         assert got.topic_of == (-1, -1, -1) and not got.used and "grouped without it" in got.note
+
+    def test_a_reply_cut_at_the_cap_keeps_its_complete_topics(self) -> None:
+        """As llama.cpp cuts SmolLM2 at the output cap: the complete topic objects are read, the cut one is not."""
+        cut = '{"topics": [{"name": "a", "questions": [1, 3]}, {"name": "b", "questions": [2]}, {"name": "c", "quest'
+        got = parse_topics(cut, 4)
+        assert got.topic_of == (0, 1, 0, -1) and "not whole JSON: 2 complete topics read" in got.note
 
     def test_numbers_out_of_range_repeated_or_not_numbers_are_ignored(self) -> None:
         content = json.dumps(
@@ -207,22 +221,29 @@ class TestThroughTheSDK:
         async with ScriptedOpenAIServer(matcher=_sorting) as server, server.client() as client:  # type: ignore[arg-type]
             got = await sort_topics(client, "m", [*SIGN, *DARK])
         (request,) = server.chat_requests
-        assert request.body["response_format"] == {"type": "json_object"} and request.body["temperature"] == 0
+        schema = request.body["response_format"]["json_schema"]["schema"]
+        assert schema["properties"]["topics"]["items"]["properties"]["questions"]["items"]["maximum"] == 4
+        assert request.body["temperature"] == 0 and request.body["max_tokens"] == 64 + 12 * 4
         assert got.topic_of == (0, 0, 1, 1)
 
-    async def test_a_server_without_json_mode_is_asked_again_without_it(self) -> None:
+    async def test_a_server_without_schemas_gets_json_mode_then_no_format(self) -> None:
         from ragloop.testing import error
 
-        async with (
-            ScriptedOpenAIServer(
-                script=[error(400, "response_format is not supported")],
-                matcher=_sorting,  # type: ignore[arg-type]
-            ) as server,
-            server.client() as client,
-        ):
+        refused = [error(400, "json_schema is not supported"), error(400, "response_format is not supported")]
+        server = ScriptedOpenAIServer(script=refused, matcher=_sorting)  # type: ignore[arg-type]
+        async with server, server.client() as client:
             got = await sort_topics(client, "m", [*SIGN, *DARK])
         assert got.topic_of == (0, 0, 1, 1)
-        assert "response_format" not in server.chat_requests[-1].body
+        formats = [r.body.get("response_format", {}).get("type") for r in server.chat_requests]
+        assert formats == ["json_schema", "json_object", None]
+
+    async def test_a_server_that_refuses_every_format_is_a_failed_call(self) -> None:
+        from ragloop.testing import error
+
+        async with ScriptedOpenAIServer(script=[error(400, "bad")] * 3) as server, server.client() as client:
+            got = await sort_topics(client, "m", [*SIGN, *DARK])
+        assert not got.used and "the model call failed (BadRequestError)" in got.note
+        assert len(server.chat_requests) == 3
 
     @pytest.mark.parametrize(
         ("scripted", "why"),

@@ -5,7 +5,8 @@ Why: MiniLM's cosine puts a paraphrase that shares no word with its topic ("Docu
 rounds 5-9), and a five-times-larger encoder does not separate more topics: telling them apart needs to know what
 a product capability is called. A model configured for the chat does. It is sent the report's distinct gap
 questions once (numbered, each fenced with this request's nonce and cut to :data:`MAX_CHARS`, at most
-:data:`MAX_QUESTIONS`, the most asked first) and asked to sort them by the capability they ask about::
+:data:`MAX_QUESTIONS`, the most asked first) and asked to sort them by the capability they ask about, in a JSON
+schema (JSON mode, then no format, on a server that refuses it)::
 
     {"topics": [{"name": "e-signatures", "questions": [1, 4, 9]}, {"name": "dark mode", "questions": [2, 3]}]}
 
@@ -21,10 +22,11 @@ and topics the model keeps apart still merge when the other signals join them. 0
 capable model runs here. A topic holding more than :data:`MAX_SHARE` of the questions says nothing and is
 dropped.
 
-Fail-open: a reply that is not JSON, numbers out of range or given twice (the first topic keeps a question),
-questions left out, a server that refuses, fails or does not answer within the time given: the grouping goes on
-without the hint (or with what was readable), and :class:`ModelTopics` says why. The model's names are not shown
-in the report: they are written by a model reading users' words.
+Fail-open: a reply cut at the output cap keeps the topics that were complete; a reply with none, numbers out of
+range or given twice (the first topic keeps a question), questions left out, a server that refuses, fails or does
+not answer within the time given: the grouping goes on without the hint (or with what was readable), and
+:class:`ModelTopics` says why. The model's names are not shown in the report: they are written by a model reading
+users' words.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ __all__ = [
     "ModelTopics",
     "messages",
     "parse_topics",
+    "response_format",
     "sort_topics",
     "topic_vectors",
 ]
@@ -73,6 +76,8 @@ _SYSTEM = (
 )
 
 _NUMBER = re.compile(r"^\d{1,6}$")
+#: A JSON object without nested objects: one topic, complete even when the reply around it was cut.
+_FLAT_OBJECT = re.compile(r"\{[^{}]*\}")
 
 
 @frozen
@@ -111,6 +116,27 @@ def messages(questions: Sequence[str], nonce: str) -> list[dict[str, str]]:
     ]
 
 
+def response_format(n: int) -> dict[str, Any]:
+    """The reply's JSON schema for ``n`` questions (a server that enforces it, as llama.cpp's grammar or OpenAI's
+    structured outputs do, cannot answer anything else); JSON mode, then no format, where it is refused."""
+    topic = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 60},
+            "questions": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": n}, "minItems": 1},
+        },
+        "required": ["name", "questions"],
+        "additionalProperties": False,
+    }
+    schema = {
+        "type": "object",
+        "properties": {"topics": {"type": "array", "items": topic}},
+        "required": ["topics"],
+        "additionalProperties": False,
+    }
+    return {"type": "json_schema", "json_schema": {"name": "topics", "strict": True, "schema": schema}}
+
+
 def _number(value: Any) -> int | None:
     if isinstance(value, bool):
         return None
@@ -121,6 +147,13 @@ def _number(value: Any) -> int | None:
     return None
 
 
+def _flat(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
 def parse_topics(content: str, n: int) -> ModelTopics:
     """The model's reply for ``n`` questions as :class:`ModelTopics`; never raises (see the module docstring)."""
     start, end = content.find("{"), content.rfind("}")
@@ -129,8 +162,12 @@ def parse_topics(content: str, n: int) -> ModelTopics:
     except (ValueError, RecursionError):
         data = None
     topics = data.get("topics") if isinstance(data, dict) else None
-    if not isinstance(topics, list):
-        return ModelTopics((-1,) * n, "the model's reply held no topics list; grouped without it")
+    cut = ""
+    if not isinstance(topics, list):  # a reply cut at the output cap: the topics that were complete
+        topics = [t for t in map(_flat, _FLAT_OBJECT.findall(content)) if isinstance(t, dict) and "questions" in t]
+        if not topics:
+            return ModelTopics((-1,) * n, "the model's reply held no topics list; grouped without it")
+        cut = f" (its reply was not whole JSON: {len(topics)} complete topics read)"
     topic_of = [-1] * n
     ignored = 0
     for k, topic in enumerate(topics):
@@ -145,7 +182,7 @@ def parse_topics(content: str, n: int) -> ModelTopics:
     broad = {k for k, size in enumerate(sizes) if n >= 6 and size > MAX_SHARE * n}
     topic_of = [-1 if t in broad else t for t in topic_of]
     placed = sum(t >= 0 for t in topic_of)
-    note = f"the model sorted {placed} of {n} questions into {len(topics) - len(broad)} topics"
+    note = f"the model sorted {placed} of {n} questions into {len(topics) - len(broad)} topics{cut}"
     if ignored:
         note += f" ({ignored} numbers out of range or repeated ignored)"
     if broad:
@@ -167,15 +204,20 @@ async def sort_topics(client: Any, model: str, questions: Sequence[str], *, time
         "messages": messages(asked, prompts.new_nonce()),
         "temperature": 0,
         "max_tokens": min(4096, 64 + 12 * len(asked)),
-        "response_format": {"type": "json_object"},
     }
+    formats: list[dict[str, Any] | None] = [response_format(len(asked)), {"type": "json_object"}, None]
     try:
         with anyio.fail_after(timeout_s):
-            try:
-                reply = await client.chat.completions.create(**request)
-            except openai.BadRequestError:  # a server without JSON mode: ask again without it
-                del request["response_format"]
-                reply = await client.chat.completions.create(**request)
+            while True:
+                fmt = formats.pop(0)
+                try:
+                    reply = await client.chat.completions.create(
+                        **request, **({} if fmt is None else {"response_format": fmt})
+                    )
+                    break
+                except openai.BadRequestError:  # a server without this format: the next, then none
+                    if not formats:
+                        raise
     except TimeoutError:
         return ModelTopics((-1,) * len(asked), f"the model did not answer within {timeout_s:g} s; grouped without it")
     except (openai.OpenAIError, ValueError) as exc:
