@@ -44,7 +44,7 @@ DENSE_THRESHOLD = 0.4
 _FILLER = frozenset(stem(w) for w in ("many", "much", "long", "often", "possible"))
 
 Embed = Callable[[Sequence[str]], npt.NDArray[np.float32]]
-#: A configured model sorting questions into topics, as a blocking call (:func:`ragloop.gaps._topics.sort_topics`).
+#: A configured model sorting questions into topics, as a blocking call (``ragloop.gaps.sort_topics``).
 SortTopics = Callable[[Sequence[str]], ModelTopics]
 
 
@@ -135,9 +135,8 @@ def build_report(  # noqa: PLR0913 — the report's inputs and knobs, by keyword
         min_turns: Smallest topic listed.
         max_topics: Most topics listed.
         sort: A configured model sorting the distinct gap questions into topics, as a blocking call (the most
-            asked first, at most :data:`~ragloop.gaps._topics.MAX_QUESTIONS`): a hint that brings two questions it
-            puts together :data:`~ragloop.gaps._topics.MODEL_SHARE` times the lowest cut that joins two questions
-            closer (``None``: no model).
+            asked first, at most 150): a hint that brings two questions it puts together ``MODEL_SHARE`` (0.75)
+            times the lowest cut that joins two questions closer (``None``: no model).
     """
     period = sorted((t for t in turns if since <= t.row.at < until), key=lambda t: (t.row.at, t.row.turn_id))
     days = _days(since, until)

@@ -191,8 +191,8 @@ def parse_topics(content: str, n: int) -> ModelTopics:
 
 
 async def sort_topics(client: Any, model: str, questions: Sequence[str], *, timeout_s: float = 60.0) -> ModelTopics:
-    """Ask ``model`` (an ``openai.AsyncOpenAI`` ``client``) to sort ``questions`` (the first
-    :data:`MAX_QUESTIONS`); fails open (see the module docstring): never raises but for cancellation."""
+    """Ask ``model`` (an ``openai.AsyncOpenAI`` ``client``) to sort ``questions`` (the first ``MAX_QUESTIONS``,
+    150); fails open (see :mod:`ragloop.gaps`): never raises but for cancellation."""
     import anyio
     import openai
 
