@@ -53,6 +53,15 @@ class TestOfflineVerifier:
         assert {"government", "position", "held"} <= set(found.uncovered)
         assert "film" not in found.uncovered
 
+    @pytest.mark.parametrize("adverb", ["already", "just", "ever", "yet", "currently", "anyway"])
+    async def test_an_adverb_around_the_question_is_never_uncovered(self, adverb: str) -> None:
+        """ "Can I send back earbuds I already opened?" answered from the returns page is not ``partial`` for want
+        of "already": an adverb a user says around what they ask about is no key term."""
+        block = ContextBlock(1, "Worn shoes, opened earphones and gift cards cannot be returned.", title="Returns")
+        reply = "Worn shoes, opened earphones and gift cards cannot be returned. [1]"
+        found = await OfflineVerifier().verify(f"Can I {adverb} return opened earphones?", reply, [block])
+        assert found.uncovered == ()
+
     async def test_dense_support_rescues_a_paraphrase(self) -> None:
         """With an embedder, a sentence identical in meaning to a block sentence is supported by cosine."""
         sentence = "Shirley Temple was an American actress and diplomat."

@@ -145,6 +145,13 @@ FRAMING = frozenset(
         "see",
         "good",
         "back",
+        # adverbs a user says around the thing asked about ("earbuds I already opened")
+        "already",
+        "just",
+        "ever",
+        "yet",
+        "currently",
+        "anyway",
     ]
 )
 #: Most distinct words of the cited text compared with an uncovered term (the reply's own first).
