@@ -145,12 +145,12 @@ FRAMING = frozenset(
         "see",
         "good",
         "back",
-        # adverbs a user says around the thing asked about ("earbuds I already opened")
+        # adverbs a user says around the thing asked about ("earbuds I already opened"); not "currently", whose
+        # stem is "current" ("the current directory", "current incidents" name what is asked about)
         "already",
         "just",
         "ever",
         "yet",
-        "currently",
         "anyway",
     ]
 )
