@@ -2,9 +2,8 @@
 
 :func:`sample_index` builds the index on first use and caches it; later calls load the cached copy. The cache
 key covers the pages' content and the embedder, so editing a page or installing the ``[embed]`` extra makes
-a fresh index. A
-cached index an older ragloop saved without heading vectors is saved again once with them, so later starts
-load them instead of embedding the sample's headings.
+a fresh index. A cached index an older ragloop saved without heading vectors is saved again once with them, so
+later starts load them instead of embedding the sample's headings.
 """
 
 from __future__ import annotations
@@ -107,16 +106,21 @@ def sample_index(cache_dir: Path | None = None, *, embedder: Embedder | None = N
             log.warning("sample_index.rebuild", path=str(target), reason=str(exc))
         else:
             if cached.lacks_heading_vectors:  # cached by an older ragloop: keep them now, once
-                try:
-                    cached.save(target)
-                except (OSError, IndexError_) as exc:
-                    log.warning("sample_index.not_cached", path=str(target), error=str(exc))
+                _cache(cached, target)
             return cached
     result = ingest_path(sample_kb_path())
     index = KnowledgeIndex.build(result.chunks, emb)
-    try:
-        index.save(target)
-    except (OSError, IndexError_) as exc:  # a read-only home still answers; it just rebuilds next time
-        log.warning("sample_index.not_cached", path=str(target), error=str(exc))
+    _cache(index, target)
     log.info("sample_index.built", chunks=len(result.chunks), path=str(target), seconds=round(result.seconds, 3))
     return index
+
+
+def _cache(index: KnowledgeIndex, target: Path) -> None:
+    """Save ``index`` to the cache folder ``target``; a read-only home or a full disk still answers (logged
+    ``sample_index.not_cached``): the next start builds or saves again."""
+    from ragloop.errors import IndexError_
+
+    try:
+        index.save(target)
+    except (OSError, IndexError_) as exc:
+        log.warning("sample_index.not_cached", path=str(target), error=str(exc))

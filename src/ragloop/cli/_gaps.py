@@ -136,15 +136,11 @@ def _model_sort() -> Any:
     client, model, _ = _llm()  # checks the environment and that the endpoint answers, before any work
     if client is None or model is None:
         raise ConfigError("--model needs OPENAI_BASE_URL or OPENAI_API_KEY, and RAGLOOP_MODEL, in the environment")
-    anyio.run(client.close)
 
     def sort(questions: Any) -> Any:
         async def run() -> Any:
-            client, name, _ = _llm()
-            try:
-                return await sort_topics(client, name or model, questions)
-            finally:
-                await client.close()
+            async with client:  # one call, in the report's event loop; a client never used holds no connection
+                return await sort_topics(client, model, questions)
 
         topics = anyio.run(run)
         print(terminal_safe(f"ragloop gaps: {topics.note}"), file=sys.stderr)
