@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ragloop.chat import ChatRAG
 from ragloop.testing import FakeAnswerer, FakeDecider, FakeGrader, FakeRetriever, FakeRewriter, make_hit
@@ -30,6 +32,34 @@ class TestCost:
         ]
         expected = (1000 * 0.15 + 50 * 0.60 + 2000 * 2.50 + 300 * 10.00) / 1e6
         assert cost_of(calls, PRICES) == pytest.approx(expected)
+
+    def test_cached_prompt_tokens_at_their_own_rate(self) -> None:
+        """With a cached rate, the prompt tokens a server took from its cache are billed at it and the rest at the
+        input rate; without one, all at the input rate; a count above the prompt's is capped at it."""
+        price = Price(2.0, 8.0, cached_input_per_m=0.5)
+        assert price.cost(1_000_000, 0, cached_prompt_tokens=600_000) == pytest.approx(0.4 * 2.0 + 0.6 * 0.5)
+        assert Price(2.0, 8.0).cost(1_000_000, 0, cached_prompt_tokens=600_000) == pytest.approx(2.0)
+        assert price.cost(1000, 0, cached_prompt_tokens=5000) == pytest.approx(1000 * 0.5 / 1e6)
+        assert price.cost(1000, 0, cached_prompt_tokens=-5) == pytest.approx(1000 * 2.0 / 1e6)
+        calls = [LLMCall("grade", "fast", 1000, 10, cached_prompt_tokens=800)]
+        table = {"fast": Price(1.0, 4.0, cached_input_per_m=0.25)}
+        assert cost_of(calls, table) == pytest.approx((200 * 1.0 + 800 * 0.25 + 10 * 4.0) / 1e6)
+
+    @given(
+        prompt=st.integers(0, 10**7),
+        completion=st.integers(0, 10**6),
+        cached=st.integers(-(10**7), 10**8),
+        rate=st.floats(0, 100),
+        cached_rate=st.floats(0, 100),
+    )
+    def test_a_cache_discount_never_costs_more_nor_below_zero(
+        self, prompt: int, completion: int, cached: int, rate: float, cached_rate: float
+    ) -> None:
+        """Whatever the server reports as cached: the cost lies between everything at the cheaper prompt rate and
+        everything at the dearer one."""
+        cost = Price(rate, 1.0, cached_input_per_m=cached_rate).cost(prompt, completion, cached)
+        low, high = sorted((rate, cached_rate))
+        assert (prompt * low + completion) / 1e6 - 1e-9 <= cost <= (prompt * high + completion) / 1e6 + 1e-9
 
     def test_unknown_cost_is_none_not_zero(self) -> None:
         """No price table, or a model missing from it, gives no cost rather than a wrong one."""

@@ -16,9 +16,10 @@ reply)::
         └── chat <model>
 
 Model-call spans follow the OpenTelemetry GenAI semantic conventions: ``gen_ai.operation.name`` (``chat``),
-``gen_ai.provider.name``, ``gen_ai.request.model``, ``gen_ai.usage.input_tokens`` and ``output_tokens`` (as the
-server reported them), ``gen_ai.response.finish_reasons``, and ``error.type`` with an error status for a failed
-call. The user's words (question, search queries) are recorded only with ``capture_content=True``.
+``gen_ai.provider.name``, ``gen_ai.request.model``, ``gen_ai.usage.input_tokens``, ``output_tokens`` and
+``cache_read.input_tokens`` (as the server reported them), ``gen_ai.response.finish_reasons``, and ``error.type``
+with an error status for a failed call. The user's words (question, search queries) are recorded only with
+``capture_content=True``.
 
 Spans go to the tracer provider you pass, or the global one (``opentelemetry.trace.set_tracer_provider``), so
 any exporter works: OTLP to a collector, Jaeger, Phoenix, Langfuse. ``import ragloop`` never imports
@@ -105,6 +106,7 @@ class TurnTracer:
                 "ragloop.queries": len(record.queries),
                 "gen_ai.usage.input_tokens": record.tokens.prompt,
                 "gen_ai.usage.output_tokens": record.tokens.completion,
+                "gen_ai.usage.cache_read.input_tokens": record.tokens.cached,
             }
         )
         if record.cost is not None:
@@ -171,6 +173,7 @@ class TurnTracer:
                 "gen_ai.request.model": call.model,
                 "gen_ai.usage.input_tokens": call.prompt_tokens,
                 "gen_ai.usage.output_tokens": call.completion_tokens,
+                "gen_ai.usage.cache_read.input_tokens": call.cached_prompt_tokens,
                 "ragloop.judge": call.judge,
             }
         )

@@ -43,6 +43,8 @@ class LLMCall:
         finish_reasons: The model's ``finish_reason`` per choice, when it gave one.
         ended: ``time.time()`` when the call ended (set by :func:`record_call` when left at 0), so a tracer
             can place the call in time.
+        cached_prompt_tokens: Of ``prompt_tokens``, those the server reports it took from its prompt cache
+            (``usage.prompt_tokens_details.cached_tokens``: OpenAI, vLLM, llama.cpp), else 0.
     """
 
     judge: str
@@ -53,6 +55,7 @@ class LLMCall:
     error: str | None = None
     finish_reasons: tuple[str, ...] = ()
     ended: float = 0.0
+    cached_prompt_tokens: int = 0
 
 
 @frozen
@@ -62,14 +65,21 @@ class Price:
     Attributes:
         input_per_m: Per million prompt tokens.
         output_per_m: Per million completion tokens.
+        cached_input_per_m: Per million prompt tokens the server took from its prompt cache (providers bill
+            them at a discount); ``None``: billed as ``input_per_m``.
     """
 
     input_per_m: float
     output_per_m: float
+    cached_input_per_m: float | None = None
 
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
-        """The cost of that many prompt and completion tokens."""
-        return (prompt_tokens * self.input_per_m + completion_tokens * self.output_per_m) / 1e6
+    def cost(self, prompt_tokens: int, completion_tokens: int, cached_prompt_tokens: int = 0) -> float:
+        """The cost of that many prompt and completion tokens, ``cached_prompt_tokens`` of the prompt tokens at
+        the cached rate (at most ``prompt_tokens`` of them)."""
+        cached = min(max(cached_prompt_tokens, 0), prompt_tokens) if self.cached_input_per_m is not None else 0
+        fresh = prompt_tokens - cached
+        cached_rate = self.cached_input_per_m or 0.0
+        return (fresh * self.input_per_m + cached * cached_rate + completion_tokens * self.output_per_m) / 1e6
 
 
 def cost_of(calls: list[LLMCall] | tuple[LLMCall, ...], prices: Mapping[str, Price]) -> float | None:
@@ -84,7 +94,7 @@ def cost_of(calls: list[LLMCall] | tuple[LLMCall, ...], prices: Mapping[str, Pri
         price = prices.get(call.model)
         if price is None:
             return None
-        total += price.cost(call.prompt_tokens, call.completion_tokens)
+        total += price.cost(call.prompt_tokens, call.completion_tokens, call.cached_prompt_tokens)
     return total
 
 
@@ -112,6 +122,11 @@ class UsageMeter:
     def completion_tokens(self) -> int:
         """Completion tokens over all calls."""
         return sum(c.completion_tokens for c in self.calls)
+
+    @property
+    def cached_prompt_tokens(self) -> int:
+        """Prompt tokens over all calls that the servers took from their prompt caches."""
+        return sum(c.cached_prompt_tokens for c in self.calls)
 
     @property
     def llm_calls(self) -> int:

@@ -255,3 +255,34 @@ async def test_gap_questions_sorted_by_a_real_weak_model(llamacpp: LlamaCppServe
     assert [b["response_format"]["type"] for b in bodies] == ["json_schema"] and bodies[0]["max_tokens"] <= 112
     assert len(got.topic_of) == 4 and all(t >= -1 for t in got.topic_of)
     assert got.note.startswith("the model sorted") or "held no topics list" in got.note, got.note
+
+
+async def test_a_second_grading_request_reuses_the_first_ones_instructions(llamacpp: LlamaCppServer) -> None:
+    """The grader's system prompt names its fresh nonce only in its last line, so llama.cpp takes all the lines
+    before it from its cache for the next grading request: the server reports most of that request's prompt as
+    cached (``prompt_tokens_details.cached_tokens``), and the call records it. With the nonce in the second line,
+    as before, two requests shared a few dozen tokens."""
+    import contextlib
+
+    from ragloop.errors import JudgeError
+    from ragloop.llm.openai import OpenAIGrader
+    from ragloop.state import Chunk, Hit
+    from ragloop.usage import UsageMeter, metering
+
+    def hit(text: str, source: str) -> Hit:
+        return Hit(Chunk(source, text, source, source.removesuffix(".md")), 1.0, 0.5)
+
+    meter = UsageMeter()
+    async with openai.AsyncOpenAI(base_url=llamacpp.base_url, api_key="none", max_retries=0, timeout=120) as client:
+        grader = OpenAIGrader(client, llamacpp.model, timeout_s=120.0, max_chars=300, max_tokens=24)
+        with metering(meter):
+            for query, passage, source in (
+                ("rotate an API key", "Create the new key, deploy it, then revoke the old one.", "api-keys.md"),
+                ("export a workspace", "Owners export every project as CSV or JSON from Settings.", "export.md"),
+            ):
+                with contextlib.suppress(JudgeError):  # SmolLM2's verdict may be cut at the cap: not the point
+                    await grader.grade(query, hit(passage, source))
+    first, second = meter.calls
+    assert first.prompt_tokens > 200 and second.prompt_tokens > 200
+    assert second.cached_prompt_tokens >= 0.6 * second.prompt_tokens, (second.cached_prompt_tokens, second)
+    assert meter.cached_prompt_tokens >= second.cached_prompt_tokens

@@ -9,6 +9,8 @@ import anyio
 import openai
 import pytest
 from attrs import evolve
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ragloop.errors import ConfigError, JudgeError, JudgeOutputError, JudgeTimeout
 from ragloop.llm.openai import (
@@ -346,6 +348,19 @@ class TestAnswerer:
             None,
         )
 
+    async def test_cached_prompt_tokens_are_recorded(
+        self, server: ScriptedOpenAIServer, client: openai.AsyncOpenAI
+    ) -> None:
+        """A server's ``prompt_tokens_details.cached_tokens`` (streamed usage chunk) is kept on the call."""
+        server.enqueue(stream("Keys expire [1].", chunk_size=5, usage=(120, 9, 100)))
+        blocks = [ContextBlock(n=1, text="EXPIRE sets a key's time to live.", source="expire.md")]
+        meter = UsageMeter()
+        with metering(meter):
+            await _collect(OpenAIAnswerer(client, "big").answer("how do keys expire?", blocks, "context"), [])
+        (call,) = meter.calls
+        assert (call.prompt_tokens, call.cached_prompt_tokens) == (120, 100)
+        assert meter.cached_prompt_tokens == 100
+
     async def test_partial_outcome_names_missing(
         self, server: ScriptedOpenAIServer, client: openai.AsyncOpenAI
     ) -> None:
@@ -594,3 +609,42 @@ class TestPureParsers:
         """Non-JSON is an output error."""
         with pytest.raises(JudgeOutputError):
             parse_verdict("I think it is relevant")
+
+
+class TestCachedTokens:
+    """What a server says it took from its prompt cache is data: kept when sane, bounded when not."""
+
+    @given(
+        prompt=st.integers(0, 10**6),
+        raw=st.one_of(
+            st.none(),
+            st.integers(-(10**9), 10**9),
+            st.floats(allow_nan=True, allow_infinity=True),
+            st.text(max_size=8),
+            st.lists(st.integers(), max_size=2),
+        ),
+        as_dict=st.booleans(),
+    )
+    def test_any_reported_count_is_between_zero_and_the_prompt(self, prompt: int, raw: object, as_dict: bool) -> None:
+        """Missing, negative, huge, fractional, text or a list: the recorded count is an int in [0, prompt]."""
+        from types import SimpleNamespace
+
+        from ragloop.llm.openai._call import _cached_tokens
+
+        details = {"cached_tokens": raw} if as_dict else SimpleNamespace(cached_tokens=raw)
+        got = _cached_tokens(SimpleNamespace(prompt_tokens=prompt, prompt_tokens_details=details), prompt)
+        assert isinstance(got, int) and 0 <= got <= prompt
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            assert got == min(max(raw, 0), prompt)
+        assert _cached_tokens(SimpleNamespace(prompt_tokens=prompt), prompt) == 0
+
+    async def test_a_grading_call_keeps_the_servers_count(
+        self, server: ScriptedOpenAIServer, client: openai.AsyncOpenAI
+    ) -> None:
+        """A non-streamed grading reply's usage with ``cached_tokens`` lands on the call record."""
+        server.enqueue(json_reply({"label": "relevant", "reason": "on topic"}, usage=(300, 12, 260)))
+        meter = UsageMeter()
+        with metering(meter):
+            await OpenAIGrader(client, "fast").grade("rotate a key", _hit("Rotate keys in Settings."))
+        (call,) = meter.calls
+        assert (call.judge, call.prompt_tokens, call.cached_prompt_tokens) == ("grade", 300, 260)

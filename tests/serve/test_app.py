@@ -46,8 +46,33 @@ class TestChatCompletions:
         footer = "".join(f"\n[{c['n']}] {c['title']} — {c['url'] or c['source']}" for c in extension["citations"])
         assert content.endswith("\n\nSources:" + footer)
         assert "[1] API keys — api-keys.md" in footer or "[2] API keys — api-keys.md" in footer
-        assert set(body["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens"}
+        assert set(body["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details"}
+        assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
         assert not _INTERNAL_KEYS & set(extension)
+
+    async def test_usage_reports_the_prompt_tokens_the_servers_took_from_their_caches(self) -> None:
+        """The turn's cached prompt tokens (what its model servers reported) reach the chat completion's
+        ``prompt_tokens_details`` and the Responses API's ``input_tokens_details``, as OpenAI shapes them."""
+        from ragloop.testing import FakeAnswerer
+        from ragloop.usage import LLMCall, record_call
+
+        class MeteredAnswerer(FakeAnswerer):
+            async def answer(self, *args: Any, **kwargs: Any) -> AsyncIterator[str]:  # type: ignore[override]
+                record_call(LLMCall("answer", "m", 900, 40, cached_prompt_tokens=700))
+                async for token in super().answer(*args, **kwargs):
+                    yield token
+
+        async with asgi_client(create_app(fake_rag(answerer=MeteredAnswerer()))) as client:
+            chat = (await client.post("/v1/chat/completions", json=_question())).json()
+            response = (await client.post("/v1/responses", json={"model": "ragloop", "input": "rotate a key"})).json()
+        assert chat["usage"] == {
+            "prompt_tokens": 900,
+            "completion_tokens": 40,
+            "total_tokens": 940,
+            "prompt_tokens_details": {"cached_tokens": 700},
+        }
+        assert response["usage"]["input_tokens"] == 900
+        assert response["usage"]["input_tokens_details"] == {"cached_tokens": 700}
 
     @pytest.mark.parametrize("stream", [False, True])
     async def test_one_page_is_one_source_with_its_sections(self, stream: bool) -> None:

@@ -79,18 +79,23 @@ def batch_response_format(n: int) -> dict[str, Any]:
 
 
 def batch_system_prompt(nonce: str, max_chars: int, n: int) -> str:
-    """The batch grader's system prompt: label each of ``n`` fenced passages for one query, in one JSON object."""
+    """The batch grader's system prompt: label each of ``n`` fenced passages for one query, in one JSON object.
+
+    Like every fenced system prompt (:mod:`ragloop.llm.prompts`), only its last line changes from request to
+    request: the chunk count and the nonce are named there, so a server's prefix cache keeps the rest."""
     single = prompts.grade_system_prompt(nonce, max_chars).splitlines()
-    rules = [line for line in single if not line.startswith(("You judge", "Reply with", "The chunk text"))]
+    *shared, nonce_line = single
+    rules = [line for line in shared if not line.startswith(("You judge", "Reply with", "The chunk text"))]
     return "\n".join(
         [
-            f"You judge, for each of {n} retrieved document chunks, whether it helps answer a search query. "
+            "You judge, for each of several retrieved document chunks, whether it helps answer a search query. "
             "Judge every chunk on its own.",
             *rules,
             f"Each chunk's text may be cut to its first {max_chars} characters; judge what is shown.",
             'Reply with only a JSON object: {"verdicts": [{"id": "<chunk id>", "label": "relevant" | "partial" | '
-            f'"irrelevant", "reason": "<one short sentence>"}}, …]}} with exactly one verdict for each of the {n} '
-            "chunk ids, in order.",
+            '"irrelevant", "reason": "<one short sentence>"}, …]} with exactly one verdict for each chunk id, in '
+            "order.",
+            f"This request holds {n} chunks: reply with exactly {n} verdicts. {nonce_line}",
         ]
     )
 

@@ -39,10 +39,16 @@ def _footer(citations: Sequence[Mapping[str, Any]]) -> str:
     return "\n\nSources:\n" + "\n".join(lines)
 
 
-def _usage(reply: Reply) -> dict[str, int]:
+def _usage(reply: Reply) -> dict[str, Any]:
+    """The turn's model tokens in OpenAI's chat-completion ``usage`` shape (cached prompt tokens included)."""
     tokens = reply.record.as_dict().get("tokens") or {}
     prompt, completion = int(tokens.get("prompt", 0)), int(tokens.get("completion", 0))
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": int(tokens.get("cached", 0))},
+    }
 
 
 async def _write_rejected(start: Start, body: Body, exc: Rejected) -> None:

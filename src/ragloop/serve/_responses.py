@@ -53,11 +53,12 @@ def citation_notes(text: str, citations: Sequence[Mapping[str, Any]]) -> list[di
 
 
 def _usage_obj(reply: Reply | None) -> dict[str, Any]:
-    tokens = _usage(reply) if reply is not None else {"prompt_tokens": 0, "completion_tokens": 0}
+    tokens: dict[str, Any] = _usage(reply) if reply is not None else {"prompt_tokens": 0, "completion_tokens": 0}
     prompt, completion = tokens["prompt_tokens"], tokens["completion_tokens"]
+    cached = tokens.get("prompt_tokens_details", {}).get("cached_tokens", 0)
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,

@@ -144,13 +144,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _latency(self, response: ScriptedResponse) -> Latency:
         return response.latency or self.server_owner.latency or Latency()
 
-    def _usage(self, request: RecordedRequest, response: ScriptedResponse, completion: str) -> dict[str, int]:
+    def _usage(self, request: RecordedRequest, response: ScriptedResponse, completion: str) -> dict[str, Any]:
+        cached: int | None = None
         if response.usage is not None:
-            prompt, done = response.usage
+            prompt, done, *rest = response.usage
+            cached = rest[0] if rest else None
         else:
             prompt = sum(word_count(str(m.get("content") or "")) for m in request.messages) + 1
             done = word_count(completion) + 1
-        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+        usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+        if cached is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        return usage
 
     def _envelope(self, request: RecordedRequest, obj: str) -> dict[str, Any]:
         return {

@@ -15,6 +15,9 @@ from typing import Any
 
 from attrs import evolve, frozen
 
+#: Token counts a scripted response reports: ``(prompt, completion)`` or ``(prompt, completion, cached prompt)``.
+Usage = tuple[int, int] | tuple[int, int, int]
+
 #: A tool call to script: the function name and its arguments, as a mapping (sent as JSON) or as a raw
 #: string (sent verbatim, so tests can script malformed arguments).
 ToolCallSpec = tuple[str, Mapping[str, Any] | str]
@@ -47,7 +50,9 @@ class ScriptedResponse:
         chunks: SSE ``data:`` payloads for a streamed response, in order; ``None`` for a JSON response.
         done: Send ``data: [DONE]`` after the chunks.
         cut: Close the connection abruptly after the chunks (no ``[DONE]``, no chunked-encoding end).
-        usage: ``(prompt_tokens, completion_tokens)``; ``None`` estimates them from word counts.
+        usage: ``(prompt_tokens, completion_tokens)``, or with a third number, the prompt tokens the server
+            reports as taken from its prompt cache (``prompt_tokens_details.cached_tokens``); ``None`` estimates
+            the first two from word counts.
         delay_s: Seconds to wait before sending anything (to trigger client timeouts).
         latency: Per-response simulated model latency (overrides the server's default).
         kind: What the response is, for readable reprs and assertions.
@@ -60,7 +65,7 @@ class ScriptedResponse:
     chunks: tuple[str, ...] | None = None
     done: bool = True
     cut: bool = False
-    usage: tuple[int, int] | None = None
+    usage: Usage | None = None
     delay_s: float = 0.0
     latency: Latency | None = None
     kind: str = "reply"
@@ -96,19 +101,19 @@ def _arguments(args: Mapping[str, Any] | str) -> str:
     return args if isinstance(args, str) else json.dumps(dict(args))
 
 
-def reply(text: str, *, usage: tuple[int, int] | None = None, finish_reason: str = "stop") -> ScriptedResponse:
+def reply(text: str, *, usage: Usage | None = None, finish_reason: str = "stop") -> ScriptedResponse:
     """A non-streamed chat completion whose message content is ``text``."""
     body = {"choices": [{"index": 0, "message": _message(text), "finish_reason": finish_reason}]}
     return ScriptedResponse(body=body, usage=usage, kind="reply")
 
 
-def json_reply(obj: Any, *, usage: tuple[int, int] | None = None) -> ScriptedResponse:
+def json_reply(obj: Any, *, usage: Usage | None = None) -> ScriptedResponse:
     """A non-streamed chat completion whose content is ``obj`` serialised as JSON (structured output)."""
     return evolve(reply(json.dumps(obj), usage=usage), kind="json_reply")
 
 
 def tool_calls(
-    calls: Sequence[ToolCallSpec], *, content: str | None = None, usage: tuple[int, int] | None = None
+    calls: Sequence[ToolCallSpec], *, content: str | None = None, usage: Usage | None = None
 ) -> ScriptedResponse:
     """A non-streamed chat completion with one tool call per entry of ``calls`` (several = parallel calls).
 
@@ -119,7 +124,7 @@ def tool_calls(
     return ScriptedResponse(body=body, usage=usage, kind="tool_calls")
 
 
-def empty_choices(*, usage: tuple[int, int] | None = None) -> ScriptedResponse:
+def empty_choices(*, usage: Usage | None = None) -> ScriptedResponse:
     """A 200 chat completion with ``"choices": []`` (some proxies do this on content filtering)."""
     return ScriptedResponse(body={"choices": []}, usage=usage, kind="empty_choices")
 
@@ -169,7 +174,7 @@ def stream(
     cut_after: int | None = None,
     malformed_at: int | None = None,
     done: bool = True,
-    usage: tuple[int, int] | None = None,
+    usage: Usage | None = None,
 ) -> ScriptedResponse:
     """A streamed (SSE) chat completion of ``text`` in ``chunk_size``-character content deltas.
 
@@ -209,7 +214,7 @@ def stream_tool_calls(
     chunk_size: int = 6,
     interleave: bool = True,
     content: str | None = None,
-    usage: tuple[int, int] | None = None,
+    usage: Usage | None = None,
 ) -> ScriptedResponse:
     """A streamed chat completion with tool calls whose arguments arrive as deltas across chunks.
 

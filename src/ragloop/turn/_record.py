@@ -109,6 +109,7 @@ class CallRecord:
         error: Its error, if it failed.
         prompt_tokens: Its prompt tokens (server-reported).
         completion_tokens: Its completion tokens.
+        cached_prompt_tokens: Of its prompt tokens, those the server took from its prompt cache.
     """
 
     judge: str
@@ -117,6 +118,7 @@ class CallRecord:
     error: str | None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
 
 
 @frozen
@@ -127,11 +129,13 @@ class TokenCounts:
         prompt: Prompt tokens.
         completion: Completion tokens.
         total: Both.
+        cached: Of the prompt tokens, those the servers took from their prompt caches.
     """
 
     prompt: int
     completion: int
     total: int
+    cached: int = 0
 
 
 @frozen
@@ -261,9 +265,17 @@ def turn_record(result: RunResult, *, prices: Mapping[str, Price] | None = None)
         outcome=state.outcome or "none",
         missing=state.missing,
         llm_calls=usage.llm_calls,
-        tokens=TokenCounts(prompt, completion, prompt + completion),
+        tokens=TokenCounts(prompt, completion, prompt + completion, usage.cached_prompt_tokens),
         calls=tuple(
-            CallRecord(c.judge, c.model, round(c.seconds, 6), _redacted(c.error), c.prompt_tokens, c.completion_tokens)
+            CallRecord(
+                c.judge,
+                c.model,
+                round(c.seconds, 6),
+                _redacted(c.error),
+                c.prompt_tokens,
+                c.completion_tokens,
+                c.cached_prompt_tokens,
+            )
             for c in calls
         ),
         errors=tuple(

@@ -43,6 +43,7 @@ class _Meter:
         self.model = model
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.cached_prompt_tokens = 0
         self.finish_reasons: tuple[str, ...] = ()
         self._t0 = 0.0
 
@@ -50,6 +51,7 @@ class _Meter:
         if usage is not None:
             self.prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
             self.completion_tokens = int(getattr(usage, "completion_tokens", 0) or 0)
+            self.cached_prompt_tokens = _cached_tokens(usage, self.prompt_tokens)
 
     def __enter__(self) -> _Meter:
         self._t0 = time.perf_counter()
@@ -67,8 +69,21 @@ class _Meter:
                 seconds=time.perf_counter() - self._t0,
                 error=None if exc is None else f"{type(exc).__name__}: {exc}",
                 finish_reasons=self.finish_reasons,
+                cached_prompt_tokens=self.cached_prompt_tokens,
             )
         )
+
+
+def _cached_tokens(usage: Any, prompt_tokens: int) -> int:
+    """``usage.prompt_tokens_details.cached_tokens`` (0 when the server sends none), at most ``prompt_tokens``:
+    a server's count is data, and a bad one must not make a turn's cost negative."""
+    details = getattr(usage, "prompt_tokens_details", None)
+    raw = details.get("cached_tokens") if isinstance(details, dict) else getattr(details, "cached_tokens", None)
+    try:
+        cached = int(raw or 0)
+    except (TypeError, ValueError):
+        return 0
+    return min(max(cached, 0), prompt_tokens)
 
 
 def _wrap(exc: openai.APIError, *, judge: str, model: str, timeout_s: float, client: openai.AsyncOpenAI) -> JudgeError:
