@@ -81,7 +81,7 @@ def _cached_tokens(usage: Any, prompt_tokens: int) -> int:
     raw = details.get("cached_tokens") if isinstance(details, dict) else getattr(details, "cached_tokens", None)
     try:
         cached = int(raw or 0)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # text, a list, an infinite float
         return 0
     return min(max(cached, 0), prompt_tokens)
 
