@@ -269,3 +269,13 @@ class TestThroughTheSDK:
         async with ScriptedOpenAIServer() as server, server.client() as client:
             got = await sort_topics(client, "m", ["Is there a dark mode?"])
         assert server.chat_requests == [] and got.topic_of == (-1,)
+
+
+@pytest.mark.parametrize(
+    "content", ["[" * 100_000, 'x {"questions": ' + "[" * 100_000 + "} y", '{"topics": ' + "[" * 100_000]
+)
+def test_a_reply_nested_too_deep_to_read_leaves_the_grouping_alone(content: str) -> None:
+    """A lying model's ``[[[[…`` (deep enough to exhaust the JSON decoder) is read like any unusable reply: no
+    hint, no exception (it raised ``RecursionError`` before)."""
+    got = parse_topics(content, 3)
+    assert got.topic_of == (-1, -1, -1) and "no topics list" in got.note

@@ -153,3 +153,11 @@ class TestThroughTheSDK:
         server.enqueue(reply("all good"))
         with pytest.raises(JudgeOutputError):
             await OpenAIGrader(client, "fast").grade_batch("key ttl", HITS[:2])
+
+
+@pytest.mark.parametrize("content", ["[" * 100_000, '{"verdicts": ' + "[" * 100_000 + "}"])
+def test_a_reply_nested_too_deep_to_read_is_an_output_error(content: str) -> None:
+    """A lying model's ``[[[[…`` is a ``JudgeOutputError`` (the passages are kept, fail-open, by the grade node),
+    never a ``RecursionError`` the node cannot name."""
+    with pytest.raises(JudgeOutputError):
+        parse_verdicts(content, 3)

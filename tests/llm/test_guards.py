@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ragloop.llm.guards import MAX_QUERY_CHARS, is_small_talk, query_problem, reply_problem
+from ragloop.llm.guards import (
+    MAX_QUERY_CHARS,
+    flat_objects,
+    is_small_talk,
+    model_json,
+    query_problem,
+    reply_problem,
+)
 
 
 class TestQueryProblem:
@@ -77,3 +86,34 @@ class TestSmallTalk:
     def test_a_question_in_it_is_not(self, question: str) -> None:
         """A real question anywhere, or nothing at all, is not small talk."""
         assert not is_small_talk(question)
+
+
+#: Replies a lying model or server can send that exhaust the JSON decoder's recursion, or nearly.
+DEEP = [
+    "[" * 100_000,
+    '{"verdicts": ' + "[" * 100_000 + "}",
+    'x {"id": ' + "[" * 100_000 + "} y",
+    "[" * 500 + "]" * 500,
+]
+
+
+class TestModelJSON:
+    @pytest.mark.parametrize("text", DEEP[:2])
+    def test_nesting_too_deep_to_read_is_a_value_error(self, text: str) -> None:
+        """``[[[[…`` a hundred thousand deep is ``ValueError`` (what every parser of model output catches), never
+        a ``RecursionError``."""
+        with pytest.raises(ValueError, match="nested too deeply"):
+            model_json(text)
+
+    @given(st.text(max_size=200) | st.sampled_from(DEEP))
+    def test_any_text_parses_or_is_a_value_error(self, text: str) -> None:
+        """Whatever a model wrote, reading it as JSON returns a value or raises ``ValueError``; the flat objects
+        found in it are dicts."""
+        with contextlib.suppress(ValueError):
+            model_json(text)
+        assert all(isinstance(obj, dict) for obj in flat_objects(text))
+
+    def test_flat_objects_are_what_survives_of_a_cut_reply(self) -> None:
+        """Complete objects without an object inside, in order; broken ones and the cut tail are skipped."""
+        text = 'Sure! {"id": "1", "label": "relevant"}, {"id": 2, bad}, {"id": "3", "x": [1, [2]]}, {"id": "4", "la'
+        assert flat_objects(text) == [{"id": "1", "label": "relevant"}, {"id": "3", "x": [1, [2]]}]

@@ -648,3 +648,29 @@ class TestCachedTokens:
             await OpenAIGrader(client, "fast").grade("rotate a key", _hit("Rotate keys in Settings."))
         (call,) = meter.calls
         assert (call.judge, call.prompt_tokens, call.cached_prompt_tokens) == ("grade", 300, 260)
+
+
+class TestNestedTooDeep:
+    """``[[[[…`` deep enough to exhaust the JSON decoder, from a lying model or server: every parser of model JSON
+    says it is not JSON (a judge output error the turn falls back on), never a ``RecursionError``."""
+
+    DEEP = "[" * 100_000
+
+    def test_a_verdict(self) -> None:
+        with pytest.raises(JudgeOutputError, match="not JSON"):
+            parse_verdict(self.DEEP)
+
+    def test_search_arguments(self) -> None:
+        with pytest.raises(JudgeOutputError, match="malformed JSON"):
+            parse_search_calls([("search", self.DEEP)])
+
+    def test_a_plan(self) -> None:
+        from ragloop.llm.openai._plan import _object
+
+        with pytest.raises(JudgeOutputError, match="not JSON"):
+            _object(self.DEEP, "plan")
+
+    async def test_a_json_mode_decision(self, server: ScriptedOpenAIServer, client: openai.AsyncOpenAI) -> None:
+        server.enqueue(reply(self.DEEP))
+        with pytest.raises(JudgeOutputError, match="not JSON"):
+            await OpenAIDecider(client, "fast", mode="json").decide("How do I rotate a key?", (), PAGE)

@@ -31,7 +31,6 @@ users' words.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Sequence
@@ -42,6 +41,7 @@ import numpy.typing as npt
 from attrs import frozen
 
 from ragloop.llm import prompts
+from ragloop.llm.guards import flat_objects, model_json
 
 __all__ = [
     "MAX_CHARS",
@@ -76,10 +76,9 @@ _SYSTEM = (
 )
 
 _NUMBER = re.compile(r"^\d{1,6}$")
+
+
 #: A JSON object without nested objects: one topic, complete even when the reply around it was cut.
-_FLAT_OBJECT = re.compile(r"\{[^{}]*\}")
-
-
 @frozen
 class ModelTopics:
     """What the model sorted, as the grouping uses it.
@@ -147,24 +146,17 @@ def _number(value: Any) -> int | None:
     return None
 
 
-def _flat(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
 def parse_topics(content: str, n: int) -> ModelTopics:
     """The model's reply for ``n`` questions as :class:`ModelTopics`; never raises (see the module docstring)."""
     start, end = content.find("{"), content.rfind("}")
     try:
-        data = json.loads(content[start : end + 1]) if 0 <= start < end else None
-    except (ValueError, RecursionError):
+        data = model_json(content[start : end + 1]) if 0 <= start < end else None
+    except ValueError:
         data = None
     topics = data.get("topics") if isinstance(data, dict) else None
     cut = ""
     if not isinstance(topics, list):  # a reply cut at the output cap: the topics that were complete
-        topics = [t for t in map(_flat, _FLAT_OBJECT.findall(content)) if isinstance(t, dict) and "questions" in t]
+        topics = [t for t in flat_objects(content) if isinstance(t, dict) and "questions" in t]
         if not topics:
             return ModelTopics((-1,) * n, "the model's reply held no topics list; grouped without it")
         cut = f" (its reply was not whole JSON: {len(topics)} complete topics read)"

@@ -14,13 +14,13 @@ pure: strings in, values out.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ragloop.errors import JudgeOutputError
 from ragloop.llm import prompts
+from ragloop.llm.guards import flat_objects, model_json
 from ragloop.state import ContextBlock, Hit, Label, Verdict
 
 __all__ = [
@@ -32,10 +32,9 @@ __all__ = [
 ]
 
 _LABELS: tuple[Label, ...] = ("relevant", "partial", "irrelevant")
+
+
 #: A JSON object without nested objects: one verdict, complete even when the reply around it was cut.
-_FLAT_OBJECT = re.compile(r"\{[^{}]*\}")
-
-
 def batch_blocks(query: str, hits: Sequence[Hit], max_chars: int) -> list[ContextBlock]:
     """The hits as fenced blocks numbered 1…n, each cut to ``max_chars`` (the per-passage budget)."""
     return [
@@ -113,15 +112,9 @@ def _items(content: str) -> list[Any]:
     if fenced:
         text = fenced.group(1)
     try:
-        obj = json.loads(text)
+        obj = model_json(text)
     except ValueError:
-        found = []
-        for match in _FLAT_OBJECT.finditer(text):
-            try:
-                found.append(json.loads(match.group()))
-            except ValueError:
-                continue
-        return found
+        return flat_objects(text)
     if isinstance(obj, Mapping):
         raw = obj.get("verdicts")
         if isinstance(raw, list):

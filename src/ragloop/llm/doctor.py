@@ -17,7 +17,6 @@ This module imports ``openai``; import it only where the doctor is wanted.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -28,6 +27,7 @@ from attrs import asdict, frozen
 
 from ragloop._redact import hide_password
 from ragloop.llm import prompts
+from ragloop.llm.guards import model_json
 
 __all__ = ["DoctorReport", "Probe", "diagnose"]
 
@@ -209,7 +209,7 @@ async def _json_schema(client: openai.AsyncOpenAI, model: str, cap: int) -> Prob
     seconds = time.perf_counter() - t0
     content = completion.choices[0].message.content if completion.choices else None
     try:
-        obj = json.loads(content or "")
+        obj = model_json(content or "")
     except ValueError:
         return Probe("json_schema", "warn", f"accepted, but the output is not JSON: {(content or '')[:50]!r}", seconds)
     if isinstance(obj, dict) and obj.get("answer") in ("yes", "no"):

@@ -3,17 +3,20 @@
 A weak model, or a server that drops the tools from the prompt, writes things that must not become a search
 query or a reply: tool-call syntax (``<tool_call>``, ``{"name": "search", …}``), chat-template tokens
 (``<|im_end|>``), control characters, 140 characters of digits and slashes. Each check returns the reason a
-text is unusable, or ``None``; the reason ends up in the turn's record.
+text is unusable, or ``None``; the reason ends up in the turn's record. :func:`model_json` and
+:func:`flat_objects` read the JSON a model wrote, whatever it wrote.
 
 Everything here is pure.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
+from typing import Any
 
-__all__ = ["MAX_QUERY_CHARS", "is_small_talk", "query_problem", "reply_problem"]
+__all__ = ["MAX_QUERY_CHARS", "flat_objects", "is_small_talk", "model_json", "query_problem", "reply_problem"]
 
 #: Longest search query accepted from a model (characters).
 MAX_QUERY_CHARS = 200
@@ -72,3 +75,27 @@ def is_small_talk(question: str) -> bool:
 
     parts = [p for p in _SEGMENTS.split(question) if p.strip()]
     return bool(parts) and all(small_talk_kind(p) is not None for p in parts)
+
+
+#: A JSON object with no object inside it (what survives of a reply cut mid-way or wrapped in chatter).
+_FLAT_OBJECT = re.compile(r"\{[^{}]*\}")
+
+
+def model_json(text: str) -> Any:
+    """``json.loads(text)`` for what a model wrote. Anything the decoder cannot take raises ``ValueError``: bad
+    syntax, and nesting deep enough to exhaust its recursion (``[[[[…``: a ``RecursionError`` otherwise)."""
+    try:
+        return json.loads(text)
+    except RecursionError as exc:
+        raise ValueError("JSON nested too deeply to read") from exc
+
+
+def flat_objects(text: str) -> list[Any]:
+    """Every complete JSON object in ``text`` that holds no object itself and parses, in order."""
+    found = []
+    for match in _FLAT_OBJECT.finditer(text):
+        try:
+            found.append(model_json(match.group()))
+        except ValueError:
+            continue
+    return found

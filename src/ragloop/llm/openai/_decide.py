@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -13,7 +12,7 @@ from attrs import define, field
 from ragloop.errors import JudgeOutputError, JudgeTruncated, ToolsDropped
 from ragloop.llm import prompts
 from ragloop.llm.budget import DEFAULT_BUDGETS, DEFAULT_OUTPUT_TOKENS, CallBudget
-from ragloop.llm.guards import is_small_talk, query_problem, reply_problem
+from ragloop.llm.guards import is_small_talk, model_json, query_problem, reply_problem
 from ragloop.llm.openai._call import (
     ServerCompat,
     _cap,
@@ -49,7 +48,7 @@ def parse_search_calls(calls: Sequence[tuple[str, str]]) -> tuple[str, ...]:
         if name != "search":
             raise JudgeOutputError(f"decider called an unknown tool {name!r}; the only tool is 'search'")
         try:
-            args = json.loads(arguments or "{}")
+            args = model_json(arguments or "{}")
         except ValueError as exc:
             raise JudgeOutputError(
                 f"decider sent malformed JSON arguments to 'search': {arguments[:200]!r} ({exc})"
@@ -251,7 +250,7 @@ class OpenAIDecider:
         if finish == "content_filter":
             raise JudgeOutputError(f"decider: model {self.model!r} output was filtered (finish_reason=content_filter)")
         try:
-            obj = json.loads(content)
+            obj = model_json(content)
         except ValueError as exc:
             cut = f" (cut at the output cap of {self.max_tokens} tokens)" if finish == "length" else ""
             err = JudgeTruncated if finish == "length" else JudgeOutputError

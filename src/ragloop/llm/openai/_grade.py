@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -13,6 +12,7 @@ from attrs import define, field
 from ragloop.errors import JudgeError, JudgeOutputError, JudgeTruncated
 from ragloop.llm import batch_grade, prompts
 from ragloop.llm.budget import DEFAULT_BUDGETS, DEFAULT_OUTPUT_TOKENS, CallBudget
+from ragloop.llm.guards import model_json
 from ragloop.llm.openai._call import ServerCompat, _cap, _Chat, _finish_reason, _message, _positive
 from ragloop.state import ContextBlock, Hit, Label, Verdict
 
@@ -35,7 +35,7 @@ def parse_verdict(content: str) -> Verdict:
     if fenced:
         text = fenced.group(1)
     try:
-        obj = json.loads(text)
+        obj = model_json(text)
     except ValueError as exc:
         raise JudgeOutputError(f"grader reply is not JSON: {content[:200]!r}") from exc
     label = obj.get("label") if isinstance(obj, dict) else None

@@ -19,7 +19,6 @@ after a system prompt that says so. This module imports ``openai``; import it on
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +27,7 @@ from attrs import define, field
 
 from ragloop.errors import JudgeOutputError, JudgeTruncated, QueryRefused
 from ragloop.llm.budget import CallBudget
+from ragloop.llm.guards import model_json
 from ragloop.llm.openai._call import ServerCompat, _Chat, _finish_reason
 from ragloop.plan import Plan, Slot, SubQuery
 from ragloop.retrievers.sources import Source
@@ -119,7 +119,7 @@ def _object(content: str | None, what: str) -> dict[str, Any]:
     if not content:
         raise JudgeOutputError(f"{what}: the model returned no content")
     try:
-        value = json.loads(content)
+        value = model_json(content)
     except ValueError as exc:
         raise JudgeOutputError(f"{what}: the model's reply is not JSON ({exc}): {content[:120]!r}") from exc
     if not isinstance(value, dict):
