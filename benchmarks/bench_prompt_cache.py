@@ -20,6 +20,7 @@ Usage::
 
     git archive <commit before> src | tar -x -C /tmp/before      # the version to compare with
     nice .venv/bin/python benchmarks/bench_prompt_cache.py --before /tmp/before/src [--after DIR]
+    .venv/bin/python benchmarks/bench_prompt_cache.py --before /tmp/before/src --layout   # no server: lengths
 
 It asserts nothing; it writes JSON and prints a table. Seconds are the server's own prompt-processing time (its
 log), on a shared 2-core machine: compare them only within one run.
@@ -122,6 +123,30 @@ def worker(base_url: str, model: str, slots: int) -> None:
     print(json.dumps(anyio.run(run)))
 
 
+def layout() -> None:
+    """Print, as one JSON line, each fenced system prompt's length and the characters two requests of its kind
+    share from the start (two nonces; batch grading of 4 passages), for the ragloop on ``sys.path``."""
+    from ragloop.llm import batch_grade, prompts
+    from ragloop.state import PageContext
+
+    page = PageContext(url="https://docs.example/lumen/settings", title="Settings")
+
+    def kinds(nonce: str) -> dict[str, str]:
+        return {
+            "grade": prompts.grade_system_prompt(nonce, 600),
+            "grade_batch": batch_grade.batch_system_prompt(nonce, 600, 4),
+            "answer": prompts.answer_system_prompt("context", nonce),
+            "decide_json": prompts.decide_json_system_prompt(page, None, nonce),
+        }
+
+    one, two = kinds("9f2c41d07a3b"), kinds("03e5a7c1d9f4")
+    out = {}
+    for kind, text in one.items():
+        shared = next((i for i, (a, b) in enumerate(zip(text, two[kind], strict=False)) if a != b), len(text))
+        out[kind] = {"chars": len(text), "shared_chars": shared}
+    print(json.dumps(out))
+
+
 def _server_log_tokens(log: Path, start: int) -> tuple[int, float, int]:
     """From byte ``start`` of the server's log: prompt tokens processed, their milliseconds, requests."""
     text = log.read_bytes()[start:].decode("utf-8", "replace")
@@ -197,10 +222,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=2, help="rounds per version (alternating order)")
     parser.add_argument("--slots", type=int, nargs="+", default=[1, 4], help="server set-ups: parallel slots")
     parser.add_argument("--out", type=Path, default=RESULTS / "bench_prompt_cache.json")
+    parser.add_argument(
+        "--layout", action="store_true", help="only each prompt's length and shared prefix, per version (no server)"
+    )
+    parser.add_argument("--layout-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
     parser.add_argument("--model", default="smollm2", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.layout_worker:
+        layout()
+        return
+    if args.layout:
+        _layouts(args)
+        return
     if args.worker:
         worker(args.base_url, args.model, args.slots[0])
         return
@@ -235,6 +270,33 @@ def main(argv: list[str] | None = None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, **result}, indent=2) + "\n", encoding="utf-8")
     args.out.with_suffix(".txt").write_text(text, encoding="utf-8")
+
+
+def _layouts(args: argparse.Namespace) -> None:
+    """``--layout``: the prompts' lengths and shared prefixes for ``--before`` and ``--after``, printed and written
+    beside ``--out`` as ``-layout.txt``."""
+    if args.before is None or not (args.before / "ragloop").is_dir():
+        raise SystemExit("--before must be an exported src/ folder holding ragloop/ (see the module docstring)")
+    lines = [
+        f"# python {' '.join(sys.argv)}",
+        "# each fenced system prompt: its characters, and those two requests of its kind share from the start",
+        f"{'kind':<12} {'version':<7} {'chars':>6} {'shared':>7} {'share':>6}",
+    ]
+    found = {}
+    for name, src in (("before", args.before), ("after", args.after)):
+        env = {**os.environ, "PYTHONPATH": str(src.resolve())}
+        cmd = [sys.executable, __file__, "--layout-worker"]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=True)
+        found[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    for kind in found["after"]:
+        for name in ("before", "after"):
+            k = found[name][kind]
+            lines.append(
+                f"{kind:<12} {name:<7} {k['chars']:>6} {k['shared_chars']:>7} {k['shared_chars'] / k['chars']:>6.3f}"
+            )
+    text = "\n".join(lines) + "\n"
+    print(text, end="")
+    Path(str(args.out).removesuffix(".json") + "-layout.txt").write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -39,3 +39,18 @@ def test_a_before_folder_without_ragloop_is_refused_before_any_server_starts(tmp
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 2 and "--before must be an exported src/" in done.stderr
+
+
+def test_layout_reports_each_prompts_length_and_shared_prefix(tmp_path: Path) -> None:
+    """``--layout`` (no server): per prompt kind and version, its characters and those two requests share; this
+    checkout against itself gives equal rows, nearly all of each prompt shared."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_prompt_cache.py"), "--layout", "--before", str(ROOT / "src"),
+         "--out", str(tmp_path / "cache.json")],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split() for line in (tmp_path / "cache-layout.txt").read_text().splitlines() if line[:1] != "#"][1:]
+    assert {r[0] for r in rows} == {"grade", "grade_batch", "answer", "decide_json"} and len(rows) == 8
+    for before, after in zip(rows[::2], rows[1::2], strict=True):
+        assert before[2:] == after[2:] and float(after[4]) > 0.9
