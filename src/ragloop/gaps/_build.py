@@ -177,7 +177,7 @@ def build_report(  # noqa: PLR0913 — the report's inputs and knobs, by keyword
     hint = _model_hint(listed, sort)
     if hint is not None:
         vectors = np.hstack([vectors, topic_vectors(hint[0], MODEL_SHARE * lowest)])
-    labels = cluster(vectors, [len(i.turns) for i in listed], cut if threshold is None else threshold, attach=attach)
+    labels = cluster(vectors, [len(i.turns) for i in listed], used, attach=attach)
     groups: dict[int, list[int]] = defaultdict(list)
     for k, label in enumerate(labels):
         groups[label].append(k)

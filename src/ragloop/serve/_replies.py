@@ -41,13 +41,12 @@ def _footer(citations: Sequence[Mapping[str, Any]]) -> str:
 
 def _usage(reply: Reply) -> dict[str, Any]:
     """The turn's model tokens in OpenAI's chat-completion ``usage`` shape (cached prompt tokens included)."""
-    tokens = reply.record.as_dict().get("tokens") or {}
-    prompt, completion = int(tokens.get("prompt", 0)), int(tokens.get("completion", 0))
+    tokens = reply.record.tokens
     return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": int(tokens.get("cached", 0))},
+        "prompt_tokens": tokens.prompt,
+        "completion_tokens": tokens.completion,
+        "total_tokens": tokens.total,
+        "prompt_tokens_details": {"cached_tokens": tokens.cached},
     }
 
 
